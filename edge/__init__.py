@@ -1,0 +1,3 @@
+"""qledge: a minimal-footprint task runtime for routers and small boards."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+from edge.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Composition: configuration, start-up and shutdown order of the daemon."""

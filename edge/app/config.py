@@ -1,0 +1,111 @@
+"""Configuration: one optional TOML file decoded into Structs; every key has a default."""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from typing import Annotated, Literal
+
+import msgspec
+
+from edge.core.text import Name
+
+_Positive = Annotated[int, msgspec.Meta(ge=1)]
+
+
+class AuthConfig(msgspec.Struct, forbid_unknown_fields=True):
+    owner_uids: list[Annotated[int, msgspec.Meta(ge=0)]] | None = None  # None: our own uid and root
+
+
+class StoreConfig(msgspec.Struct, forbid_unknown_fields=True):
+    synchronous: Literal["OFF", "NORMAL", "FULL", "EXTRA"] = "NORMAL"
+    cache_kib: Annotated[int, msgspec.Meta(ge=64, le=1 << 20)] = 512
+
+
+class RunnerConfig(msgspec.Struct, forbid_unknown_fields=True):
+    concurrency: Annotated[int, msgspec.Meta(ge=1, le=64)] = 2
+    queue_limit: Annotated[int, msgspec.Meta(ge=0, le=4096)] = 32
+    log_cap_bytes: Annotated[int, msgspec.Meta(ge=4096, le=1 << 30)] = 1 << 20
+    kill_grace_s: Annotated[float, msgspec.Meta(ge=0, le=600)] = 5.0
+    disk_reserve_bytes: Annotated[int, msgspec.Meta(ge=0)] = 8 << 20
+
+
+class RetentionConfig(msgspec.Struct, forbid_unknown_fields=True):
+    # AI comparison reads a 64-run window plus one: keeping fewer would make it lie.
+    runs_per_task: Annotated[int, msgspec.Meta(ge=65)] = 100
+    run_max_age_days: _Positive = 30
+    log_quota_bytes: Annotated[int, msgspec.Meta(ge=1 << 20)] = 32 << 20
+    audit_max_rows: Annotated[int, msgspec.Meta(ge=100)] = 10_000
+    audit_max_age_days: _Positive = 30
+
+
+class McpConfig(msgspec.Struct, forbid_unknown_fields=True):
+    enabled: bool = False
+    socket: str | None = None
+    max_line_bytes: Annotated[int, msgspec.Meta(ge=4096, le=16 << 20)] = 1 << 20
+
+
+class Config(msgspec.Struct, forbid_unknown_fields=True):
+    home: str | None = None
+    socket: str | None = None
+    loop: Literal["auto", "uvloop", "asyncio"] = "auto"
+    timezone: str | None = None
+    project: Name = "default"
+    max_frame_bytes: Annotated[int, msgspec.Meta(ge=1024, le=16 << 20)] = 256 * 1024
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    auth: AuthConfig = msgspec.field(default_factory=AuthConfig)
+    store: StoreConfig = msgspec.field(default_factory=StoreConfig)
+    runner: RunnerConfig = msgspec.field(default_factory=RunnerConfig)
+    retention: RetentionConfig = msgspec.field(default_factory=RetentionConfig)
+    mcp: McpConfig = msgspec.field(default_factory=McpConfig)
+
+
+class ConfigError(Exception):
+    """One clear line naming the problem."""
+
+
+def _explain(exc: msgspec.ValidationError) -> str:
+    text = str(exc)
+    where = ""
+    m = re.search(r" - at `\$\.?(.*)`$", text)
+    if m:
+        text = text[: m.start()]
+        where = m.group(1)
+    unknown = re.match(r"Object contains unknown field `(.+)`", text)
+    if unknown:
+        key = f"{where}.{unknown.group(1)}" if where else unknown.group(1)
+        return f"unknown key `{key}`"
+    return f"`{where}`: {text[0].lower()}{text[1:]}" if where else text
+
+
+def load(path: str | None) -> Config:
+    if path is None:
+        return Config()
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config {path} is not valid TOML: {exc}") from None
+    try:
+        return msgspec.convert(data, Config)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"config {path}: {_explain(exc)}") from None
+
+
+def default_home() -> str:
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(state, "qledge")
+
+
+def resolve_home(flag: str | None, config: Config) -> str:
+    """--home, then $QLEDGE_HOME, then the config file, then the XDG state dir."""
+    return os.path.abspath(flag or os.environ.get("QLEDGE_HOME") or config.home or default_home())
+
+
+def resolve_socket(flag: str | None, config: Config, home: str) -> str:
+    return os.path.abspath(
+        flag or os.environ.get("QLEDGE_SOCKET") or config.socket or os.path.join(home, "qledge.sock")
+    )

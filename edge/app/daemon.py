@@ -1,0 +1,170 @@
+"""`qledge serve`: build the graph from config, own the start and stop order."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+from edge.app.config import Config
+from edge.app.sdnotify import Notifier
+from edge.core.clock import Clock, SystemClock
+from edge.core.ports import Counts
+from edge.runner.supervisor import Runner, RunnerSettings
+from edge.server.unix_server import ToolServer
+from edge.storage.sqlite import stats
+from edge.storage.sqlite.audit import SqliteAuditLog
+from edge.storage.sqlite.credentials import SqliteCredentialStore
+from edge.storage.sqlite.db import Database
+from edge.storage.sqlite.runs import SqliteRunStore
+from edge.storage.sqlite.tasks import SqliteTaskStore
+from edge.tools.authn import Authenticator
+from edge.tools.builtin import builtin_tools
+from edge.tools.chain import Chain
+from edge.tools.context import Services
+from edge.tools.definition import Registry
+
+log = logging.getLogger("qledge")
+
+
+class StartupError(Exception):
+    """One clear line; the daemon exits non-zero without a traceback."""
+
+
+class DaemonFacts:
+    def __init__(self, db: Database, loop: str, clock: Clock) -> None:
+        self.loop = loop
+        self.db_path = db.path
+        self.started_monotonic = clock.monotonic()
+        self._db = db
+        self._extra: list = []  # callables returning {name: value}, added by capabilities
+
+    async def counts(self, project: str) -> Counts:
+        return await stats.read_counts(self._db, project)
+
+    def add_extra(self, provider) -> None:
+        self._extra.append(provider)
+
+    def extra(self) -> dict[str, str]:
+        lines: dict[str, str] = {}
+        for provider in self._extra:
+            lines.update(provider())
+        return lines
+
+
+def _private_dir(path: str) -> str:
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
+
+
+def load_pepper(path: str) -> bytes:
+    """32 random bytes in a 0600 file; the HMAC key for credential digests."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        st = os.stat(path)
+        if st.st_mode & 0o077:
+            raise StartupError(f"{path} has mode {st.st_mode & 0o777:04o}; it must be 0600") from None
+        with open(path, "rb") as f:
+            pepper = f.read()
+        if len(pepper) < 32:
+            raise StartupError(f"{path} is damaged (expected 32 bytes)")
+        return pepper
+    pepper = os.urandom(32)
+    os.write(fd, pepper)
+    os.fsync(fd)
+    os.close(fd)
+    return pepper
+
+
+class Daemon:
+    """Start order: store → runner → tools → socket. Stop order is the reverse."""
+
+    def __init__(self, config: Config, home: str, socket_path: str, loop_name: str, clock: Clock | None = None) -> None:
+        self.config = config
+        self.home = home
+        self.socket_path = socket_path
+        self.loop_name = loop_name
+        self.clock = clock or SystemClock()
+        self.notifier = Notifier()
+        self._stop = asyncio.Event()
+
+    async def run(self) -> None:
+        cfg = self.config
+        _private_dir(self.home)
+        pepper = load_pepper(os.path.join(self.home, "pepper"))
+        try:
+            db = await Database.open(os.path.join(self.home, "qledge.db"), cfg.store.synchronous, cfg.store.cache_kib)
+        except Exception as exc:
+            raise StartupError(f"cannot open the database in {self.home}: {exc}") from None
+        try:
+            await self._serve(db, pepper)
+        finally:
+            await db.close()
+
+    async def _serve(self, db: Database, pepper: bytes) -> None:
+        cfg = self.config
+        tasks, runs = SqliteTaskStore(db), SqliteRunStore(db)
+        credentials = SqliteCredentialStore(db)
+        runner = Runner(runs, tasks, self.clock, RunnerSettings(
+            logs_dir=_private_dir(os.path.join(self.home, "logs")),
+            work_dir=_private_dir(os.path.join(self.home, "work")),
+            concurrency=cfg.runner.concurrency,
+            queue_limit=cfg.runner.queue_limit,
+            kill_grace_s=cfg.runner.kill_grace_s,
+            log_cap_bytes=cfg.runner.log_cap_bytes,
+        ))
+        registry = Registry(builtin_tools())
+        owners = cfg.auth.owner_uids if cfg.auth.owner_uids is not None else sorted({os.getuid(), 0})
+        auth = Authenticator(credentials, pepper, owners, cfg.project, registry.read_tool_names())
+        facts = DaemonFacts(db, self.loop_name, self.clock)
+        services = Services(
+            project=cfg.project, clock=self.clock, tasks=tasks, runs=runs, credentials=credentials,
+            audit=SqliteAuditLog(db, cfg.retention.audit_max_rows, cfg.retention.audit_max_age_days),
+            runner=runner, pepper=pepper, facts=facts,
+        )
+        server = ToolServer(Chain(registry, auth, services), self.socket_path, cfg.max_frame_bytes)
+        try:
+            await server.start()
+        except (OSError, RuntimeError) as exc:
+            raise StartupError(f"cannot listen on {self.socket_path}: {exc}") from None
+        self._install_signals()
+        log.info("qledge serving on %s (loop %s, pid %d)", self.socket_path, self.loop_name, os.getpid())
+        self.notifier.notify(f"READY=1\nSTATUS=serving on {self.socket_path}\nMAINPID={os.getpid()}")
+        try:
+            await self._stop.wait()
+        finally:
+            self.notifier.notify("STOPPING=1")
+            log.info("qledge stopping")
+            await server.stop()
+            await runner.shutdown()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _install_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop)
+
+
+def run_daemon(config: Config, home: str, socket_path: str, loop_name: str) -> int:
+    logging.basicConfig(
+        level=config.log_level.upper(), stream=sys.stderr, format="qledge: %(levelname)s %(name)s: %(message)s"
+    )
+    daemon = Daemon(config, home, socket_path, loop_name)
+    try:
+        if loop_name == "uvloop":
+            import uvloop
+
+            uvloop.run(daemon.run())
+        else:
+            asyncio.run(daemon.run())
+    except StartupError as exc:
+        print(f"qledge: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        pass
+    return 0

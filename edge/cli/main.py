@@ -1,0 +1,158 @@
+"""`qledge` entry point: argparse, dispatch, exit codes.
+
+Exit codes: 0 ok, 1 tool error, 2 usage error, 3 daemon unreachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+
+EXIT_OK, EXIT_TOOL, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+
+
+def _common() -> argparse.ArgumentParser:
+    # SUPPRESS lets these flags appear before or after the verb without clobbering.
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--home", default=argparse.SUPPRESS, help="state directory ($QLEDGE_HOME)")
+    p.add_argument("--socket", default=argparse.SUPPRESS, help="tool socket path ($QLEDGE_SOCKET)")
+    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _common()
+    parser = argparse.ArgumentParser(
+        prog="qledge", parents=[common],
+        description="A minimal-footprint task runtime for routers and small boards.",
+    )
+    verbs = parser.add_subparsers(dest="verb", metavar="COMMAND", required=True)
+
+    def verb(sub, name: str, handler: Callable | None, help_text: str, **kw) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[common], help=help_text, description=help_text, **kw)
+        p.set_defaults(handler=handler)
+        return p
+
+    serve = verb(verbs, "serve", None, "run the daemon in the foreground")
+    serve.add_argument("--config", help="TOML configuration file (optional)")
+
+    from edge.cli import commands as c
+
+    task = verbs.add_parser("task", help="manage tasks").add_subparsers(dest="action", metavar="ACTION", required=True)
+    add = verb(task, "add", c.task_add, "add a task: qledge task add NAME [options] -- COMMAND [ARGS...]")
+    add.add_argument("name", help="task id (letters, digits, . _ -)")
+    add.add_argument("command", nargs="*", help=argparse.SUPPRESS)
+    add.add_argument("--timeout", type=float, metavar="S", help="kill the run after S seconds (default 3600)")
+    add.add_argument("--env", action="append", default=[], metavar="K=V", help="environment variable")
+    add.add_argument("--secret-env", action="append", default=[], metavar="K=SECRET",
+                     help="environment variable taken from a stored secret")
+    add.add_argument("--cwd", help="working directory (default: <home>/work)")
+    add.add_argument("--shell", action="store_true", help="run COMMAND through /bin/sh -c")
+    add.add_argument("--overlap", choices=("forbid", "allow", "replace"), default="forbid",
+                     help="what a new run does while one is active (default forbid)")
+    add.add_argument("--log-cap", type=int, metavar="BYTES", help="log cap for this task's runs")
+    verb(task, "list", c.task_list, "list tasks")
+    for action in ("get", "enable", "disable", "rm"):
+        handler = {"get": c.task_get, "rm": c.task_rm}.get(action, c.task_toggle)
+        p = verb(task, action, handler, f"{action} a task")
+        p.add_argument("name", metavar="TASK")
+
+    run = verbs.add_parser("run", help="start and inspect runs").add_subparsers(
+        dest="action", metavar="ACTION", required=True)
+    start = verb(run, "start", c.run_start, "start a run of a task now")
+    start.add_argument("task", metavar="TASK")
+    start.add_argument("--wait", action="store_true", help="wait until it finishes; exit 1 unless it succeeded")
+    lst = verb(run, "list", c.run_list, "list runs, newest first")
+    lst.add_argument("--task", metavar="TASK")
+    lst.add_argument("--limit", type=int, default=20, choices=range(1, 65), metavar="N", help="1..64 (default 20)")
+    for action, handler, text in (("get", c.run_get, "show a run"), ("log", c.run_log, "print a run's log"),
+                                  ("cancel", c.run_cancel, "cancel a run")):
+        verb(run, action, handler, text).add_argument("run", metavar="RUN")
+
+    token = verbs.add_parser("token", help="API credentials").add_subparsers(
+        dest="action", metavar="ACTION", required=True)
+    create = verb(token, "create", c.token_create, "create a credential; prints its token once")
+    create.add_argument("--role", required=True, choices=("owner", "operator", "viewer"))
+    create.add_argument("--name")
+    create.add_argument("--permission", action="append", metavar="P",
+                        help="restrict to this permission (repeatable)")
+    verb(token, "list", c.token_list, "list credentials")
+    verb(token, "revoke", c.token_revoke, "revoke a credential").add_argument("id", metavar="ID")
+
+    verb(verbs, "status", c.status, "daemon status")
+    call = verb(verbs, "call", c.call, "call a tool directly; prints its JSON result")
+    call.add_argument("tool", metavar="TOOL")
+    call.add_argument("--args", metavar="JSON", help="arguments as a JSON object")
+    return parser
+
+
+def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Everything after the first `--` is the task's command, untouched by argparse."""
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1 :]
+    return argv, []
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from edge.app import config as cfg
+    from edge.app.lean import choose_loop, restrict_imports
+
+    try:
+        config = cfg.load(args.config)
+    except cfg.ConfigError as exc:
+        print(f"qledge: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    loop = choose_loop(config.loop)
+    restrict_imports(loop)
+    home = cfg.resolve_home(getattr(args, "home", None), config)
+    from edge.app.daemon import run_daemon
+
+    return run_daemon(config, home, cfg.resolve_socket(getattr(args, "socket", None), config, home), loop)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    head, command = _split_command(argv)
+    parser = build_parser()
+    args = parser.parse_args(head)
+    if command:
+        if getattr(args, "command", None) is None:
+            parser.error("`--` is only used by `task add`")
+        args.command = [*args.command, *command]
+    args.json = getattr(args, "json", False)
+    if args.verb == "serve":
+        return _serve(args)
+    return _client_verb(args)
+
+
+def _client_verb(args: argparse.Namespace) -> int:
+    from edge.cli.client import CallFailed, Client, Unreachable
+    from edge.cli.commands import UsageError
+
+    home = os.path.abspath(getattr(args, "home", None) or os.environ.get("QLEDGE_HOME") or _default_home())
+    path = getattr(args, "socket", None) or os.environ.get("QLEDGE_SOCKET") or os.path.join(home, "qledge.sock")
+    try:
+        with Client(path, token=os.environ.get("QLEDGE_TOKEN") or None) as client:
+            return args.handler(client, args)
+    except UsageError as exc:
+        print(f"qledge: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except Unreachable as exc:
+        print(f"qledge: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except CallFailed as exc:
+        print(f"qledge: {exc.code}: {exc.message}", file=sys.stderr)
+        return EXIT_TOOL
+    except BrokenPipeError:
+        return EXIT_OK
+    except KeyboardInterrupt:
+        return 130
+
+
+def _default_home() -> str:
+    from edge.app.config import default_home
+
+    return default_home()

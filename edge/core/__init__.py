@@ -1,0 +1,1 @@
+"""Domain types, ports and errors. No I/O lives here."""

@@ -1,0 +1,91 @@
+"""Principals, roles and permissions. Permission checks fail closed."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Iterable
+from typing import Literal
+
+import msgspec
+
+Role = Literal["owner", "operator", "viewer"]
+ROLES: tuple[str, ...] = ("owner", "operator", "viewer")
+
+TOKEN_PREFIX = "qle_"
+
+# Domain permissions. Tools name the ones they need; roles grant sets of them.
+DOMAIN_PERMISSIONS: tuple[str, ...] = (
+    "task.read",  # low-sensitivity task projections
+    "task.inspect",  # full task specs (commands, env)
+    "task.write",
+    "trigger.read",
+    "trigger.inspect",
+    "trigger.write",
+    "run.read",
+    "run.write",
+    "artifact.read",  # run logs
+    "secret.read",  # secret names and dates, never values
+    "secret.write",
+    "credential.admin",
+    "status.read",
+)
+
+_VIEWER = frozenset({"task.read", "trigger.read", "run.read", "status.read"})
+_OPERATOR = frozenset(DOMAIN_PERMISSIONS) - {"credential.admin", "secret.write"}
+
+
+class Principal(msgspec.Struct, frozen=True):
+    """Who is calling. `subject` is what the audit log records (never a secret)."""
+
+    subject: str  # "uid:1000" or "credential:<id>"
+    role: Role
+    permissions: frozenset[str]
+    credential_id: str | None = None
+
+
+class Credential(msgspec.Struct, rename="camel"):
+    id: str
+    project_id: str
+    name: str
+    role: Role
+    permissions: list[str] | None
+    created_at_ms: int
+    revoked_at_ms: int | None = None
+
+
+def role_permissions(role: str, read_tools: Iterable[str]) -> frozenset[str]:
+    """The permissions a role grants, given the names of the read-effect tools."""
+    if role == "owner":
+        return frozenset({"*"})
+    if role == "operator":
+        return _OPERATOR | {"tool.call:*"}
+    if role == "viewer":
+        return _VIEWER | {f"tool.call:{name}" for name in read_tools}
+    return frozenset()  # unknown role: nothing
+
+
+def allows(granted: frozenset[str], needed: str) -> bool:
+    if needed in granted or "*" in granted:
+        return True
+    if needed.startswith("tool.call:") and "tool.call:*" in granted:
+        return True
+    return False
+
+
+def parse_token(token: str) -> tuple[str, str] | None:
+    """Split `qle_<id>_<secret>`; None when it is not shaped like a token."""
+    if not token.startswith(TOKEN_PREFIX) or len(token) > 256:
+        return None
+    parts = token[len(TOKEN_PREFIX) :].split("_", 1)
+    if len(parts) != 2 or not parts[0] or not parts[1]:
+        return None
+    return parts[0], parts[1]
+
+
+def token_digest(pepper: bytes, secret: str) -> bytes:
+    return hmac.new(pepper, secret.encode(), hashlib.sha256).digest()
+
+
+def digest_matches(expected: bytes, pepper: bytes, secret: str) -> bool:
+    return hmac.compare_digest(expected, token_digest(pepper, secret))

@@ -1,0 +1,1 @@
+"""Running tasks as subprocesses: process groups, timeouts, bounded logs."""

@@ -1,0 +1,285 @@
+"""The runner: admits manual runs, executes queued runs under a concurrency limit,
+enforces timeouts and cancellation, and records every outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from typing import Protocol
+
+from edge.core.clock import Clock
+from edge.core.errors import ToolError, conflict, not_found
+from edge.core.ids import uuid7
+from edge.core.ports import RunStore, RunUpdate, TaskStore
+from edge.core.runs import Run, summary
+from edge.core.tasks import SecretRef, Task
+from edge.runner import process
+from edge.runner.logsink import LogSink
+
+log = logging.getLogger("qledge.runner")
+
+PIPE_CHUNK = 64 * 1024
+DRAIN_AFTER_EXIT_S = 2.0  # a backgrounded grandchild may hold the pipe open
+
+
+class SecretResolver(Protocol):
+    async def resolve(self, project: str, names: list[str]) -> dict[str, str]: ...
+
+
+class RunnerSettings:
+    def __init__(
+        self,
+        *,
+        logs_dir: str,
+        work_dir: str,
+        concurrency: int = 2,
+        queue_limit: int = 32,
+        kill_grace_s: float = 5.0,
+        log_cap_bytes: int = 1 << 20,
+        base_env: dict[str, str] | None = None,
+    ) -> None:
+        self.logs_dir = logs_dir
+        self.work_dir = work_dir
+        self.concurrency = concurrency
+        self.queue_limit = queue_limit
+        self.kill_grace_s = kill_grace_s
+        self.log_cap_bytes = log_cap_bytes
+        self.base_env = base_env if base_env is not None else {"PATH": process.DEFAULT_PATH}
+
+
+class _Job:
+    __slots__ = ("run", "task", "proc", "cancel_reason", "done", "started")
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.task: asyncio.Task | None = None
+        self.proc: asyncio.subprocess.Process | None = None
+        self.cancel_reason: str | None = None
+        self.done = asyncio.Event()
+        self.started = False
+
+
+class Runner:
+    def __init__(
+        self,
+        runs: RunStore,
+        tasks: TaskStore,
+        clock: Clock,
+        settings: RunnerSettings,
+        secrets: SecretResolver | None = None,
+    ) -> None:
+        self._runs = runs
+        self._tasks = tasks
+        self._clock = clock
+        self._settings = settings
+        self._secrets = secrets
+        self._slots = asyncio.Semaphore(settings.concurrency)
+        self._jobs: dict[str, _Job] = {}
+
+    # -- the port tools see -------------------------------------------------------
+
+    def log_path(self, run_id: str) -> str:
+        return os.path.join(self._settings.logs_dir, f"{run_id}.log")
+
+    async def start(self, task: Task, actor: str) -> Run:
+        if self.queued_count() >= self._settings.queue_limit:
+            raise ToolError("resource_exhausted", f"the run queue is full ({self._settings.queue_limit} waiting)")
+        now = self._clock.now_ms()
+        run = Run(
+            id=uuid7(now), project_id=task.project_id, task_id=task.id, task_revision=task.revision,
+            origin="manual", status="queued", version=1, event_seq=1, created_at_ms=now, queued_at_ms=now,
+        )
+        run = await self._runs.create(run, "user" if actor == "user" else "system")
+        self.submit(run)
+        return run
+
+    async def cancel(self, project: str, run_id: str, reason: str) -> Run:
+        job = self._jobs.get(run_id)
+        if job is None:
+            run = await self._runs.get(project, run_id)
+            if run is None:
+                raise not_found(f"run {run_id} not found")
+            if run.terminal:
+                raise conflict(f"run {run_id} already finished ({run.status})")
+            # Active in storage but not ours (e.g. admitted but not yet submitted).
+            return await self._runs.transition(
+                run.id, run.version, "cancelled", self._clock.now_ms(), "user",
+                RunUpdate(finished_at_ms=self._clock.now_ms(), error_summary=f"cancelled: {reason}"), reason,
+            )
+        self._request_cancel(job, reason)
+        await job.done.wait()
+        final = await self._runs.get(project, run_id)
+        assert final is not None
+        return final
+
+    async def wait(self, project: str, run_id: str, timeout_s: float) -> Run | None:
+        job = self._jobs.get(run_id)
+        if job is not None and job.run.project_id == project:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout_s):
+                    await job.done.wait()
+        return await self._runs.get(project, run_id)
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    def submit(self, run: Run) -> None:
+        """Execute an admitted (queued) run when a slot is free."""
+        job = _Job(run)
+        self._jobs[run.id] = job
+        job.task = asyncio.create_task(self._execute(job), name=f"run-{run.id}")
+
+    def queued_count(self) -> int:
+        return sum(1 for job in self._jobs.values() if not job.started)
+
+    def active_runs(self) -> list[Run]:
+        return [job.run for job in self._jobs.values()]
+
+    async def shutdown(self) -> None:
+        """Cancel everything with reason `shutdown` and wait until it is recorded."""
+        jobs = list(self._jobs.values())
+        for job in jobs:
+            self._request_cancel(job, "shutdown")
+        if jobs:
+            await asyncio.gather(*(job.done.wait() for job in jobs))
+
+    def _request_cancel(self, job: _Job, reason: str) -> None:
+        if job.cancel_reason is None:
+            job.cancel_reason = reason
+        if job.proc is not None:
+            asyncio.create_task(process.stop_group(job.proc, self._settings.kill_grace_s))
+        elif job.task is not None and not job.started:
+            job.task.cancel()  # still waiting for a slot
+
+    # -- execution ----------------------------------------------------------------
+
+    async def _execute(self, job: _Job) -> None:
+        try:
+            try:
+                await self._slots.acquire()
+            except asyncio.CancelledError:
+                await self._finish(job, "cancelled", RunUpdate(error_summary=f"cancelled: {job.cancel_reason}"))
+                return
+            try:
+                job.started = True
+                if job.cancel_reason is not None:
+                    await self._finish(job, "cancelled", RunUpdate(error_summary=f"cancelled: {job.cancel_reason}"))
+                    return
+                await self._run_process(job)
+            finally:
+                self._slots.release()
+        except ToolError as exc:
+            log.error("run %s could not be recorded: %s", job.run.id, exc.message)
+        except Exception:
+            log.exception("run %s failed inside the runner", job.run.id)
+            with contextlib.suppress(Exception):
+                await self._finish(job, "failed", RunUpdate(error_code="internal", error_summary="runner error"))
+        finally:
+            self._jobs.pop(job.run.id, None)
+            job.done.set()
+
+    async def _run_process(self, job: _Job) -> None:
+        run = job.run
+        task = await self._tasks.get(run.project_id, run.task_id, run.task_revision)
+        if task is None:
+            await self._finish(job, "failed", RunUpdate(
+                error_code="task_missing", error_summary=f"task {run.task_id} revision {run.task_revision} is gone"))
+            return
+        try:
+            env = await self._environment(task, run)
+        except ToolError as exc:
+            await self._finish(job, "failed", RunUpdate(error_code="secret_missing", error_summary=exc.message))
+            return
+        cap = task.spec.log_cap_bytes or self._settings.log_cap_bytes
+        sink = LogSink(self.log_path(run.id), cap)
+        try:
+            await self._supervise(job, task, env, sink)
+        finally:
+            sink.close()
+
+    async def _supervise(self, job: _Job, task: Task, env: dict[str, str], sink: LogSink) -> None:
+        run = job.run
+        cwd = task.spec.working_dir or self._settings.work_dir
+        try:
+            proc = await process.spawn(process.argv(task.spec), cwd, env)
+        except OSError as exc:
+            size = sink.close()
+            await self._finish(job, "failed", RunUpdate(
+                error_code="spawn_failed", error_summary=f"could not start: {exc}", log_bytes=size))
+            return
+        job.proc = proc
+        now = self._clock.now_ms()
+        job.run = await self._runs.transition(
+            run.id, run.version, "running", now, "runner",
+            RunUpdate(started_at_ms=now, pid=proc.pid, pid_start_ticks=process.start_ticks(proc.pid)),
+        )
+        if job.cancel_reason is not None:  # cancelled while spawning
+            asyncio.create_task(process.stop_group(proc, self._settings.kill_grace_s))
+        pump = asyncio.create_task(_pump(proc, sink))
+        try:
+            async with asyncio.timeout(task.spec.timeout_ms / 1000):
+                await proc.wait()
+        except TimeoutError:
+            job.cancel_reason = job.cancel_reason or "timeout"
+            await process.stop_group(proc, self._settings.kill_grace_s)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(DRAIN_AFTER_EXIT_S):
+                await asyncio.shield(pump)
+        pump.cancel()
+        size = sink.close()
+        await self._finish(job, *_outcome(job, proc.returncode, size, sink.truncated, task.spec.timeout_ms))
+
+    async def _environment(self, task: Task, run: Run) -> dict[str, str]:
+        env = dict(self._settings.base_env)
+        env["QLEDGE_RUN_ID"] = run.id
+        env["QLEDGE_TASK_ID"] = task.id
+        refs = {k: v.secret for k, v in task.spec.env.items() if isinstance(v, SecretRef)}
+        values = {}
+        if refs:
+            if self._secrets is None:
+                raise ToolError("not_found", "this daemon has no secret store")
+            values = await self._secrets.resolve(task.project_id, sorted(set(refs.values())))
+        for key, value in task.spec.env.items():
+            if isinstance(value, SecretRef):
+                if value.secret not in values:
+                    raise ToolError("not_found", f"secret {value.secret!r} (for ${key}) is not set")
+                env[key] = values[value.secret]
+            else:
+                env[key] = value
+        return env
+
+    async def _finish(self, job: _Job, status: str, update: RunUpdate) -> None:
+        now = self._clock.now_ms()
+        update.finished_at_ms = now
+        current = await self._runs.get(job.run.project_id, job.run.id)
+        if current is None or current.terminal:
+            return
+        detail = job.cancel_reason if status == "cancelled" else None
+        job.run = await self._runs.transition(current.id, current.version, status, now, "runner", update, detail)
+
+
+async def _pump(proc: asyncio.subprocess.Process, sink: LogSink) -> None:
+    assert proc.stdout is not None
+    while chunk := await proc.stdout.read(PIPE_CHUNK):
+        sink.write(chunk)
+
+
+def _outcome(job: _Job, code: int | None, size: int, truncated: bool, timeout_ms: int) -> tuple[str, RunUpdate]:
+    update = RunUpdate(exit_code=code, log_bytes=size, log_truncated=truncated)
+    if job.cancel_reason == "timeout":
+        update.error_code = "timeout"
+        update.error_summary = f"timed out after {timeout_ms / 1000:g}s"
+        return "timed_out", update
+    if job.cancel_reason is not None:
+        update.error_summary = summary(f"cancelled: {job.cancel_reason}")
+        return "cancelled", update
+    if code == 0:
+        return "succeeded", update
+    if code is not None and code < 0:
+        update.error_code = "killed_by_signal"
+        update.error_summary = f"killed by signal {-code}"
+    else:
+        update.error_code = "exit_nonzero"
+        update.error_summary = f"exited with code {code}"
+    return "failed", update

@@ -1,0 +1,1 @@
+"""The Unix-socket tool server."""

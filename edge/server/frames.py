@@ -1,0 +1,67 @@
+"""Wire shapes of the tool protocol: 4-byte big-endian length, then a msgpack body.
+
+Request `{id, tool, args, token?}` → response `{id, ok, result | error{code, message}}`.
+Shared by the daemon and the CLI client; one encoder and decoder each, built once.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+DEFAULT_MAX_FRAME = 256 * 1024
+HEADER_BYTES = 4
+
+RequestId = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)] | Annotated[str, msgspec.Meta(max_length=128)]
+_EMPTY_MAP = msgspec.Raw(b"\x80")
+
+
+class Request(msgspec.Struct, forbid_unknown_fields=True):
+    id: RequestId
+    tool: Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
+    args: msgspec.Raw = _EMPTY_MAP
+    token: Annotated[str, msgspec.Meta(max_length=256)] | None = None
+
+
+class ErrorBody(msgspec.Struct):
+    code: str
+    message: str
+
+
+class Response(msgspec.Struct, omit_defaults=True):
+    id: RequestId | None
+    ok: bool
+    result: msgspec.Raw = msgspec.Raw()  # empty when ok is false
+    error: ErrorBody | None = None
+
+
+class _IdOnly(msgspec.Struct):
+    """Used to salvage the id of a request that failed validation."""
+
+    id: RequestId | None = None
+
+
+encoder = msgspec.msgpack.Encoder()
+request_decoder = msgspec.msgpack.Decoder(Request)
+response_decoder = msgspec.msgpack.Decoder(Response)
+_id_decoder = msgspec.msgpack.Decoder(_IdOnly)
+
+
+def frame(body: bytes) -> bytes:
+    return len(body).to_bytes(HEADER_BYTES, "big") + body
+
+
+def salvage_id(body: bytes) -> int | str | None:
+    try:
+        return _id_decoder.decode(body).id
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def error_frame(request_id: int | str | None, code: str, message: str) -> bytes:
+    return frame(encoder.encode(Response(id=request_id, ok=False, error=ErrorBody(code, message))))
+
+
+def result_frame(request_id: int | str, result: object) -> bytes:
+    return frame(encoder.encode(Response(id=request_id, ok=True, result=msgspec.Raw(encoder.encode(result)))))

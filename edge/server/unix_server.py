@@ -1,0 +1,140 @@
+"""Serve the tool protocol on a Unix socket; many requests may be in flight per connection."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import stat
+
+import msgspec
+
+from edge.core.errors import ToolError
+from edge.server import frames
+from edge.server.peercred import peer_uid
+from edge.tools.chain import Chain
+from edge.tools.context import Caller
+
+log = logging.getLogger("qledge.server")
+
+MAX_IN_FLIGHT = 16  # per connection; beyond it we stop reading (backpressure)
+
+
+class ToolServer:
+    def __init__(self, chain: Chain, path: str, max_frame: int = frames.DEFAULT_MAX_FRAME) -> None:
+        self._chain = chain
+        self.path = path
+        self._max_frame = max_frame
+        self._server: asyncio.AbstractServer | None = None
+        self._connections: set[asyncio.Task] = set()
+
+    async def start(self) -> None:
+        _remove_stale_socket(self.path)
+        old = os.umask(0o117)  # socket is created 0660
+        try:
+            self._server = await asyncio.start_unix_server(self._serve_connection, path=self.path)
+        finally:
+            os.umask(old)
+        os.chmod(self.path, 0o660)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._connections):
+            task.cancel()
+        if self._connections:
+            await asyncio.gather(*self._connections, return_exceptions=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+    async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        uid = peer_uid(writer.get_extra_info("socket"))
+        in_flight: set[asyncio.Task] = set()
+        slots = asyncio.Semaphore(MAX_IN_FLIGHT)
+        try:
+            while True:
+                body = await self._read_frame(reader, writer)
+                if body is None:
+                    break
+                try:
+                    request = frames.request_decoder.decode(body)
+                except msgspec.ValidationError as exc:
+                    writer.write(frames.error_frame(
+                        frames.salvage_id(body), "invalid_argument", f"invalid request: {exc}"))
+                    continue
+                except msgspec.DecodeError:
+                    writer.write(frames.error_frame(None, "invalid_argument", "frame is not a msgpack request"))
+                    await writer.drain()
+                    break  # garbage: we no longer trust this peer's framing
+                await slots.acquire()
+                call = asyncio.create_task(self._answer(request, uid, writer, slots))
+                in_flight.add(call)
+                call.add_done_callback(in_flight.discard)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            for call in in_flight:
+                call.cancel()
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+            self._connections.discard(task)
+
+    async def _read_frame(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes | None:
+        try:
+            header = await reader.readexactly(frames.HEADER_BYTES)
+        except asyncio.IncompleteReadError:
+            return None  # clean end of stream
+        size = int.from_bytes(header, "big")
+        if size > self._max_frame:
+            writer.write(frames.error_frame(
+                None, "resource_exhausted", f"frame of {size} bytes exceeds the {self._max_frame}-byte limit"))
+            await writer.drain()
+            return None  # the stream cannot be resynchronised: close
+        return await reader.readexactly(size)
+
+    async def _answer(
+        self, request: frames.Request, uid: int | None, writer: asyncio.StreamWriter, slots: asyncio.Semaphore
+    ) -> None:
+        try:
+            writer.write(await self._reply(request, uid))
+            await writer.drain()
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            slots.release()
+
+    async def _reply(self, request: frames.Request, uid: int | None) -> bytes:
+        caller = Caller(transport="socket", token=request.token, peer_uid=uid, request_id=str(request.id))
+        try:
+            result = await self._chain.call(request.tool, bytes(request.args), "msgpack", caller)
+            return frames.result_frame(request.id, result)
+        except ToolError as exc:
+            return frames.error_frame(request.id, exc.code, exc.message)
+        except Exception:
+            log.exception("unexpected failure answering %s", request.tool)
+            return frames.error_frame(request.id, "internal", "internal error; see the daemon log")
+
+
+def _remove_stale_socket(path: str) -> None:
+    """A socket file left by a crashed daemon is removed; anything else is an error."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise RuntimeError(f"{path} exists and is not a socket")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError:
+        os.unlink(path)  # nobody listening: stale
+        return
+    finally:
+        probe.close()
+    raise RuntimeError(f"another qledge daemon is already listening on {path}")

@@ -1,0 +1,1 @@
+"""Storage adapters implementing the ports of edge.core."""

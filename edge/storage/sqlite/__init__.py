@@ -1,0 +1,1 @@
+"""SQLite adapters on one apsw connection that lives in apsw's async worker thread."""

@@ -1,0 +1,96 @@
+"""The one SQLite connection: opening, pragmas, and running work in its worker thread."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import apsw
+import apsw.aio
+
+from edge.core.errors import ToolError, unavailable
+from edge.storage.sqlite.schema import migrate
+
+log = logging.getLogger("qledge.store")
+T = TypeVar("T")
+
+SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+
+
+def configure(conn: apsw.Connection, synchronous: str, cache_kib: int) -> None:
+    """Apply what apsw.bestpractice recommends, as plain pragmas.
+
+    Importing apsw.bestpractice pulls in apsw.ext (~3.4 MiB RSS), so the same settings
+    are spelled out here: busy timeout, WAL, foreign keys, no double-quoted string
+    literals, the planner's optimize hook, recursive triggers.
+    """
+    conn.set_busy_timeout(5000)
+    conn.pragma("journal_mode", "wal")
+    conn.pragma("foreign_keys", "ON")
+    conn.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
+    conn.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
+    conn.pragma("optimize", 0x10002)
+    conn.pragma("recursive_triggers", "ON")
+    conn.pragma("synchronous", synchronous)
+    conn.pragma("cache_size", -cache_kib)
+    # Keep the WAL from growing without bound on small flash between checkpoints.
+    conn.pragma("journal_size_limit", 4 * 1024 * 1024)
+
+
+@contextmanager
+def immediate(conn: apsw.Connection) -> Iterator[None]:
+    """One `BEGIN IMMEDIATE` transaction: all of it commits or none of it does."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+class Database:
+    """Owns the connection; `run` executes a function with it in the worker thread."""
+
+    def __init__(self, conn: apsw.Connection, path: str) -> None:
+        self._conn = conn
+        self.path = path
+
+    @classmethod
+    async def open(cls, path: str, synchronous: str = "NORMAL", cache_kib: int = 512) -> Database:
+        if synchronous.upper() not in SYNCHRONOUS:
+            raise ValueError(f"synchronous must be one of {', '.join(SYNCHRONOUS)}")
+        apsw.async_controller.set(apsw.aio.AsyncIO)
+        old = os.umask(0o077)  # the database holds credentials digests and secrets
+        try:
+            conn = await apsw.Connection.as_async(path)
+            await conn.async_run(configure, conn, synchronous.upper(), cache_kib)
+        finally:
+            os.umask(old)
+        db = cls(conn, path)
+        await db.run(migrate)
+        return db
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run `fn(conn, *args)` in the worker; storage faults become `unavailable`."""
+        try:
+            return await self._conn.async_run(fn, self._conn, *args)
+        except ToolError:
+            raise
+        except apsw.Error as exc:
+            log.error("storage error in %s: %s", getattr(fn, "__qualname__", fn), exc)
+            raise unavailable() from exc
+
+    async def close(self) -> None:
+        try:
+            await self._conn.async_run(_optimize, self._conn)
+        except apsw.Error:
+            pass
+        await self._conn.aclose()
+
+
+def _optimize(conn: apsw.Connection) -> None:
+    conn.pragma("optimize")

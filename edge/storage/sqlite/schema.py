@@ -1,0 +1,175 @@
+"""Schema migrations, tracked by `PRAGMA user_version`; each one is one transaction."""
+
+from __future__ import annotations
+
+import apsw
+
+_V1 = """
+CREATE TABLE meta (
+    key TEXT PRIMARY KEY,
+    value ANY
+) STRICT, WITHOUT ROWID;
+
+CREATE TABLE tasks (
+    project_id TEXT NOT NULL,
+    id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    revision INTEGER NOT NULL,
+    enabled INTEGER NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    updated_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (project_id, id)
+) STRICT, WITHOUT ROWID;
+
+CREATE TABLE task_revisions (
+    project_id TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    revision INTEGER NOT NULL,
+    spec_schema TEXT NOT NULL,
+    spec TEXT NOT NULL,
+    content_digest TEXT NOT NULL,
+    enabled INTEGER NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (project_id, task_id, revision),
+    FOREIGN KEY (project_id, task_id) REFERENCES tasks (project_id, id) ON DELETE CASCADE
+) STRICT, WITHOUT ROWID;
+
+CREATE TABLE triggers (
+    project_id TEXT NOT NULL,
+    id TEXT NOT NULL,
+    revision INTEGER NOT NULL,
+    task_id TEXT NOT NULL,
+    task_revision INTEGER NOT NULL,
+    enabled INTEGER NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    updated_at_ms INTEGER NOT NULL,
+    next_fire_at_ms INTEGER,
+    last_scheduled_at_ms INTEGER,
+    PRIMARY KEY (project_id, id),
+    FOREIGN KEY (project_id, task_id) REFERENCES tasks (project_id, id) ON DELETE CASCADE
+) STRICT, WITHOUT ROWID;
+
+CREATE INDEX triggers_task_idx ON triggers (project_id, task_id);
+
+CREATE TABLE trigger_revisions (
+    project_id TEXT NOT NULL,
+    trigger_id TEXT NOT NULL,
+    revision INTEGER NOT NULL,
+    task_id TEXT NOT NULL,
+    task_revision INTEGER NOT NULL,
+    enabled INTEGER NOT NULL,
+    spec_schema TEXT NOT NULL,
+    spec TEXT NOT NULL,
+    content_digest TEXT NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (project_id, trigger_id, revision),
+    FOREIGN KEY (project_id, trigger_id) REFERENCES triggers (project_id, id) ON DELETE CASCADE
+) STRICT, WITHOUT ROWID;
+
+CREATE TABLE trigger_events (
+    id INTEGER PRIMARY KEY,
+    project_id TEXT NOT NULL,
+    trigger_id TEXT NOT NULL,
+    type TEXT NOT NULL,
+    reason TEXT,
+    scheduled_for_ms INTEGER,
+    created_at_ms INTEGER NOT NULL
+) STRICT;
+
+CREATE INDEX trigger_events_trigger_idx ON trigger_events (project_id, trigger_id, id DESC);
+
+CREATE TABLE runs (
+    id TEXT PRIMARY KEY,
+    project_id TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    task_revision INTEGER NOT NULL,
+    trigger_id TEXT,
+    trigger_revision INTEGER,
+    origin TEXT NOT NULL,
+    status TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    event_seq INTEGER NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    queued_at_ms INTEGER,
+    started_at_ms INTEGER,
+    finished_at_ms INTEGER,
+    scheduled_for_ms INTEGER,
+    exit_code INTEGER,
+    error_code TEXT,
+    error_summary TEXT,
+    log_bytes INTEGER NOT NULL DEFAULT 0,
+    log_truncated INTEGER NOT NULL DEFAULT 0,
+    idempotency_key TEXT UNIQUE,
+    jitter_ms INTEGER,
+    pid INTEGER,
+    pid_start_ticks INTEGER
+) STRICT;
+
+CREATE INDEX runs_task_created_idx ON runs (project_id, task_id, created_at_ms DESC, id DESC);
+CREATE INDEX runs_project_created_idx ON runs (project_id, created_at_ms DESC, id DESC);
+-- Small by construction: only runs that are not finished yet.
+CREATE INDEX runs_active_idx ON runs (project_id, task_id) WHERE status IN ('queued', 'running');
+
+CREATE TABLE run_events (
+    run_id TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    sequence INTEGER NOT NULL,
+    type TEXT NOT NULL,
+    actor_type TEXT NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    detail TEXT,
+    PRIMARY KEY (run_id, sequence)
+) STRICT, WITHOUT ROWID;
+
+CREATE TABLE credentials (
+    id TEXT PRIMARY KEY,
+    project_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    role TEXT NOT NULL,
+    permissions TEXT,
+    digest BLOB NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    revoked_at_ms INTEGER
+) STRICT, WITHOUT ROWID;
+
+CREATE TABLE secrets (
+    project_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    value TEXT NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    updated_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (project_id, name)
+) STRICT, WITHOUT ROWID;
+
+CREATE TABLE security_audit (
+    id INTEGER PRIMARY KEY,
+    at_ms INTEGER NOT NULL,
+    project_id TEXT NOT NULL,
+    principal TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    reasons TEXT NOT NULL,
+    transport TEXT NOT NULL,
+    request_id TEXT
+) STRICT;
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1,)
+
+
+def migrate(conn: apsw.Connection) -> int:
+    """Bring the schema to the newest version; returns the version now in place."""
+    version = conn.pragma("user_version")
+    if version > len(MIGRATIONS):
+        raise apsw.SQLError(
+            f"database schema version {version} is newer than this qledge ({len(MIGRATIONS)})"
+        )
+    for number in range(version + 1, len(MIGRATIONS) + 1):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute(MIGRATIONS[number - 1])
+            conn.pragma("user_version", number)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+    return len(MIGRATIONS)

@@ -1,0 +1,158 @@
+"""Task heads and their immutable revisions."""
+
+from __future__ import annotations
+
+import apsw
+import msgspec
+
+from edge.core.errors import conflict, not_found
+from edge.core.tasks import SPEC_SCHEMA, Task, TaskSpec, content_digest
+from edge.storage.sqlite.db import Database, immediate
+
+_spec_encoder = msgspec.json.Encoder()
+_spec_decoder = msgspec.json.Decoder(TaskSpec)
+
+_SELECT = """
+SELECT t.project_id, t.id, t.name, r.revision, r.enabled, r.spec, r.content_digest,
+       t.created_at_ms, t.updated_at_ms
+FROM tasks AS t
+JOIN task_revisions AS r ON r.project_id = t.project_id AND r.task_id = t.id
+"""
+# The head's revision, or a given one (a run executes the revision it was admitted with).
+SQL_GET = _SELECT + "WHERE t.project_id = ? AND t.id = ? AND r.revision = coalesce(?, t.revision)"
+SQL_LIST = _SELECT + "WHERE t.project_id = ? AND t.id > ? AND r.revision = t.revision ORDER BY t.id LIMIT ?"
+
+
+def _task(row: tuple) -> Task:
+    project, task_id, name, revision, enabled, spec, digest, created, updated = row
+    return Task(
+        id=task_id,
+        project_id=project,
+        name=name,
+        revision=revision,
+        enabled=bool(enabled),
+        spec=_spec_decoder.decode(spec),
+        content_digest=digest,
+        created_at_ms=created,
+        updated_at_ms=updated,
+    )
+
+
+def get(conn: apsw.Connection, project: str, task_id: str, revision: int | None = None) -> Task | None:
+    row = conn.execute(SQL_GET, (project, task_id, revision)).fetchone()
+    return _task(row) if row else None
+
+
+def _head_revision(conn: apsw.Connection, project: str, task_id: str, expected: int | None) -> int:
+    row = conn.execute("SELECT revision FROM tasks WHERE project_id = ? AND id = ?", (project, task_id)).fetchone()
+    if row is None:
+        raise not_found(f"task {task_id!r} not found")
+    if expected is not None and row[0] != expected:
+        raise conflict(f"task {task_id!r} is at revision {row[0]}, not {expected}")
+    return row[0]
+
+
+def _insert_revision(
+    conn: apsw.Connection, project: str, task_id: str, revision: int, spec: TaskSpec, enabled: bool, now: int
+) -> None:
+    conn.execute(
+        "INSERT INTO task_revisions (project_id, task_id, revision, spec_schema, spec, content_digest,"
+        " enabled, created_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (project, task_id, revision, SPEC_SCHEMA, _spec_encoder.encode(spec).decode(),
+         content_digest(spec), int(enabled), now),
+    )
+
+
+def _new_revision(
+    conn: apsw.Connection, project: str, task_id: str, expected: int | None, now: int,
+    spec: TaskSpec | None = None, enabled: bool | None = None, name: str | None = None,
+) -> Task:
+    with immediate(conn):
+        head = _head_revision(conn, project, task_id, expected)
+        current = get(conn, project, task_id)
+        assert current is not None
+        if spec is None and name is None and enabled == current.enabled:
+            return current  # enabling an enabled task changes nothing
+        revision = head + 1
+        _insert_revision(
+            conn, project, task_id, revision,
+            current.spec if spec is None else spec,
+            current.enabled if enabled is None else enabled, now,
+        )
+        conn.execute(
+            "UPDATE tasks SET revision = ?, enabled = ?, name = coalesce(?, name), updated_at_ms = ?"
+            " WHERE project_id = ? AND id = ?",
+            (revision, int(current.enabled if enabled is None else enabled), name, now, project, task_id),
+        )
+        # Triggers that followed the old head follow the new one (documented default).
+        conn.execute(
+            "UPDATE triggers SET task_revision = ? WHERE project_id = ? AND task_id = ? AND task_revision = ?",
+            (revision, project, task_id, head),
+        )
+        task = get(conn, project, task_id)
+    assert task is not None
+    return task
+
+
+def create(conn: apsw.Connection, project: str, task_id: str, name: str, spec: TaskSpec, now: int) -> Task:
+    with immediate(conn):
+        try:
+            conn.execute(
+                "INSERT INTO tasks (project_id, id, name, revision, enabled, created_at_ms, updated_at_ms)"
+                " VALUES (?, ?, ?, 1, 1, ?, ?)",
+                (project, task_id, name, now, now),
+            )
+        except apsw.ConstraintError:
+            raise conflict(f"task {task_id!r} already exists") from None
+        _insert_revision(conn, project, task_id, 1, spec, True, now)
+        task = get(conn, project, task_id)
+    assert task is not None
+    return task
+
+
+def delete(conn: apsw.Connection, project: str, task_id: str, expected: int | None) -> list[str]:
+    with immediate(conn):
+        _head_revision(conn, project, task_id, expected)
+        active = conn.execute(
+            "SELECT id FROM runs WHERE project_id = ? AND task_id = ? AND status IN ('queued', 'running') LIMIT 1",
+            (project, task_id),
+        ).fetchone()
+        if active:
+            raise conflict(f"task {task_id!r} has an active run ({active[0]}); cancel it first")
+        run_ids = [r[0] for r in conn.execute(
+            "SELECT id FROM runs WHERE project_id = ? AND task_id = ?", (project, task_id))]
+        conn.execute("DELETE FROM runs WHERE project_id = ? AND task_id = ?", (project, task_id))
+        conn.execute("DELETE FROM tasks WHERE project_id = ? AND id = ?", (project, task_id))
+    return run_ids
+
+
+class SqliteTaskStore:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def create(self, project: str, task_id: str, name: str, spec: TaskSpec, now_ms: int) -> Task:
+        return await self._db.run(create, project, task_id, name, spec, now_ms)
+
+    async def update(
+        self, project: str, task_id: str, expected_revision: int, spec: TaskSpec, name: str | None, now_ms: int
+    ) -> Task:
+        return await self._db.run(_new_revision, project, task_id, expected_revision, now_ms, spec, None, name)
+
+    async def set_enabled(
+        self, project: str, task_id: str, enabled: bool, expected_revision: int | None, now_ms: int
+    ) -> Task:
+        return await self._db.run(_new_revision, project, task_id, expected_revision, now_ms, None, enabled)
+
+    async def get(self, project: str, task_id: str, revision: int | None = None) -> Task | None:
+        return await self._db.run(get, project, task_id, revision)
+
+    async def list(self, project: str, after: str | None, limit: int) -> list[Task]:
+        rows = await self._db.run(_list, project, after or "", limit)
+        return rows
+
+    async def delete(self, project: str, task_id: str, expected_revision: int | None) -> list[str]:
+        return await self._db.run(delete, project, task_id, expected_revision)
+
+
+def _list(conn: apsw.Connection, project: str, after: str, limit: int) -> list[Task]:
+    return [_task(row) for row in conn.execute(SQL_LIST, (project, after, limit))]

@@ -1,0 +1,1 @@
+"""Tool definitions, the per-call security chain and the builtin tools."""

@@ -1,0 +1,11 @@
+"""Tools the CLI uses to manage the daemon (namespace `qledge.*`)."""
+
+from __future__ import annotations
+
+from edge.tools.definition import Tool
+
+
+def builtin_tools() -> list[Tool]:
+    from edge.tools.builtin import credentials, runs, status, tasks
+
+    return [*tasks.TOOLS, *runs.TOOLS, *credentials.TOOLS, *status.TOOLS]

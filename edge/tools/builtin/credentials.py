@@ -1,0 +1,82 @@
+"""API credential tools. A token's secret is shown once, at creation, and never stored."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Annotated
+
+import msgspec
+
+from edge.core.auth import DOMAIN_PERMISSIONS, TOKEN_PREFIX, Credential, Role, token_digest
+from edge.core.errors import invalid, not_found
+from edge.core.text import Id, Label
+from edge.tools.context import ToolContext
+from edge.tools.definition import WRITE_DEADLINE_S, Empty, Tool
+
+_Permission = Annotated[str, msgspec.Meta(min_length=1, max_length=160, pattern=r"^[a-z*][a-z0-9_.:*-]*$")]
+
+
+class CreateArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
+    role: Role
+    name: Label | None = None
+    permissions: Annotated[list[_Permission], msgspec.Meta(max_length=64)] | None = None
+
+
+class Created(msgspec.Struct, rename="camel"):
+    credential: Credential
+    token: str  # shown once
+
+
+class CredentialList(msgspec.Struct, rename="camel"):
+    credentials: list[Credential]
+
+
+class RevokeArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
+    id: Id
+
+
+def _check_permission(permission: str) -> None:
+    if permission in ("*", "tool.call:*") or permission in DOMAIN_PERMISSIONS:
+        return
+    if permission.startswith("tool.call:") and len(permission) > len("tool.call:"):
+        return
+    raise invalid(f"unknown permission {permission!r}")
+
+
+async def create(ctx: ToolContext, args: CreateArgs) -> Created:
+    for permission in args.permissions or ():
+        _check_permission(permission)
+    cid = secrets.token_hex(6)
+    secret = secrets.token_hex(20)
+    cred = Credential(
+        id=cid, project_id=ctx.project, name=args.name or f"{args.role}-{cid}", role=args.role,
+        permissions=args.permissions, created_at_ms=ctx.now_ms(),
+    )
+    await ctx.services.credentials.create(cred, token_digest(ctx.services.pepper, secret))
+    return Created(credential=cred, token=f"{TOKEN_PREFIX}{cid}_{secret}")
+
+
+async def list_credentials(ctx: ToolContext, args: Empty) -> CredentialList:
+    return CredentialList(credentials=await ctx.services.credentials.list(ctx.project))
+
+
+async def revoke(ctx: ToolContext, args: RevokeArgs) -> Credential:
+    cred = await ctx.services.credentials.revoke(ctx.project, args.id, ctx.now_ms())
+    if cred is None:
+        raise not_found(f"credential {args.id} not found")
+    return cred
+
+
+def _tool(name: str, handler, args_type, result_type, effect: str, title: str) -> Tool:
+    return Tool(
+        name=name, version="1.0.0", effect=effect, risk="high",  # type: ignore[arg-type]
+        permissions=("credential.admin",), args_type=args_type, result_type=result_type,
+        handler=handler, deadline_s=WRITE_DEADLINE_S, title=title,
+    )
+
+
+TOOLS = [
+    _tool("qledge.credential.create", create, CreateArgs, Created, "write", "Create an API credential"),
+    _tool("qledge.credential.list", list_credentials, Empty, CredentialList, "read", "API credentials"),
+    _tool("qledge.credential.revoke", revoke, RevokeArgs, Credential, "write", "Revoke an API credential"),
+]

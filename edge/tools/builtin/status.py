@@ -1,0 +1,100 @@
+"""`qledge.status`: what the daemon is, how big it is and what it holds."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Protocol
+
+import msgspec
+
+import edge
+from edge.core.ports import Counts
+from edge.tools.context import ToolContext
+from edge.tools.definition import Tool
+
+
+class Facts(Protocol):
+    """Supplied by composition."""
+
+    loop: str
+    db_path: str
+    started_monotonic: float
+
+    async def counts(self, project: str) -> Counts: ...
+
+    def extra(self) -> dict[str, str]:
+        """Capability-specific status lines, e.g. the scheduler's clock state."""
+        ...
+
+
+class StatusArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
+    include_modules: bool = False
+
+
+class Status(msgspec.Struct, rename="camel", omit_defaults=True):
+    version: str
+    pid: int
+    uptime_s: float
+    loop: str
+    ssl_loaded: bool
+    rss_bytes: int
+    hwm_bytes: int
+    rss_anon_bytes: int
+    module_count: int
+    db_path: str
+    db_bytes: int
+    project: str
+    counts: Counts
+    extra: dict[str, str] = {}
+    modules: list[str] | None = None
+
+
+def _proc_status() -> dict[str, int]:
+    """VmRSS, VmHWM and RssAnon from /proc/self/status, in bytes (0 where unknown)."""
+    wanted = {"VmRSS", "VmHWM", "RssAnon"}
+    values = dict.fromkeys(wanted, 0)
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in wanted:
+                    values[key] = int(rest.split()[0]) * 1024
+    except OSError:
+        pass
+    return values
+
+
+async def status(ctx: ToolContext, args: StatusArgs) -> Status:
+    facts: Facts = ctx.services.facts
+    mem = _proc_status()
+    try:
+        db_bytes = os.stat(facts.db_path).st_size
+    except OSError:
+        db_bytes = 0
+    modules = sorted(name for name, mod in sys.modules.items() if mod is not None)
+    return Status(
+        version=edge.__version__,
+        pid=os.getpid(),
+        uptime_s=round(ctx.services.clock.monotonic() - facts.started_monotonic, 3),
+        loop=facts.loop,
+        ssl_loaded=sys.modules.get("ssl") is not None,
+        rss_bytes=mem["VmRSS"],
+        hwm_bytes=mem["VmHWM"],
+        rss_anon_bytes=mem["RssAnon"],
+        module_count=len(modules),
+        db_path=facts.db_path,
+        db_bytes=db_bytes,
+        project=ctx.project,
+        counts=await facts.counts(ctx.project),
+        extra=facts.extra(),
+        modules=modules if args.include_modules else None,
+    )
+
+
+TOOLS = [
+    Tool(
+        name="qledge.status", version="1.0.0", effect="read", risk="low", permissions=("status.read",),
+        args_type=StatusArgs, result_type=Status, handler=status, title="Daemon status",
+    ),
+]

@@ -1,0 +1,101 @@
+"""The per-call security chain, identical for every transport.
+
+authenticate → policy `tool.call:<name>` → domain permissions → durable audit →
+confirm the credential is still valid → execute under the tool's deadline.
+Nothing executes unless the allowed-audit row was written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import msgspec
+
+from edge.core.audit import AuditRecord, Outcome, tool_reason
+from edge.core.auth import Principal, allows
+from edge.core.errors import ToolError, invalid
+from edge.tools.authn import Authenticator, AuthFailure
+from edge.tools.context import Caller, Services, ToolContext
+from edge.tools.definition import Entry, Registry
+
+log = logging.getLogger("qledge.tools")
+
+
+class Chain:
+    def __init__(self, registry: Registry, auth: Authenticator, services: Services) -> None:
+        self.registry = registry
+        self._auth = auth
+        self._services = services
+
+    async def call(self, name: str, raw_args: bytes, fmt: str, caller: Caller) -> Any:
+        """Run one call through the chain; returns the result Struct or raises ToolError."""
+        reason = tool_reason(name)
+        try:
+            principal = await self._auth.authenticate(caller)
+        except AuthFailure as failure:
+            await self._audit(failure.subject, name, "unauthenticated", [failure.reason, reason], caller)
+            raise ToolError("unauthenticated", "authentication required: invalid, revoked or missing credential")
+        entry = self.registry.get(name)
+        if entry is None:
+            await self._audit(principal.subject, name, "denied", ["tool_unknown", reason], caller)
+            raise invalid(f"unknown tool {name!r}")
+        if not self._check_policy(entry, principal):
+            await self._deny(entry, principal, caller, reason)
+        await self._audit(principal.subject, name, "allowed", ["tool_invocation_allowed", reason], caller)
+        if not await self._auth.still_valid(principal):
+            await self._audit(principal.subject, name, "unauthenticated", ["credential_revoked", reason], caller)
+            raise ToolError("unauthenticated", "credential was revoked")
+        return await self._execute(entry, raw_args, fmt, ToolContext(self._services, principal, caller))
+
+    def _check_policy(self, entry: Entry, principal: Principal) -> bool:
+        tool = entry.tool
+        if not allows(principal.permissions, f"tool.call:{tool.name}"):
+            return False
+        return all(allows(principal.permissions, p) for p in tool.permissions)
+
+    async def _deny(self, entry: Entry, principal: Principal, caller: Caller, reason: str) -> None:
+        tool = entry.tool
+        if not allows(principal.permissions, f"tool.call:{tool.name}"):
+            missing, why = f"tool.call:{tool.name}", "tool_policy_denied"
+        else:
+            missing = next(p for p in tool.permissions if not allows(principal.permissions, p))
+            why = "domain_permission_denied"
+        await self._audit(principal.subject, tool.name, "denied", [why, reason], caller)
+        raise ToolError("permission_denied", f"{tool.name} requires permission {missing}")
+
+    async def _audit(self, subject: str, tool: str, outcome: Outcome, reasons: list[str], caller: Caller) -> None:
+        record = AuditRecord(
+            at_ms=self._services.clock.now_ms(),
+            project_id=self._services.project,
+            principal=subject,
+            tool=tool[:128],
+            outcome=outcome,
+            reasons=reasons,
+            transport=caller.transport,
+            request_id=caller.request_id,
+        )
+        try:
+            await self._services.audit.append(record)
+        except ToolError as exc:
+            raise ToolError("unavailable", "the security audit could not be written; nothing was done") from exc
+
+    async def _execute(self, entry: Entry, raw_args: bytes, fmt: str, ctx: ToolContext) -> Any:
+        tool = entry.tool
+        try:
+            args = entry.decode_args(raw_args, fmt)
+        except msgspec.ValidationError as exc:
+            raise invalid(f"invalid arguments for {tool.name}: {exc}") from None
+        except msgspec.DecodeError:
+            raise invalid(f"arguments for {tool.name} could not be decoded") from None
+        try:
+            async with asyncio.timeout(tool.deadline_s):
+                return await tool.handler(ctx, args)
+        except ToolError:
+            raise
+        except TimeoutError:
+            raise ToolError("deadline_exceeded", f"{tool.name} did not finish within {tool.deadline_s:g}s") from None
+        except Exception:
+            log.exception("tool %s failed", tool.name)
+            raise ToolError("internal", f"{tool.name} failed unexpectedly; see the daemon log") from None
