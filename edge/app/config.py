@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 from typing import Annotated, Literal
 
 import msgspec
@@ -82,6 +81,8 @@ def _explain(exc: msgspec.ValidationError) -> str:
 def load(path: str | None) -> Config:
     if path is None:
         return Config()
+    import tomllib  # only when there is a file to read
+
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)

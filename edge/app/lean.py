@@ -21,6 +21,10 @@ def choose_loop(setting: str) -> str:
 
 
 def restrict_imports(loop: str) -> None:
+    # msgspec prefers typing_extensions when it happens to be installed (test
+    # environments pull it in); typing has all we use and costs nothing extra.
+    if "msgspec" not in sys.modules:
+        sys.modules.setdefault("typing_extensions", None)  # type: ignore[arg-type]
     if "hashlib" not in sys.modules and "hmac" not in sys.modules:
         sys.modules.setdefault("_hashlib", None)  # type: ignore[arg-type]
     if loop == "asyncio" and "asyncio" not in sys.modules:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from edge.cli import render
 from edge.cli.client import Client
+
+if TYPE_CHECKING:
+    import argparse
 
 OK, TOOL_ERROR = 0, 1
 
@@ -103,9 +105,9 @@ def task_get(c: Client, a: argparse.Namespace) -> int:
 
 
 def task_toggle(c: Client, a: argparse.Namespace) -> int:
-    tool = "qledge.task.enable" if a.verb == "enable" else "qledge.task.disable"
+    tool = "qledge.task.enable" if a.action == "enable" else "qledge.task.disable"
     task = c.call(tool, {"taskId": a.name})
-    return _show(a, task, lambda t: print(f"task {t['id']} {a.verb}d (revision {t['revision']})"))
+    return _show(a, task, lambda t: print(f"task {t['id']} {a.action}d (revision {t['revision']})"))
 
 
 def task_rm(c: Client, a: argparse.Namespace) -> int:

@@ -5,15 +5,21 @@ Exit codes: 0 ok, 1 tool error, 2 usage error, 3 daemon unreachable.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Callable
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # argparse is imported lazily: the daemon's serve path never needs it
+    import argparse
 
 EXIT_OK, EXIT_TOOL, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 
 
 def _common() -> argparse.ArgumentParser:
+    import argparse
+
     # SUPPRESS lets these flags appear before or after the verb without clobbering.
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--home", default=argparse.SUPPRESS, help="state directory ($QLEDGE_HOME)")
@@ -23,6 +29,8 @@ def _common() -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import argparse
+
     common = _common()
     parser = argparse.ArgumentParser(
         prog="qledge", parents=[common],
@@ -96,7 +104,31 @@ def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
-def _serve(args: argparse.Namespace) -> int:
+def _serve_fast_path(argv: list[str]) -> SimpleNamespace | None:
+    """Parse `serve` without building the whole CLI: argparse costs the daemon ~0.5 MiB.
+
+    Returns None for anything unusual (help, unknown flags), which argparse then handles.
+    """
+    values: dict[str, str | None] = {"config": None, "home": None, "socket": None}
+    seen_verb = False
+    tokens = iter(argv)
+    for token in tokens:
+        if token == "serve" and not seen_verb:
+            seen_verb = True
+            continue
+        name, eq, value = token.partition("=")
+        key = name[2:] if name.startswith("--") else ""
+        if key not in values:
+            return None
+        if not eq:
+            value = next(tokens, None)
+            if value is None or value.startswith("-"):
+                return None
+        values[key] = value
+    return SimpleNamespace(**values) if seen_verb else None
+
+
+def _serve(args: argparse.Namespace | SimpleNamespace) -> int:
     from edge.app import config as cfg
     from edge.app.lean import choose_loop, restrict_imports
 
@@ -115,6 +147,9 @@ def _serve(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    fast = _serve_fast_path(argv)
+    if fast is not None:
+        return _serve(fast)
     head, command = _split_command(argv)
     parser = build_parser()
     args = parser.parse_args(head)

@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from support import DaemonProcess, short_tmpdir
+
+
+@pytest.fixture
+def home():
+    path = short_tmpdir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def daemon():
+    d = DaemonProcess().start()
+    yield d
+    d.cleanup()
+
+
+@pytest.fixture
+def daemon_factory():
+    made: list[DaemonProcess] = []
+
+    def make(**kw) -> DaemonProcess:
+        d = DaemonProcess(**kw)
+        made.append(d)
+        return d
+
+    yield make
+    for d in made:
+        d.cleanup()

@@ -1,0 +1,186 @@
+"""Real daemons, real sockets, real SQLite files: helpers shared by the tests."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+import apsw
+import msgspec
+
+from edge.cli.client import Client
+from edge.server import frames
+
+READY_TIMEOUT_S = 20.0
+
+
+def short_tmpdir() -> str:
+    """Unix socket paths are limited to 107 bytes; pytest's tmp_path can be longer."""
+    return tempfile.mkdtemp(prefix="qle", dir="/tmp")
+
+
+class DaemonProcess:
+    """`python -m edge serve` in a private home, ready when it says READY=1 via sd_notify."""
+
+    def __init__(self, home: str | None = None, config: str | None = None, env: dict[str, str] | None = None) -> None:
+        self.home = home or short_tmpdir()
+        self._own_home = home is None
+        self.socket = os.path.join(self.home, "qledge.sock")
+        self.config_path: str | None = None
+        if config is not None:
+            self.config_path = os.path.join(self.home, "qledge.toml")
+            with open(self.config_path, "w") as f:
+                f.write(config)
+        self.env = {**os.environ, "QLEDGE_HOME": self.home, **(env or {})}
+        self.env.pop("QLEDGE_TOKEN", None)
+        self.env.pop("QLEDGE_SOCKET", None)
+        self.proc: subprocess.Popen | None = None
+        self.stderr_path = os.path.join(self.home, "daemon.stderr")
+
+    def start(self, extra_args: list[str] | None = None) -> DaemonProcess:
+        notify_path = os.path.join(self.home, "notify.sock")
+        if os.path.exists(notify_path):
+            os.unlink(notify_path)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        listener.bind(notify_path)
+        listener.settimeout(READY_TIMEOUT_S)
+        args = [sys.executable, "-m", "edge", "serve"]
+        if self.config_path:
+            args += ["--config", self.config_path]
+        args += extra_args or []
+        with open(self.stderr_path, "ab") as err:
+            self.proc = subprocess.Popen(
+                args, env={**self.env, "NOTIFY_SOCKET": notify_path},
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+            )
+        try:
+            while True:
+                message = listener.recv(4096).decode()
+                if "READY=1" in message:
+                    break
+        except TimeoutError:
+            self.stop()
+            raise RuntimeError(f"daemon did not become ready: {self.stderr()}") from None
+        finally:
+            listener.close()
+        return self
+
+    def stderr(self) -> str:
+        try:
+            with open(self.stderr_path, encoding="utf-8", errors="replace") as f:
+                return f.read()
+        except FileNotFoundError:
+            return ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
+        self.proc = None
+        return code
+
+    def cleanup(self) -> None:
+        self.stop()
+        if self._own_home:
+            shutil.rmtree(self.home, ignore_errors=True)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def client(self, token: str | None = None) -> Client:
+        return Client(self.socket, token=token)
+
+    def call(self, tool: str, args: Any = None, token: str | None = None) -> Any:
+        with self.client(token) as c:
+            return c.call(tool, args)
+
+    def cli(self, *args: str, token: str | None = None, timeout: float = 60.0) -> subprocess.CompletedProcess:
+        env = dict(self.env)
+        if token:
+            env["QLEDGE_TOKEN"] = token
+        return subprocess.run(
+            [sys.executable, "-m", "edge", *args], env=env, capture_output=True, text=True, timeout=timeout
+        )
+
+    def db(self) -> apsw.Connection:
+        """A second, real connection to the daemon's database file (for assertions)."""
+        conn = apsw.Connection(os.path.join(self.home, "qledge.db"))
+        conn.set_busy_timeout(5000)
+        return conn
+
+    def token(self, role: str, permissions: list[str] | None = None) -> tuple[str, str]:
+        args: dict[str, Any] = {"role": role}
+        if permissions is not None:
+            args["permissions"] = permissions
+        created = self.call("qledge.credential.create", args)
+        return created["credential"]["id"], created["token"]
+
+
+class RawConnection:
+    """A socket speaking the frame protocol by hand, for malformed-input tests."""
+
+    def __init__(self, path: str, timeout: float = 10.0) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        self.sock.connect(path)
+
+    def send_raw(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def send(self, request: dict) -> None:
+        self.send_raw(frames.frame(msgspec.msgpack.encode(request)))
+
+    def recv(self) -> dict | None:
+        header = self._exactly(4)
+        if header is None:
+            return None
+        body = self._exactly(int.from_bytes(header, "big"))
+        return None if body is None else msgspec.msgpack.decode(body)
+
+    def closed_by_peer(self) -> bool:
+        try:
+            return self.sock.recv(1) == b""
+        except ConnectionResetError:
+            return True
+
+    def _exactly(self, n: int) -> bytes | None:
+        buf = b""
+        while len(buf) < n:
+            chunk = self.sock.recv(n - len(buf))
+            if not chunk:
+                return None
+            buf += chunk
+        return buf
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def query_plan(conn: apsw.Connection, sql: str, params: tuple = ()) -> list[str]:
+    return [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
+
+
+def assert_uses_index(conn: apsw.Connection, sql: str, params: tuple, index: str, big_tables=("runs",)) -> list[str]:
+    """The real planner must use `index`, never fully scan a big table nor sort in a temp B-tree."""
+    plan = query_plan(conn, sql, params)
+    assert any(f"INDEX {index} " in d + " " or d.endswith(f"INDEX {index}") for d in plan), plan
+    for detail in plan:
+        assert "USE TEMP B-TREE" not in detail, plan
+        for table in big_tables:
+            if detail.startswith(f"SCAN {table}") and "INDEX" not in detail:
+                raise AssertionError(f"full scan of {table}: {plan}")
+    return plan
