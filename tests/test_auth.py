@@ -1,0 +1,113 @@
+"""The per-call security chain: every outcome, every audit row, fail closed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from edge.cli.client import CallFailed
+
+
+def _audit(daemon) -> list[tuple]:
+    db = daemon.db()
+    rows = db.execute("SELECT principal, tool, outcome, reasons, transport FROM security_audit ORDER BY id").fetchall()
+    return [(p, t, o, json.loads(r), tr) for p, t, o, r, tr in rows]
+
+
+def test_owner_uid_is_allowed_and_audited(daemon):
+    daemon.call("qledge.status")
+    principal, tool, outcome, reasons, transport = _audit(daemon)[-1]
+    assert principal.startswith("uid:") and tool == "qledge.status" and outcome == "allowed"
+    assert reasons == ["tool_invocation_allowed", "tool_qledge_status"] and transport == "socket"
+
+
+def test_non_owner_uid_without_token_is_unauthenticated(daemon_factory):
+    d = daemon_factory(config="[auth]\nowner_uids = [4242]\n").start()
+    with pytest.raises(CallFailed) as err:
+        d.call("qledge.status")
+    assert err.value.code == "unauthenticated"
+    assert _audit(d)[-1][2:4] == ("unauthenticated", ["credential_missing", "tool_qledge_status"])
+
+
+def test_valid_token_and_viewer_denied_a_write(daemon_factory):
+    d = daemon_factory(config="[auth]\nowner_uids = []\n").start()
+    # No owner uid: bootstrap a credential through the database's own tool path is
+    # impossible, so start a second daemon config with our uid as owner to mint one.
+    d.stop()
+    d2 = daemon_factory(home=d.home).start()
+    cid, viewer = d2.token("viewer")
+    _, operator = d2.token("operator")
+    d2.stop()
+    d.start()
+    assert d.call("qledge.status", token=viewer)["counts"]["credentials"] == 2
+    with pytest.raises(CallFailed) as err:
+        d.call("qledge.task.create", {"taskId": "x", "spec": {"command": {"kind": "argv", "file": "true"}}}, token=viewer)
+    assert err.value.code == "permission_denied"
+    assert _audit(d)[-1] == (f"credential:{cid}", "qledge.task.create", "denied",
+                             ["tool_policy_denied", "tool_qledge_task_create"], "socket")
+    created = d.call("qledge.task.create", {"taskId": "x", "spec": {"command": {"kind": "argv", "file": "true"}}},
+                     token=operator)
+    assert created["id"] == "x"
+    with pytest.raises(CallFailed) as err:
+        d.call("qledge.credential.list", token=operator)
+    assert err.value.code == "permission_denied"
+    assert _audit(d)[-1][3] == ["domain_permission_denied", "tool_qledge_credential_list"]
+
+
+def test_explicit_permissions_narrow_a_role(daemon):
+    _, token = daemon.token("operator", ["tool.call:qledge.status", "status.read"])
+    assert daemon.call("qledge.status", token=token)["pid"] == daemon.pid
+    with pytest.raises(CallFailed) as err:
+        daemon.call("qledge.run.list", token=token)
+    assert err.value.code == "permission_denied"
+
+
+def test_revoked_token_is_refused_on_the_next_call_of_the_same_connection(daemon):
+    cid, token = daemon.token("viewer")
+    with daemon.client(token) as c:
+        assert c.call("qledge.status")["pid"] == daemon.pid
+        daemon.call("qledge.credential.revoke", {"id": cid})
+        with pytest.raises(CallFailed) as err:
+            c.call("qledge.status")
+    assert err.value.code == "unauthenticated"
+    assert _audit(daemon)[-1][2:4] == ("unauthenticated", ["credential_revoked", "tool_qledge_status"])
+
+
+@pytest.mark.parametrize("token", ["qle_nope_nope", "not-a-token", "qle_"])
+def test_bad_tokens_are_unauthenticated(daemon, token):
+    with pytest.raises(CallFailed) as err:
+        daemon.call("qledge.status", token=token)
+    assert err.value.code == "unauthenticated"
+    assert _audit(daemon)[-1][2] == "unauthenticated"
+
+
+def test_wrong_secret_for_a_real_id_is_refused(daemon):
+    cid, token = daemon.token("owner")
+    forged = f"qle_{cid}_{'0' * 40}"
+    with pytest.raises(CallFailed) as err:
+        daemon.call("qledge.status", token=forged)
+    assert err.value.code == "unauthenticated"
+    assert _audit(daemon)[-1][3] == ["credential_mismatch", "tool_qledge_status"]
+
+
+def test_token_secret_is_never_stored(daemon):
+    _, token = daemon.token("viewer")
+    secret = token.split("_", 2)[2]
+    with open(f"{daemon.home}/qledge.db", "rb") as f:
+        assert secret.encode() not in f.read()
+    import os
+    assert oct(os.stat(f"{daemon.home}/pepper").st_mode & 0o777) == "0o600"
+
+
+def test_audit_failure_means_nothing_is_executed(daemon):
+    db = daemon.db()
+    # A real storage failure: the audit table refuses inserts.
+    db.execute("CREATE TRIGGER audit_down BEFORE INSERT ON security_audit BEGIN SELECT RAISE(ABORT, 'disk gone'); END")
+    spec = {"command": {"kind": "argv", "file": "true"}}
+    with pytest.raises(CallFailed) as err:
+        daemon.call("qledge.task.create", {"taskId": "never", "spec": spec})
+    assert err.value.code == "unavailable"
+    assert db.execute("SELECT count(*) FROM tasks").fetchone()[0] == 0
+    db.execute("DROP TRIGGER audit_down")
+    assert daemon.call("qledge.task.create", {"taskId": "now", "spec": spec})["id"] == "now"
