@@ -21,7 +21,7 @@ from edge.storage.sqlite.db import Database
 from edge.storage.sqlite.runs import SqliteRunStore
 from edge.storage.sqlite.tasks import SqliteTaskStore
 from edge.tools.authn import Authenticator
-from edge.tools.builtin import builtin_tools
+from edge.tools.builtin.catalog import builtin_tools
 from edge.tools.chain import Chain
 from edge.tools.context import Services
 from edge.tools.definition import Registry

@@ -8,18 +8,19 @@ import logging
 import os
 import socket
 import stat
+import struct
 
 import msgspec
 
 from edge.core.errors import ToolError
 from edge.server import frames
-from edge.server.peercred import peer_uid
 from edge.tools.chain import Chain
 from edge.tools.context import Caller
 
 log = logging.getLogger("qledge.server")
 
 MAX_IN_FLIGHT = 16  # per connection; beyond it we stop reading (backpressure)
+_UCRED = struct.Struct("3i")  # pid, uid, gid
 
 
 class ToolServer:
@@ -138,3 +139,15 @@ def _remove_stale_socket(path: str) -> None:
     finally:
         probe.close()
     raise RuntimeError(f"another qledge daemon is already listening on {path}")
+
+
+def peer_uid(sock: socket.socket | None) -> int | None:
+    """The uid of the process at the other end (Linux SO_PEERCRED)."""
+    if sock is None or not hasattr(socket, "SO_PEERCRED"):
+        return None
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    except OSError:
+        return None
+    _pid, uid, _gid = _UCRED.unpack(raw)
+    return uid

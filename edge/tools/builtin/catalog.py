@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+from edge.tools.builtin import credentials, runs, status, tasks
 from edge.tools.definition import Tool
 
 
 def builtin_tools() -> list[Tool]:
-    from edge.tools.builtin import credentials, runs, status, tasks
-
     return [*tasks.TOOLS, *runs.TOOLS, *credentials.TOOLS, *status.TOOLS]

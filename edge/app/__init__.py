@@ -1,1 +1,0 @@
-"""Composition: configuration, start-up and shutdown order of the daemon."""

@@ -1,1 +1,0 @@
-"""Domain types, ports and errors. No I/O lives here."""

@@ -1,1 +1,0 @@
-"""Running tasks as subprocesses: process groups, timeouts, bounded logs."""

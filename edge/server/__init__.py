@@ -1,1 +1,0 @@
-"""The Unix-socket tool server."""

@@ -1,1 +1,0 @@
-"""Storage adapters implementing the ports of edge.core."""

@@ -1,1 +1,0 @@
-"""SQLite adapters on one apsw connection that lives in apsw's async worker thread."""

@@ -1,1 +1,0 @@
-"""Tool definitions, the per-call security chain and the builtin tools."""
