@@ -19,6 +19,7 @@ from edge.storage.sqlite.audit import SqliteAuditLog
 from edge.storage.sqlite.credentials import SqliteCredentialStore
 from edge.storage.sqlite.db import Database
 from edge.storage.sqlite.runs import SqliteRunStore
+from edge.storage.sqlite.secrets import SqliteSecretStore
 from edge.storage.sqlite.tasks import SqliteTaskStore
 from edge.tools.authn import Authenticator
 from edge.tools.builtin.catalog import builtin_tools
@@ -107,8 +108,8 @@ class Daemon:
     async def _serve(self, db: Database, pepper: bytes) -> None:
         cfg = self.config
         tasks, runs = SqliteTaskStore(db), SqliteRunStore(db)
-        credentials = SqliteCredentialStore(db)
-        runner = Runner(runs, tasks, self.clock, RunnerSettings(
+        credentials, secrets = SqliteCredentialStore(db), SqliteSecretStore(db)
+        runner = Runner(runs, tasks, self.clock, secrets=secrets, settings=RunnerSettings(
             logs_dir=_private_dir(os.path.join(self.home, "logs")),
             work_dir=_private_dir(os.path.join(self.home, "work")),
             concurrency=cfg.runner.concurrency,
@@ -125,6 +126,7 @@ class Daemon:
             audit=SqliteAuditLog(db, cfg.retention.audit_max_rows, cfg.retention.audit_max_age_days),
             runner=runner, pepper=pepper, facts=facts,
         )
+        services.secrets = secrets
         server = ToolServer(Chain(registry, auth, services), self.socket_path, cfg.max_frame_bytes)
         try:
             await server.start()

@@ -102,3 +102,29 @@ class AuditLog(Protocol):
     async def append(self, record: AuditRecord) -> None:
         """Durably record one call. Raises ToolError("unavailable") when it cannot."""
         ...
+
+
+class SecretInfo(msgspec.Struct, rename="camel"):
+    """What may be shown about a secret: never its value."""
+
+    name: str
+    created_at_ms: int
+    updated_at_ms: int
+
+
+class SecretStore(Protocol):
+    """Write-only from the outside: values leave only to the runner and to redaction."""
+
+    async def set(self, project: str, name: str, value: str, now_ms: int) -> SecretInfo: ...
+
+    async def list(self, project: str) -> list[SecretInfo]: ...
+
+    async def delete(self, project: str, name: str) -> bool: ...
+
+    async def resolve(self, project: str, names: list[str]) -> dict[str, str]:
+        """Values of the named secrets that exist (for a run's environment)."""
+        ...
+
+    async def values(self, project: str) -> list[str]:
+        """Every secret value of the project (for redacting output)."""
+        ...

@@ -8,7 +8,7 @@ import msgspec
 
 from edge.core.auth import Principal
 from edge.core.clock import Clock
-from edge.core.ports import AuditLog, CredentialStore, RunStore, TaskStore
+from edge.core.ports import AuditLog, CredentialStore, RunStore, SecretStore, TaskStore
 from edge.core.runs import Run
 from edge.core.tasks import Task
 
@@ -35,7 +35,15 @@ class RunController(Protocol):
 
 
 class Services:
-    """Everything composition hands to tools. Optional capabilities add attributes."""
+    """Everything composition hands to tools.
+
+    The constructor takes what every daemon has; capabilities set their own attribute
+    after construction (composition owns that wiring), so adding one never widens it.
+    """
+
+    secrets: SecretStore | None = None
+    triggers: Any = None  # the trigger store and scheduler (edge.scheduler)
+    readers: Any = None  # narrow readers behind the AI read tools (edge.tools.ai)
 
     def __init__(
         self,
