@@ -110,3 +110,32 @@ def resolve_socket(flag: str | None, config: Config, home: str) -> str:
     return os.path.abspath(
         flag or os.environ.get("QLEDGE_SOCKET") or config.socket or os.path.join(home, "qledge.sock")
     )
+
+
+def _flatten(value: object, prefix: str = "") -> dict[str, object]:
+    if isinstance(value, dict):
+        flat: dict[str, object] = {}
+        for key, item in value.items():
+            flat.update(_flatten(item, f"{prefix}{key}."))
+        return flat
+    return {prefix[:-1]: value}
+
+
+def changed_keys(old: Config, new: Config) -> set[str]:
+    """Dotted names (`runner.queue_limit`) of the keys whose values differ."""
+    a, b = _flatten(msgspec.to_builtins(old)), _flatten(msgspec.to_builtins(new))
+    return {key for key in a.keys() | b.keys() if a.get(key) != b.get(key)}
+
+
+def merge_live(running: Config, new: Config, live: frozenset[str]) -> Config:
+    """`running` with the `live` keys taken from `new` (what a reload may change)."""
+    merged = msgspec.to_builtins(running)
+    fresh = msgspec.to_builtins(new)
+    for key in live:
+        section, _, name = key.rpartition(".")
+        src, dst = (fresh.get(section, {}), merged.setdefault(section, {})) if section else (fresh, merged)
+        if name in src:
+            dst[name] = src[name]
+        else:
+            dst.pop(name, None)
+    return msgspec.convert(merged, Config)

@@ -7,9 +7,12 @@ import logging
 import os
 import signal
 import sys
+import time
+from collections.abc import Awaitable, Callable
 
+from edge.app import config as config_file
 from edge.app.config import Config
-from edge.app.sdnotify import Notifier
+from edge.app.sdnotify import Notifier, start_watchdog
 from edge.core.clock import Clock, SystemClock
 from edge.core.ports import Counts
 from edge.runner.supervisor import Runner, RunnerSettings
@@ -28,6 +31,13 @@ from edge.tools.context import Services
 from edge.tools.definition import Registry
 
 log = logging.getLogger("qledge")
+
+# Called on SIGHUP with the freshly read config (the old one if the file did not change
+# or could not be read); capabilities use it to re-read their own state, e.g. triggers.
+ReloadHook = Callable[[Config], Awaitable[None]]
+
+# Config keys that take effect on SIGHUP; any other change waits for a restart.
+LIVE_KEYS = frozenset({"log_level", "runner.queue_limit", "runner.kill_grace_s", "runner.log_cap_bytes"})
 
 
 class StartupError(Exception):
@@ -83,14 +93,21 @@ def load_pepper(path: str) -> bytes:
 class Daemon:
     """Start order: store → runner → tools → socket. Stop order is the reverse."""
 
-    def __init__(self, config: Config, home: str, socket_path: str, loop_name: str, clock: Clock | None = None) -> None:
+    def __init__(
+        self, config: Config, home: str, socket_path: str, loop_name: str,
+        clock: Clock | None = None, config_path: str | None = None,
+    ) -> None:
         self.config = config
+        self.config_path = config_path
         self.home = home
         self.socket_path = socket_path
         self.loop_name = loop_name
         self.clock = clock or SystemClock()
         self.notifier = Notifier()
         self._stop = asyncio.Event()
+        self._reload_hooks: list[ReloadHook] = []
+        self._reload_wanted = asyncio.Event()
+        self._runner_settings: RunnerSettings | None = None
 
     async def run(self) -> None:
         cfg = self.config
@@ -109,14 +126,15 @@ class Daemon:
         cfg = self.config
         tasks, runs = SqliteTaskStore(db), SqliteRunStore(db)
         credentials, secrets = SqliteCredentialStore(db), SqliteSecretStore(db)
-        runner = Runner(runs, tasks, self.clock, secrets=secrets, settings=RunnerSettings(
+        self._runner_settings = RunnerSettings(
             logs_dir=_private_dir(os.path.join(self.home, "logs")),
             work_dir=_private_dir(os.path.join(self.home, "work")),
             concurrency=cfg.runner.concurrency,
             queue_limit=cfg.runner.queue_limit,
             kill_grace_s=cfg.runner.kill_grace_s,
             log_cap_bytes=cfg.runner.log_cap_bytes,
-        ))
+        )
+        runner = Runner(runs, tasks, self.clock, secrets=secrets, settings=self._runner_settings)
         registry = Registry(builtin_tools())
         owners = cfg.auth.owner_uids if cfg.auth.owner_uids is not None else sorted({os.getuid(), 0})
         auth = Authenticator(credentials, pepper, owners, cfg.project, registry.read_tool_names())
@@ -135,9 +153,14 @@ class Daemon:
         self._install_signals()
         log.info("qledge serving on %s (loop %s, pid %d)", self.socket_path, self.loop_name, os.getpid())
         self.notifier.notify(f"READY=1\nSTATUS=serving on {self.socket_path}\nMAINPID={os.getpid()}")
+        watchdog = start_watchdog(self.notifier)
+        reloads = asyncio.create_task(self._reload_loop(), name="reload")
         try:
             await self._stop.wait()
         finally:
+            reloads.cancel()
+            if watchdog is not None:
+                watchdog.stop()
             self.notifier.notify("STOPPING=1")
             log.info("qledge stopping")
             await server.stop()
@@ -146,17 +169,67 @@ class Daemon:
     def stop(self) -> None:
         self._stop.set()
 
+    # -- reload (SIGHUP) ------------------------------------------------------------
+
+    def add_reload_hook(self, hook: ReloadHook) -> None:
+        self._reload_hooks.append(hook)
+
+    def request_reload(self) -> None:
+        """Signal-safe: HUPs arriving during a reload coalesce into one more reload."""
+        self._reload_wanted.set()
+
+    async def _reload_loop(self) -> None:
+        while True:
+            await self._reload_wanted.wait()
+            self._reload_wanted.clear()
+            await self.reload()
+
+    async def reload(self) -> None:
+        """Re-read the config file for the live keys, then run every reload hook."""
+        usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+        self.notifier.notify(f"RELOADING=1\nMONOTONIC_USEC={usec}\nSTATUS=reloading")
+        new = self.config
+        if self.config_path is not None:
+            try:
+                new = config_file.load(self.config_path)
+            except config_file.ConfigError as exc:
+                log.error("reload: %s; keeping the running configuration", exc)
+        self._apply_live(new)
+        for hook in self._reload_hooks:
+            try:
+                await hook(self.config)
+            except Exception:
+                log.exception("reload hook %s failed", getattr(hook, "__qualname__", hook))
+        self.notifier.notify(f"READY=1\nSTATUS=serving on {self.socket_path}")
+        log.info("reloaded")
+
+    def _apply_live(self, new: Config) -> None:
+        changed = config_file.changed_keys(self.config, new)
+        later = sorted(k for k in changed if k not in LIVE_KEYS)
+        if later:
+            log.warning("reload: %s changed; restart to apply", ", ".join(later))
+        if "log_level" in changed:
+            logging.getLogger().setLevel(new.log_level.upper())
+        settings = self._runner_settings
+        if settings is not None:
+            settings.queue_limit = new.runner.queue_limit
+            settings.kill_grace_s = new.runner.kill_grace_s
+            settings.log_cap_bytes = new.runner.log_cap_bytes
+        # Keys that need a restart keep their running values, so status stays truthful.
+        self.config = config_file.merge_live(self.config, new, LIVE_KEYS)
+
     def _install_signals(self) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop)
+        loop.add_signal_handler(signal.SIGHUP, self.request_reload)
 
 
-def run_daemon(config: Config, home: str, socket_path: str, loop_name: str) -> int:
+def run_daemon(config: Config, home: str, socket_path: str, loop_name: str, config_path: str | None = None) -> int:
     logging.basicConfig(
         level=config.log_level.upper(), stream=sys.stderr, format="qledge: %(levelname)s %(name)s: %(message)s"
     )
-    daemon = Daemon(config, home, socket_path, loop_name)
+    daemon = Daemon(config, home, socket_path, loop_name, config_path=config_path)
     try:
         if loop_name == "uvloop":
             import uvloop

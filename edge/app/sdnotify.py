@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 
@@ -34,6 +35,46 @@ class Notifier:
         if not usec or (pid and pid != str(os.getpid())):
             return None
         try:
-            return int(usec) / 2_000_000
+            interval = int(usec) / 2_000_000
         except ValueError:
             return None
+        return interval if interval > 0 else None
+
+
+class Watchdog:
+    """Sends WATCHDOG=1 from a timer on the event loop.
+
+    A timer rather than a thread: if the loop is stuck, nothing pets the watchdog and
+    the service manager restarts us, which is the point.
+    """
+
+    def __init__(self, notifier: Notifier, interval_s: float) -> None:
+        self._notifier = notifier
+        self._interval_s = interval_s
+        self._handle: asyncio.TimerHandle | None = None
+
+    @property
+    def interval_s(self) -> float:
+        return self._interval_s
+
+    def start(self) -> None:
+        self._pet()
+
+    def _pet(self) -> None:
+        self._notifier.notify("WATCHDOG=1")
+        self._handle = asyncio.get_running_loop().call_later(self._interval_s, self._pet)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
+def start_watchdog(notifier: Notifier) -> Watchdog | None:
+    """A running Watchdog when the service manager asked for one, else None."""
+    interval = notifier.watchdog_interval_s() if notifier.enabled else None
+    if interval is None:
+        return None
+    watchdog = Watchdog(notifier, interval)
+    watchdog.start()
+    return watchdog

@@ -142,7 +142,9 @@ def _serve(args: argparse.Namespace | SimpleNamespace) -> int:
     home = cfg.resolve_home(getattr(args, "home", None), config)
     from edge.app.daemon import run_daemon
 
-    return run_daemon(config, home, cfg.resolve_socket(getattr(args, "socket", None), config, home), loop)
+    socket_path = cfg.resolve_socket(getattr(args, "socket", None), config, home)
+    config_path = os.path.abspath(args.config) if args.config else None
+    return run_daemon(config, home, socket_path, loop, config_path=config_path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,8 +169,7 @@ def _client_verb(args: argparse.Namespace) -> int:
     from edge.cli.client import CallFailed, Client, Unreachable
     from edge.cli.commands import UsageError
 
-    home = os.path.abspath(getattr(args, "home", None) or os.environ.get("QLEDGE_HOME") or _default_home())
-    path = getattr(args, "socket", None) or os.environ.get("QLEDGE_SOCKET") or os.path.join(home, "qledge.sock")
+    path = client_socket(getattr(args, "socket", None), getattr(args, "home", None))
     try:
         with Client(path, token=os.environ.get("QLEDGE_TOKEN") or None) as client:
             return args.handler(client, args)
@@ -185,6 +186,27 @@ def _client_verb(args: argparse.Namespace) -> int:
         return EXIT_OK
     except KeyboardInterrupt:
         return 130
+
+
+SYSTEM_SOCKET = "/run/qledge/qledge.sock"  # where qledge.service and the OpenWrt init script listen
+
+
+def client_socket(flag_socket: str | None, flag_home: str | None, system_socket: str = SYSTEM_SOCKET) -> str:
+    """--socket, $QLEDGE_SOCKET, <--home or $QLEDGE_HOME>/qledge.sock, else the per-user default.
+
+    When nothing was said and no per-user daemon has a socket, a system daemon's socket is
+    used if there is one, so `qledge status` just works on a device running the service.
+    """
+    explicit = flag_socket or os.environ.get("QLEDGE_SOCKET")
+    if explicit:
+        return explicit
+    home = flag_home or os.environ.get("QLEDGE_HOME")
+    if home:
+        return os.path.join(os.path.abspath(home), "qledge.sock")
+    path = os.path.join(_default_home(), "qledge.sock")
+    if not os.path.exists(path) and os.path.exists(system_socket):
+        return system_socket
+    return path
 
 
 def _default_home() -> str:

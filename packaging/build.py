@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""Build a profile's zipapp and its manifest: `python packaging/build.py --profile edge --out DIR`.
+
+The zipapp holds only the profile's modules of `edge/` (sources: they run on any
+Python >= 3.11) and a `__main__`, so `python3 qledge-edge.pyz serve` works wherever
+msgspec, apsw and cronsim are installed. The output is byte-for-byte reproducible:
+fixed timestamps and modes, sorted entries. The manifest records bytes, file count,
+modules and sha256 for the budget checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import zipfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE = "edge"
+
+# Optional capabilities, shipped only by the profiles that include them.
+OPTIONAL = {"mcp": "edge/mcp/", "agent": "edge/agent/", "postgres": "edge/storage/postgres/"}
+PROFILES: dict[str, tuple[str, ...]] = {
+    "edge": (),
+    "edge-mcp": ("mcp",),
+    "full": tuple(OPTIONAL),
+}
+
+ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)  # the earliest time a zip entry can carry
+MAIN = b"from edge.cli.main import main\n\nraise SystemExit(main())\n"
+SHEBANG = b"#!/usr/bin/env python3\n"
+
+
+def profile_files(profile: str, root: str = ROOT) -> list[str]:
+    """Sorted paths, relative to `root`, of the files under edge/ the profile ships."""
+    excluded = tuple(prefix for name, prefix in OPTIONAL.items() if name not in PROFILES[profile])
+    found: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(os.path.join(root, PACKAGE)):
+        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+        for name in filenames:
+            if name.endswith((".pyc", ".pyo")):
+                continue
+            rel = os.path.relpath(os.path.join(dirpath, name), root).replace(os.sep, "/")
+            if not rel.startswith(excluded):
+                found.append(rel)
+    return sorted(found)
+
+
+def module_name(path: str) -> str:
+    """edge/app/config.py -> edge.app.config; edge/__init__.py -> edge."""
+    parts = path[: -len(".py")].split("/")
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _entry(name: str, mode: int = 0o644) -> zipfile.ZipInfo:
+    info = zipfile.ZipInfo(name, ZIP_EPOCH)
+    info.create_system = 3  # unix, so the mode below is honoured
+    info.external_attr = (0o100000 | mode) << 16
+    info.compress_type = zipfile.ZIP_DEFLATED
+    return info
+
+
+def write_zipapp(path: str, files: list[str], root: str = ROOT) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as raw:
+        raw.write(SHEBANG)
+        with zipfile.ZipFile(raw, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=9) as zf:
+            zf.writestr(_entry("__main__.py"), MAIN)
+            for rel in files:
+                with open(os.path.join(root, rel), "rb") as f:
+                    zf.writestr(_entry(rel), f.read())
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, path)
+
+
+def sha256_file(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 16), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def build(profile: str, out: str, root: str = ROOT) -> dict:
+    """Write qledge-<profile>.pyz and qledge-<profile>.json into `out`; return the manifest."""
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r}; choose from {', '.join(PROFILES)}")
+    os.makedirs(out, exist_ok=True)
+    files = profile_files(profile, root)
+    artifact = os.path.join(out, f"qledge-{profile}.pyz")
+    write_zipapp(artifact, files, root)
+    manifest = {
+        "profile": profile,
+        "artifact": os.path.basename(artifact),
+        "bytes": os.path.getsize(artifact),
+        "files": len(files),
+        "source_bytes": sum(os.path.getsize(os.path.join(root, f)) for f in files),
+        "modules": [module_name(f) for f in files if f.endswith(".py")],
+        "sha256": sha256_file(artifact),
+    }
+    with open(os.path.join(out, f"qledge-{profile}.json"), "w") as f:
+        json.dump(manifest, f, indent=2, sort_keys=True)
+        f.write("\n")
+    return manifest
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Build a qledge profile zipapp and its manifest.")
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="edge")
+    parser.add_argument("--out", default=os.path.join(ROOT, "dist"), help="output directory (default dist/)")
+    args = parser.parse_args(argv)
+    manifest = build(args.profile, args.out)
+    print(f"{manifest['artifact']}: {manifest['bytes']} bytes, {manifest['files']} files, sha256 {manifest['sha256']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
