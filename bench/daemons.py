@@ -1,0 +1,209 @@
+"""Shared by the benchmarks: an honest install of qledge, daemons started from it, /proc readings.
+
+Memory figures must come from a regular (non-editable) install: the editable finder alone
+costs ~1.5 MiB. So the benchmarks build a virtualenv with `pip install <repo>`, cached by
+a hash of the sources, and run its interpreter.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "bench", "results", "latest.json")
+CACHE = os.environ.get("QLEDGE_BENCH_CACHE") or os.path.join(tempfile.gettempdir(), "qledge-bench-cache")
+MiB = 1 << 20
+
+
+def source_digest() -> str:
+    digest = hashlib.sha256()
+    for path in sorted(glob.glob(os.path.join(ROOT, "edge", "**", "*.py"), recursive=True)) + [
+        os.path.join(ROOT, "pyproject.toml")
+    ]:
+        digest.update(os.path.relpath(path, ROOT).encode())
+        with open(path, "rb") as f:
+            digest.update(f.read())
+    return digest.hexdigest()[:16]
+
+
+def _pip(python: str, *args: str) -> None:
+    subprocess.run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *args],
+                   check=True, timeout=600)
+
+
+def install_venv() -> str:
+    """A venv with qledge installed from this tree (not editable); its python. Cached."""
+    venv = os.path.join(CACHE, f"venv-{source_digest()}")
+    python = os.path.join(venv, "bin", "python")
+    if os.path.exists(os.path.join(venv, ".complete")):
+        return python
+    shutil.rmtree(venv, ignore_errors=True)
+    os.makedirs(CACHE, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+    _pip(python, ROOT)
+    open(os.path.join(venv, ".complete"), "w").close()
+    return python
+
+
+def uvloop_path() -> str:
+    """A directory holding uvloop, put on PYTHONPATH for the uvloop variant. Cached."""
+    target = os.path.join(CACHE, f"uvloop-py{sys.version_info.major}{sys.version_info.minor}")
+    if not os.path.exists(os.path.join(target, ".complete")):
+        shutil.rmtree(target, ignore_errors=True)
+        _pip(sys.executable, "--target", target, "uvloop")
+        open(os.path.join(target, ".complete"), "w").close()
+    return target
+
+
+class BenchDaemon:
+    """`<python> -m edge serve` in a private home; ready when it says READY=1."""
+
+    def __init__(self, python: str, config: str | None = None, env: dict[str, str] | None = None) -> None:
+        self.python = python
+        self.home = tempfile.mkdtemp(prefix="qlb", dir="/tmp")  # short: socket paths are limited
+        self.socket = os.path.join(self.home, "qledge.sock")
+        self.config_path: str | None = None
+        if config is not None:
+            self.config_path = os.path.join(self.home, "qledge.toml")
+            with open(self.config_path, "w") as f:
+                f.write(config)
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("QLEDGE_", "PYTHON"))}
+        self.env.update({"QLEDGE_HOME": self.home, **(env or {})})
+        self.proc: subprocess.Popen | None = None
+        self.ready_s: float | None = None
+
+    def start(self, timeout: float = 60.0) -> BenchDaemon:
+        notify = os.path.join(self.home, "notify.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        listener.bind(notify)
+        listener.settimeout(timeout)
+        args = [self.python, "-m", "edge", "serve"]
+        if self.config_path:
+            args += ["--config", self.config_path]
+        started = time.perf_counter()
+        self.proc = subprocess.Popen(
+            args, env={**self.env, "NOTIFY_SOCKET": notify}, cwd=self.home,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=open(os.path.join(self.home, "stderr"), "wb"),
+        )
+        try:
+            while "READY=1" not in listener.recv(4096).decode():
+                pass
+        except TimeoutError:
+            self.stop()
+            raise RuntimeError(f"daemon not ready: {self.stderr()}") from None
+        finally:
+            listener.close()
+        self.ready_s = time.perf_counter() - started
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def stderr(self) -> str:
+        with open(os.path.join(self.home, "stderr"), errors="replace") as f:
+            return f.read()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self.home, ignore_errors=True)
+
+
+# -- /proc readings --------------------------------------------------------------------
+
+
+def _kv(path: str) -> dict[str, str]:
+    values: dict[str, str] = {}
+    with open(path) as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            values[key.strip()] = rest.strip()
+    return values
+
+
+def memory(pid: int) -> dict[str, float]:
+    """VmHWM, VmRSS, RssAnon, RssFile from status and Pss from smaps_rollup, in MiB."""
+    status = _kv(f"/proc/{pid}/status")
+    out = {k: int(status[k].split()[0]) / 1024 for k in ("VmHWM", "VmRSS", "RssAnon", "RssFile")}
+    try:
+        out["Pss"] = int(_kv(f"/proc/{pid}/smaps_rollup")["Pss"].split()[0]) / 1024
+    except (OSError, KeyError):
+        pass
+    return {k: round(v, 2) for k, v in out.items()}
+
+
+def context_switches(pid: int) -> dict[str, int]:
+    """Voluntary and involuntary switches summed over all the process's threads."""
+    total = {"voluntary": 0, "nonvoluntary": 0, "threads": 0}
+    for status in glob.glob(f"/proc/{pid}/task/*/status"):
+        try:
+            values = _kv(status)
+        except OSError:
+            continue  # a thread that just ended
+        total["voluntary"] += int(values["voluntary_ctxt_switches"])
+        total["nonvoluntary"] += int(values["nonvoluntary_ctxt_switches"])
+        total["threads"] += 1
+    return total
+
+
+def io_counters(pid: int) -> dict[str, int]:
+    return {k: int(v) for k, v in _kv(f"/proc/{pid}/io").items()}
+
+
+# -- results ----------------------------------------------------------------------------
+
+
+def machine() -> dict[str, Any]:
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return {
+        "cpu": model or platform.processor(),
+        "cpus": os.cpu_count(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+    }
+
+
+def record(section: str, data: dict[str, Any]) -> None:
+    """Merge one section into bench/results/latest.json (budgets and speed write separately)."""
+    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
+    try:
+        with open(RESULTS) as f:
+            results = json.load(f)
+    except (OSError, ValueError):
+        results = {}
+    results["machine"] = machine()
+    results[section] = {"measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **data}
+    with open(RESULTS + ".tmp", "w") as f:
+        json.dump(results, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(RESULTS + ".tmp", RESULTS)
