@@ -28,7 +28,6 @@ ReadId = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=_SAFE
 LongTaskId = Annotated[str, msgspec.Meta(min_length=1, max_length=255, pattern=_SAFE_TEXT)]
 PageLimit = Annotated[int, msgspec.Meta(ge=1, le=PAGE_MAX)]
 Millis = Annotated[int, msgspec.Meta(ge=0, le=MAX_SAFE_INT)]
-Sequence_ = Annotated[int, msgspec.Meta(ge=0, le=MAX_SAFE_INT)]
 Revision = Annotated[int, msgspec.Meta(ge=1, le=MAX_SAFE_INT)]
 # What storage may hand back: bounded, control-free text.
 _RowText = Annotated[str, msgspec.Meta(min_length=1, max_length=255, pattern=_SAFE_TEXT)]
