@@ -315,7 +315,8 @@ async def test_event_page_anomalies_fail_closed(seeded, anomaly):
         ("tasks", "qinglong.task.list", {}, _at(0, kind="python")),
         ("tasks", "qinglong.task.list", {}, _at(0, revision=0)),
         ("tasks", "qinglong.task.list", {}, _at(0, enabled=1)),
-        ("tasks", "qinglong.task.list", {}, _at(0, name="bell\x07")),
+        ("tasks", "qinglong.task.list", {}, _at(0, name="n" * 256)),
+        ("tasks", "qinglong.task.list", {}, _at(0, name="")),
         ("tasks", "qinglong.task.get", {"taskId": "t1"}, _at(0, project_id="other")),
         ("tasks", "qinglong.task.get", {"taskId": "t1"}, _at(0, task_id="t2")),
         ("tasks", "qinglong.task.get", {"taskId": "t1"}, _at(0, content_digest="not a digest")),
@@ -347,6 +348,14 @@ async def test_malformed_rows_fail_closed(seeded, reader, tool, args, alter):
     reader, _, only = reader.partition(":")
     setattr(h.services.readers, reader, Tampered(getattr(h.services.readers, reader), alter=alter, only=only or None))
     assert await h.code(tool, args) == "unavailable"
+
+
+async def test_task_names_are_free_text_with_controls_neutralized(seeded):
+    h = seeded
+    h.sql.execute("UPDATE tasks SET name = ? WHERE id = 't1'", ("bell\x07 rtl\u202e line\nbreak",))
+    listed = (await h.call("qinglong.task.list", {}))["tasks"][1]
+    got = (await h.call("qinglong.task.get", {"taskId": "t1"}))["task"]
+    assert listed["name"] == got["name"] == "bell\ufffd rtl\ufffd line\ufffdbreak"
 
 
 async def test_a_storage_fault_surfaces_as_unavailable_not_a_traceback(seeded):

@@ -31,6 +31,8 @@ Millis = Annotated[int, msgspec.Meta(ge=0, le=MAX_SAFE_INT)]
 Revision = Annotated[int, msgspec.Meta(ge=1, le=MAX_SAFE_INT)]
 # What storage may hand back: bounded, control-free text.
 _RowText = Annotated[str, msgspec.Meta(min_length=1, max_length=255, pattern=_SAFE_TEXT)]
+# A person's free-text label: any characters (projections neutralize controls), bounded.
+_RowLabel = Annotated[str, msgspec.Meta(min_length=1, max_length=255)]
 _Schema = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[a-z0-9][a-z0-9._/-]*@v[0-9]+$")]
 _Digest = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[a-z0-9]+:[0-9a-f]+$")]
 _EventType = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_.]*$")]
@@ -42,7 +44,7 @@ class TaskHead(msgspec.Struct, frozen=True):
     project_id: _RowText
     task_id: _RowText
     revision: Revision
-    name: _RowText
+    name: _RowLabel
     kind: Literal["argv", "shell"]
     spec_schema: _Schema
     enabled: bool

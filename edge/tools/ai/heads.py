@@ -12,6 +12,7 @@ from typing import TypeVar
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from edge.core.excerpt import normalize
 from edge.core.reads import (
     PAGE_DEFAULT,
     PageLimit,
@@ -27,6 +28,7 @@ from edge.tools.ai.projections import ai_read_tool, readers, view
 from edge.tools.context import ToolContext
 
 H = TypeVar("H", TaskHead, TriggerHead)
+V = TypeVar("V", bound="TaskView")
 
 # -- task.list / task.get ----------------------------------------------------------
 
@@ -79,12 +81,19 @@ def _ascending_page(ctx: ToolContext, rows: object, row_type: type[H], key: str,
     return heads[:limit], len(heads) > limit
 
 
+def _task_view(head: TaskHead, view_type: type[V]) -> V:
+    # A name is free text: controls that could hide or reorder what a reader sees become U+FFFD.
+    projected = view(head, view_type)
+    projected.name = normalize(projected.name).replace("\n", "\ufffd")
+    return projected
+
+
 async def task_list(ctx: ToolContext, args: TaskListArgs) -> TaskPage:
     after = args.after.task_id if args.after else None
     rows = await readers(ctx).tasks.list_heads(ctx.project, after, args.limit + 1)
     page, more = _ascending_page(ctx, rows, TaskHead, "task_id", after, args.limit)
     return TaskPage(
-        tasks=[view(h, TaskView) for h in page], has_more=more,
+        tasks=[_task_view(h, TaskView) for h in page], has_more=more,
         next=TaskCursor(task_id=page[-1].task_id) if more else UNSET,
     )
 
@@ -96,7 +105,7 @@ async def task_get(ctx: ToolContext, args: TaskGetArgs) -> TaskGetResult:
     head = valid_row(row, TaskDetail, ctx.project)
     if head.task_id != args.task_id:
         raise storage_fault("a different task than was asked for")
-    return TaskGetResult(found=True, task=view(head, TaskDetailView))
+    return TaskGetResult(found=True, task=_task_view(head, TaskDetailView))
 
 
 # -- trigger.list -----------------------------------------------------------------
