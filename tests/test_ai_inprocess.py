@@ -191,30 +191,28 @@ async def test_an_unknown_task_and_another_projects_task_look_the_same(h):
     assert {k: v for k, v in mine.items() if k != "taskId"} == {k: v for k, v in none.items() if k != "taskId"}
 
 
-def _mutate_between(h: Harness, sql: str) -> Callable[[Any], None]:
-    def between(rows: Any) -> None:
-        target = next(r.id for r in rows if r.status == "succeeded")
-        h.sql.execute(sql, (target,))
-
-    return between
-
-
+@pytest.mark.parametrize("outcome", ["succeeded", "failed"])  # the first point read, or the second
 @pytest.mark.parametrize(
     "sql",
     [
         "DELETE FROM runs WHERE id = ?",  # vanished
         "UPDATE runs SET project_id = 'other' WHERE id = ?",  # moved project
-        "UPDATE runs SET status = 'failed' WHERE id = ?",  # changed outcome
+        "UPDATE runs SET status = CASE status WHEN 'failed' THEN 'succeeded' ELSE 'failed' END WHERE id = ?",
         "UPDATE runs SET task_id = 'elsewhere' WHERE id = ?",  # changed task
         "UPDATE runs SET status = 'exploded' WHERE id = ?",  # corrupt
     ],
 )
-async def test_a_selected_run_changing_before_its_point_read_fails_the_call(h, sql):
+async def test_a_selected_run_changing_before_its_point_read_fails_the_call(h, sql, outcome):
     _seed(h, [("s", "succeeded", 1000), ("f", "failed", 2000)])
-    real = h.services.readers.outcome_window
-    h.services.readers.outcome_window = Tampered(real, between=_mutate_between(h, sql))
+    windows: list[int] = []
+
+    def between(rows: Any) -> None:  # runs after the window read, before any point read
+        windows.append(len(rows))
+        h.sql.execute(sql, (next(r.id for r in rows if r.status == outcome),))
+
+    h.services.readers.outcome_window = Tampered(h.services.readers.outcome_window, between=between)
     assert await h.code("qinglong.task.runs.compare", {"taskId": "job"}) == "unavailable"
-    # No retry, no further search: exactly one window read happened, and the call is audited.
+    assert windows == [2]  # one window read: no retry, no further search
     assert h.audit()[-1][1] == "allowed"
 
 
