@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from edge.tools.ai import heads, log_excerpt, runs, task_runs_compare
+from edge.tools.ai import log_excerpt, projections, runs, task_runs_compare
 from edge.tools.definition import Tool
 
 
 def ai_tools() -> list[Tool]:
-    return [*heads.TOOLS, *runs.TOOLS, *task_runs_compare.TOOLS, *log_excerpt.TOOLS]
+    return [*projections.TOOLS, *runs.TOOLS, *task_runs_compare.TOOLS, *log_excerpt.TOOLS]
