@@ -1,9 +1,10 @@
 """Turning the tail of a run's log into text an AI client may read: pure functions, no I/O.
 
 Three steps, in order:
-1. `window_text` decodes at most the last 4 KiB: the leading line cut by the window edge is
-   dropped (a secret's name may be cut off while its value is not), an incomplete UTF-8
-   sequence at the end is left out, the rest decodes with U+FFFD for invalid bytes.
+1. `window_text` decodes at most the last 4 KiB. When the window starts mid-log, its first
+   line is dropped, as it may be cut (a secret's name may be cut off while its value is
+   not); an incomplete UTF-8 sequence at the end is left out; the rest decodes with U+FFFD
+   for invalid bytes.
 2. `normalize`: CRLF → LF; C0 (except TAB and LF), DEL, C1, zero-width and bidi controls
    → U+FFFD, so the text cannot hide or reorder what a reader sees.
 3. `redact` masks credentials and configured secret values; `injection_signals` flags
