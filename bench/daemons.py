@@ -13,13 +13,13 @@ import json
 import os
 import platform
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from typing import Any
+
+from support import DaemonProcess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results", "latest.json")
@@ -67,70 +67,15 @@ def uvloop_path() -> str:
     return target
 
 
-class BenchDaemon:
-    """`<python> -m edge serve` in a private home; ready when it says READY=1."""
+class BenchDaemon(DaemonProcess):
+    """A daemon run by another interpreter (the benchmark venv), in a clean environment."""
 
     def __init__(self, python: str, config: str | None = None, env: dict[str, str] | None = None) -> None:
-        self.python = python
-        self.home = tempfile.mkdtemp(prefix="qlb", dir="/tmp")  # short: socket paths are limited
-        self.socket = os.path.join(self.home, "qledge.sock")
-        self.config_path: str | None = None
-        if config is not None:
-            self.config_path = os.path.join(self.home, "qledge.toml")
-            with open(self.config_path, "w") as f:
-                f.write(config)
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("QLEDGE_", "PYTHON"))}
+        # -P: `python -m` would otherwise put the cwd (maybe this checkout) before the install.
+        super().__init__(config=config, argv=[python, "-P", "-m", "edge"])
+        # Nothing from this (test) environment may change what the measured daemon imports.
+        self.env = {k: v for k, v in self.env.items() if not k.startswith(("QLEDGE_", "PYTHON"))}
         self.env.update({"QLEDGE_HOME": self.home, **(env or {})})
-        self.proc: subprocess.Popen | None = None
-        self.ready_s: float | None = None
-
-    def start(self, timeout: float = 60.0) -> BenchDaemon:
-        notify = os.path.join(self.home, "notify.sock")
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        listener.bind(notify)
-        listener.settimeout(timeout)
-        args = [self.python, "-m", "edge", "serve"]
-        if self.config_path:
-            args += ["--config", self.config_path]
-        started = time.perf_counter()
-        self.proc = subprocess.Popen(
-            args, env={**self.env, "NOTIFY_SOCKET": notify}, cwd=self.home,
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=open(os.path.join(self.home, "stderr"), "wb"),
-        )
-        try:
-            while "READY=1" not in listener.recv(4096).decode():
-                pass
-        except TimeoutError:
-            self.stop()
-            raise RuntimeError(f"daemon not ready: {self.stderr()}") from None
-        finally:
-            listener.close()
-        self.ready_s = time.perf_counter() - started
-        return self
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def stderr(self) -> str:
-        with open(os.path.join(self.home, "stderr"), errors="replace") as f:
-            return f.read()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-
-    def cleanup(self) -> None:
-        self.stop()
-        shutil.rmtree(self.home, ignore_errors=True)
 
 
 # -- /proc readings --------------------------------------------------------------------

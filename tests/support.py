@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from typing import Any
 
 import apsw
@@ -28,7 +29,12 @@ def short_tmpdir() -> str:
 class DaemonProcess:
     """`python -m edge serve` in a private home, ready when it says READY=1 via sd_notify."""
 
-    def __init__(self, home: str | None = None, config: str | None = None, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, home: str | None = None, config: str | None = None, env: dict[str, str] | None = None,
+        argv: list[str] | None = None,
+    ) -> None:
+        self.argv = argv or [sys.executable, "-m", "edge"]  # what runs `serve`: e.g. a .pyz or another venv
+        self.ready_s: float | None = None
         self.home = home or short_tmpdir()
         self._own_home = home is None
         self.socket = os.path.join(self.home, "qledge.sock")
@@ -50,10 +56,11 @@ class DaemonProcess:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         listener.bind(notify_path)
         listener.settimeout(READY_TIMEOUT_S)
-        args = [sys.executable, "-m", "edge", "serve"]
+        args = [*self.argv, "serve"]
         if self.config_path:
             args += ["--config", self.config_path]
         args += extra_args or []
+        started = time.perf_counter()
         with open(self.stderr_path, "ab") as err:
             self.proc = subprocess.Popen(
                 args, env={**self.env, "NOTIFY_SOCKET": notify_path},
@@ -69,6 +76,7 @@ class DaemonProcess:
             raise RuntimeError(f"daemon did not become ready: {self.stderr()}") from None
         finally:
             listener.close()
+        self.ready_s = time.perf_counter() - started
         return self
 
     def stderr(self) -> str:

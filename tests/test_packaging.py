@@ -8,8 +8,6 @@ import io
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tarfile
@@ -19,9 +17,8 @@ import pytest
 
 import edge
 from edge.app import config as config_file
-from edge.cli.client import Client
 from edge.cli.main import client_socket
-from support import READY_TIMEOUT_S, short_tmpdir
+from support import DaemonProcess, short_tmpdir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UNIT = os.path.join(ROOT, "packaging", "systemd", "qledge.service")
@@ -59,42 +56,6 @@ def pyz_dir():
         assert result.returncode == 0, result.stderr
     yield out
     shutil.rmtree(out, ignore_errors=True)
-
-
-def serve_until_ready(argv: list[str], home: str, config: str | None = None) -> subprocess.Popen:
-    """Start a daemon from `argv` (+ serve args) and return once it says READY=1."""
-    notify = os.path.join(home, "notify.sock")
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    listener.bind(notify)
-    listener.settimeout(READY_TIMEOUT_S)
-    args = [*argv, "serve"]
-    if config is not None:
-        path = os.path.join(home, "qledge.toml")
-        with open(path, "w") as f:
-            f.write(config)
-        args += ["--config", path]
-    env = {**os.environ, "QLEDGE_HOME": home, "NOTIFY_SOCKET": notify}
-    env.pop("QLEDGE_SOCKET", None)
-    proc = subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        while "READY=1" not in listener.recv(4096).decode():
-            pass
-    except TimeoutError:
-        proc.kill()
-        raise AssertionError(f"not ready: {proc.communicate()[1]}") from None
-    finally:
-        listener.close()
-    return proc
-
-
-def stop(proc: subprocess.Popen) -> int:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        return proc.wait(20)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
 
 
 # -- profile zipapps -------------------------------------------------------------------
@@ -147,15 +108,14 @@ def test_edge_zipapp_serves_and_answers_its_cli(pyz_dir, home):
         [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {pyz!r}); import edge.app.daemon, edge;"
          "print(edge.__file__)"], capture_output=True, text=True)
     assert origin.stdout.startswith(pyz), origin  # the daemon's modules import from the archive
-    proc = serve_until_ready([sys.executable, "-I", pyz], home)
+    daemon = DaemonProcess(home=home, argv=[sys.executable, "-I", pyz]).start()
     try:
-        env = {**os.environ, "QLEDGE_HOME": home}
-        status = subprocess.run([sys.executable, "-I", pyz, "status", "--json"], env=env,
+        status = subprocess.run([sys.executable, "-I", pyz, "status", "--json"], env=daemon.env,
                                 capture_output=True, text=True, timeout=60)
         assert status.returncode == 0, status.stderr
-        assert json.loads(status.stdout)["pid"] == proc.pid
+        assert json.loads(status.stdout)["pid"] == daemon.pid
     finally:
-        assert stop(proc) == 0
+        assert daemon.stop() == 0
 
 
 def test_mcp_enabled_in_a_build_without_it_is_one_clear_line(pyz_dir, home):
@@ -256,12 +216,11 @@ def test_ipk_bytecode_serves(ipk, home):
         site = os.path.join(root, f"usr/lib/python{py}/site-packages")
         boot = (f"import sys; sys.path.insert(0, {site!r}); import edge; assert edge.__file__.startswith({site!r}), "
                 "edge.__file__; from edge.cli.main import main; sys.exit(main())")
-        proc = serve_until_ready([sys.executable, "-I", "-c", boot], home)
+        daemon = DaemonProcess(home=home, argv=[sys.executable, "-I", "-c", boot]).start()
         try:
-            with Client(os.path.join(home, "qledge.sock")) as client:
-                assert client.call("qledge.status")["pid"] == proc.pid
+            assert daemon.call("qledge.status")["pid"] == daemon.pid
         finally:
-            assert stop(proc) == 0
+            assert daemon.stop() == 0
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
