@@ -84,7 +84,8 @@ def idle():
     try:
         for name, d in variants.items():
             d.start()
-            readings[name] = {"startup_to_ready_s": round(d.ready_s or 0, 3), "loaded": populate(d)}
+            readings[name] = {"startup_to_ready_s": round(d.ready_s or 0, 3), "loaded": populate(d),
+                              "home": d.home}
         time.sleep(2)  # let start-up work (checkpoints, optimize) settle before the window opens
         before = {name: context_switches(d.pid) for name, d in variants.items()}
         time.sleep(IDLE_S)
@@ -109,9 +110,13 @@ def idle():
             d.cleanup()
 
 
+def _summary(reading: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in reading.items() if k not in ("modules", "home")}
+
+
 def test_default_daemon_idle_memory(idle):
     r = idle["default"]
-    REPORT["default"] = {k: v for k, v in r.items() if k != "modules"}
+    REPORT["default"] = _summary(r)
     mem = r["memory_mib"]
     assert r["loop"] == "asyncio"
     assert mem["VmHWM"] <= BUDGET["default_hwm_mib"], mem
@@ -120,7 +125,7 @@ def test_default_daemon_idle_memory(idle):
 
 def test_uvloop_variant_is_reported(idle):
     r = idle["uvloop"]
-    REPORT["uvloop"] = {k: v for k, v in r.items() if k != "modules"}
+    REPORT["uvloop"] = _summary(r)
     assert r["loop"] == "uvloop"
     assert "ssl" in r["modules"]  # uvloop needs it: the reason it is opt-in
 
@@ -130,7 +135,7 @@ def test_mcp_daemon_idle_memory(idle):
         REPORT["skipped"]["mcp"] = NO_MCP
         pytest.skip(NO_MCP)
     r = idle["mcp"]
-    REPORT["mcp"] = {k: v for k, v in r.items() if k != "modules"}
+    REPORT["mcp"] = _summary(r)
     assert "edge.mcp" in " ".join(r["modules"])
     assert r["memory_mib"]["VmHWM"] <= BUDGET["mcp_hwm_mib"], r["memory_mib"]
 
@@ -162,8 +167,32 @@ def test_edge_artifact_size():
     assert manifest["files"] <= BUDGET["edge_pyz_files"], manifest["files"]
 
 
-def test_bridge_rss():
+INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+    "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "bench", "version": "0"}}}
+
+
+def test_bridge_rss(idle):
+    """`qledge mcp` connected to the MCP daemon, after a handshake, idle for a moment."""
     if not HAS_MCP:
         REPORT["skipped"]["bridge"] = NO_MCP
         pytest.skip(NO_MCP)
-    pytest.skip("the bridge measurement is wired once `qledge mcp` is on main")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("QLEDGE_", "PYTHON"))}
+    env["QLEDGE_HOME"] = idle["mcp"]["home"]
+    bridge = subprocess.Popen([install_venv(), "-P", "-m", "edge", "mcp"], env=env, cwd=idle["mcp"]["home"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        bridge.stdin.write(json.dumps(INITIALIZE).encode() + b"\n")
+        bridge.stdin.flush()
+        answer = json.loads(bridge.stdout.readline())
+        assert answer.get("id") == 1 and "result" in answer, answer
+        time.sleep(1)
+        mem = memory(bridge.pid)
+    finally:
+        bridge.stdin.close()
+        try:
+            bridge.wait(10)
+        except subprocess.TimeoutExpired:
+            bridge.kill()
+            bridge.wait()
+    REPORT["bridge"] = {"memory_mib": mem}
+    assert mem["VmHWM"] <= BUDGET["bridge_rss_mib"], mem
