@@ -215,6 +215,43 @@ def token_revoke(c: Client, a: argparse.Namespace) -> int:
     return _show(a, c.call("qledge.credential.revoke", {"id": a.id}), lambda x: print(f"credential {x['id']} revoked"))
 
 
+def _read_secret(name: str) -> str:
+    """From a prompt on a terminal, else all of stdin minus one trailing newline."""
+    if sys.stdin.isatty():
+        import getpass
+
+        value = getpass.getpass(f"value for secret {name}: ")
+        if value != getpass.getpass("again: "):
+            raise UsageError("the two values differ; nothing was stored")
+    else:
+        value = sys.stdin.read()
+        value = value[:-2] if value.endswith("\r\n") else value[:-1] if value.endswith("\n") else value
+    if not value:
+        raise UsageError("empty value; nothing was stored")
+    return value
+
+
+def secret_set(c: Client, a: argparse.Namespace) -> int:
+    info = c.call("qledge.secret.set", {"name": a.name, "value": _read_secret(a.name)})
+    return _show(a, info, lambda s: print(f"secret {s['name']} stored"))
+
+
+def secret_list(c: Client, a: argparse.Namespace) -> int:
+    found = c.call("qledge.secret.list", {})["secrets"]
+    if a.json:
+        render.json_out(found)
+    elif not found:
+        print("no secrets")
+    else:
+        render.table([[s["name"], render.when(s["createdAtMs"]), render.when(s["updatedAtMs"])] for s in found],
+                     ["NAME", "CREATED", "UPDATED"])
+    return OK
+
+
+def secret_rm(c: Client, a: argparse.Namespace) -> int:
+    return _show(a, c.call("qledge.secret.delete", {"name": a.name}), lambda d: print(f"secret {d['name']} deleted"))
+
+
 def status(c: Client, a: argparse.Namespace) -> int:
     def human(s: dict) -> None:
         mib = lambda n: f"{n / 1048576:.1f} MiB"  # noqa: E731

@@ -72,6 +72,11 @@ def event_type(status: str) -> str:
     return f"run.{status}"
 
 
+def log_file(logs_dir: str, run_id: str) -> str:
+    """Where a run's log lives (a path, computed: the core does no I/O)."""
+    return f"{logs_dir}/{run_id}.log"
+
+
 def summary(text: str) -> str:
     """Bound free text stored on a run (one paste must not blow up a row)."""
     text = text.strip()

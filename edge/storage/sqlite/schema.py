@@ -153,7 +153,17 @@ CREATE TABLE security_audit (
 ) STRICT;
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1,)
+# Retention on write: the runs that still have a log, oldest first (a run's log bytes are
+# set when it finishes, so this holds finished runs only), and the running total of their
+# log bytes per project, so no write ever sums the runs table.
+_V2 = """
+CREATE INDEX runs_log_idx ON runs (project_id, created_at_ms, id) WHERE log_bytes > 0;
+INSERT INTO meta (key, value)
+    SELECT 'run_log_bytes:' || project_id, sum(log_bytes) FROM runs GROUP BY project_id
+    ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2)
 
 
 def migrate(conn: apsw.Connection) -> int:

@@ -8,6 +8,7 @@ import msgspec
 from edge.core.errors import conflict, not_found
 from edge.core.tasks import SPEC_SCHEMA, Task, TaskSpec, content_digest
 from edge.storage.sqlite.db import Database, immediate
+from edge.storage.sqlite.retention import add_log_bytes
 
 _spec_encoder = msgspec.json.Encoder()
 _spec_decoder = msgspec.json.Decoder(TaskSpec)
@@ -119,11 +120,12 @@ def delete(conn: apsw.Connection, project: str, task_id: str, expected: int | No
         ).fetchone()
         if active:
             raise conflict(f"task {task_id!r} has an active run ({active[0]}); cancel it first")
-        run_ids = [r[0] for r in conn.execute(
-            "SELECT id FROM runs WHERE project_id = ? AND task_id = ?", (project, task_id))]
+        rows = conn.execute(
+            "SELECT id, log_bytes FROM runs WHERE project_id = ? AND task_id = ?", (project, task_id)).fetchall()
         conn.execute("DELETE FROM runs WHERE project_id = ? AND task_id = ?", (project, task_id))
+        add_log_bytes(conn, project, -sum(size for _, size in rows))
         conn.execute("DELETE FROM tasks WHERE project_id = ? AND id = ?", (project, task_id))
-    return run_ids
+    return [rid for rid, _ in rows]
 
 
 class SqliteTaskStore:
