@@ -15,6 +15,7 @@ from edge.core.tasks import ArgvCommand, TaskSpec
 from edge.storage.sqlite import audit as audit_sql
 from edge.storage.sqlite import retention
 from edge.storage.sqlite import runs as run_sql
+from edge.storage.sqlite import tasks as task_sql
 from edge.storage.sqlite.audit import SqliteAuditLog
 from edge.storage.sqlite.db import Database
 from edge.storage.sqlite.retention import BATCH, Policy
@@ -215,6 +216,13 @@ def test_plan_oldest_runs_with_a_log(plan_conn):
 def test_plan_delete_and_drop_log_by_id(plan_conn):
     assert_uses_index(plan_conn, retention.SQL_DELETE, ("r",), "sqlite_autoindex_runs_1")
     assert_uses_index(plan_conn, retention.SQL_DROP_LOG, ("r",), "sqlite_autoindex_runs_1")
+
+
+def test_plan_transition_state_and_task_delete(plan_conn):
+    assert_uses_index(plan_conn, run_sql.SQL_STATE, ("r",), "sqlite_autoindex_runs_1")
+    for sql in (task_sql.SQL_TASK_RUNS, task_sql.SQL_DELETE_TASK_RUNS):
+        assert_uses_index(plan_conn, sql, ("default", "t"), "runs_task_created_idx")
+    assert_uses_index(plan_conn, task_sql.SQL_TASK_ACTIVE, ("default", "t"), "runs_active_idx")
 
 
 def test_plan_active_processes(plan_conn):

@@ -164,7 +164,7 @@ class Runner:
             task = await self._tasks.get(run.project_id, run.task_id, run.task_revision)
             size, truncated = logsink.recover(self.log_path(run.id), self._log_cap(task))
             if stopped:
-                detail = f"stopped what was left of process group {proc.pid}"
+                detail = f"stopped what was left of process group {proc.pid}" if proc.pid else "stopped its processes"
             else:
                 detail = "no process was left" if proc.pid else "it had not started"
             now = self._clock.now_ms()

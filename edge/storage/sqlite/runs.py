@@ -30,6 +30,7 @@ SQL_LIST_TASK = (
     f"SELECT {COLUMNS} FROM runs WHERE project_id = ? AND task_id = ? AND (created_at_ms, id) < (?, ?)"
     " ORDER BY created_at_ms DESC, id DESC LIMIT ?"
 )
+SQL_STATE = "SELECT project_id, status, version, event_seq, log_bytes FROM runs WHERE id = ?"
 SQL_ACTIVE = f"SELECT {COLUMNS} FROM runs WHERE status IN ('queued', 'running')"
 SQL_ACTIVE_PROCESSES = f"SELECT {COLUMNS}, pid, pid_start_ticks FROM runs WHERE status IN ('queued', 'running')"
 SQL_EVENTS = (
@@ -111,8 +112,7 @@ def apply_transition(
     conn: apsw.Connection, run_id: str, expected_version: int, status: str, now: int,
     actor: ActorType, update: RunUpdate, detail: str | None,
 ) -> Run:
-    row = conn.execute(
-        "SELECT project_id, status, version, event_seq, log_bytes FROM runs WHERE id = ?", (run_id,)).fetchone()
+    row = conn.execute(SQL_STATE, (run_id,)).fetchone()
     if row is None:
         raise not_found(f"run {run_id} not found")
     project, current, version, seq, log_bytes = row
