@@ -67,6 +67,8 @@ def _sink_roundtrip(tmp_path, cap: int, data: bytes, chunk: int, secrets=()) -> 
     sink = LogSink(path, cap, secrets)
     for i in range(0, len(data), chunk):
         sink.write(data[i : i + chunk])
+        if not secrets and i + chunk <= cap:  # within the cap the file is the output so far
+            assert os.path.getsize(path) == min(i + chunk, len(data))
     size = sink.close()
     with open(path, "rb") as f:
         body = f.read()
@@ -82,9 +84,13 @@ def test_output_within_the_cap_is_kept_whole(tmp_path, chunk):
     assert body == data and not sink.truncated
 
 
-@pytest.mark.parametrize("cap,chunk", [(1 << 20, 65536), (1 << 20, 777), (4096, 100), (200_000, 65536)])
-def test_head_marker_tail_and_exact_sizes(tmp_path, cap, chunk):
-    data = random.Random(cap).randbytes(3 * cap + 12345)
+@pytest.mark.parametrize("cap,chunk,extra", [
+    (1 << 20, 65536, 2 << 20), (1 << 20, 777, 2 << 20), (4096, 100, 9000), (200_000, 65536, 400_000),
+    # Just past the cap: most of the tail is still in the log file and moves down in it.
+    (1 << 20, 65536, 1), (1 << 20, 4000, 5000), (200_000, 65536, 70_000),
+])
+def test_head_marker_tail_and_exact_sizes(tmp_path, cap, chunk, extra):
+    data = random.Random(cap + extra).randbytes(cap + extra)
     body, sink = _sink_roundtrip(tmp_path, cap, data, chunk)
     head = min(HEAD_MAX, cap // 2)
     assert sink.truncated and len(body) == cap and sink.total == len(data)
@@ -161,8 +167,8 @@ def test_recover_assembles_what_a_dead_daemon_left(tmp_path):
 def test_recover_a_short_log_and_a_missing_one(tmp_path):
     path = str(tmp_path / "short.log")
     sink = LogSink(path, 1 << 20)
-    sink.write(b"x" * 100_000)  # head plus one segment, no drop
-    os.close(sink._seg_fd)
+    sink.write(b"x" * 100_000)  # within the cap: the file is complete as written
+    assert os.path.getsize(path) == 100_000 and not os.path.exists(path + ".tail")
     os.close(sink._fd)
     assert logsink.recover(path, 1 << 20) == (100_000, False)
     assert logsink.recover(str(tmp_path / "never.log"), 1 << 20) == (0, False)

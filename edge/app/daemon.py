@@ -19,10 +19,12 @@ from edge.storage.sqlite import stats
 from edge.storage.sqlite.audit import SqliteAuditLog
 from edge.storage.sqlite.credentials import SqliteCredentialStore
 from edge.storage.sqlite.db import Database
+from edge.storage.sqlite.reads import sqlite_readers
 from edge.storage.sqlite.retention import Policy
 from edge.storage.sqlite.runs import SqliteRunStore
 from edge.storage.sqlite.secrets import SqliteSecretStore
 from edge.storage.sqlite.tasks import SqliteTaskStore
+from edge.tools.ai.catalog import ai_tools
 from edge.tools.authn import Authenticator
 from edge.tools.builtin.catalog import builtin_tools
 from edge.tools.chain import Chain
@@ -150,7 +152,7 @@ class Daemon:
         ))
         # Before anything is served: nothing a dead daemon left may stay `running`.
         await runner.recover()
-        registry = Registry(builtin_tools())
+        registry = Registry([*builtin_tools(), *ai_tools()])
         owners = cfg.auth.owner_uids if cfg.auth.owner_uids is not None else sorted({os.getuid(), 0})
         auth = Authenticator(credentials, pepper, owners, cfg.project, registry.read_tool_names())
         facts = DaemonFacts(db, self.loop_name, self.clock)
@@ -160,6 +162,7 @@ class Daemon:
             runner=runner, pepper=pepper, facts=facts,
         )
         services.secrets = secrets
+        services.readers = sqlite_readers(db)
         server = ToolServer(Chain(registry, auth, services), self.socket_path, cfg.max_frame_bytes)
         try:
             await server.start()

@@ -1,11 +1,12 @@
 """A run's log file: 0600, capped to its head and tail, secrets redacted, and never a
 reason to stop reading the child's pipe.
 
-Memory stays small whatever the child prints: the head goes straight into the log file,
-the tail into fixed-size segment files in `<log>.tail/` (each named by the stream offset
-of its first byte), and the oldest segment is deleted once the newer ones cover the tail.
-Closing assembles head + marker + tail into the log file. Because segments are named by
-offset, the log of a run whose daemon died can be assembled the same way at start-up.
+Memory stays small whatever the child prints. Output goes straight into the log file
+until the cap is reached, so a log within the cap is complete (and readable) as it grows.
+Beyond the cap, output is spooled in fixed-size segment files in `<log>.tail/`, each named
+by the stream offset of its first byte; the oldest is deleted once the newer ones cover
+the tail. Closing rewrites the file in place as head + marker + tail. Because segments
+carry their offsets, the log of a run whose daemon died is assembled the same way.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ SEGMENT_MAX = 64 * 1024
 MIN_SECRET = 4  # shorter values would redact ordinary text
 MASK = b"***"
 _COPY = 64 * 1024
-_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
 
 
 class Redactor:
@@ -83,7 +84,7 @@ class LogSink:
     def __init__(self, path: str, cap: int, secrets: Iterable[bytes] = ()) -> None:
         self.path = path
         self._cap = cap
-        self._head = min(HEAD_MAX, cap // 2)
+        self._head = head_size(cap)
         self._tail = cap - self._head
         self._segment_max = max(4096, min(SEGMENT_MAX, self._tail // 4))
         self._redactor = Redactor(secrets)
@@ -111,8 +112,8 @@ class LogSink:
         if self.failed is not None:
             return
         try:
-            if start < self._head:
-                n = min(len(view), self._head - start)
+            if start < self._cap:
+                n = min(len(view), self._cap - start)
                 os.write(self._fd, view[:n])
                 view, start = view[n:], start + n
             while view:
@@ -152,9 +153,9 @@ class LogSink:
         if self._seg_fd is not None:
             os.close(self._seg_fd)
         try:
-            if self.failed is None:
-                _assemble(self._fd, self._spool, self._head, self._cap, self.total,
-                          [(off, size) for off, size in self._segments])
+            if self.failed is None and self.total > self._cap:
+                segments = [(off, size) for off, size in self._segments]
+                _assemble(self._fd, self._spool, self._head, self._cap, self.total, self._cap, segments)
             self.size = os.fstat(self._fd).st_size
         except OSError as exc:
             self.failed = exc
@@ -164,41 +165,48 @@ class LogSink:
         return self.size
 
 
-def _assemble(fd: int, spool: str, head: int, cap: int, total: int, segments: list[tuple[int, int]]) -> int:
-    """Append the tail to the head in `fd`, after a marker when bytes are missing in
-    between; returns how many were dropped. The file never exceeds `cap` by more than
-    the head already in it."""
-    if not segments:
-        return 0
-    first = segments[0][0]
-    keep = total - first  # tail bytes still on disk
-    dropped = 0
-    if total > cap or first > head:
-        mark = marker(0)
-        for _ in range(3):  # the marker's length depends on the count it prints
-            keep = max(0, min(total - first, cap - head - len(mark)))
-            dropped = total - head - keep
-            mark = marker(dropped)
-        os.write(fd, mark)
-    skip = total - keep
+def head_size(cap: int) -> int:
+    return min(HEAD_MAX, cap // 2)
+
+
+def _assemble(fd: int, spool: str, head: int, cap: int, total: int, on_file: int,
+              segments: list[tuple[int, int]]) -> int:
+    """Rewrite the log in `fd` (holding the first `on_file` bytes of the stream) as head
+    + marker + the last bytes on hand, within `cap`; returns how many were dropped."""
+    first = segments[0][0] if segments else total
+    # The tail on hand runs from the end of the head when the segments continue the file.
+    avail = head if first <= on_file else first
+    mark = marker(0)
+    for _ in range(3):  # the marker's length depends on the count it prints
+        keep = max(0, min(total - avail, cap - head - len(mark)))
+        dropped = total - head - keep
+        mark = marker(dropped)
+    skip = total - keep  # stream offset where the kept tail starts; always past the marker
+    os.pwrite(fd, mark, head)
+    pos = head + len(mark)
+    if skip < on_file:  # part of the tail is still in the file: move it down (reads stay ahead of writes)
+        pos = _copy(fd, fd, skip, on_file, pos)
     for offset, size in segments:
         if offset + size <= skip:
             continue
         src = os.open(os.path.join(spool, str(offset)), os.O_RDONLY | os.O_CLOEXEC)
         try:
-            _copy(src, fd, max(0, skip - offset), size)
+            pos = _copy(src, fd, max(0, skip - offset), size, pos)
         finally:
             os.close(src)
+    os.ftruncate(fd, pos)
     return dropped
 
 
-def _copy(src: int, dst: int, start: int, end: int) -> None:
+def _copy(src: int, dst: int, start: int, end: int, pos: int) -> int:
     while start < end:
         data = os.pread(src, min(_COPY, end - start), start)
         if not data:
-            return
-        os.write(dst, data)
+            break
+        os.pwrite(dst, data, pos)
         start += len(data)
+        pos += len(data)
+    return pos
 
 
 def _remove_spool(spool: str) -> None:
@@ -211,7 +219,7 @@ def _remove_spool(spool: str) -> None:
 def recover(path: str, cap: int) -> tuple[int, bool]:
     """Assemble the log of a run whose daemon died; returns (size, truncated).
 
-    The head is whatever the log file holds; the segments carry their own offsets.
+    The file holds the stream's first bytes; the segments carry their own offsets.
     """
     spool = spool_dir(path)
     try:
@@ -219,15 +227,17 @@ def recover(path: str, cap: int) -> tuple[int, bool]:
     except FileNotFoundError:
         names = []
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     except FileNotFoundError:
         _remove_spool(spool)
         return 0, False
     try:
-        head = os.fstat(fd).st_size
+        on_file = os.fstat(fd).st_size
         segments = sorted((int(n), os.stat(os.path.join(spool, n)).st_size) for n in names)
-        total = segments[-1][0] + segments[-1][1] if segments else head
-        dropped = _assemble(fd, spool, head, cap, total, segments)
+        total = segments[-1][0] + segments[-1][1] if segments else on_file
+        dropped = 0
+        if total > cap or (segments and segments[0][0] != on_file):
+            dropped = _assemble(fd, spool, head_size(cap), cap, total, on_file, segments)
         return os.fstat(fd).st_size, dropped > 0
     finally:
         os.close(fd)
