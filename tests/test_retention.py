@@ -91,7 +91,8 @@ def _check(home: str, index: int = 0) -> apsw.Connection:
 
 def _total_is_consistent(conn: apsw.Connection) -> None:
     running = retention.log_total(conn, "default")
-    assert running == conn.execute("SELECT coalesce(sum(log_bytes), 0) FROM runs").fetchone()[0]
+    on_disk = "SELECT coalesce(sum(log_bytes), 0) FROM runs WHERE log_dropped_at_ms IS NULL"
+    assert running == conn.execute(on_disk).fetchone()[0]
 
 
 async def test_keeps_exactly_n_finished_runs_per_task_never_an_active_one(make, home):
@@ -159,10 +160,10 @@ async def test_log_quota_drops_the_oldest_logs_and_keeps_the_rows(make, home):
         conn = _check(home)
         assert retention.log_total(conn, "default") <= 10_000
         _total_is_consistent(conn)
-    rows = conn.execute("SELECT id, log_bytes, log_truncated, event_seq FROM runs ORDER BY id").fetchall()
-    assert len(rows) == 12  # history stays
-    assert [r[1] for r in rows] == [0] * 9 + [3000] * 3
-    assert all(r[2] == 1 and r[3] == 4 for r in rows[:9])
+    rows = conn.execute("SELECT id, log_bytes, log_dropped_at_ms, event_seq FROM runs ORDER BY id").fetchall()
+    assert len(rows) == 12 and all(r[1] == 3000 for r in rows)  # history stays, with the log's size
+    assert [r[2] for r in rows] == [T0 + i + 1 for i in range(3, 12)] + [None] * 3
+    assert all(r[3] == 4 for r in rows[:9]) and all(r[3] == 3 for r in rows[9:])
     assert s.log_files() == {r[0] for r in rows[9:]}
     dropped = conn.execute("SELECT type, actor_type, detail FROM run_events WHERE run_id = ? AND sequence = 4",
                            (rows[0][0],)).fetchone()
@@ -215,7 +216,7 @@ def test_plan_oldest_runs_with_a_log(plan_conn):
 
 def test_plan_delete_and_drop_log_by_id(plan_conn):
     assert_uses_index(plan_conn, retention.SQL_DELETE, ("r",), "sqlite_autoindex_runs_1")
-    assert_uses_index(plan_conn, retention.SQL_DROP_LOG, ("r",), "sqlite_autoindex_runs_1")
+    assert_uses_index(plan_conn, retention.SQL_DROP_LOG, (1, "r"), "sqlite_autoindex_runs_1")
 
 
 def test_plan_transition_state_and_task_delete(plan_conn):

@@ -306,5 +306,9 @@ def test_log_quota_on_a_real_daemon(daemon_factory, limit):
     on_disk = sum(os.path.getsize(os.path.join(logs, n)) for n in os.listdir(logs))
     assert on_disk <= limit and sorted(os.listdir(logs)) == sorted(f"{r['id']}.log" for r in runs[-2:])
     first = d.call("qledge.run.get", {"runId": runs[0]["id"]})
-    assert first["logBytes"] == 0 and first["logTruncated"] is True
+    assert first["logBytes"] == 400_000 and first["logDroppedAtMs"] >= first["finishedAtMs"]
     assert d.call("qledge.run.events", {"runId": runs[0]["id"]})["events"][-1]["type"] == "run.log_dropped"
+    assert "dropped" in d.cli("run", "get", runs[0]["id"]).stdout
+    # What AI clients read says the log existed and is no longer kept.
+    assert d.call("qinglong.run.log.excerpt", {"runId": runs[0]["id"]})["status"] == "retired"
+    assert d.call("qinglong.run.log.excerpt", {"runId": runs[-1]["id"]})["status"] == "available"

@@ -157,7 +157,8 @@ def run_get(c: Client, a: argparse.Namespace) -> int:
             ("started", render.when(r.get("startedAtMs"))), ("finished", render.when(r.get("finishedAtMs"))),
             ("took", render.duration(r.get("startedAtMs"), r.get("finishedAtMs"))), ("exit code", r.get("exitCode")),
             ("error", r.get("errorCode")), ("summary", r.get("errorSummary")),
-            ("log", f"{r['logBytes']} bytes" + (" (truncated)" if r["logTruncated"] else "")),
+            ("log", f"{r['logBytes']} bytes" + (" (truncated)" if r["logTruncated"] else "")
+             + (f", dropped {render.when(r['logDroppedAtMs'])} (log quota)" if r.get("logDroppedAtMs") else "")),
         ])
 
     return _show(a, c.call("qledge.run.get", {"runId": a.run}), human)

@@ -48,6 +48,7 @@ class Run(msgspec.Struct, rename="camel"):
     log_truncated: bool = False
     idempotency_key: str | None = None
     jitter_ms: int | None = None
+    log_dropped_at_ms: int | None = None  # the log quota removed the log (log_bytes is what it had)
 
     @property
     def terminal(self) -> bool:

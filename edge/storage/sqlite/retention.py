@@ -16,23 +16,27 @@ from edge.core.runs import TERMINAL
 BATCH = 64
 _FINISHED = f"status IN ({', '.join(repr(s) for s in sorted(TERMINAL))})"
 
+# Bytes a run's log still has on disk.
+LOG_ON_DISK = "log_bytes * (log_dropped_at_ms IS NULL)"
+
 # Finished runs of a task beyond the newest `runs_per_task` (index order, newest first).
 SQL_EXCESS = (
-    "SELECT id, log_bytes FROM runs WHERE project_id = ? AND task_id = ? AND " + _FINISHED +
+    f"SELECT id, {LOG_ON_DISK} FROM runs WHERE project_id = ? AND task_id = ? AND " + _FINISHED +
     " ORDER BY created_at_ms DESC, id DESC LIMIT ? OFFSET ?"
 )
 SQL_EXPIRED = (
-    "SELECT id, log_bytes FROM runs WHERE project_id = ? AND created_at_ms < ? AND " + _FINISHED +
+    f"SELECT id, {LOG_ON_DISK} FROM runs WHERE project_id = ? AND created_at_ms < ? AND " + _FINISHED +
     " ORDER BY created_at_ms, id LIMIT ?"
 )
 # The partial index holds exactly the runs that still have a log (set when they finish).
 SQL_LOGGED = (
-    "SELECT id, log_bytes FROM runs WHERE project_id = ? AND log_bytes > 0 AND " + _FINISHED +
+    "SELECT id, log_bytes FROM runs WHERE project_id = ? AND log_bytes > 0 AND log_dropped_at_ms IS NULL AND "
+    + _FINISHED +
     " ORDER BY created_at_ms, id LIMIT ?"
 )
 SQL_DELETE = "DELETE FROM runs WHERE id = ?"
 SQL_DROP_LOG = (
-    "UPDATE runs SET log_bytes = 0, log_truncated = 1, version = version + 1, event_seq = event_seq + 1"
+    "UPDATE runs SET log_dropped_at_ms = ?, version = version + 1, event_seq = event_seq + 1"
     " WHERE id = ? RETURNING event_seq"
 )
 
@@ -86,13 +90,13 @@ def enforce(conn: apsw.Connection, project: str, task_id: str, now_ms: int, poli
 
 def _drop_oldest_logs(conn: apsw.Connection, project: str, excess: int, budget: int, now_ms: int) -> list[str]:
     """Drop the logs (not the rows) of the oldest finished runs until `excess` bytes are
-    freed: the run's history stays, its events record that the log went."""
+    freed: the run's history stays, with its log size, when the log went and an event."""
     dropped: list[str] = []
     freed = 0
     for rid, size in conn.execute(SQL_LOGGED, (project, budget)).fetchall():
         if freed >= excess:
             break
-        ((seq,),) = conn.execute(SQL_DROP_LOG, (rid,)).fetchall()
+        ((seq,),) = conn.execute(SQL_DROP_LOG, (now_ms, rid)).fetchall()
         conn.execute(
             "INSERT INTO run_events (run_id, sequence, type, actor_type, created_at_ms, detail)"
             " VALUES (?, ?, 'run.log_dropped', 'system', ?, 'log quota')",

@@ -16,7 +16,8 @@ from edge.storage.sqlite.db import Database, immediate
 COLUMNS = (
     "id, project_id, task_id, task_revision, origin, status, version, event_seq, created_at_ms,"
     " trigger_id, trigger_revision, queued_at_ms, started_at_ms, finished_at_ms, scheduled_for_ms,"
-    " exit_code, error_code, error_summary, log_bytes, log_truncated, idempotency_key, jitter_ms"
+    " exit_code, error_code, error_summary, log_bytes, log_truncated, idempotency_key, jitter_ms,"
+    " log_dropped_at_ms"
 )
 _FIELDS = [c.strip() for c in COLUMNS.split(",")]
 

@@ -8,7 +8,7 @@ import msgspec
 from edge.core.errors import conflict, not_found
 from edge.core.tasks import SPEC_SCHEMA, Task, TaskSpec, content_digest
 from edge.storage.sqlite.db import Database, immediate
-from edge.storage.sqlite.retention import add_log_bytes
+from edge.storage.sqlite.retention import LOG_ON_DISK, add_log_bytes
 
 _spec_encoder = msgspec.json.Encoder()
 _spec_decoder = msgspec.json.Decoder(TaskSpec)
@@ -112,7 +112,7 @@ def create(conn: apsw.Connection, project: str, task_id: str, name: str, spec: T
 
 
 SQL_TASK_ACTIVE = "SELECT id FROM runs WHERE project_id = ? AND task_id = ? AND status IN ('queued', 'running') LIMIT 1"
-SQL_TASK_RUNS = "SELECT id, log_bytes FROM runs WHERE project_id = ? AND task_id = ?"
+SQL_TASK_RUNS = f"SELECT id, {LOG_ON_DISK} FROM runs WHERE project_id = ? AND task_id = ?"
 SQL_DELETE_TASK_RUNS = "DELETE FROM runs WHERE project_id = ? AND task_id = ?"
 
 
