@@ -117,7 +117,7 @@ def test_spool_on_disk_stays_near_the_tail_size(tmp_path):
         biggest = max(biggest, sum(os.path.getsize(os.path.join(spool, n)) for n in os.listdir(spool)))
     sink.close()
     tail = cap - HEAD_MAX
-    assert tail <= biggest <= tail + 65536
+    assert tail <= biggest <= tail + tail // 4  # the tail plus one segment being written
 
 
 def test_redaction_happens_before_the_head_tail_split(tmp_path):

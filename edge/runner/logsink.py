@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Iterable
 
 HEAD_MAX = 64 * 1024
-SEGMENT_MAX = 64 * 1024
+SEGMENT_MAX = 256 * 1024  # fewer, larger files: creating and deleting them is the cost
 MIN_SECRET = 4  # shorter values would redact ordinary text
 MASK = b"***"
 _COPY = 64 * 1024

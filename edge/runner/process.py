@@ -112,8 +112,6 @@ async def stop_group(proc: asyncio.subprocess.Process, grace_s: float) -> None:
         await proc.wait()
 
 
-
-
 async def stop_orphaned_run(pid: int | None, ticks: int | None, marker: bytes, grace_s: float) -> int:
     """Stop what survives of a run started by a daemon that died; returns how many
     processes (or 1 for a whole group) were signalled.
