@@ -91,6 +91,8 @@ def test_secret_output_is_redacted_even_across_pipe_reads(daemon):
     for name, value in (("pw", secret), ("other", other)):
         done = daemon.cli("secret", "set", name, input=value + "\n")
         assert done.returncode == 0 and done.stdout == f"secret {name} stored\n"
+    with contextlib.closing(daemon.db()) as db:  # one trailing newline is not part of the value
+        assert db.execute("SELECT value FROM secrets WHERE name = 'pw'").fetchone() == (secret,)
     # Half the value, a pause (so the daemon reads it on its own), then the rest; then
     # the value whole, a short value left alone, and another secret of the project.
     script = ("import os, sys, time\n"
@@ -312,3 +314,46 @@ def test_log_quota_on_a_real_daemon(daemon_factory, limit):
     # What AI clients read says the log existed and is no longer kept.
     assert d.call("qinglong.run.log.excerpt", {"runId": runs[0]["id"]})["status"] == "retired"
     assert d.call("qinglong.run.log.excerpt", {"runId": runs[-1]["id"]})["status"] == "available"
+
+
+def test_secret_set_prompts_on_a_terminal_without_echo(daemon):
+    import pty
+
+    master, slave = pty.openpty()
+    # A new session has no controlling terminal, so getpass uses the terminal on stdin
+    # and prompts on stderr.
+    proc = subprocess.Popen([sys.executable, "-m", "edge", "secret", "set", "typed"], env=daemon.env, stdin=slave,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    os.close(slave)
+    err = b""
+    try:
+        for prompt in (b"value for secret typed: ", b"again: "):
+            while not err.endswith(prompt):  # input typed before the prompt would be flushed
+                chunk = os.read(proc.stderr.fileno(), 1024)
+                assert chunk, err
+                err += chunk
+            os.write(master, b"typed-value-1\n")
+        out = proc.stdout.read()
+        proc.wait(timeout=30)
+        echoed = b""
+        os.set_blocking(master, False)
+        with contextlib.suppress(OSError):
+            echoed = os.read(master, 4096)
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert out == b"secret typed stored\n" and b"typed-value-1" not in echoed + err  # echo was off
+    with contextlib.closing(daemon.db()) as db:
+        assert db.execute("SELECT name, value FROM secrets").fetchall() == [("typed", "typed-value-1")]
+
+
+def test_audit_rows_stay_within_the_configured_bound(daemon_factory):
+    d = daemon_factory(config="[retention]\naudit_max_rows = 100\n").start()
+    with d.client() as c:
+        for _ in range(180):
+            c.call("qledge.status", {})
+    with contextlib.closing(d.db()) as db:
+        count, newest = db.execute("SELECT count(*), max(id) FROM security_audit").fetchone()
+    assert newest >= 180 and count <= 100
