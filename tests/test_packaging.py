@@ -368,3 +368,67 @@ def test_cli_falls_back_to_the_system_socket(tmp_path, monkeypatch):
     assert client_socket(None, "/h", str(system)) == "/h/qledge.sock"
     monkeypatch.setenv("QLEDGE_SOCKET", "/env.sock")
     assert client_socket(None, "/h", str(system)) == "/env.sock"
+
+
+# -- OpenWrt dependencies ----------------------------------------------------------------
+
+# Parts of the standard library that OpenWrt's python3 package splits out of python3-light.
+OPENWRT_SPLIT = {
+    "asyncio": "python3-asyncio", "logging": "python3-logging", "uuid": "python3-uuid",
+    "decimal": "python3-decimal", "urllib": "python3-urllib", "email": "python3-email",
+    "ctypes": "python3-ctypes", "sqlite3": "python3-sqlite3", "xml": "python3-xml",
+    "multiprocessing": "python3-multiprocessing", "unittest": "python3-unittest", "lzma": "python3-lzma",
+    "dbm": "python3-dbm", "curses": "python3-ncurses", "readline": "python3-readline",
+    "ssl": "python3-openssl", "_hashlib": "python3-openssl", "pydoc": "python3-pydoc", "venv": "python3-venv",
+    "cgi": "python3-cgi", "cgitb": "python3-cgi", "webbrowser": "python3-webbrowser",
+    "distutils": "python3-distutils", "lib2to3": "python3-lib2to3",
+}
+THIRD_PARTY = {"msgspec": "python3-msgspec", "apsw": "python3-apsw", "cronsim": "python3-cronsim"}
+OPTIONAL_IMPORTS = {"uvloop"}  # used only when installed and chosen
+
+
+def _imports(path: str) -> set[str]:
+    import ast
+
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def _makefile_depends(path: str, package: str) -> set[str]:
+    with open(path) as f:
+        text = f.read().replace("\\\n", " ")
+    block = text.split(f"define Package/{package}\n", 1)[1].split("endef", 1)[0]
+    line = next(line for line in block.splitlines() if "DEPENDS:=" in line and "EXTRA" not in line)
+    return {d.lstrip("+").split(":")[-1] for d in line.split(":=", 1)[1].split()}
+
+
+def test_openwrt_depends_cover_every_import_of_the_edge_profile():
+    needed: set[str] = set()
+    for rel in build.profile_files("edge"):
+        for name in _imports(os.path.join(ROOT, rel)) - {"edge", "__future__"} - OPTIONAL_IMPORTS:
+            if name in OPENWRT_SPLIT:
+                needed.add(OPENWRT_SPLIT[name])
+            else:
+                assert name in sys.stdlib_module_names or name in THIRD_PARTY, f"{rel} imports {name}"
+                needed.add(THIRD_PARTY.get(name, "python3-light"))
+    assert "python3-openssl" not in needed  # the daemon blocks ssl/_hashlib; shipping them costs MiBs
+    makefile = _makefile_depends(os.path.join(ROOT, "openwrt", "qledge", "Makefile"), "qledge")
+    assert needed <= makefile, needed - makefile
+    ipk = {d.split(" (")[0] for d in build_openwrt.DEPENDS}
+    assert ipk == makefile, ipk ^ makefile
+    # msgspec's C core imports these at load time (checked on the installed module below).
+    msgspec_deps = _makefile_depends(os.path.join(ROOT, "openwrt", "python-msgspec", "Makefile"), "python3-msgspec")
+    assert {"python3-uuid", "python3-decimal", "python3-urllib"} <= msgspec_deps
+
+
+def test_msgspec_imports_what_its_openwrt_package_depends_on():
+    code = "import sys, msgspec; print(' '.join(sorted(m.split('.')[0] for m in sys.modules)))"
+    loaded = set(subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True).stdout.split())
+    assert {"uuid", "decimal", "urllib"} <= loaded
