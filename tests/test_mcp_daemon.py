@@ -347,6 +347,7 @@ async def test_sdk_revoked_token_fails_the_next_call(mcp_daemon):
 async def test_sdk_viewer_cannot_read_log_excerpts(mcp_daemon):
     from mcp import ClientSession
     from mcp.client.stdio import stdio_client
+    from mcp.shared.exceptions import MCPError
 
     runs = _real_data(mcp_daemon)
     _, token = mcp_daemon.token("viewer")
@@ -355,3 +356,14 @@ async def test_sdk_viewer_cannot_read_log_excerpts(mcp_daemon):
         denied = await session.call_tool("qinglong.run.log.excerpt", {"runId": runs["failed"]})
         assert denied.is_error
         assert denied.content[0].text == "permission_denied: qinglong.run.log.excerpt requires permission artifact.read"
+    # The README's assistant credential may read it.
+    created = mcp_daemon.call("qledge.credential.create", {"role": "operator", "permissions": [
+        "tool.call:*", "task.read", "trigger.read", "run.read", "artifact.read"]})
+    async with stdio_client(_params(mcp_daemon, created["token"])) as (read, write), \
+            ClientSession(read, write) as session:
+        await session.initialize()
+        excerpt = await session.call_tool("qinglong.run.log.excerpt", {"runId": runs["failed"]})
+        assert not excerpt.is_error and excerpt.structured_content["trust"]["actionAuthority"] == "none"
+        with pytest.raises(MCPError) as refused:  # a write tool is an unknown tool over MCP
+            await session.call_tool("qledge.task.create", {"taskId": "x"})
+        assert refused.value.code == -32602

@@ -27,7 +27,7 @@ from edge.storage.sqlite.tasks import SqliteTaskStore
 from edge.tools.authn import Authenticator
 from edge.tools.builtin.catalog import builtin_tools
 from edge.tools.chain import Chain
-from edge.tools.context import Services, ToolContext
+from edge.tools.context import Caller, Services, ToolContext
 from edge.tools.definition import Registry, Tool
 from mcp_support import INITIALIZE, AsyncLineClient, bridge_env, request
 from support import short_tmpdir
@@ -245,6 +245,28 @@ async def test_end_of_input_still_answers_calls_in_flight(graph):
     assert (await client.recv())["result"]["structuredContent"]["text"] == "last"
     assert await client.recv() is None  # then the server closes
     await client.close()
+
+
+async def test_every_call_is_authenticated_and_audited_so_revocation_bites_at_once(graph):
+    chain = graph.server.chain
+    owner = Caller(transport="socket", peer_uid=os.getuid())
+    created = await chain.call("qledge.credential.create", b'{"role": "viewer"}', "json", owner)
+    client = await AsyncLineClient.open(graph.path)
+    assert await client.ask({"qledge": {"token": created.token}}) == {"qledge": {"ok": True}}
+    echo = {"name": "test.echo", "arguments": {"text": "a"}}
+    assert (await client.ask(request("first", "tools/call", echo, modern=True)))["result"]["isError"] is False
+    await chain.call("qledge.credential.revoke", json.dumps({"id": created.credential.id}).encode(), "json", owner)
+    second = (await client.ask(request("second", "tools/call", echo, modern=True)))["result"]
+    assert second["isError"] is True and second["content"][0]["text"].startswith("unauthenticated: ")
+    await client.close()
+    rows = await graph.db.run(lambda conn: list(conn.execute(
+        "SELECT principal, tool, outcome, reasons, request_id FROM security_audit WHERE transport = 'mcp'"
+        " ORDER BY id")))
+    subject = f"credential:{created.credential.id}"
+    assert rows == [
+        (subject, "test.echo", "allowed", '["tool_invocation_allowed","tool_test_echo"]', "first"),
+        (subject, "test.echo", "unauthenticated", '["credential_revoked","tool_test_echo"]', "second"),
+    ]
 
 
 async def test_official_sdk_through_the_bridge(graph):
