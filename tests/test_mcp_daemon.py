@@ -70,7 +70,7 @@ def test_a_build_without_mcp_refuses_to_start_with_one_line(home):
         capture_output=True, text=True, timeout=30,
     )
     assert result.returncode == 1
-    assert result.stderr.splitlines()[-1] == "qledge: MCP is not included in this build"
+    assert result.stderr == "qledge: MCP is not included in this build\n"
     assert not os.path.exists(os.path.join(home, "qledge.sock"))
 
 

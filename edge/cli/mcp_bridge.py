@@ -207,6 +207,8 @@ def _pump(sock: _socket.socket, pending: bytes) -> int:
         return EXIT_OK  # the client went away
     except ConnectionError as exc:
         raise _Fail(f"lost the connection to the daemon: {exc.strerror or exc}", EXIT_REFUSED) from None
+    except OSError as exc:  # stdin or stdout failed under us
+        raise _Fail(f"i/o error: {exc.strerror or exc}", EXIT_REFUSED) from None
 
 
 def _write_all(fd: int, data: bytes) -> None:
