@@ -18,9 +18,11 @@ from edge.storage.sqlite import stats
 from edge.storage.sqlite.audit import SqliteAuditLog
 from edge.storage.sqlite.credentials import SqliteCredentialStore
 from edge.storage.sqlite.db import Database
+from edge.storage.sqlite.reads import sqlite_readers
 from edge.storage.sqlite.runs import SqliteRunStore
 from edge.storage.sqlite.secrets import SqliteSecretStore
 from edge.storage.sqlite.tasks import SqliteTaskStore
+from edge.tools.ai.catalog import ai_tools
 from edge.tools.authn import Authenticator
 from edge.tools.builtin.catalog import builtin_tools
 from edge.tools.chain import Chain
@@ -117,7 +119,7 @@ class Daemon:
             kill_grace_s=cfg.runner.kill_grace_s,
             log_cap_bytes=cfg.runner.log_cap_bytes,
         ))
-        registry = Registry(builtin_tools())
+        registry = Registry([*builtin_tools(), *ai_tools()])
         owners = cfg.auth.owner_uids if cfg.auth.owner_uids is not None else sorted({os.getuid(), 0})
         auth = Authenticator(credentials, pepper, owners, cfg.project, registry.read_tool_names())
         facts = DaemonFacts(db, self.loop_name, self.clock)
@@ -127,6 +129,7 @@ class Daemon:
             runner=runner, pepper=pepper, facts=facts,
         )
         services.secrets = secrets
+        services.readers = sqlite_readers(db)
         chain = Chain(registry, auth, services)
         server = ToolServer(chain, self.socket_path, cfg.max_frame_bytes)
         mcp = self._mcp_server(chain, facts) if cfg.mcp.enabled else None
