@@ -71,7 +71,8 @@ def test_a_real_failing_run_leaks_nothing_and_is_flagged(d):
     assert "starting\n" in out["content"] and "windows line\nbell\ufffd and escape \ufffd[31m red" in out["content"]
     assert set(out["redaction"]["categories"]) >= {
         "credential_assignment", "authorization", "private_key", "jwt", "url_userinfo", "cloud_access_key"}
-    assert out["redaction"]["replacements"] >= 7
+    # The runner already wrote the secret's value as *** into the log; the excerpt masks the other six.
+    assert out["redaction"]["replacements"] >= 6 and "connecting with ***\n" in out["content"]
     assert out["trust"] == {
         "classification": "untrusted_execution_output", "instructionPolicy": "data_only_never_execute",
         "actionAuthority": "none", "suspectedPromptInjection": True,

@@ -153,7 +153,19 @@ CREATE TABLE security_audit (
 ) STRICT;
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1,)
+# Retention on write: when the log quota drops a run's log its row stays and says when;
+# the runs that still have a log, oldest first (a run's log bytes are set when it
+# finishes, so this holds finished runs only); and the running total of the bytes of
+# those logs per project, so no write ever sums the runs table.
+_V2 = """
+ALTER TABLE runs ADD COLUMN log_dropped_at_ms INTEGER;
+CREATE INDEX runs_log_idx ON runs (project_id, created_at_ms, id) WHERE log_bytes > 0 AND log_dropped_at_ms IS NULL;
+INSERT INTO meta (key, value)
+    SELECT 'run_log_bytes:' || project_id, sum(log_bytes) FROM runs GROUP BY project_id
+    ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2)
 
 
 def migrate(conn: apsw.Connection) -> int:
