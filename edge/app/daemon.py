@@ -17,7 +17,7 @@ from edge.app.sdnotify import Notifier, start_watchdog
 from edge.core.clock import Clock, SystemClock
 from edge.core.ports import Counts
 from edge.runner.supervisor import Runner, RunnerSettings
-from edge.server.unix_server import ToolServer
+from edge.server.unix_server import ToolServer, UnixListener
 from edge.storage.sqlite import stats
 from edge.storage.sqlite.audit import SqliteAuditLog
 from edge.storage.sqlite.credentials import SqliteCredentialStore
@@ -183,11 +183,16 @@ class Daemon:
         )
         services.secrets = secrets
         services.readers = sqlite_readers(db)
-        server = ToolServer(Chain(registry, auth, services), self.socket_path, cfg.max_frame_bytes)
-        try:
-            await server.start()
-        except (OSError, RuntimeError) as exc:
-            raise StartupError(f"cannot listen on {self.socket_path}: {exc}") from None
+        chain = Chain(registry, auth, services)
+        server = ToolServer(chain, self.socket_path, cfg.max_frame_bytes)
+        mcp = self._mcp_server(chain, facts) if cfg.mcp.enabled else None
+        await _listen(server)
+        if mcp is not None:
+            try:
+                await _listen(mcp)
+            except StartupError:
+                await server.stop()
+                raise
         self._install_signals()
         log.info("qledge serving on %s (loop %s, pid %d)", self.socket_path, self.loop_name, os.getpid())
         self.notifier.notify(f"READY=1\nSTATUS=serving on {self.socket_path}\nMAINPID={os.getpid()}")
@@ -201,11 +206,29 @@ class Daemon:
                 watchdog.stop()
             self.notifier.notify("STOPPING=1")
             log.info("qledge stopping")
+            if mcp is not None:
+                await mcp.stop()
             await server.stop()
             await runner.shutdown()
 
     def stop(self) -> None:
         self._stop.set()
+
+    def _mcp_server(self, chain: Chain, facts: DaemonFacts) -> UnixListener:
+        """edge.mcp is imported here and only here, when [mcp] enabled = true."""
+        try:
+            from edge.mcp.server import McpServer
+        except ImportError as exc:
+            if exc.name is not None and (exc.name == "edge.mcp" or exc.name.startswith("edge.mcp.")):
+                raise StartupError("MCP is not included in this build") from None
+            raise
+        path = os.path.abspath(self.config.mcp.socket or os.path.join(self.home, "mcp.sock"))
+        try:
+            server = McpServer(chain, path, self.config.mcp.max_line_bytes)
+        except ValueError as exc:  # a tool that cannot be described to MCP clients
+            raise StartupError(f"MCP: {exc}") from None
+        facts.add_extra(lambda: {"mcp": path})
+        return server
 
     # -- reload (SIGHUP) ------------------------------------------------------------
 
@@ -262,6 +285,13 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop)
         loop.add_signal_handler(signal.SIGHUP, self.request_reload)
+
+
+async def _listen(listener: UnixListener) -> None:
+    try:
+        await listener.start()
+    except (OSError, RuntimeError) as exc:
+        raise StartupError(f"cannot listen on {listener.path}: {exc}") from None
 
 
 def run_daemon(config: Config, home: str, socket_path: str, loop_name: str, config_path: str | None = None) -> int:
