@@ -59,9 +59,19 @@ def module_name(path: str) -> str:
 def _entry(name: str, mode: int = 0o644) -> zipfile.ZipInfo:
     info = zipfile.ZipInfo(name, ZIP_EPOCH)
     info.create_system = 3  # unix, so the mode below is honoured
-    info.external_attr = (0o100000 | mode) << 16
-    info.compress_type = zipfile.ZIP_DEFLATED
+    if name.endswith("/"):
+        info.external_attr = (0o040000 | 0o755) << 16 | 0x10  # a directory (and MS-DOS's dir flag)
+    else:
+        info.external_attr = (0o100000 | mode) << 16
+        info.compress_type = zipfile.ZIP_DEFLATED
     return info
+
+
+def _directories(files: list[str]) -> list[str]:
+    """Every directory above the files, as "a/b/": zipimport finds namespace packages
+    (our subpackages have no __init__.py) only through such entries."""
+    dirs = {"/".join(parts[:i]) + "/" for parts in (f.split("/") for f in files) for i in range(1, len(parts))}
+    return sorted(dirs)
 
 
 def write_zipapp(path: str, files: list[str], root: str = ROOT) -> None:
@@ -70,6 +80,8 @@ def write_zipapp(path: str, files: list[str], root: str = ROOT) -> None:
         raw.write(SHEBANG)
         with zipfile.ZipFile(raw, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=9) as zf:
             zf.writestr(_entry("__main__.py"), MAIN)
+            for rel in _directories(files):
+                zf.writestr(_entry(rel), b"")
             for rel in files:
                 with open(os.path.join(root, rel), "rb") as f:
                     zf.writestr(_entry(rel), f.read())

@@ -10,12 +10,14 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import zipfile
 
 import pytest
 
 import edge
+from edge import home_socket
 from edge.app import config as config_file
 from edge.cli.main import client_socket
 from support import DaemonProcess, short_tmpdir
@@ -35,6 +37,17 @@ def _load(name: str):
 
 build = _load("build")
 build_openwrt = _load("build_openwrt")
+
+# The dependencies (msgspec, apsw, cronsim) as if installed system-wide, but not this
+# environment's own qledge: -S skips .pth files, so an editable install's finder (which
+# would answer for any `edge.*` module, even one a build left out) is never set up.
+SITE = sorted({sysconfig.get_path("purelib"), sysconfig.get_path("platlib")})
+
+
+def system_python(*first: str) -> list[str]:
+    """argv prefix running `python -c` with `first` ahead of the dependencies on sys.path."""
+    code = f"import sys; sys.path[:0] = {list(first)!r}; sys.path += {SITE!r}; "
+    return [sys.executable, "-I", "-S", "-c", code + "from edge.cli.main import main; sys.exit(main())"]
 
 
 def _tool(name: str) -> str:
@@ -89,8 +102,10 @@ def test_zipapp_is_reproducible_and_its_manifest_is_true(pyz_dir):
         manifest = json.load(f)
     with zipfile.ZipFile(pyz) as zf:
         infos = zf.infolist()
-    names = [i.filename for i in infos]
+    names = [i.filename for i in infos if not i.is_dir()]
+    dirs = [i.filename for i in infos if i.is_dir()]
     assert names[0] == "__main__.py" and names[1:] == sorted(names[1:])
+    assert dirs == sorted(dirs) and "edge/app/" in dirs and "edge/storage/sqlite/" in dirs
     assert {i.date_time for i in infos} == {(1980, 1, 1, 0, 0, 0)}
     assert manifest["bytes"] == os.path.getsize(pyz)
     assert manifest["sha256"] == build.sha256_file(pyz)
@@ -103,14 +118,14 @@ def test_zipapp_is_reproducible_and_its_manifest_is_true(pyz_dir):
 def test_edge_zipapp_serves_and_answers_its_cli(pyz_dir, home):
     pyz = os.path.join(pyz_dir, "qledge-edge.pyz")
     where = subprocess.run([sys.executable, "-I", pyz, "--help"], capture_output=True, text=True)
-    assert where.returncode == 0 and "serve" in where.stdout
+    assert where.returncode == 0 and "serve" in where.stdout  # the archive's own __main__
     origin = subprocess.run(
-        [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {pyz!r}); import edge.app.daemon, edge;"
-         "print(edge.__file__)"], capture_output=True, text=True)
+        [sys.executable, "-I", "-S", "-c", f"import sys; sys.path[:0] = [{pyz!r}]; sys.path += {SITE!r}; "
+         "import edge.app.daemon, edge; print(edge.__file__)"], capture_output=True, text=True)
     assert origin.stdout.startswith(pyz), origin  # the daemon's modules import from the archive
-    daemon = DaemonProcess(home=home, argv=[sys.executable, "-I", pyz]).start()
+    daemon = DaemonProcess(home=home, argv=system_python(pyz)).start()
     try:
-        status = subprocess.run([sys.executable, "-I", pyz, "status", "--json"], env=daemon.env,
+        status = subprocess.run([*system_python(pyz), "status", "--json"], env=daemon.env,
                                 capture_output=True, text=True, timeout=60)
         assert status.returncode == 0, status.stderr
         assert json.loads(status.stdout)["pid"] == daemon.pid
@@ -125,7 +140,7 @@ def test_mcp_enabled_in_a_build_without_it_is_one_clear_line(pyz_dir, home):
     config = os.path.join(home, "qledge.toml")
     with open(config, "w") as f:
         f.write("[mcp]\nenabled = true\n")
-    result = subprocess.run([sys.executable, "-I", pyz, "serve", "--config", config],
+    result = subprocess.run([*system_python(pyz), "serve", "--config", config],
                             env={**os.environ, "QLEDGE_HOME": home}, capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == ["qledge: MCP is not included in this build"]
@@ -214,9 +229,7 @@ def test_ipk_bytecode_serves(ipk, home):
             tar.extractall(root, filter="data")
         py = f"{sys.version_info.major}.{sys.version_info.minor}"
         site = os.path.join(root, f"usr/lib/python{py}/site-packages")
-        boot = (f"import sys; sys.path.insert(0, {site!r}); import edge; assert edge.__file__.startswith({site!r}), "
-                "edge.__file__; from edge.cli.main import main; sys.exit(main())")
-        daemon = DaemonProcess(home=home, argv=[sys.executable, "-I", "-c", boot]).start()
+        daemon = DaemonProcess(home=home, argv=system_python(site)).start()
         try:
             assert daemon.call("qledge.status")["pid"] == daemon.pid
         finally:
@@ -355,19 +368,23 @@ def test_cli_falls_back_to_the_system_socket(tmp_path, monkeypatch):
     for name in ("QLEDGE_SOCKET", "QLEDGE_HOME"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    system = tmp_path / "run" / "qledge.sock"
+    run = tmp_path / "run"
+    system = run / "qledge.sock"
     user = tmp_path / "state" / "qledge" / "qledge.sock"
-    assert client_socket(None, None, str(system)) == str(user)  # neither exists: the per-user path
-    system.parent.mkdir(parents=True)
+    assert client_socket(None, None, str(run)) == str(user)  # neither exists: the per-user path
+    run.mkdir()
     system.touch()
-    assert client_socket(None, None, str(system)) == str(system)
+    assert client_socket(None, None, str(run)) == str(system)
+    assert home_socket("mcp.sock", None, str(run)) == str(tmp_path / "state" / "qledge" / "mcp.sock")
+    (run / "mcp.sock").touch()
+    assert home_socket("mcp.sock", None, str(run)) == str(run / "mcp.sock")  # `qledge mcp` finds it too
     user.parent.mkdir(parents=True)
     user.touch()
-    assert client_socket(None, None, str(system)) == str(user)  # a per-user daemon wins
-    assert client_socket("/x.sock", None, str(system)) == "/x.sock"
-    assert client_socket(None, "/h", str(system)) == "/h/qledge.sock"
+    assert client_socket(None, None, str(run)) == str(user)  # a per-user daemon wins
+    assert client_socket("/x.sock", None, str(run)) == "/x.sock"
+    assert client_socket(None, "/h", str(run)) == "/h/qledge.sock"
     monkeypatch.setenv("QLEDGE_SOCKET", "/env.sock")
-    assert client_socket(None, "/h", str(system)) == "/env.sock"
+    assert client_socket(None, "/h", str(run)) == "/env.sock"
 
 
 # -- OpenWrt dependencies ----------------------------------------------------------------
@@ -432,3 +449,8 @@ def test_msgspec_imports_what_its_openwrt_package_depends_on():
     code = "import sys, msgspec; print(' '.join(sorted(m.split('.')[0] for m in sys.modules)))"
     loaded = set(subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True).stdout.split())
     assert {"uuid", "decimal", "urllib"} <= loaded
+
+
+def test_shipped_systemd_config_is_accepted():
+    cfg = config_file.load(os.path.join(ROOT, "packaging", "systemd", "qledge.toml"))
+    assert cfg.mcp.socket == "/run/qledge/mcp.sock"  # beside the tool socket, where the CLI looks

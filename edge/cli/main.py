@@ -210,28 +210,9 @@ def _client_verb(args: argparse.Namespace) -> int:
         return 130
 
 
-SYSTEM_SOCKET = "/run/qledge/qledge.sock"  # where qledge.service and the OpenWrt init script listen
+def client_socket(flag_socket: str | None, flag_home: str | None, system_dir: str | None = None) -> str:
+    """--socket, $QLEDGE_SOCKET, else qledge.sock in the home (or a system daemon's: home_socket)."""
+    from edge import SYSTEM_RUN_DIR, home_socket
 
-
-def client_socket(flag_socket: str | None, flag_home: str | None, system_socket: str = SYSTEM_SOCKET) -> str:
-    """--socket, $QLEDGE_SOCKET, <--home or $QLEDGE_HOME>/qledge.sock, else the per-user default.
-
-    When nothing was said and no per-user daemon has a socket, a system daemon's socket is
-    used if there is one, so `qledge status` just works on a device running the service.
-    """
-    explicit = flag_socket or os.environ.get("QLEDGE_SOCKET")
-    if explicit:
-        return explicit
-    home = flag_home or os.environ.get("QLEDGE_HOME")
-    if home:
-        return os.path.join(os.path.abspath(home), "qledge.sock")
-    path = os.path.join(_default_home(), "qledge.sock")
-    if not os.path.exists(path) and os.path.exists(system_socket):
-        return system_socket
-    return path
-
-
-def _default_home() -> str:
-    from edge.app.config import default_home
-
-    return default_home()
+    return flag_socket or os.environ.get("QLEDGE_SOCKET") or home_socket(
+        "qledge.sock", flag_home, system_dir or SYSTEM_RUN_DIR)

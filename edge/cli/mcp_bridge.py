@@ -15,7 +15,7 @@ import os
 import select
 import sys
 
-from edge import default_home
+from edge import home_socket
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 USAGE = "usage: qledge mcp [--token-file FILE] [--home DIR] [--socket PATH] [--mcp-socket PATH]"
@@ -93,9 +93,9 @@ def _token(options: dict[str, str]) -> str | None:
 
 def _bridge(options: dict[str, str]) -> int:
     token = _token(options)
-    home = os.path.abspath(options.get("home") or os.environ.get("QLEDGE_HOME") or default_home())
-    tool_socket = options.get("socket") or os.environ.get("QLEDGE_SOCKET") or os.path.join(home, "qledge.sock")
-    path = options.get("mcp-socket") or os.path.join(home, "mcp.sock")
+    home = options.get("home")
+    tool_socket = options.get("socket") or os.environ.get("QLEDGE_SOCKET") or home_socket("qledge.sock", home)
+    path = options.get("mcp-socket") or home_socket("mcp.sock", home)
     sock = _connect(path, tool_socket)
     try:
         pending = _hello(sock, path, token)
