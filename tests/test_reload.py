@@ -13,9 +13,10 @@ from edge.app.daemon import LIVE_KEYS
 from edge.cli.client import CallFailed
 
 
-def _reload(daemon, config: str, marker: str = "reloaded") -> None:
-    with open(daemon.config_path, "w") as f:
-        f.write(config)
+def _reload(daemon, config: str | None = None, marker: str = "reloaded") -> None:
+    if config is not None:
+        with open(daemon.config_path, "w") as f:
+            f.write(config)
     before = daemon.stderr().count(marker)
     daemon.proc.send_signal(signal.SIGHUP)
     deadline = time.monotonic() + 20
@@ -52,3 +53,26 @@ def test_bad_config_on_reload_keeps_the_running_one(daemon_factory):
     assert "keeping the running configuration" in d.stderr()
     assert "Traceback" not in d.stderr()
     assert d.call("qledge.status")["pid"] == d.pid
+
+
+def test_sighup_picks_up_a_trigger_added_behind_the_daemons_back(daemon_factory):
+    store = pytest.importorskip("edge.storage.sqlite.triggers", reason="the scheduler is not on this branch yet")
+    from edge.core.triggers import CronSpec
+
+    d = daemon_factory().start()
+    assert d.cli("task", "add", "t", "--", "true").returncode == 0
+
+    def armed() -> str:
+        return d.call("qledge.status")["extra"]["scheduler"]
+
+    assert armed().startswith("0 triggers armed")
+    conn = d.db()  # another writer: the daemon is not told
+    try:
+        store.create(conn, "default", "late", "t", None, CronSpec(expression="0 3 1 1 *", timezone="UTC"),
+                     int(time.time() * 1000))
+    finally:
+        conn.close()
+    time.sleep(0.5)
+    assert armed().startswith("0 triggers armed")
+    _reload(d)
+    assert armed().startswith("1 triggers armed, next fire")
