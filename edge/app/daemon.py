@@ -12,7 +12,9 @@ from edge.app.config import Config
 from edge.app.sdnotify import Notifier
 from edge.core.clock import Clock, SystemClock
 from edge.core.ports import Counts
+from edge.core.schedule import ScheduleError, default_zone, load_zone
 from edge.runner.supervisor import Runner, RunnerSettings
+from edge.scheduler.loop import Scheduler, Triggers
 from edge.server.unix_server import ToolServer
 from edge.storage.sqlite import stats
 from edge.storage.sqlite.audit import SqliteAuditLog
@@ -21,6 +23,7 @@ from edge.storage.sqlite.db import Database
 from edge.storage.sqlite.runs import SqliteRunStore
 from edge.storage.sqlite.secrets import SqliteSecretStore
 from edge.storage.sqlite.tasks import SqliteTaskStore
+from edge.storage.sqlite.triggers import SqliteTriggerStore
 from edge.tools.authn import Authenticator
 from edge.tools.builtin.catalog import builtin_tools
 from edge.tools.chain import Chain
@@ -81,7 +84,7 @@ def load_pepper(path: str) -> bytes:
 
 
 class Daemon:
-    """Start order: store → runner → tools → socket. Stop order is the reverse."""
+    """Start order: store → runner → scheduler → tools → socket. Stop order is the reverse."""
 
     def __init__(self, config: Config, home: str, socket_path: str, loop_name: str, clock: Clock | None = None) -> None:
         self.config = config
@@ -117,6 +120,9 @@ class Daemon:
             kill_grace_s=cfg.runner.kill_grace_s,
             log_cap_bytes=cfg.runner.log_cap_bytes,
         ))
+        triggers = SqliteTriggerStore(db, capacity=cfg.runner.concurrency + cfg.runner.queue_limit)
+        runner.admission = triggers
+        scheduler = Scheduler(triggers, runs, runner, self.clock, cfg.project)
         registry = Registry(builtin_tools())
         owners = cfg.auth.owner_uids if cfg.auth.owner_uids is not None else sorted({os.getuid(), 0})
         auth = Authenticator(credentials, pepper, owners, cfg.project, registry.read_tool_names())
@@ -127,10 +133,19 @@ class Daemon:
             runner=runner, pepper=pepper, facts=facts,
         )
         services.secrets = secrets
+        zone = default_zone(cfg.timezone)
+        try:
+            load_zone(zone)
+        except ScheduleError as exc:  # manual runs still work; new triggers must name a zone
+            log.warning("default timezone: %s", exc)
+        services.triggers = Triggers(triggers, scheduler, zone)
+        facts.add_extra(scheduler.status)
+        await scheduler.start()
         server = ToolServer(Chain(registry, auth, services), self.socket_path, cfg.max_frame_bytes)
         try:
             await server.start()
         except (OSError, RuntimeError) as exc:
+            await scheduler.stop()
             raise StartupError(f"cannot listen on {self.socket_path}: {exc}") from None
         self._install_signals()
         log.info("qledge serving on %s (loop %s, pid %d)", self.socket_path, self.loop_name, os.getpid())
@@ -141,6 +156,7 @@ class Daemon:
             self.notifier.notify("STOPPING=1")
             log.info("qledge stopping")
             await server.stop()
+            await scheduler.stop()
             await runner.shutdown()
 
     def stop(self) -> None:
