@@ -115,9 +115,14 @@ class Scheduler:
     # -- lifecycle ----------------------------------------------------------------
 
     async def start(self) -> None:
+        await self.load()
+        self._task = asyncio.create_task(self._loop(), name="scheduler")
+
+    async def load(self) -> None:
+        """Read the clock mark; the heap is read by the first tick."""
         self._newest = await self._store.newest_time(self._project)
         self._saved_at = self._clock.now_ms()
-        self._task = asyncio.create_task(self._loop(), name="scheduler")
+        self._reload = True
 
     async def stop(self) -> None:
         """Stop scheduling; runs still waiting out their jitter are cancelled (`shutdown`)."""
