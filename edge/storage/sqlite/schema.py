@@ -155,8 +155,11 @@ CREATE TABLE security_audit (
 
 # Trigger events: consecutive fires with the same outcome share one row (`fires` counts
 # them, NULL when too many to count); the scheduler finds armed triggers by cursor; a
-# deleted trigger (also through its task's cascade) takes its events along.
+# task update finds the triggers pinned to its old revision; a deleted trigger (also
+# through its task's cascade) takes its events along.
 _V2 = """
+DROP INDEX triggers_task_idx;
+CREATE INDEX triggers_task_idx ON triggers (project_id, task_id, task_revision);
 ALTER TABLE trigger_events ADD COLUMN fires INTEGER DEFAULT 1;
 ALTER TABLE trigger_events ADD COLUMN last_scheduled_for_ms INTEGER;
 CREATE INDEX trigger_events_project_idx ON trigger_events (project_id, id DESC);

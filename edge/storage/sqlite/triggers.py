@@ -56,6 +56,10 @@ SQL_EVENTS_TRIGGER = (
 SQL_EVENTS_PROJECT = (
     f"SELECT {_EVENT_COLUMNS} FROM trigger_events WHERE project_id = ? AND id < ? ORDER BY id DESC LIMIT ?"
 )
+SQL_NEWEST_EVENT = (
+    "SELECT id, type, reason, coalesce(last_scheduled_for_ms, scheduled_for_ms), fires FROM trigger_events"
+    " WHERE project_id = ? AND trigger_id = ? ORDER BY id DESC LIMIT 1"
+)
 SQL_PRUNE_EVENTS = (
     "DELETE FROM trigger_events WHERE id IN (SELECT id FROM trigger_events WHERE project_id = ? AND trigger_id = ?"
     " ORDER BY id DESC LIMIT ? OFFSET ?)"
@@ -283,10 +287,7 @@ def _record(
 ) -> None:
     """Record fires that did not run, merged into the newest event when that one has the
     same outcome and no run was admitted since (a disabled task skips quietly, once)."""
-    newest = conn.execute(
-        "SELECT id, type, reason, coalesce(last_scheduled_for_ms, scheduled_for_ms), fires FROM trigger_events"
-        " WHERE project_id = ? AND trigger_id = ? ORDER BY id DESC LIMIT 1", (project, trigger_id),
-    ).fetchone()
+    newest = conn.execute(SQL_NEWEST_EVENT, (project, trigger_id)).fetchone()
     if newest and newest[1:3] == (kind, reason) and (last_admitted is None or (newest[3] or 0) > last_admitted):
         if newest[3] is not None and newest[3] >= first:
             return  # the same fire again (a retry): already on record
