@@ -81,7 +81,7 @@ async def create(ctx: ToolContext, args: CreateArgs) -> Trigger:
             misfire=args.misfire, jitter_s=args.jitter_s,
         )
         spec.schedule()  # the zone must load here, not at the first fire
-    except (ScheduleError, msgspec.ValidationError) as exc:
+    except ScheduleError as exc:
         raise invalid(str(exc)) from None
     return await triggers.create(ctx.project, args.trigger_id, args.task_id, args.task_revision, spec, ctx.now_ms())
 
