@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import json
+import re
 import statistics
 import subprocess
 import time
@@ -154,3 +155,25 @@ def _switches(pid: int) -> int:
                 if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
                     total += int(line.split()[1])
     return total
+
+
+def test_clock_behind_the_store_holds_then_resumes(daemon_factory):
+    d = daemon_factory().start()
+    d.cli("task", "add", "hello", "--", "echo", "hi")
+    d.cli("trigger", "add", "hello", "--cron", "* * * * * *")
+    d.stop()
+    ahead = time.time_ns() // 1_000_000 + 4000  # as if an earlier boot had seen a later time
+    with d.db() as db:
+        db.execute("INSERT INTO meta (key, value) VALUES ('clock.newest_ms', ?)"
+                   " ON CONFLICT (key) DO UPDATE SET value = excluded.value", (ahead,))
+        db.execute("DELETE FROM runs")
+    d.start()
+    status = d.call("qledge.status", {})
+    assert status["extra"]["clock"].startswith("waiting for sync (wall clock ")
+    assert re.search(r"^clock: +waiting for sync", d.cli("status").stdout, re.M)
+    time.sleep(2)
+    assert d.call("qledge.run.list", {})["runs"] == []  # held
+    time.sleep(3.5)
+    assert "clock" not in d.call("qledge.status", {})["extra"]
+    runs = d.call("qledge.run.list", {})["runs"]
+    assert runs and min(r["createdAtMs"] for r in runs) >= ahead  # nothing admitted before the clock caught up

@@ -162,6 +162,9 @@ class Scheduler:
     async def tick(self) -> float:
         """Admit everything due now; returns how long to sleep (seconds)."""
         now = self._clock.now_ms()
+        if self._reload:
+            self._reload = False
+            self._heap = await self._store.armed(self._project)  # sorted by cursor: already a heap
         if now < self._newest:
             if self._held_at is None:
                 log.warning("clock is behind the newest time seen (%s); scheduling holds", _utc(self._newest))
@@ -171,9 +174,6 @@ class Scheduler:
             log.info("clock caught up; scheduling resumes")
             self._held_at = None
         self._newest = now
-        if self._reload:
-            self._reload = False
-            self._heap = await self._store.armed(self._project)  # sorted by cursor: already a heap
         while self._heap and self._heap[0][0] <= now:
             _, trigger_id = heapq.heappop(self._heap)
             try:
