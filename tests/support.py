@@ -108,12 +108,14 @@ class DaemonProcess:
         with self.client(token) as c:
             return c.call(tool, args)
 
-    def cli(self, *args: str, token: str | None = None, timeout: float = 60.0) -> subprocess.CompletedProcess:
+    def cli(self, *args: str, token: str | None = None, timeout: float = 60.0,
+            input: str | None = None) -> subprocess.CompletedProcess:
         env = dict(self.env)
         if token:
             env["QLEDGE_TOKEN"] = token
         return subprocess.run(
-            [sys.executable, "-m", "edge", *args], env=env, capture_output=True, text=True, timeout=timeout
+            [sys.executable, "-m", "edge", *args], env=env, capture_output=True, text=True, timeout=timeout,
+            input=input, stdin=subprocess.DEVNULL if input is None else None,
         )
 
     def db(self) -> apsw.Connection:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import os
 import signal
@@ -20,10 +21,13 @@ from edge.storage.sqlite import stats
 from edge.storage.sqlite.audit import SqliteAuditLog
 from edge.storage.sqlite.credentials import SqliteCredentialStore
 from edge.storage.sqlite.db import Database
+from edge.storage.sqlite.reads import sqlite_readers
+from edge.storage.sqlite.retention import Policy
 from edge.storage.sqlite.runs import SqliteRunStore
 from edge.storage.sqlite.secrets import SqliteSecretStore
 from edge.storage.sqlite.tasks import SqliteTaskStore
 from edge.storage.sqlite.triggers import SqliteTriggerStore
+from edge.tools.ai.catalog import ai_tools
 from edge.tools.authn import Authenticator
 from edge.tools.builtin.catalog import builtin_tools
 from edge.tools.chain import Chain
@@ -83,6 +87,30 @@ def load_pepper(path: str) -> bytes:
     return pepper
 
 
+def lock_home(home: str) -> int:
+    """Hold an exclusive lock on `<home>/lock` for the daemon's lifetime: only one daemon
+    may reconcile and run the runs of a home. The kernel drops it when we die, however we
+    die; the descriptor is not inherited by runs."""
+    fd = os.open(os.path.join(home, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StartupError(f"another qledge daemon is already running in {home}") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def _trigger_zone(configured: str | None) -> str:
+    zone = default_zone(configured)
+    try:
+        load_zone(zone)
+    except ScheduleError as exc:  # manual runs still work; new triggers must name a zone
+        log.warning("default timezone: %s", exc)
+    return zone
+
+
 class Daemon:
     """Start order: store → runner → scheduler → tools → socket. Stop order is the reverse."""
 
@@ -96,8 +124,15 @@ class Daemon:
         self._stop = asyncio.Event()
 
     async def run(self) -> None:
-        cfg = self.config
         _private_dir(self.home)
+        lock = lock_home(self.home)
+        try:
+            await self._run_locked()
+        finally:
+            os.close(lock)
+
+    async def _run_locked(self) -> None:
+        cfg = self.config
         pepper = load_pepper(os.path.join(self.home, "pepper"))
         try:
             db = await Database.open(os.path.join(self.home, "qledge.db"), cfg.store.synchronous, cfg.store.cache_kib)
@@ -110,20 +145,29 @@ class Daemon:
 
     async def _serve(self, db: Database, pepper: bytes) -> None:
         cfg = self.config
-        tasks, runs = SqliteTaskStore(db), SqliteRunStore(db)
+        logs_dir = _private_dir(os.path.join(self.home, "logs"))
+        keep = cfg.retention
+        tasks = SqliteTaskStore(db)
+        runs = SqliteRunStore(db, Policy(
+            runs_per_task=keep.runs_per_task, max_age_ms=keep.run_max_age_days * 86_400_000,
+            log_quota_bytes=keep.log_quota_bytes,
+        ), logs_dir)
         credentials, secrets = SqliteCredentialStore(db), SqliteSecretStore(db)
         runner = Runner(runs, tasks, self.clock, secrets=secrets, settings=RunnerSettings(
-            logs_dir=_private_dir(os.path.join(self.home, "logs")),
+            logs_dir=logs_dir,
             work_dir=_private_dir(os.path.join(self.home, "work")),
             concurrency=cfg.runner.concurrency,
             queue_limit=cfg.runner.queue_limit,
             kill_grace_s=cfg.runner.kill_grace_s,
             log_cap_bytes=cfg.runner.log_cap_bytes,
+            disk_reserve_bytes=cfg.runner.disk_reserve_bytes,
         ))
+        # Before anything is served: nothing a dead daemon left may stay `running`.
+        await runner.recover()
         triggers = SqliteTriggerStore(db, capacity=cfg.runner.concurrency + cfg.runner.queue_limit)
         runner.admission = triggers
         scheduler = Scheduler(triggers, runs, runner, self.clock, cfg.project)
-        registry = Registry(builtin_tools())
+        registry = Registry([*builtin_tools(), *ai_tools()])
         owners = cfg.auth.owner_uids if cfg.auth.owner_uids is not None else sorted({os.getuid(), 0})
         auth = Authenticator(credentials, pepper, owners, cfg.project, registry.read_tool_names())
         facts = DaemonFacts(db, self.loop_name, self.clock)
@@ -133,12 +177,8 @@ class Daemon:
             runner=runner, pepper=pepper, facts=facts,
         )
         services.secrets = secrets
-        zone = default_zone(cfg.timezone)
-        try:
-            load_zone(zone)
-        except ScheduleError as exc:  # manual runs still work; new triggers must name a zone
-            log.warning("default timezone: %s", exc)
-        services.triggers = Triggers(triggers, scheduler, zone)
+        services.readers = sqlite_readers(db)
+        services.triggers = Triggers(triggers, scheduler, _trigger_zone(cfg.timezone))
         facts.add_extra(scheduler.status)
         await scheduler.start()
         server = ToolServer(Chain(registry, auth, services), self.socket_path, cfg.max_frame_bytes)

@@ -157,7 +157,8 @@ def run_get(c: Client, a: argparse.Namespace) -> int:
             ("started", render.when(r.get("startedAtMs"))), ("finished", render.when(r.get("finishedAtMs"))),
             ("took", render.duration(r.get("startedAtMs"), r.get("finishedAtMs"))), ("exit code", r.get("exitCode")),
             ("error", r.get("errorCode")), ("summary", r.get("errorSummary")),
-            ("log", f"{r['logBytes']} bytes" + (" (truncated)" if r["logTruncated"] else "")),
+            ("log", f"{r['logBytes']} bytes" + (" (truncated)" if r["logTruncated"] else "")
+             + (f", dropped {render.when(r['logDroppedAtMs'])} (log quota)" if r.get("logDroppedAtMs") else "")),
         ])
 
     return _show(a, c.call("qledge.run.get", {"runId": a.run}), human)
@@ -213,6 +214,43 @@ def token_list(c: Client, a: argparse.Namespace) -> int:
 
 def token_revoke(c: Client, a: argparse.Namespace) -> int:
     return _show(a, c.call("qledge.credential.revoke", {"id": a.id}), lambda x: print(f"credential {x['id']} revoked"))
+
+
+def _read_secret(name: str) -> str:
+    """From a prompt on a terminal, else all of stdin minus one trailing newline."""
+    if sys.stdin.isatty():
+        import getpass
+
+        value = getpass.getpass(f"value for secret {name}: ")
+        if value != getpass.getpass("again: "):
+            raise UsageError("the two values differ; nothing was stored")
+    else:
+        value = sys.stdin.read()
+        value = value[:-2] if value.endswith("\r\n") else value[:-1] if value.endswith("\n") else value
+    if not value:
+        raise UsageError("empty value; nothing was stored")
+    return value
+
+
+def secret_set(c: Client, a: argparse.Namespace) -> int:
+    info = c.call("qledge.secret.set", {"name": a.name, "value": _read_secret(a.name)})
+    return _show(a, info, lambda s: print(f"secret {s['name']} stored"))
+
+
+def secret_list(c: Client, a: argparse.Namespace) -> int:
+    found = c.call("qledge.secret.list", {})["secrets"]
+    if a.json:
+        render.json_out(found)
+    elif not found:
+        print("no secrets")
+    else:
+        render.table([[s["name"], render.when(s["createdAtMs"]), render.when(s["updatedAtMs"])] for s in found],
+                     ["NAME", "CREATED", "UPDATED"])
+    return OK
+
+
+def secret_rm(c: Client, a: argparse.Namespace) -> int:
+    return _show(a, c.call("qledge.secret.delete", {"name": a.name}), lambda d: print(f"secret {d['name']} deleted"))
 
 
 def status(c: Client, a: argparse.Namespace) -> int:

@@ -91,6 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
     verb(token, "list", c.token_list, "list credentials")
     verb(token, "revoke", c.token_revoke, "revoke a credential").add_argument("id", metavar="ID")
 
+    secret = verbs.add_parser("secret", help="secrets for task environments (values are never shown)").add_subparsers(
+        dest="action", metavar="ACTION", required=True)
+    verb(secret, "set", c.secret_set, "store a secret; the value is read from stdin or a prompt, never argv"
+         ).add_argument("name", metavar="NAME")
+    verb(secret, "list", c.secret_list, "list secret names and dates")
+    verb(secret, "rm", c.secret_rm, "delete a secret").add_argument("name", metavar="NAME")
+
     verb(verbs, "status", c.status, "daemon status")
     call = verb(verbs, "call", c.call, "call a tool directly; prints its JSON result")
     call.add_argument("tool", metavar="TOOL")

@@ -30,6 +30,13 @@ class RunUpdate(msgspec.Struct, omit_defaults=True):
     pid_start_ticks: int | None = None
 
 
+class RunProcess(msgspec.Struct, frozen=True):
+    """Where an active run's process was: its pid and /proc start time (for recovery)."""
+
+    pid: int | None
+    start_ticks: int | None
+
+
 class Counts(msgspec.Struct, rename="camel"):
     tasks: int
     triggers: int
@@ -83,6 +90,10 @@ class RunStore(Protocol):
 
     async def active(self) -> list[Run]:
         """Runs of every project that are queued or running."""
+        ...
+
+    async def active_processes(self) -> list[tuple[Run, RunProcess]]:
+        """Active runs with their recorded process, for reconciling after a crash."""
         ...
 
     async def events(self, project: str, run_id: str, after_sequence: int, limit: int) -> list[RunEvent]: ...

@@ -48,6 +48,7 @@ class Run(msgspec.Struct, rename="camel"):
     log_truncated: bool = False
     idempotency_key: str | None = None
     jitter_ms: int | None = None
+    log_dropped_at_ms: int | None = None  # the log quota removed the log (log_bytes is what it had)
 
     @property
     def terminal(self) -> bool:
@@ -70,6 +71,11 @@ def check_transition(current: str, target: str) -> None:
 
 def event_type(status: str) -> str:
     return f"run.{status}"
+
+
+def log_file(logs_dir: str, run_id: str) -> str:
+    """Where a run's log lives (a path, computed: the core does no I/O)."""
+    return f"{logs_dir}/{run_id}.log"
 
 
 def summary(text: str) -> str:

@@ -1,45 +1,244 @@
-"""A run's log file: 0600, capped, and never a reason to stop reading the child's pipe."""
+"""A run's log file: 0600, capped to its head and tail, secrets redacted, and never a
+reason to stop reading the child's pipe.
+
+Memory stays small whatever the child prints. Output goes straight into the log file
+until the cap is reached, so a log within the cap is complete (and readable) as it grows.
+Beyond the cap, output is spooled in fixed-size segment files in `<log>.tail/`, each named
+by the stream offset of its first byte; the oldest is deleted once the newer ones cover
+the tail. Closing rewrites the file in place as head + marker + tail. Because segments
+carry their offsets, the log of a run whose daemon died is assembled the same way.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+from collections import deque
+from collections.abc import Iterable
+
+HEAD_MAX = 64 * 1024
+SEGMENT_MAX = 256 * 1024  # fewer, larger files: creating and deleting them is the cost
+MIN_SECRET = 4  # shorter values would redact ordinary text
+MASK = b"***"
+_COPY = 64 * 1024
+_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+
+
+class Redactor:
+    """Replaces every occurrence of every secret in a byte stream fed in arbitrary chunks.
+
+    The last len(longest)-1 bytes of each chunk are held back (unredacted, never emitted)
+    until the next chunk shows whether a secret straddles the boundary.
+    """
+
+    def __init__(self, secrets: Iterable[bytes]) -> None:
+        values = sorted({s for s in secrets if len(s) >= MIN_SECRET}, key=len, reverse=True)
+        # Longest first: where two secrets start at the same byte, the longer one wins.
+        self._pattern = re.compile(b"|".join(re.escape(v) for v in values)) if values else None
+        self._keep = len(values[0]) - 1 if values else 0
+        self._carry = b""
+
+    @property
+    def active(self) -> bool:
+        return self._pattern is not None
+
+    def feed(self, chunk: bytes, final: bool = False) -> bytes:
+        if self._pattern is None:
+            return chunk
+        buf = self._carry + chunk if self._carry else chunk
+        # A match starting before `cut` lies wholly inside buf, so it is decided now;
+        # anything starting later waits for more bytes.
+        cut = len(buf) if final else max(0, len(buf) - self._keep)
+        out: list[bytes] = []
+        pos = 0
+        for m in self._pattern.finditer(buf):
+            if m.start() >= cut:
+                break
+            out += (buf[pos : m.start()], MASK)
+            pos = m.end()
+        end = max(pos, cut)
+        out.append(buf[pos:end])
+        self._carry = buf[end:]
+        return b"".join(out)
+
+    def flush(self) -> bytes:
+        return self.feed(b"", final=True)
+
+
+def marker(dropped: int) -> bytes:
+    return f"\n[qledge: log cap reached; {dropped} bytes dropped here]\n".encode()
+
+
+def spool_dir(path: str) -> str:
+    return path + ".tail"
 
 
 class LogSink:
-    """Writes output up to `cap` bytes; beyond that it counts what it drops.
+    """Keeps the first `head` and the last bytes of the output, within `cap` bytes in all.
 
-    The child's pipe is always drained, so a chatty task is never blocked or SIGPIPEd.
+    Storage errors (a full disk) stop the writing, never the reading: the child keeps
+    running and its pipe keeps being drained.
     """
 
-    def __init__(self, path: str, cap: int) -> None:
+    def __init__(self, path: str, cap: int, secrets: Iterable[bytes] = ()) -> None:
         self.path = path
         self._cap = cap
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        self.written = 0
-        self.dropped = 0
+        self._head = head_size(cap)
+        self._tail = cap - self._head
+        self._segment_max = max(4096, min(SEGMENT_MAX, self._tail // 4))
+        self._redactor = Redactor(secrets)
+        self._fd = os.open(path, _FLAGS, 0o600)
+        self._spool = spool_dir(path)
+        self._segments: deque[list[int]] = deque()  # [stream offset, size], oldest first
+        self._kept = 0  # bytes in the segments
+        self._seg_fd: int | None = None
+        self.total = 0  # bytes of (redacted) output seen
+        self.size = 0  # bytes in the finished log file
+        self.failed: OSError | None = None
         self._closed = False
-
-    def write(self, chunk: bytes) -> None:
-        room = self._cap - self.written
-        if room > 0:
-            part = chunk[:room]
-            os.write(self._fd, part)
-            self.written += len(part)
-            chunk = chunk[room:]
-        self.dropped += len(chunk)
 
     @property
     def truncated(self) -> bool:
-        return self.dropped > 0
+        return self.total > self._cap or self.failed is not None
+
+    def write(self, chunk: bytes) -> None:
+        self._store(self._redactor.feed(chunk))
+
+    def _store(self, data: bytes) -> None:
+        view = memoryview(data)
+        start = self.total
+        self.total += len(view)
+        if self.failed is not None:
+            return
+        try:
+            if start < self._cap:
+                n = min(len(view), self._cap - start)
+                os.write(self._fd, view[:n])
+                view, start = view[n:], start + n
+            while view:
+                room = self._segment_max - self._segments[-1][1] if self._segments else 0
+                if room == 0:
+                    self._rotate(start)
+                    room = self._segment_max
+                n = min(len(view), room)
+                assert self._seg_fd is not None
+                os.write(self._seg_fd, view[:n])
+                self._segments[-1][1] += n
+                self._kept += n
+                view, start = view[n:], start + n
+        except OSError as exc:
+            self.failed = exc
+
+    def _rotate(self, offset: int) -> None:
+        if self._seg_fd is None:
+            os.makedirs(self._spool, mode=0o700, exist_ok=True)
+        else:
+            os.close(self._seg_fd)
+            self._seg_fd = None
+        # The oldest segment goes once the others still cover the whole tail.
+        while self._segments and self._kept - self._segments[0][1] >= self._tail:
+            off, size = self._segments.popleft()
+            self._kept -= size
+            os.unlink(os.path.join(self._spool, str(off)))
+        self._seg_fd = os.open(os.path.join(self._spool, str(offset)), _FLAGS, 0o600)
+        self._segments.append([offset, 0])
 
     def close(self) -> int:
         """Finish the file; returns its size in bytes. Safe to call twice."""
         if self._closed:
-            return self.written
+            return self.size
         self._closed = True
-        if self.dropped:
-            marker = f"\n[qledge: log cap reached, {self.dropped} bytes dropped]\n".encode()
-            os.write(self._fd, marker)
-            self.written += len(marker)
-        os.close(self._fd)
-        return self.written
+        self._store(self._redactor.flush())
+        if self._seg_fd is not None:
+            os.close(self._seg_fd)
+        try:
+            if self.failed is None and self.total > self._cap:
+                segments = [(off, size) for off, size in self._segments]
+                _assemble(self._fd, self._spool, self._head, self._cap, self.total, self._cap, segments)
+            self.size = os.fstat(self._fd).st_size
+        except OSError as exc:
+            self.failed = exc
+        finally:
+            os.close(self._fd)
+            _remove_spool(self._spool)
+        return self.size
+
+
+def head_size(cap: int) -> int:
+    return min(HEAD_MAX, cap // 2)
+
+
+def _assemble(fd: int, spool: str, head: int, cap: int, total: int, on_file: int,
+              segments: list[tuple[int, int]]) -> int:
+    """Rewrite the log in `fd` (holding the first `on_file` bytes of the stream) as head
+    + marker + the last bytes on hand, within `cap`; returns how many were dropped."""
+    first = segments[0][0] if segments else total
+    # The tail on hand runs from the end of the head when the segments continue the file.
+    avail = head if first <= on_file else first
+    mark = marker(0)
+    for _ in range(3):  # the marker's length depends on the count it prints
+        keep = max(0, min(total - avail, cap - head - len(mark)))
+        dropped = total - head - keep
+        mark = marker(dropped)
+    skip = total - keep  # stream offset where the kept tail starts; always past the marker
+    os.pwrite(fd, mark, head)
+    pos = head + len(mark)
+    if skip < on_file:  # part of the tail is still in the file: move it down (reads stay ahead of writes)
+        pos = _copy(fd, fd, skip, on_file, pos)
+    for offset, size in segments:
+        if offset + size <= skip:
+            continue
+        src = os.open(os.path.join(spool, str(offset)), os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            pos = _copy(src, fd, max(0, skip - offset), size, pos)
+        finally:
+            os.close(src)
+    os.ftruncate(fd, pos)
+    return dropped
+
+
+def _copy(src: int, dst: int, start: int, end: int, pos: int) -> int:
+    while start < end:
+        data = os.pread(src, min(_COPY, end - start), start)
+        if not data:
+            break
+        os.pwrite(dst, data, pos)
+        start += len(data)
+        pos += len(data)
+    return pos
+
+
+def _remove_spool(spool: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        for name in os.listdir(spool):
+            os.unlink(os.path.join(spool, name))
+        os.rmdir(spool)
+
+
+def recover(path: str, cap: int) -> tuple[int, bool]:
+    """Assemble the log of a run whose daemon died; returns (size, truncated).
+
+    The file holds the stream's first bytes; the segments carry their own offsets.
+    """
+    spool = spool_dir(path)
+    try:
+        names = [n for n in os.listdir(spool) if n.isdigit()]
+    except FileNotFoundError:
+        names = []
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        _remove_spool(spool)
+        return 0, False
+    try:
+        on_file = os.fstat(fd).st_size
+        segments = sorted((int(n), os.stat(os.path.join(spool, n)).st_size) for n in names)
+        total = segments[-1][0] + segments[-1][1] if segments else on_file
+        dropped = 0
+        if total > cap or (segments and segments[0][0] != on_file):
+            dropped = _assemble(fd, spool, head_size(cap), cap, total, on_file, segments)
+        return os.fstat(fd).st_size, dropped > 0
+    finally:
+        os.close(fd)
+        _remove_spool(spool)

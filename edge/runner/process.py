@@ -31,20 +31,62 @@ async def spawn(args: list[str], cwd: str, env: dict[str, str]) -> asyncio.subpr
     )
 
 
-def start_ticks(pid: int) -> int | None:
-    """Process start time (clock ticks since boot) from /proc: with the pid it names a
-    process uniquely, so a recycled pid is never mistaken for a run's process."""
+def _stat(pid: int) -> list[bytes] | None:
+    """Fields of /proc/<pid>/stat after the command name (field 3, the state, first)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             raw = f.read()
     except OSError:
         return None
     # comm may contain spaces and parentheses; fields resume after the last ')'.
-    fields = raw[raw.rfind(b")") + 2 :].split()
+    return raw[raw.rfind(b")") + 2 :].split()
+
+
+def start_ticks(pid: int) -> int | None:
+    """Process start time (clock ticks since boot) from /proc: with the pid it names a
+    process uniquely, so a recycled pid is never mistaken for a run's process."""
+    fields = _stat(pid)
     try:
-        return int(fields[19])
+        return int(fields[19]) if fields else None
     except (IndexError, ValueError):
         return None
+
+
+def alive(pid: int, ticks: int | None = None) -> bool:
+    """The process exists, is not a zombie and (if given) started at `ticks`."""
+    fields = _stat(pid)
+    if not fields or fields[0] == b"Z":
+        return False
+    return ticks is None or (len(fields) > 19 and fields[19] == str(ticks).encode())
+
+
+def orphans(pgid: int | None, since_ticks: int | None, marker: bytes) -> list[int]:
+    """Live members of process group `pgid` (any group when None) whose environment
+    carries `marker` and that started no earlier than `since_ticks`: what is left of a
+    run whose leader is gone.
+
+    The kernel does not reuse a pid while a group of that id has members, and the marker
+    (the run's id in its environment) rules out a group of the same id formed later.
+    """
+    found: list[int] = []
+    with os.scandir("/proc") as entries:
+        for entry in entries:
+            if not entry.name.isdigit():
+                continue
+            pid = int(entry.name)
+            fields = _stat(pid)
+            try:
+                if not fields or fields[0] == b"Z" or (pgid is not None and int(fields[2]) != pgid):
+                    continue
+                if since_ticks is not None and int(fields[19]) < since_ticks:
+                    continue
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if marker not in f.read().split(b"\0"):
+                        continue
+            except (OSError, IndexError, ValueError):
+                continue  # gone meanwhile, or not ours to read
+            found.append(pid)
+    return found
 
 
 def signal_group(pgid: int, sig: int) -> bool:
@@ -68,3 +110,40 @@ async def stop_group(proc: asyncio.subprocess.Process, grace_s: float) -> None:
     signal_group(proc.pid, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError):
         await proc.wait()
+
+
+async def stop_orphaned_run(pid: int | None, ticks: int | None, marker: bytes, grace_s: float) -> int:
+    """Stop what survives of a run started by a daemon that died; returns how many
+    processes (or 1 for a whole group) were signalled.
+
+    Not our children, so nothing can be waited for: SIGTERM, poll /proc until they are
+    gone or the grace period ends, then SIGKILL. Targets are re-identified before every
+    signal, by the leader's pid and start time, else by the run marker in the environment.
+    """
+
+    def targets() -> list[int] | None:  # None: the leader's whole group
+        if pid is not None and ticks is not None and alive(pid, ticks):
+            return None
+        if pid is not None and alive(pid):
+            return []  # the pid now names another process: ours are all gone
+        return orphans(pid, ticks, marker)
+
+    def send(found: list[int] | None, sig: int) -> None:
+        if found is None:
+            signal_group(pid, sig)  # type: ignore[arg-type]
+        for member in found or ():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(member, sig)
+
+    found = targets()
+    if found == []:
+        return 0
+    count = 1 if found is None else len(found)
+    send(found, signal.SIGTERM)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace_s
+    while (found := targets()) != [] and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    if found != []:
+        send(found, signal.SIGKILL)
+    return count

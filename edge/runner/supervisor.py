@@ -12,11 +12,11 @@ from typing import Protocol
 from edge.core.clock import Clock
 from edge.core.errors import ToolError, conflict, not_found
 from edge.core.ids import uuid7
-from edge.core.ports import RunStore, RunUpdate, TaskStore
-from edge.core.runs import Run, summary
+from edge.core.ports import RunProcess, RunStore, RunUpdate, TaskStore
+from edge.core.runs import Run, log_file, summary
 from edge.core.tasks import SecretRef, Task
 from edge.core.triggers import RunAdmission
-from edge.runner import process
+from edge.runner import logsink, process
 from edge.runner.logsink import LogSink
 
 log = logging.getLogger("qledge.runner")
@@ -27,6 +27,8 @@ DRAIN_AFTER_EXIT_S = 2.0  # a backgrounded grandchild may hold the pipe open
 
 class SecretResolver(Protocol):
     async def resolve(self, project: str, names: list[str]) -> dict[str, str]: ...
+
+    async def values(self, project: str) -> list[str]: ...
 
 
 class RunnerSettings:
@@ -39,6 +41,7 @@ class RunnerSettings:
         queue_limit: int = 32,
         kill_grace_s: float = 5.0,
         log_cap_bytes: int = 1 << 20,
+        disk_reserve_bytes: int = 8 << 20,
         base_env: dict[str, str] | None = None,
     ) -> None:
         self.logs_dir = logs_dir
@@ -47,6 +50,7 @@ class RunnerSettings:
         self.queue_limit = queue_limit
         self.kill_grace_s = kill_grace_s
         self.log_cap_bytes = log_cap_bytes
+        self.disk_reserve_bytes = disk_reserve_bytes
         self.base_env = base_env if base_env is not None else {"PATH": process.DEFAULT_PATH}
 
 
@@ -84,7 +88,7 @@ class Runner:
     # -- the port tools see -------------------------------------------------------
 
     def log_path(self, run_id: str) -> str:
-        return os.path.join(self._settings.logs_dir, f"{run_id}.log")
+        return log_file(self._settings.logs_dir, run_id)
 
     async def start(self, task: Task, actor: str) -> Run:
         if self.admission is not None:  # the task's overlap policy and the shared queue bound
@@ -154,6 +158,34 @@ class Runner:
         if jobs:
             await asyncio.gather(*(job.done.wait() for job in jobs))
 
+    async def recover(self) -> int:
+        """Reconcile the runs a daemon that died left queued or running: stop what
+        survives of their processes, assemble their logs and record them `lost`.
+        Call once at start-up, before anything is served or submitted; returns how many."""
+        stale = await self._runs.active_processes()
+        if stale:
+            await asyncio.gather(*(self._reconcile(run, proc) for run, proc in stale))
+        return len(stale)
+
+    async def _reconcile(self, run: Run, proc: RunProcess) -> None:
+        marker = f"QLEDGE_RUN_ID={run.id}".encode()
+        try:
+            stopped = await process.stop_orphaned_run(proc.pid, proc.start_ticks, marker, self._settings.kill_grace_s)
+            task = await self._tasks.get(run.project_id, run.task_id, run.task_revision)
+            size, truncated = logsink.recover(self.log_path(run.id), self._log_cap(task))
+            if stopped:
+                detail = f"stopped what was left of process group {proc.pid}" if proc.pid else "stopped its processes"
+            else:
+                detail = "no process was left" if proc.pid else "it had not started"
+            now = self._clock.now_ms()
+            await self._runs.transition(run.id, run.version, "lost", now, "system", RunUpdate(
+                finished_at_ms=now, error_code="daemon_lost", log_bytes=size, log_truncated=truncated,
+                error_summary=f"the daemon stopped while this run was {run.status}; {detail}",
+            ), detail)
+            log.warning("run %s was left %s by a daemon that stopped: %s", run.id, run.status, detail)
+        except (ToolError, OSError) as exc:
+            log.error("run %s could not be reconciled: %s", run.id, exc)
+
     def _request_cancel(self, job: _Job, reason: str) -> None:
         if job.cancel_reason is None:
             job.cancel_reason = reason
@@ -196,13 +228,21 @@ class Runner:
             await self._finish(job, "failed", RunUpdate(
                 error_code="task_missing", error_summary=f"task {run.task_id} revision {run.task_revision} is gone"))
             return
+        short = self._disk_shortfall()
+        if short is not None:
+            await self._finish(job, "failed", RunUpdate(error_code="disk_space_low", error_summary=short))
+            return
         try:
-            env = await self._environment(task, run)
+            env, secrets = await self._environment(task, run)
         except ToolError as exc:
             await self._finish(job, "failed", RunUpdate(error_code="secret_missing", error_summary=exc.message))
             return
-        cap = task.spec.log_cap_bytes or self._settings.log_cap_bytes
-        sink = LogSink(self.log_path(run.id), cap)
+        try:
+            sink = LogSink(self.log_path(run.id), self._log_cap(task), secrets)
+        except OSError as exc:
+            await self._finish(job, "failed", RunUpdate(
+                error_code="log_unavailable", error_summary=summary(f"cannot create the log file: {exc}")))
+            return
         try:
             await self._supervise(job, task, env, sink)
         finally:
@@ -240,16 +280,40 @@ class Runner:
         size = sink.close()
         await self._finish(job, *_outcome(job, proc.returncode, size, sink.truncated, task.spec.timeout_ms))
 
-    async def _environment(self, task: Task, run: Run) -> dict[str, str]:
+    def _log_cap(self, task: Task | None) -> int:
+        return (task.spec.log_cap_bytes if task else None) or self._settings.log_cap_bytes
+
+    def _disk_shortfall(self) -> str | None:
+        """Why a run may not start for lack of free space in the state directory, if so."""
+        reserve = self._settings.disk_reserve_bytes
+        if reserve <= 0:
+            return None
+        try:
+            st = os.statvfs(self._settings.logs_dir)
+        except OSError as exc:
+            return summary(f"cannot check free space in {self._settings.logs_dir}: {exc}")
+        free = st.f_bavail * st.f_frsize
+        if free >= reserve:
+            return None
+        return summary(f"only {_mib(free)} free in {self._settings.logs_dir}; runs need"
+                       f" {_mib(reserve)} ([runner] disk_reserve_bytes): free some space")
+
+    async def _environment(self, task: Task, run: Run) -> tuple[dict[str, str], list[bytes]]:
+        """The run's environment, and every secret value its output must not show."""
         env = dict(self._settings.base_env)
         env["QLEDGE_RUN_ID"] = run.id
         env["QLEDGE_TASK_ID"] = task.id
         refs = {k: v.secret for k, v in task.spec.env.items() if isinstance(v, SecretRef)}
-        values = {}
-        if refs:
-            if self._secrets is None:
-                raise ToolError("not_found", "this daemon has no secret store")
-            values = await self._secrets.resolve(task.project_id, sorted(set(refs.values())))
+        values: dict[str, str] = {}
+        known: list[str] = []
+        if self._secrets is not None:
+            # Every secret of the project is redacted, not only the ones this task names:
+            # a script may read one some other way.
+            known = await self._secrets.values(task.project_id)
+            if refs:
+                values = await self._secrets.resolve(task.project_id, sorted(set(refs.values())))
+        elif refs:
+            raise ToolError("not_found", "this daemon has no secret store")
         for key, value in task.spec.env.items():
             if isinstance(value, SecretRef):
                 if value.secret not in values:
@@ -257,7 +321,7 @@ class Runner:
                 env[key] = values[value.secret]
             else:
                 env[key] = value
-        return env
+        return env, [v.encode() for v in {*known, *values.values()}]
 
     async def _finish(self, job: _Job, status: str, update: RunUpdate) -> None:
         now = self._clock.now_ms()
@@ -273,6 +337,10 @@ async def _pump(proc: asyncio.subprocess.Process, sink: LogSink) -> None:
     assert proc.stdout is not None
     while chunk := await proc.stdout.read(PIPE_CHUNK):
         sink.write(chunk)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 1048576:.1f} MiB"
 
 
 def _outcome(job: _Job, code: int | None, size: int, truncated: bool, timeout_ms: int) -> tuple[str, RunUpdate]:

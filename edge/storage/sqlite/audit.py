@@ -10,6 +10,10 @@ from edge.storage.sqlite.db import Database, immediate
 
 _reasons = msgspec.json.Encoder()
 PRUNE_BATCH = 64  # rows one write may delete: bounded cost per call, converges over calls
+SQL_PRUNE = (
+    "DELETE FROM security_audit WHERE id IN (SELECT id FROM (SELECT id, at_ms FROM security_audit"
+    " ORDER BY id LIMIT ?) WHERE id <= ? OR at_ms < ?)"
+)
 
 
 def append(conn: apsw.Connection, record: AuditRecord, max_rows: int, min_at_ms: int) -> None:
@@ -23,11 +27,7 @@ def append(conn: apsw.Connection, record: AuditRecord, max_rows: int, min_at_ms:
         newest = conn.last_insert_rowid()
         # Look only at the oldest few rows (id order is insertion order), so one write
         # never scans the table; each write trims a little until both bounds hold.
-        conn.execute(
-            "DELETE FROM security_audit WHERE id IN (SELECT id FROM (SELECT id, at_ms FROM security_audit"
-            " ORDER BY id LIMIT ?) WHERE id <= ? OR at_ms < ?)",
-            (PRUNE_BATCH, newest - max_rows, min_at_ms),
-        )
+        conn.execute(SQL_PRUNE, (PRUNE_BATCH, newest - max_rows, min_at_ms))
 
 
 class SqliteAuditLog:

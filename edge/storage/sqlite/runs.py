@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 import apsw
 
 from edge.core.errors import conflict, not_found
-from edge.core.ports import RunCursor, RunUpdate
-from edge.core.runs import ActorType, Run, RunEvent, check_transition, event_type
+from edge.core.ports import RunCursor, RunProcess, RunUpdate
+from edge.core.runs import TERMINAL, ActorType, Run, RunEvent, check_transition, event_type, log_file
+from edge.storage.sqlite import retention
 from edge.storage.sqlite.db import Database, immediate
 
 COLUMNS = (
     "id, project_id, task_id, task_revision, origin, status, version, event_seq, created_at_ms,"
     " trigger_id, trigger_revision, queued_at_ms, started_at_ms, finished_at_ms, scheduled_for_ms,"
-    " exit_code, error_code, error_summary, log_bytes, log_truncated, idempotency_key, jitter_ms"
+    " exit_code, error_code, error_summary, log_bytes, log_truncated, idempotency_key, jitter_ms,"
+    " log_dropped_at_ms"
 )
 _FIELDS = [c.strip() for c in COLUMNS.split(",")]
 
@@ -26,7 +31,9 @@ SQL_LIST_TASK = (
     f"SELECT {COLUMNS} FROM runs WHERE project_id = ? AND task_id = ? AND (created_at_ms, id) < (?, ?)"
     " ORDER BY created_at_ms DESC, id DESC LIMIT ?"
 )
+SQL_STATE = "SELECT project_id, status, version, event_seq, log_bytes FROM runs WHERE id = ?"
 SQL_ACTIVE = f"SELECT {COLUMNS} FROM runs WHERE status IN ('queued', 'running')"
+SQL_ACTIVE_PROCESSES = f"SELECT {COLUMNS}, pid, pid_start_ticks FROM runs WHERE status IN ('queued', 'running')"
 SQL_EVENTS = (
     "SELECT e.run_id, e.sequence, e.type, e.actor_type, e.created_at_ms, e.detail FROM run_events AS e"
     " JOIN runs AS r ON r.id = e.run_id"
@@ -65,6 +72,7 @@ def insert(conn: apsw.Connection, run: Run, actor: ActorType) -> Run:
     except apsw.ConstraintError:
         raise conflict(f"run {run.idempotency_key or run.id} already exists") from None
     _append_event(conn, run.id, 1, event_type(run.status), actor, run.created_at_ms, None)
+    retention.add_log_bytes(conn, run.project_id, run.log_bytes)
     created = get(conn, run.project_id, run.id)
     assert created is not None
     return created
@@ -78,20 +86,37 @@ def _create(conn: apsw.Connection, run: Run, actor: ActorType) -> Run:
 def transition(
     conn: apsw.Connection, run_id: str, expected_version: int, status: str, now: int,
     actor: ActorType, update: RunUpdate, detail: str | None,
+    policy: retention.Policy | None = None, logs_dir: str | None = None,
 ) -> Run:
-    """Compare-and-set on `version`; the event is appended in the same transaction."""
+    """Compare-and-set on `version`; the event is appended in the same transaction.
+
+    A run that finishes also applies retention in that transaction; the logs of the runs
+    it removed are unlinked once it has committed.
+    """
+    removed: list[str] = []
     with immediate(conn):
-        return apply_transition(conn, run_id, expected_version, status, now, actor, update, detail)
+        run = apply_transition(conn, run_id, expected_version, status, now, actor, update, detail)
+        if policy is not None and status in TERMINAL:
+            removed = retention.enforce(conn, run.project_id, run.task_id, now, policy)
+    if logs_dir is not None:
+        remove_logs(logs_dir, removed)
+    return run
+
+
+def remove_logs(logs_dir: str, run_ids: list[str]) -> None:
+    for run_id in run_ids:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(log_file(logs_dir, run_id))
 
 
 def apply_transition(
     conn: apsw.Connection, run_id: str, expected_version: int, status: str, now: int,
     actor: ActorType, update: RunUpdate, detail: str | None,
 ) -> Run:
-    row = conn.execute("SELECT project_id, status, version, event_seq FROM runs WHERE id = ?", (run_id,)).fetchone()
+    row = conn.execute(SQL_STATE, (run_id,)).fetchone()
     if row is None:
         raise not_found(f"run {run_id} not found")
-    project, current, version, seq = row
+    project, current, version, seq, log_bytes = row
     if version != expected_version:
         raise conflict(f"run {run_id} changed (version {version}, expected {expected_version})")
     check_transition(current, status)
@@ -104,6 +129,8 @@ def apply_transition(
             params.append(int(value) if isinstance(value, bool) else value)
     conn.execute(f"UPDATE runs SET {', '.join(sets)} WHERE id = ?", (*params, run_id))
     _append_event(conn, run_id, seq + 1, event_type(status), actor, now, detail)
+    if update.log_bytes is not None:
+        retention.add_log_bytes(conn, project, update.log_bytes - log_bytes)
     updated = get(conn, project, run_id)
     assert updated is not None
     return updated
@@ -124,6 +151,10 @@ def active(conn: apsw.Connection) -> list[Run]:
     return [_run(row) for row in conn.execute(SQL_ACTIVE)]
 
 
+def active_processes(conn: apsw.Connection) -> list[tuple[Run, RunProcess]]:
+    return [(_run(row[:-2]), RunProcess(pid=row[-2], start_ticks=row[-1])) for row in conn.execute(SQL_ACTIVE_PROCESSES)]
+
+
 def events(conn: apsw.Connection, project: str, run_id: str, after: int, limit: int) -> list[RunEvent]:
     return [
         RunEvent(run_id=r[0], sequence=r[1], type=r[2], actor_type=r[3], created_at_ms=r[4], detail=r[5])
@@ -132,8 +163,12 @@ def events(conn: apsw.Connection, project: str, run_id: str, after: int, limit: 
 
 
 class SqliteRunStore:
-    def __init__(self, db: Database) -> None:
+    """`policy` and `logs_dir` turn on retention for every run that finishes through it."""
+
+    def __init__(self, db: Database, policy: retention.Policy | None = None, logs_dir: str | None = None) -> None:
         self._db = db
+        self._policy = policy
+        self._logs_dir = logs_dir
 
     async def create(self, run: Run, actor: ActorType) -> Run:
         return await self._db.run(_create, run, actor)
@@ -142,7 +177,8 @@ class SqliteRunStore:
         self, run_id: str, expected_version: int, status: str, now_ms: int,
         actor: ActorType, update: RunUpdate, detail: str | None = None,
     ) -> Run:
-        return await self._db.run(transition, run_id, expected_version, status, now_ms, actor, update, detail)
+        return await self._db.run(
+            transition, run_id, expected_version, status, now_ms, actor, update, detail, self._policy, self._logs_dir)
 
     async def get(self, project: str, run_id: str) -> Run | None:
         return await self._db.run(get, project, run_id)
@@ -152,6 +188,9 @@ class SqliteRunStore:
 
     async def active(self) -> list[Run]:
         return await self._db.run(active)
+
+    async def active_processes(self) -> list[tuple[Run, RunProcess]]:
+        return await self._db.run(active_processes)
 
     async def events(self, project: str, run_id: str, after_sequence: int, limit: int) -> list[RunEvent]:
         return await self._db.run(events, project, run_id, after_sequence, limit)

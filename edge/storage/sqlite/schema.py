@@ -153,11 +153,23 @@ CREATE TABLE security_audit (
 ) STRICT;
 """
 
+# Retention on write: when the log quota drops a run's log its row stays and says when;
+# the runs that still have a log, oldest first (a run's log bytes are set when it
+# finishes, so this holds finished runs only); and the running total of the bytes of
+# those logs per project, so no write ever sums the runs table.
+_V2 = """
+ALTER TABLE runs ADD COLUMN log_dropped_at_ms INTEGER;
+CREATE INDEX runs_log_idx ON runs (project_id, created_at_ms, id) WHERE log_bytes > 0 AND log_dropped_at_ms IS NULL;
+INSERT INTO meta (key, value)
+    SELECT 'run_log_bytes:' || project_id, sum(log_bytes) FROM runs GROUP BY project_id
+    ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+"""
+
 # Trigger events: consecutive fires with the same outcome share one row (`fires` counts
 # them, NULL when too many to count); the scheduler finds armed triggers by cursor; a
 # task update finds the triggers pinned to its old revision; a deleted trigger (also
 # through its task's cascade) takes its events along.
-_V2 = """
+_V3 = """
 DROP INDEX triggers_task_idx;
 CREATE INDEX triggers_task_idx ON triggers (project_id, task_id, task_revision);
 ALTER TABLE trigger_events ADD COLUMN fires INTEGER DEFAULT 1;
@@ -169,7 +181,7 @@ CREATE TRIGGER trigger_events_follow_delete AFTER DELETE ON triggers BEGIN
 END;
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3)
 
 
 def migrate(conn: apsw.Connection) -> int:

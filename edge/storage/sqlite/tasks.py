@@ -9,6 +9,7 @@ from edge.core.errors import conflict, not_found
 from edge.core.tasks import SPEC_SCHEMA, Task, TaskSpec, content_digest
 from edge.storage.sqlite import triggers as trigger_sql
 from edge.storage.sqlite.db import Database, immediate
+from edge.storage.sqlite.retention import LOG_ON_DISK, add_log_bytes
 
 _spec_encoder = msgspec.json.Encoder()
 _spec_decoder = msgspec.json.Decoder(TaskSpec)
@@ -108,20 +109,22 @@ def create(conn: apsw.Connection, project: str, task_id: str, name: str, spec: T
     return task
 
 
+SQL_TASK_ACTIVE = "SELECT id FROM runs WHERE project_id = ? AND task_id = ? AND status IN ('queued', 'running') LIMIT 1"
+SQL_TASK_RUNS = f"SELECT id, {LOG_ON_DISK} FROM runs WHERE project_id = ? AND task_id = ?"
+SQL_DELETE_TASK_RUNS = "DELETE FROM runs WHERE project_id = ? AND task_id = ?"
+
+
 def delete(conn: apsw.Connection, project: str, task_id: str, expected: int | None) -> list[str]:
     with immediate(conn):
         _head_revision(conn, project, task_id, expected)
-        active = conn.execute(
-            "SELECT id FROM runs WHERE project_id = ? AND task_id = ? AND status IN ('queued', 'running') LIMIT 1",
-            (project, task_id),
-        ).fetchone()
+        active = conn.execute(SQL_TASK_ACTIVE, (project, task_id)).fetchone()
         if active:
             raise conflict(f"task {task_id!r} has an active run ({active[0]}); cancel it first")
-        run_ids = [r[0] for r in conn.execute(
-            "SELECT id FROM runs WHERE project_id = ? AND task_id = ?", (project, task_id))]
-        conn.execute("DELETE FROM runs WHERE project_id = ? AND task_id = ?", (project, task_id))
+        rows = conn.execute(SQL_TASK_RUNS, (project, task_id)).fetchall()
+        conn.execute(SQL_DELETE_TASK_RUNS, (project, task_id))
+        add_log_bytes(conn, project, -sum(size for _, size in rows))
         conn.execute("DELETE FROM tasks WHERE project_id = ? AND id = ?", (project, task_id))
-    return run_ids
+    return [rid for rid, _ in rows]
 
 
 class SqliteTaskStore:

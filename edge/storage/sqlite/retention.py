@@ -1,0 +1,108 @@
+"""Run retention, enforced in the transaction that finishes a run (no sweeper, no
+start-up pass): runs per task, run age, and total log bytes.
+
+Each call removes at most `BATCH` rows or logs, and only of finished runs, so one write's
+cost stays bounded and repeated writes converge. Every query walks an index from the
+oldest end; the log total is a running sum in `meta`, never a SUM over `runs`.
+"""
+
+from __future__ import annotations
+
+import apsw
+import msgspec
+
+from edge.core.runs import TERMINAL
+
+BATCH = 64
+_FINISHED = f"status IN ({', '.join(repr(s) for s in sorted(TERMINAL))})"
+
+# Bytes a run's log still has on disk.
+LOG_ON_DISK = "log_bytes * (log_dropped_at_ms IS NULL)"
+
+# Finished runs of a task beyond the newest `runs_per_task` (index order, newest first).
+SQL_EXCESS = (
+    f"SELECT id, {LOG_ON_DISK} FROM runs WHERE project_id = ? AND task_id = ? AND " + _FINISHED +
+    " ORDER BY created_at_ms DESC, id DESC LIMIT ? OFFSET ?"
+)
+SQL_EXPIRED = (
+    f"SELECT id, {LOG_ON_DISK} FROM runs WHERE project_id = ? AND created_at_ms < ? AND " + _FINISHED +
+    " ORDER BY created_at_ms, id LIMIT ?"
+)
+# The partial index holds exactly the runs that still have a log (set when they finish).
+SQL_LOGGED = (
+    "SELECT id, log_bytes FROM runs WHERE project_id = ? AND log_bytes > 0 AND log_dropped_at_ms IS NULL AND "
+    + _FINISHED +
+    " ORDER BY created_at_ms, id LIMIT ?"
+)
+SQL_DELETE = "DELETE FROM runs WHERE id = ?"
+SQL_DROP_LOG = (
+    "UPDATE runs SET log_dropped_at_ms = ?, version = version + 1, event_seq = event_seq + 1"
+    " WHERE id = ? RETURNING event_seq"
+)
+
+
+class Policy(msgspec.Struct, frozen=True):
+    runs_per_task: int = 100
+    max_age_ms: int = 30 * 86_400_000
+    log_quota_bytes: int = 32 << 20
+
+
+def log_total_key(project: str) -> str:
+    return f"run_log_bytes:{project}"
+
+
+def add_log_bytes(conn: apsw.Connection, project: str, delta: int) -> None:
+    """Keep the running total of log bytes of a project's stored runs."""
+    if delta:
+        conn.execute(
+            "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = value + excluded.value",
+            (log_total_key(project), delta),
+        )
+
+
+def log_total(conn: apsw.Connection, project: str) -> int:
+    row = conn.execute("SELECT value FROM meta WHERE key = ?", (log_total_key(project),)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def enforce(conn: apsw.Connection, project: str, task_id: str, now_ms: int, policy: Policy) -> list[str]:
+    """Apply the policy a bounded step; call inside the write transaction that finished a
+    run of `task_id`. Returns the ids of runs whose log files must go once it commits."""
+    budget = BATCH
+    doomed = conn.execute(SQL_EXCESS, (project, task_id, budget, policy.runs_per_task)).fetchall()
+    budget -= len(doomed)
+    if budget:
+        seen = {rid for rid, _ in doomed}
+        doomed += [r for r in conn.execute(SQL_EXPIRED, (project, now_ms - policy.max_age_ms, budget))
+                   if r[0] not in seen]
+    freed = 0
+    for rid, size in doomed:
+        conn.execute(SQL_DELETE, (rid,))  # its events go by ON DELETE CASCADE
+        freed += size
+    add_log_bytes(conn, project, -freed)
+    removed = [rid for rid, _ in doomed]
+    budget = BATCH - len(removed)
+    excess = log_total(conn, project) - policy.log_quota_bytes
+    if excess > 0 and budget > 0:
+        removed += _drop_oldest_logs(conn, project, excess, budget, now_ms)
+    return removed
+
+
+def _drop_oldest_logs(conn: apsw.Connection, project: str, excess: int, budget: int, now_ms: int) -> list[str]:
+    """Drop the logs (not the rows) of the oldest finished runs until `excess` bytes are
+    freed: the run's history stays, with its log size, when the log went and an event."""
+    dropped: list[str] = []
+    freed = 0
+    for rid, size in conn.execute(SQL_LOGGED, (project, budget)).fetchall():
+        if freed >= excess:
+            break
+        ((seq,),) = conn.execute(SQL_DROP_LOG, (now_ms, rid)).fetchall()
+        conn.execute(
+            "INSERT INTO run_events (run_id, sequence, type, actor_type, created_at_ms, detail)"
+            " VALUES (?, ?, 'run.log_dropped', 'system', ?, 'log quota')",
+            (rid, seq, now_ms),
+        )
+        freed += size
+        dropped.append(rid)
+    add_log_bytes(conn, project, -freed)
+    return dropped
