@@ -9,6 +9,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from edge.cli import render
+from edge.cli.commands import all_pages, show, show_list
 from edge.core.schedule import ScheduleError, Schedule, default_zone, format_local, load_zone, local_time
 
 if TYPE_CHECKING:
@@ -75,14 +76,6 @@ def _fire(ms: int | None, zone_name: str) -> str:
         return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(ms / 1000))
 
 
-def _show(a: argparse.Namespace, value: Any, human) -> int:
-    if a.json:
-        render.json_out(value)
-    else:
-        human(value)
-    return OK
-
-
 def _fields(t: dict) -> None:
     spec = t["spec"]
     render.fields([
@@ -102,40 +95,27 @@ def trigger_add(c: Client, a: argparse.Namespace) -> int:
     if a.id:
         args["triggerId"] = a.id
     t = c.call("qledge.trigger.create", args)
-    return _show(a, t, lambda t: print(
+    return show(a, t, lambda t: print(
         f"trigger {t['id']} created for task {t['taskId']} (revision {t['taskRevision']});"
         f" next fire {_fire(t.get('nextFireAtMs'), t['spec']['timezone'])}"))
 
 
 def trigger_list(c: Client, a: argparse.Namespace) -> int:
-    triggers: list[dict] = []
-    after = None
-    while True:
-        page = c.call("qledge.trigger.list", {"after": after} if after else {})
-        triggers += page["triggers"]
-        after = page.get("next")
-        if not after:
-            break
-    if a.json:
-        render.json_out(triggers)
-    elif not triggers:
-        print("no triggers yet: qledge trigger add TASK --cron EXPR")
-    else:
-        render.table(
-            [[t["id"], f"{t['taskId']}@{t['taskRevision']}", "yes" if t["enabled"] else "no", t["spec"]["expression"],
-              t["spec"]["timezone"], _fire(t.get("nextFireAtMs"), t["spec"]["timezone"])] for t in triggers],
-            ["TRIGGER", "TASK@REV", "ENABLED", "CRON", "TIMEZONE", "NEXT FIRE"],
-        )
-    return OK
+    return show_list(
+        a, all_pages(c, "qledge.trigger.list", "triggers"), "no triggers yet: qledge trigger add TASK --cron EXPR",
+        lambda t: [t["id"], f"{t['taskId']}@{t['taskRevision']}", "yes" if t["enabled"] else "no",
+                   t["spec"]["expression"], t["spec"]["timezone"], _fire(t.get("nextFireAtMs"), t["spec"]["timezone"])],
+        ["TRIGGER", "TASK@REV", "ENABLED", "CRON", "TIMEZONE", "NEXT FIRE"],
+    )
 
 
 def trigger_get(c: Client, a: argparse.Namespace) -> int:
-    return _show(a, c.call("qledge.trigger.get", {"triggerId": a.trigger}), _fields)
+    return show(a, c.call("qledge.trigger.get", {"triggerId": a.trigger}), _fields)
 
 
 def trigger_toggle(c: Client, a: argparse.Namespace) -> int:
     t = c.call(f"qledge.trigger.{a.action}", {"triggerId": a.trigger})
-    return _show(a, t, lambda t: print(f"trigger {t['id']} {a.action}d (revision {t['revision']})"))
+    return show(a, t, lambda t: print(f"trigger {t['id']} {a.action}d (revision {t['revision']})"))
 
 
 def trigger_repin(c: Client, a: argparse.Namespace) -> int:
@@ -143,30 +123,24 @@ def trigger_repin(c: Client, a: argparse.Namespace) -> int:
     if a.task_revision is not None:
         args["taskRevision"] = a.task_revision
     t = c.call("qledge.trigger.repin", args)
-    return _show(a, t, lambda t: print(f"trigger {t['id']} runs task {t['taskId']} revision {t['taskRevision']}"))
+    return show(a, t, lambda t: print(f"trigger {t['id']} runs task {t['taskId']} revision {t['taskRevision']}"))
 
 
 def trigger_rm(c: Client, a: argparse.Namespace) -> int:
     done = c.call("qledge.trigger.delete", {"triggerId": a.trigger})
-    return _show(a, done, lambda d: print(f"trigger {d['triggerId']} deleted"))
+    return show(a, done, lambda d: print(f"trigger {d['triggerId']} deleted"))
 
 
 def trigger_events(c: Client, a: argparse.Namespace) -> int:
     args: dict[str, Any] = {"limit": a.limit}
     if a.trigger:
         args["triggerId"] = a.trigger
-    events = c.call("qledge.trigger.events", args)["events"]
-    if a.json:
-        render.json_out(events)
-    elif not events:
-        print("no skipped or refused fires")
-    else:
-        render.table(
-            [[render.when(e["createdAtMs"]), e["triggerId"], e["type"], e["reason"],
-              "many" if e.get("fires") is None else str(e["fires"]), _span(e)] for e in events],
-            ["RECORDED", "TRIGGER", "OUTCOME", "REASON", "FIRES", "SCHEDULED FOR"],
-        )
-    return OK
+    return show_list(
+        a, c.call("qledge.trigger.events", args)["events"], "no skipped or refused fires",
+        lambda e: [render.when(e["createdAtMs"]), e["triggerId"], e["type"], e["reason"],
+                   "many" if e.get("fires") is None else str(e["fires"]), _span(e)],
+        ["RECORDED", "TRIGGER", "OUTCOME", "REASON", "FIRES", "SCHEDULED FOR"],
+    )
 
 
 def _span(e: dict) -> str:
