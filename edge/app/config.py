@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from edge import default_home
 from edge.core.text import Name
 
 _Positive = Annotated[int, msgspec.Meta(ge=1)]
@@ -94,11 +95,6 @@ def load(path: str | None) -> Config:
         return msgspec.convert(data, Config)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"config {path}: {_explain(exc)}") from None
-
-
-def default_home() -> str:
-    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return os.path.join(state, "qledge")
 
 
 def resolve_home(flag: str | None, config: Config) -> str:

@@ -16,7 +16,7 @@ from edge.core.ports import Counts
 from edge.core.schedule import ScheduleError, default_zone, load_zone
 from edge.runner.supervisor import Runner, RunnerSettings
 from edge.scheduler.loop import Scheduler, Triggers
-from edge.server.unix_server import ToolServer
+from edge.server.unix_server import ToolServer, UnixListener
 from edge.storage.sqlite import stats
 from edge.storage.sqlite.audit import SqliteAuditLog
 from edge.storage.sqlite.credentials import SqliteCredentialStore
@@ -180,13 +180,21 @@ class Daemon:
         services.readers = sqlite_readers(db)
         services.triggers = Triggers(triggers, scheduler, _trigger_zone(cfg.timezone))
         facts.add_extra(scheduler.status)
+        chain = Chain(registry, auth, services)
+        server = ToolServer(chain, self.socket_path, cfg.max_frame_bytes)
+        mcp = self._mcp_server(chain, facts) if cfg.mcp.enabled else None
         await scheduler.start()
-        server = ToolServer(Chain(registry, auth, services), self.socket_path, cfg.max_frame_bytes)
         try:
-            await server.start()
-        except (OSError, RuntimeError) as exc:
+            await _listen(server)
+            if mcp is not None:
+                try:
+                    await _listen(mcp)
+                except StartupError:
+                    await server.stop()
+                    raise
+        except StartupError:
             await scheduler.stop()
-            raise StartupError(f"cannot listen on {self.socket_path}: {exc}") from None
+            raise
         self._install_signals()
         log.info("qledge serving on %s (loop %s, pid %d)", self.socket_path, self.loop_name, os.getpid())
         self.notifier.notify(f"READY=1\nSTATUS=serving on {self.socket_path}\nMAINPID={os.getpid()}")
@@ -195,6 +203,8 @@ class Daemon:
         finally:
             self.notifier.notify("STOPPING=1")
             log.info("qledge stopping")
+            if mcp is not None:
+                await mcp.stop()
             await server.stop()
             await scheduler.stop()
             await runner.shutdown()
@@ -202,10 +212,33 @@ class Daemon:
     def stop(self) -> None:
         self._stop.set()
 
+    def _mcp_server(self, chain: Chain, facts: DaemonFacts) -> UnixListener:
+        """edge.mcp is imported here and only here, when [mcp] enabled = true."""
+        try:
+            from edge.mcp.server import McpServer
+        except ImportError as exc:
+            if exc.name is not None and (exc.name == "edge.mcp" or exc.name.startswith("edge.mcp.")):
+                raise StartupError("MCP is not included in this build") from None
+            raise
+        path = os.path.abspath(self.config.mcp.socket or os.path.join(self.home, "mcp.sock"))
+        try:
+            server = McpServer(chain, path, self.config.mcp.max_line_bytes)
+        except ValueError as exc:  # a tool that cannot be described to MCP clients
+            raise StartupError(f"MCP: {exc}") from None
+        facts.add_extra(lambda: {"mcp": path})
+        return server
+
     def _install_signals(self) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop)
+
+
+async def _listen(listener: UnixListener) -> None:
+    try:
+        await listener.start()
+    except (OSError, RuntimeError) as exc:
+        raise StartupError(f"cannot listen on {listener.path}: {exc}") from None
 
 
 def run_daemon(config: Config, home: str, socket_path: str, loop_name: str) -> int:

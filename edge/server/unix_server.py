@@ -23,19 +23,20 @@ MAX_IN_FLIGHT = 16  # per connection; beyond it we stop reading (backpressure)
 _UCRED = struct.Struct("3i")  # pid, uid, gid
 
 
-class ToolServer:
-    def __init__(self, chain: Chain, path: str, max_frame: int = frames.DEFAULT_MAX_FRAME) -> None:
-        self._chain = chain
+class UnixListener:
+    """A 0660 Unix-socket listener that tracks its connections so `stop` can end them."""
+
+    def __init__(self, path: str, limit: int = 1 << 16) -> None:
         self.path = path
-        self._max_frame = max_frame
+        self._limit = limit  # StreamReader buffer limit (line-based protocols read up to it)
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.Task] = set()
 
     async def start(self) -> None:
-        _remove_stale_socket(self.path)
+        remove_stale_socket(self.path)
         old = os.umask(0o117)  # socket is created 0660
         try:
-            self._server = await asyncio.start_unix_server(self._serve_connection, path=self.path)
+            self._server = await asyncio.start_unix_server(self._track, path=self.path, limit=self._limit)
         finally:
             os.umask(old)
         os.chmod(self.path, 0o660)
@@ -50,10 +51,26 @@ class ToolServer:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
 
-    async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _track(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
+        try:
+            await self._serve_connection(reader, writer)
+        finally:
+            self._connections.discard(task)
+
+    async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+
+class ToolServer(UnixListener):
+    def __init__(self, chain: Chain, path: str, max_frame: int = frames.DEFAULT_MAX_FRAME) -> None:
+        super().__init__(path)
+        self._chain = chain
+        self._max_frame = max_frame
+
+    async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         uid = peer_uid(writer.get_extra_info("socket"))
         in_flight: set[asyncio.Task] = set()
         slots = asyncio.Semaphore(MAX_IN_FLIGHT)
@@ -84,7 +101,6 @@ class ToolServer:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
-            self._connections.discard(task)
 
     async def _read_frame(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes | None:
         try:
@@ -122,7 +138,7 @@ class ToolServer:
             return frames.error_frame(request.id, "internal", "internal error; see the daemon log")
 
 
-def _remove_stale_socket(path: str) -> None:
+def remove_stale_socket(path: str) -> None:
     """A socket file left by a crashed daemon is removed; anything else is an error."""
     try:
         st = os.lstat(path)

@@ -32,11 +32,7 @@ class Chain:
     async def call(self, name: str, raw_args: bytes, fmt: str, caller: Caller) -> Any:
         """Run one call through the chain; returns the result Struct or raises ToolError."""
         reason = tool_reason(name)
-        try:
-            principal = await self._auth.authenticate(caller)
-        except AuthFailure as failure:
-            await self._audit(failure.subject, name, "unauthenticated", [failure.reason, reason], caller)
-            raise ToolError("unauthenticated", "authentication required: invalid, revoked or missing credential")
+        principal = await self.authenticate(caller, name, reason)
         entry = self.registry.get(name)
         if entry is None:
             await self._audit(principal.subject, name, "denied", ["tool_unknown", reason], caller)
@@ -48,6 +44,17 @@ class Chain:
             await self._audit(principal.subject, name, "unauthenticated", ["credential_revoked", reason], caller)
             raise ToolError("unauthenticated", "credential was revoked")
         return await self._execute(entry, raw_args, fmt, ToolContext(self._services, principal, caller))
+
+    async def authenticate(self, caller: Caller, target: str, reason: str) -> Principal:
+        """The chain's first step alone (a transport's session check uses it too); failures are audited.
+
+        `target` is what the audit row names as its tool (a tool, or e.g. `mcp.session`).
+        """
+        try:
+            return await self._auth.authenticate(caller)
+        except AuthFailure as failure:
+            await self._audit(failure.subject, target, "unauthenticated", [failure.reason, reason], caller)
+            raise ToolError("unauthenticated", "authentication required: invalid, revoked or missing credential")
 
     def _check_policy(self, entry: Entry, principal: Principal) -> bool:
         tool = entry.tool

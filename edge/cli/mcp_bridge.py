@@ -1,0 +1,217 @@
+"""`qledge mcp`: a stdio ⇄ MCP-socket pump for AI clients (often run as `ssh router qledge mcp`).
+
+It presents the credential once, as the first line on the socket (`{"qledge": {"token": …}}`),
+consumes the daemon's answer, then copies bytes both ways. The daemon parses MCP and
+re-authenticates every call. Kept to the standard library's smallest parts (no argparse,
+msgspec, asyncio, typing or json on the way in, nor the tool layer) so the bridge stays near the
+bare interpreter's RSS: stdout carries only what the daemon sends, every problem is one line on
+stderr.
+"""
+
+from __future__ import annotations
+
+import _socket  # socket.py drags in enum, selectors and collections (+1.1 MiB) for nothing used here
+import os
+import select
+import sys
+
+from edge import default_home
+
+EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+USAGE = "usage: qledge mcp [--token-file FILE] [--home DIR] [--socket PATH] [--mcp-socket PATH]"
+_VALUED = ("--home", "--socket", "--mcp-socket", "--token-file")
+_CHUNK = 1 << 16
+_HELLO_TIMEOUT_S = 10.0
+_DRAIN_MS = 30_000  # after stdin ends, how long answers to what was already sent may take
+_ACCEPTED = b'{"qledge":{"ok":true}}'
+
+
+class _Fail(Exception):
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def main(argv: list[str]) -> int | None:
+    """Run the bridge when the verb is `mcp`; None means `argv` is some other command."""
+    try:
+        options = _parse(argv)
+        if options is None:
+            return None
+        if "help" in options:
+            print(USAGE)
+            return EXIT_OK
+        return _bridge(options)
+    except _Fail as exc:
+        print(f"qledge mcp: {exc}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parse(argv: list[str]) -> dict[str, str] | None:
+    if _verb(argv) != "mcp":
+        return None
+    options: dict[str, str] = {}
+    tokens = iter(argv)
+    for token in tokens:
+        name, eq, value = token.partition("=")
+        if token in ("-h", "--help"):
+            options["help"] = ""
+        elif name in _VALUED:
+            if not eq:
+                value = next(tokens, "")
+            if not value:
+                raise _Fail(f"{name} needs a value\n{USAGE}", EXIT_USAGE)
+            options[name[2:]] = value
+        elif token not in ("mcp", "--json"):  # --json: a global CLI flag, meaningless here
+            raise _Fail(f"unexpected argument {token!r}\n{USAGE}", EXIT_USAGE)
+    return options
+
+
+def _verb(argv: list[str]) -> str | None:
+    """The first word that is neither an option nor an option's value."""
+    tokens = iter(argv)
+    for token in tokens:
+        if token in _VALUED:
+            next(tokens, None)
+        elif not token.startswith("-"):
+            return token
+    return None
+
+
+def _token(options: dict[str, str]) -> str | None:
+    path = options.get("token-file")
+    if path is None:
+        return os.environ.get("QLEDGE_TOKEN") or None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip() or None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _Fail(f"cannot read token file {path}: {getattr(exc, 'strerror', None) or exc}", EXIT_USAGE) from None
+
+
+def _bridge(options: dict[str, str]) -> int:
+    token = _token(options)
+    home = os.path.abspath(options.get("home") or os.environ.get("QLEDGE_HOME") or default_home())
+    tool_socket = options.get("socket") or os.environ.get("QLEDGE_SOCKET") or os.path.join(home, "qledge.sock")
+    path = options.get("mcp-socket") or os.path.join(home, "mcp.sock")
+    sock = _connect(path, tool_socket)
+    try:
+        pending = _hello(sock, path, token)
+        return _pump(sock, pending)
+    finally:
+        sock.close()
+
+
+def _connect(path: str, tool_socket: str) -> _socket.socket:
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    sock.settimeout(_HELLO_TIMEOUT_S)
+    try:
+        sock.connect(path)
+        return sock
+    except (FileNotFoundError, ConnectionRefusedError):
+        sock.close()
+        if _listening(tool_socket):
+            raise _Fail("MCP is not enabled on this daemon (set [mcp] enabled = true)", EXIT_UNREACHABLE) from None
+        raise _Fail(f"daemon not running at {tool_socket}", EXIT_UNREACHABLE) from None
+    except OSError as exc:
+        sock.close()
+        raise _Fail(f"cannot connect to {path}: {(exc.strerror or str(exc)).lower()}", EXIT_UNREACHABLE) from None
+
+
+def _listening(path: str) -> bool:
+    probe = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    probe.settimeout(2.0)
+    try:
+        probe.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
+def _hello(sock: _socket.socket, path: str, token: str | None) -> bytes:
+    """Present the credential; returns whatever arrived after the daemon's answer line."""
+    try:
+        sock.sendall(b'{"qledge":{"token":%s}}\n' % _json_string(token))
+        buffered = b""
+        while b"\n" not in buffered and len(buffered) < _CHUNK:
+            chunk = sock.recv(_CHUNK)
+            if not chunk:
+                break
+            buffered += chunk
+    except TimeoutError:
+        raise _Fail(f"no answer from the daemon at {path}", EXIT_UNREACHABLE) from None
+    except OSError as exc:
+        raise _Fail(f"lost the connection to {path}: {exc.strerror or exc}", EXIT_UNREACHABLE) from None
+    answer, _, rest = buffered.partition(b"\n")
+    if answer != _ACCEPTED:
+        _refused(answer, path)
+    return rest
+
+
+def _json_string(token: str | None) -> bytes:
+    if token is None:
+        return b"null"
+    if token.isascii() and token.isprintable() and '"' not in token and "\\" not in token:
+        return b'"%s"' % token.encode()
+    import json  # only for a token no qledge token looks like: the daemon will say what is wrong
+
+    return json.dumps(token).encode()
+
+
+def _refused(answer: bytes, path: str) -> None:
+    import json  # the rare path: worth its 1 MiB only here
+
+    try:
+        reply = json.loads(answer)["qledge"]
+    except (ValueError, KeyError, TypeError):
+        raise _Fail(f"the daemon at {path} did not accept the session", EXIT_REFUSED) from None
+    if reply.get("ok") is not True:
+        raise _Fail(f"{reply.get('code', 'unauthenticated')}: {reply.get('message', 'refused')}", EXIT_REFUSED)
+
+
+def _pump(sock: _socket.socket, pending: bytes) -> int:
+    stdin, stdout = sys.stdin.fileno(), sys.stdout.fileno()
+    sock.settimeout(None)
+    try:
+        _write_all(stdout, pending)
+        poller = select.poll()
+        poller.register(stdin, select.POLLIN)
+        poller.register(sock, select.POLLIN)
+        reading = True
+        while True:
+            events = poller.poll(None if reading else _DRAIN_MS)
+            if not events:
+                return EXIT_OK  # stdin ended and the daemon had nothing more to say
+            for fd, _ in events:
+                if fd == stdin:
+                    data = os.read(stdin, _CHUNK)
+                    if data:
+                        sock.sendall(data)
+                        continue
+                    # EOF: tell the daemon, which answers what is in flight and then closes.
+                    poller.unregister(stdin)
+                    reading = False
+                    sock.shutdown(_socket.SHUT_WR)
+                    continue
+                data = sock.recv(_CHUNK)
+                if not data:
+                    if reading:
+                        raise _Fail("the daemon closed the connection", EXIT_REFUSED)
+                    return EXIT_OK
+                _write_all(stdout, data)
+    except BrokenPipeError:
+        return EXIT_OK  # the client went away
+    except ConnectionError as exc:
+        raise _Fail(f"lost the connection to the daemon: {exc.strerror or exc}", EXIT_REFUSED) from None
+    except OSError as exc:  # stdin or stdout failed under us
+        raise _Fail(f"i/o error: {exc.strerror or exc}", EXIT_REFUSED) from None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
