@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import signal
 import json
 import re
 import statistics
@@ -179,3 +180,18 @@ def test_clock_behind_the_store_holds_then_resumes(daemon_factory):
     assert "clock" not in d.call("qledge.status", {})["extra"]
     runs = d.call("qledge.run.list", {})["runs"]
     assert runs and min(r["createdAtMs"] for r in runs) >= ahead  # nothing admitted before the clock caught up
+
+
+def test_kill_9_and_restart_fires_nothing_twice(daemon_factory):
+    d = daemon_factory().start()
+    d.cli("task", "add", "nap", "--overlap", "allow", "--", "sleep", "0.3")
+    d.cli("trigger", "add", "nap", "--cron", "* * * * * *")
+    time.sleep(3.2)
+    d.stop(signal.SIGKILL)
+    d.start()
+    time.sleep(3.2)
+    d.stop()
+    rows = d.db().execute("SELECT scheduled_for_ms, status FROM runs ORDER BY created_at_ms, id").fetchall()
+    fired = [r[0] for r in rows]
+    assert len(fired) >= 4 and fired == sorted(set(fired))  # each fire once, in order, never rewound
+    assert all(status in ("succeeded", "cancelled", "lost") for _, status in rows)

@@ -3,6 +3,7 @@ to one task revision. The scheduler only ever runs the task revision a trigger n
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Literal, Protocol
 
 import msgspec
@@ -108,7 +109,9 @@ class SchedulerStore(Protocol):
         """(next_fire_at_ms, trigger_id) of every enabled trigger that will fire."""
         ...
 
-    async def admit(self, project: str, trigger_id: str, now_ms: int, grace_ms: int, rng) -> Admission:
+    async def admit(
+        self, project: str, trigger_id: str, now_ms: int, grace_ms: int, rng: Callable[[], float]
+    ) -> Admission:
         """One transaction: plan the due fires, admit, record skips, move the cursor."""
         ...
 

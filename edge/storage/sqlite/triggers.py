@@ -422,7 +422,9 @@ class SqliteTriggerStore:
     async def armed(self, project: str) -> list[tuple[int, str]]:
         return await self._db.run(armed, project)
 
-    async def admit(self, project: str, trigger_id: str, now_ms: int, grace_ms: int, rng) -> Admission:
+    async def admit(
+        self, project: str, trigger_id: str, now_ms: int, grace_ms: int, rng: Callable[[], float]
+    ) -> Admission:
         return await self._db.run(admit, project, trigger_id, now_ms, grace_ms, self._capacity, rng)
 
     async def newest_time(self, project: str) -> int:
