@@ -214,6 +214,12 @@ async def test_write_and_unlisted_tools_are_unknown_over_mcp(graph):
         assert answer["error"] == {"code": -32602, "message": f"Unknown tool: {name}"}
     assert graph.seen.write_ran is False
     await client.close()
+    rows = await graph.db.run(lambda conn: list(conn.execute(
+        "SELECT tool, outcome, reasons FROM security_audit WHERE transport = 'mcp' ORDER BY id")))
+    assert rows == [  # refused calls are audited too
+        (name, "denied", f'["tool_not_offered","tool_{name.replace(".", "_")}"]')
+        for name in ("test.write", "test.hidden", "qledge.task.create", "qledge.status")
+    ]
 
 
 async def test_cancellation_stops_the_work_and_sends_no_response(graph):

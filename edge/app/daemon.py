@@ -16,7 +16,9 @@ from edge.app.config import Config
 from edge.app.sdnotify import Notifier, start_watchdog
 from edge.core.clock import Clock, SystemClock
 from edge.core.ports import Counts
+from edge.core.schedule import ScheduleError, default_zone, load_zone
 from edge.runner.supervisor import Runner, RunnerSettings
+from edge.scheduler.loop import Scheduler, Triggers
 from edge.server.unix_server import ToolServer, UnixListener
 from edge.storage.sqlite import stats
 from edge.storage.sqlite.audit import SqliteAuditLog
@@ -27,6 +29,7 @@ from edge.storage.sqlite.retention import Policy
 from edge.storage.sqlite.runs import SqliteRunStore
 from edge.storage.sqlite.secrets import SqliteSecretStore
 from edge.storage.sqlite.tasks import SqliteTaskStore
+from edge.storage.sqlite.triggers import SqliteTriggerStore
 from edge.tools.ai.catalog import ai_tools
 from edge.tools.authn import Authenticator
 from edge.tools.builtin.catalog import builtin_tools
@@ -111,8 +114,17 @@ def lock_home(home: str) -> int:
     return fd
 
 
+def _trigger_zone(configured: str | None) -> str:
+    zone = default_zone(configured)
+    try:
+        load_zone(zone)
+    except ScheduleError as exc:  # manual runs still work; new triggers must name a zone
+        log.warning("default timezone: %s", exc)
+    return zone
+
+
 class Daemon:
-    """Start order: store → runner → tools → socket. Stop order is the reverse."""
+    """Start order: store → runner → scheduler → tools → socket. Stop order is the reverse."""
 
     def __init__(
         self, config: Config, home: str, socket_path: str, loop_name: str,
@@ -172,6 +184,14 @@ class Daemon:
         runner = Runner(runs, tasks, self.clock, secrets=secrets, settings=self._runner_settings)
         # Before anything is served: nothing a dead daemon left may stay `running`.
         await runner.recover()
+        triggers = SqliteTriggerStore(db, capacity=cfg.runner.concurrency + cfg.runner.queue_limit)
+        runner.admission = triggers
+        scheduler = Scheduler(triggers, runs, runner, self.clock, cfg.project)
+
+        async def reload_triggers(_config: Config) -> None:
+            scheduler.changed()  # re-read them all: another writer may have changed the database
+
+        self.add_reload_hook(reload_triggers)
         registry = Registry([*builtin_tools(), *ai_tools()])
         owners = cfg.auth.owner_uids if cfg.auth.owner_uids is not None else sorted({os.getuid(), 0})
         auth = Authenticator(credentials, pepper, owners, cfg.project, registry.read_tool_names())
@@ -183,16 +203,23 @@ class Daemon:
         )
         services.secrets = secrets
         services.readers = sqlite_readers(db)
+        services.triggers = Triggers(triggers, scheduler, _trigger_zone(cfg.timezone))
+        facts.add_extra(scheduler.status)
         chain = Chain(registry, auth, services)
         server = ToolServer(chain, self.socket_path, cfg.max_frame_bytes)
         mcp = self._mcp_server(chain, facts) if cfg.mcp.enabled else None
-        await _listen(server)
-        if mcp is not None:
-            try:
-                await _listen(mcp)
-            except StartupError:
-                await server.stop()
-                raise
+        await scheduler.start()
+        try:
+            await _listen(server)
+            if mcp is not None:
+                try:
+                    await _listen(mcp)
+                except StartupError:
+                    await server.stop()
+                    raise
+        except StartupError:
+            await scheduler.stop()
+            raise
         self._install_signals()
         log.info("qledge serving on %s (loop %s, pid %d)", self.socket_path, self.loop_name, os.getpid())
         self.notifier.notify(f"READY=1\nSTATUS=serving on {self.socket_path}\nMAINPID={os.getpid()}")
@@ -209,6 +236,7 @@ class Daemon:
             if mcp is not None:
                 await mcp.stop()
             await server.stop()
+            await scheduler.stop()
             await runner.shutdown()
 
     def stop(self) -> None:

@@ -52,11 +52,33 @@ def task_spec(a: argparse.Namespace) -> dict[str, Any]:
     return spec
 
 
-def _show(a: argparse.Namespace, value: Any, human) -> int:
+def show(a: argparse.Namespace, value: Any, human) -> int:
     if a.json:
         render.json_out(value)
     else:
         human(value)
+    return OK
+
+
+def all_pages(c: Client, tool: str, key: str) -> list[dict]:
+    """Every item of a keyset-paged list tool (`after` in, `next` out)."""
+    items: list[dict] = []
+    after = None
+    while True:
+        page = c.call(tool, {"after": after} if after else {})
+        items += page[key]
+        after = page.get("next")
+        if not after:
+            return items
+
+
+def show_list(a: argparse.Namespace, items: list[dict], empty: str, row, headers: list[str]) -> int:
+    if a.json:
+        render.json_out(items)
+    elif not items:
+        print(empty)
+    else:
+        render.table([row(item) for item in items], headers)
     return OK
 
 
@@ -75,50 +97,36 @@ def _task_fields(t: dict) -> None:
 def task_add(c: Client, a: argparse.Namespace) -> int:
     args = {"taskId": a.name, "spec": task_spec(a)}
     task = c.call("qledge.task.create", args)
-    return _show(a, task, lambda t: print(f"task {t['id']} created (revision {t['revision']})"))
+    return show(a, task, lambda t: print(f"task {t['id']} created (revision {t['revision']})"))
 
 
 def task_list(c: Client, a: argparse.Namespace) -> int:
-    tasks: list[dict] = []
-    after = None
-    while True:
-        page = c.call("qledge.task.list", {"after": after} if after else {})
-        tasks += page["tasks"]
-        after = page.get("next")
-        if not after:
-            break
-    if a.json:
-        render.json_out(tasks)
-    elif not tasks:
-        print("no tasks yet: qledge task add NAME -- COMMAND")
-    else:
-        render.table(
-            [[t["id"], str(t["revision"]), "yes" if t["enabled"] else "no", render.command_text(t["spec"])]
-             for t in tasks],
-            ["TASK", "REV", "ENABLED", "COMMAND"],
-        )
-    return OK
+    return show_list(
+        a, all_pages(c, "qledge.task.list", "tasks"), "no tasks yet: qledge task add NAME -- COMMAND",
+        lambda t: [t["id"], str(t["revision"]), "yes" if t["enabled"] else "no", render.command_text(t["spec"])],
+        ["TASK", "REV", "ENABLED", "COMMAND"],
+    )
 
 
 def task_get(c: Client, a: argparse.Namespace) -> int:
-    return _show(a, c.call("qledge.task.get", {"taskId": a.name}), _task_fields)
+    return show(a, c.call("qledge.task.get", {"taskId": a.name}), _task_fields)
 
 
 def task_toggle(c: Client, a: argparse.Namespace) -> int:
     tool = "qledge.task.enable" if a.action == "enable" else "qledge.task.disable"
     task = c.call(tool, {"taskId": a.name})
-    return _show(a, task, lambda t: print(f"task {t['id']} {a.action}d (revision {t['revision']})"))
+    return show(a, task, lambda t: print(f"task {t['id']} {a.action}d (revision {t['revision']})"))
 
 
 def task_rm(c: Client, a: argparse.Namespace) -> int:
     done = c.call("qledge.task.delete", {"taskId": a.name})
-    return _show(a, done, lambda d: print(f"task {d['taskId']} deleted with {d['runsDeleted']} runs"))
+    return show(a, done, lambda d: print(f"task {d['taskId']} deleted with {d['runsDeleted']} runs"))
 
 
 def run_start(c: Client, a: argparse.Namespace) -> int:
     run = c.call("qledge.run.start", {"taskId": a.task})
     if not a.wait:
-        return _show(a, run, lambda r: print(f"run {r['id']} {r['status']}"))
+        return show(a, run, lambda r: print(f"run {r['id']} {r['status']}"))
     if not a.json:
         print(f"run {run['id']} {run['status']}", flush=True)
     while True:
@@ -126,7 +134,7 @@ def run_start(c: Client, a: argparse.Namespace) -> int:
         if waited["done"]:
             break
     final = waited["run"]
-    _show(a, final, lambda r: print(render.run_line(r)))
+    show(a, final, lambda r: print(render.run_line(r)))
     return OK if final["status"] == "succeeded" else TOOL_ERROR
 
 
@@ -161,7 +169,7 @@ def run_get(c: Client, a: argparse.Namespace) -> int:
              + (f", dropped {render.when(r['logDroppedAtMs'])} (log quota)" if r.get("logDroppedAtMs") else "")),
         ])
 
-    return _show(a, c.call("qledge.run.get", {"runId": a.run}), human)
+    return show(a, c.call("qledge.run.get", {"runId": a.run}), human)
 
 
 def run_log(c: Client, a: argparse.Namespace) -> int:
@@ -178,7 +186,7 @@ def run_log(c: Client, a: argparse.Namespace) -> int:
 
 
 def run_cancel(c: Client, a: argparse.Namespace) -> int:
-    return _show(a, c.call("qledge.run.cancel", {"runId": a.run}), lambda r: print(render.run_line(r)))
+    return show(a, c.call("qledge.run.cancel", {"runId": a.run}), lambda r: print(render.run_line(r)))
 
 
 def token_create(c: Client, a: argparse.Namespace) -> int:
@@ -194,7 +202,7 @@ def token_create(c: Client, a: argparse.Namespace) -> int:
         print(f"credential {v['credential']['id']} ({v['credential']['role']}): store this token now;"
               " it cannot be shown again", file=sys.stderr)
 
-    return _show(a, created, human)
+    return show(a, created, human)
 
 
 def token_list(c: Client, a: argparse.Namespace) -> int:
@@ -213,7 +221,7 @@ def token_list(c: Client, a: argparse.Namespace) -> int:
 
 
 def token_revoke(c: Client, a: argparse.Namespace) -> int:
-    return _show(a, c.call("qledge.credential.revoke", {"id": a.id}), lambda x: print(f"credential {x['id']} revoked"))
+    return show(a, c.call("qledge.credential.revoke", {"id": a.id}), lambda x: print(f"credential {x['id']} revoked"))
 
 
 def _read_secret(name: str) -> str:
@@ -234,7 +242,7 @@ def _read_secret(name: str) -> str:
 
 def secret_set(c: Client, a: argparse.Namespace) -> int:
     info = c.call("qledge.secret.set", {"name": a.name, "value": _read_secret(a.name)})
-    return _show(a, info, lambda s: print(f"secret {s['name']} stored"))
+    return show(a, info, lambda s: print(f"secret {s['name']} stored"))
 
 
 def secret_list(c: Client, a: argparse.Namespace) -> int:
@@ -250,7 +258,7 @@ def secret_list(c: Client, a: argparse.Namespace) -> int:
 
 
 def secret_rm(c: Client, a: argparse.Namespace) -> int:
-    return _show(a, c.call("qledge.secret.delete", {"name": a.name}), lambda d: print(f"secret {d['name']} deleted"))
+    return show(a, c.call("qledge.secret.delete", {"name": a.name}), lambda d: print(f"secret {d['name']} deleted"))
 
 
 def status(c: Client, a: argparse.Namespace) -> int:
@@ -268,7 +276,7 @@ def status(c: Client, a: argparse.Namespace) -> int:
             *sorted(s.get("extra", {}).items()),
         ])
 
-    return _show(a, c.call("qledge.status", {}), human)
+    return show(a, c.call("qledge.status", {}), human)
 
 
 def call(c: Client, a: argparse.Namespace) -> int:

@@ -81,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
                                   ("cancel", c.run_cancel, "cancel a run")):
         verb(run, action, handler, text).add_argument("run", metavar="RUN")
 
+    _schedule_verbs(verbs, verb)
+
     token = verbs.add_parser("token", help="API credentials").add_subparsers(
         dest="action", metavar="ACTION", required=True)
     create = verb(token, "create", c.token_create, "create a credential; prints its token once")
@@ -106,6 +108,40 @@ def build_parser() -> argparse.ArgumentParser:
     call.add_argument("tool", metavar="TOOL")
     call.add_argument("--args", metavar="JSON", help="arguments as a JSON object")
     return parser
+
+
+def _schedule_verbs(verbs, verb: Callable) -> None:
+    from edge.cli import schedule_commands as s
+
+    cron = verbs.add_parser("cron", help="cron expressions (offline)").add_subparsers(
+        dest="action", metavar="ACTION", required=True)
+    nxt = verb(cron, "next", s.cron_next, "print the next fire times of a cron expression (no daemon needed)")
+    nxt.add_argument("expression", metavar="EXPR", help="5 fields, or 6 with seconds first; or @daily etc.")
+    nxt.add_argument("--tz", metavar="TZ", help="IANA time zone (default: the device's, else UTC)")
+    nxt.add_argument("--after", metavar="ISO8601", help="list fires after this time (default: now)")
+    nxt.add_argument("--count", type=s.count, default=5, metavar="N", help="how many (1..1000, default 5)")
+    nxt.set_defaults(offline=True)
+
+    trigger = verbs.add_parser("trigger", help="manage cron triggers").add_subparsers(
+        dest="action", metavar="ACTION", required=True)
+    add = verb(trigger, "add", s.trigger_add, "add a cron trigger: qledge trigger add TASK --cron EXPR")
+    add.add_argument("task", metavar="TASK")
+    add.add_argument("--cron", required=True, metavar="EXPR", help="5 fields, or 6 with seconds first")
+    add.add_argument("--tz", metavar="TZ", help="IANA time zone (default: config `timezone`, the device's, UTC)")
+    add.add_argument("--misfire", choices=("skip", "fire_once"), default="skip",
+                     help="fires missed by more than 30s: skip them, or run the oldest once (default skip)")
+    add.add_argument("--jitter", type=int, default=0, metavar="S", help="delay each run by a random 0..S seconds")
+    add.add_argument("--id", metavar="ID", help="trigger id (default TASK-N)")
+    verb(trigger, "list", s.trigger_list, "list triggers")
+    for action, handler in (("get", s.trigger_get), ("enable", s.trigger_toggle), ("disable", s.trigger_toggle),
+                            ("rm", s.trigger_rm)):
+        verb(trigger, action, handler, f"{action} a trigger").add_argument("trigger", metavar="TRIGGER")
+    repin = verb(trigger, "repin", s.trigger_repin, "pin a trigger to the task's current (or a given) revision")
+    repin.add_argument("trigger", metavar="TRIGGER")
+    repin.add_argument("--task-revision", type=int, metavar="N", help="pin to this task revision instead")
+    events = verb(trigger, "events", s.trigger_events, "fires that were skipped or refused, newest first")
+    events.add_argument("trigger", metavar="TRIGGER", nargs="?")
+    events.add_argument("--limit", type=int, default=32, choices=range(1, 65), metavar="N", help="1..64 (default 32)")
 
 
 def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -184,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     args.json = getattr(args, "json", False)
     if args.verb == "serve":
         return _serve(args)
+    if getattr(args, "offline", False):
+        return args.handler(args)
     return _client_verb(args)
 
 

@@ -67,7 +67,7 @@ class Task(msgspec.Struct, rename="camel"):
 _canonical = msgspec.json.Encoder(order="sorted")
 
 
-def content_digest(spec: TaskSpec) -> str:
+def content_digest(spec: msgspec.Struct) -> str:
     """SHA-256 of the canonical JSON of a spec: equal specs, equal digests."""
     return "sha256:" + hashlib.sha256(_canonical.encode(spec)).hexdigest()
 

@@ -216,6 +216,9 @@ class Session:
         except msgspec.DecodeError as exc:
             return await self._send(p.error_line(rid, p.INVALID_PARAMS, f"invalid tools/call params: {exc}"))
         if call.name not in self.server.catalog.tools:
+            caller = Caller(transport="mcp", token=self.token, peer_uid=self.uid, request_id=str(rid)[:128])
+            with contextlib.suppress(ToolError):  # the answer is the same either way
+                await self.server.chain.refuse(call.name[:128], caller, "tool_not_offered")
             return await self._send(p.error_line(rid, p.INVALID_PARAMS, f"Unknown tool: {call.name}"))
         args = bytes(call.arguments)
         if args == b"null":

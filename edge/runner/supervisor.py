@@ -15,6 +15,7 @@ from edge.core.ids import uuid7
 from edge.core.ports import RunProcess, RunStore, RunUpdate, TaskStore
 from edge.core.runs import Run, log_file, summary
 from edge.core.tasks import SecretRef, Task
+from edge.core.triggers import RunAdmission
 from edge.runner import logsink, process
 from edge.runner.logsink import LogSink
 
@@ -66,6 +67,8 @@ class _Job:
 
 
 class Runner:
+    admission: RunAdmission | None = None  # set by composition
+
     def __init__(
         self,
         runs: RunStore,
@@ -88,6 +91,13 @@ class Runner:
         return log_file(self._settings.logs_dir, run_id)
 
     async def start(self, task: Task, actor: str) -> Run:
+        if self.admission is not None:  # the task's overlap policy and the shared queue bound
+            run, replaced = await self.admission.admit_manual(task, actor, self._clock.now_ms())
+            for run_id in replaced:
+                with contextlib.suppress(ToolError):  # it may have finished meanwhile
+                    await self.cancel(task.project_id, run_id, "replaced")
+            self.submit(run)
+            return run
         if self.queued_count() >= self._settings.queue_limit:
             raise ToolError("resource_exhausted", f"the run queue is full ({self._settings.queue_limit} waiting)")
         now = self._clock.now_ms()

@@ -56,6 +56,21 @@ class Chain:
             await self._audit(failure.subject, target, "unauthenticated", [failure.reason, reason], caller)
             raise ToolError("unauthenticated", "authentication required: invalid, revoked or missing credential")
 
+    async def refuse(self, name: str, caller: Caller, why: str) -> None:
+        """Audit a call the transport will not make (e.g. a tool it does not offer).
+
+        Every call leaves a row, refused ones included; an unauthenticated caller's row
+        says so. Raises ToolError("unavailable") only when the audit cannot be written.
+        """
+        reason = tool_reason(name)
+        try:
+            principal = await self.authenticate(caller, name, reason)
+        except ToolError as exc:
+            if exc.code == "unavailable":
+                raise
+            return
+        await self._audit(principal.subject, name, "denied", [why, reason], caller)
+
     def _check_policy(self, entry: Entry, principal: Principal) -> bool:
         tool = entry.tool
         if not allows(principal.permissions, f"tool.call:{tool.name}"):

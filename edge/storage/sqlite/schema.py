@@ -165,7 +165,23 @@ INSERT INTO meta (key, value)
     ON CONFLICT (key) DO UPDATE SET value = excluded.value;
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2)
+# Trigger events: consecutive fires with the same outcome share one row (`fires` counts
+# them, NULL when too many to count); the scheduler finds armed triggers by cursor; a
+# task update finds the triggers pinned to its old revision; a deleted trigger (also
+# through its task's cascade) takes its events along.
+_V3 = """
+DROP INDEX triggers_task_idx;
+CREATE INDEX triggers_task_idx ON triggers (project_id, task_id, task_revision);
+ALTER TABLE trigger_events ADD COLUMN fires INTEGER DEFAULT 1;
+ALTER TABLE trigger_events ADD COLUMN last_scheduled_for_ms INTEGER;
+CREATE INDEX trigger_events_project_idx ON trigger_events (project_id, id DESC);
+CREATE INDEX triggers_armed_idx ON triggers (project_id, next_fire_at_ms) WHERE next_fire_at_ms IS NOT NULL;
+CREATE TRIGGER trigger_events_follow_delete AFTER DELETE ON triggers BEGIN
+    DELETE FROM trigger_events WHERE project_id = old.project_id AND trigger_id = old.id;
+END;
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3)
 
 
 def migrate(conn: apsw.Connection) -> int:

@@ -7,6 +7,7 @@ import msgspec
 
 from edge.core.errors import conflict, not_found
 from edge.core.tasks import SPEC_SCHEMA, Task, TaskSpec, content_digest
+from edge.storage.sqlite import triggers as trigger_sql
 from edge.storage.sqlite.db import Database, immediate
 from edge.storage.sqlite.retention import LOG_ON_DISK, add_log_bytes
 
@@ -86,10 +87,7 @@ def _new_revision(
             (revision, int(current.enabled if enabled is None else enabled), name, now, project, task_id),
         )
         # Triggers that followed the old head follow the new one (documented default).
-        conn.execute(
-            "UPDATE triggers SET task_revision = ? WHERE project_id = ? AND task_id = ? AND task_revision = ?",
-            (revision, project, task_id, head),
-        )
+        trigger_sql.follow_task(conn, project, task_id, head, revision, now)
         task = get(conn, project, task_id)
     assert task is not None
     return task

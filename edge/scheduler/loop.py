@@ -1,0 +1,291 @@
+"""The scheduler loop: a heap of next fires and one sleep until the earliest of them.
+
+It sleeps at most a minute at a time, so a wall-clock jump is noticed within a minute;
+with nothing due that is its only wake-up. Each due trigger goes through one admission
+transaction in the store; admitted runs go to the runner (after their jitter). While
+the wall clock is earlier than the newest time on record (a router booting at 1970
+before NTP), nothing is scheduled until the clock has caught up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from edge.core.clock import Clock
+from edge.core.errors import ToolError
+from edge.core.ports import RunStore
+from edge.core.runs import Run
+from edge.core.schedule import GRACE_MS
+from edge.core.triggers import Admission, CronSpec, SchedulerStore, Trigger, TriggerEvent, TriggerStore
+
+log = logging.getLogger("qledge.scheduler")
+
+MAX_SLEEP_S = 60.0
+RETRY_MS = 60_000  # storage unavailable or zone data missing: try that trigger again later
+SAVE_EVERY_MS = 3_600_000  # idle: persist the clock mark hourly (admissions persist it anyway)
+
+
+class Sleeper(Protocol):
+    async def sleep(self, seconds: float) -> None:
+        """Sleep, returning early when woken."""
+        ...
+
+    def wake(self) -> None: ...
+
+
+class Waker:
+    """One timer per sleep; `wake` ends the current sleep, or the next one at once."""
+
+    def __init__(self) -> None:
+        self._future: asyncio.Future | None = None
+        self._pending = False
+
+    async def sleep(self, seconds: float) -> None:
+        if self._pending:
+            self._pending = False
+            return
+        loop = asyncio.get_running_loop()
+        self._future = future = loop.create_future()
+        handle = loop.call_later(seconds, _resolve, future)
+        try:
+            await future
+        finally:
+            handle.cancel()
+            self._future = None
+
+    def wake(self) -> None:
+        if self._future is not None:
+            _resolve(self._future)
+        else:
+            self._pending = True
+
+
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class RunExecutor(Protocol):
+    def submit(self, run: Run) -> None: ...
+
+    async def cancel(self, project: str, run_id: str, reason: str) -> Run: ...
+
+
+def _utc(ms: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000))
+
+
+class Scheduler:
+    def __init__(
+        self,
+        store: SchedulerStore,
+        runs: RunStore,
+        runner: RunExecutor,
+        clock: Clock,
+        project: str,
+        *,
+        sleeper: Sleeper | None = None,
+        rng: Callable[[], float] = random.random,
+        grace_ms: int = GRACE_MS,
+    ) -> None:
+        self._store = store
+        self._runs = runs
+        self._runner = runner
+        self._clock = clock
+        self._project = project
+        self._sleeper = sleeper or Waker()
+        self._rng = rng
+        self._grace_ms = grace_ms
+        self._heap: list[tuple[int, str]] = []
+        self._reload = True
+        self._newest = 0
+        self._held_at: int | None = None
+        self._saved_at = 0
+        self._task: asyncio.Task | None = None
+        self._pending: dict[str, asyncio.TimerHandle] = {}  # jittered runs not yet released
+        self._background: set[asyncio.Task] = set()
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.load()
+        self._task = asyncio.create_task(self._loop(), name="scheduler")
+
+    async def load(self) -> None:
+        """Read the clock mark; the heap is read by the first tick."""
+        self._newest = await self._store.newest_time(self._project)
+        self._saved_at = self._clock.now_ms()
+        self._reload = True
+
+    async def stop(self) -> None:
+        """Stop scheduling; runs still waiting out their jitter are cancelled (`shutdown`)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for task in list(self._background):
+            task.cancel()
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+        for run_id, handle in list(self._pending.items()):
+            handle.cancel()
+            with contextlib.suppress(ToolError):
+                await self._runner.cancel(self._project, run_id, "shutdown")
+        self._pending.clear()
+        with contextlib.suppress(ToolError):
+            await self._store.save_time(self._newest)
+
+    def changed(self) -> None:
+        """Triggers changed (created, enabled, …): reload the heap and look again."""
+        self._reload = True
+        self._sleeper.wake()
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                delay = await self.tick()
+            except Exception:  # keep scheduling whatever one tick ran into
+                log.exception("scheduler tick failed")
+                delay = MAX_SLEEP_S
+            await self._sleeper.sleep(delay)
+
+    # -- one pass -----------------------------------------------------------------
+
+    async def tick(self) -> float:
+        """Admit everything due now; returns how long to sleep (seconds)."""
+        now = self._clock.now_ms()
+        if self._reload:
+            self._reload = False
+            self._heap = await self._store.armed(self._project)  # sorted by cursor: already a heap
+        if now < self._newest:
+            if self._held_at is None:
+                log.warning("clock is behind the newest time seen (%s); scheduling holds", _utc(self._newest))
+            self._held_at = now
+            return min(MAX_SLEEP_S, (self._newest - now) / 1000 + 0.001)
+        if self._held_at is not None:
+            log.info("clock caught up; scheduling resumes")
+            self._held_at = None
+        self._newest = now
+        while self._heap and self._heap[0][0] <= now:
+            _, trigger_id = heapq.heappop(self._heap)
+            try:
+                admission = await self._store.admit(self._project, trigger_id, now, self._grace_ms, self._rng)
+            except ToolError as exc:
+                log.error("admission of trigger %s failed: %s", trigger_id, exc.message)
+                admission = Admission(cursor=now, retry=True)
+            self._apply(trigger_id, admission, now)
+        if now - self._saved_at >= SAVE_EVERY_MS:
+            await self._store.save_time(now)
+            self._saved_at = now
+        if not self._heap:
+            return MAX_SLEEP_S
+        # A millisecond over, so the timer never ends just before the fire is due.
+        return min(MAX_SLEEP_S, (self._heap[0][0] - now) / 1000 + 0.001)
+
+    def _apply(self, trigger_id: str, admission: Admission, now: int) -> None:
+        if admission.gone or admission.cursor is None:
+            return  # deleted, disabled or never firing again: off the heap
+        cursor = now + RETRY_MS if admission.retry else max(admission.cursor, now + 1)
+        heapq.heappush(self._heap, (cursor, trigger_id))
+        if admission.cancel:
+            self._spawn(self._replace(admission.runs, admission.cancel))
+        else:
+            for run in admission.runs:
+                self._start(run)
+
+    async def _replace(self, runs: list[Run], cancel: list[str]) -> None:
+        for run_id in cancel:
+            with contextlib.suppress(ToolError):  # it may have finished meanwhile
+                await self._runner.cancel(self._project, run_id, "replaced")
+        for run in runs:
+            if run.id not in cancel:
+                self._start(run)
+
+    def _start(self, run: Run) -> None:
+        if not run.jitter_ms:
+            self._runner.submit(run)
+            return
+        loop = asyncio.get_running_loop()
+        self._pending[run.id] = loop.call_later(run.jitter_ms / 1000, self._release, run.id)
+
+    def _release(self, run_id: str) -> None:
+        self._pending.pop(run_id, None)
+        self._spawn(self._submit_if_queued(run_id))
+
+    async def _submit_if_queued(self, run_id: str) -> None:
+        run = await self._runs.get(self._project, run_id)  # it may have been cancelled while waiting
+        if run is not None and run.status == "queued":
+            self._runner.submit(run)
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -- status -------------------------------------------------------------------
+
+    def status(self) -> dict[str, str]:
+        lines: dict[str, str] = {}
+        if self._held_at is not None:
+            lines["clock"] = (
+                f"waiting for sync (wall clock {_utc(self._held_at)} is behind {_utc(self._newest)},"
+                " the newest time seen; scheduling resumes when it catches up)"
+            )
+        armed = f"{len(self._heap)} triggers armed"
+        lines["scheduler"] = armed + (f", next fire {_utc(self._heap[0][0])}" if self._heap else "")
+        return lines
+
+
+class Triggers:
+    """What tools see: the trigger store, where every change wakes the scheduler."""
+
+    def __init__(self, store: TriggerStore, scheduler: Scheduler | None, default_timezone: str) -> None:
+        self._store = store
+        self._scheduler = scheduler
+        self.default_timezone = default_timezone
+
+    def _changed(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.changed()
+
+    async def create(
+        self, project: str, trigger_id: str | None, task_id: str, task_revision: int | None, spec: CronSpec, now_ms: int
+    ) -> Trigger:
+        trigger = await self._store.create(project, trigger_id, task_id, task_revision, spec, now_ms)
+        self._changed()
+        return trigger
+
+    async def get(self, project: str, trigger_id: str) -> Trigger | None:
+        return await self._store.get(project, trigger_id)
+
+    async def list(self, project: str, after: str | None, limit: int) -> list[Trigger]:
+        return await self._store.list(project, after, limit)
+
+    async def set_enabled(
+        self, project: str, trigger_id: str, enabled: bool, expected_revision: int | None, now_ms: int
+    ) -> Trigger:
+        trigger = await self._store.set_enabled(project, trigger_id, enabled, expected_revision, now_ms)
+        self._changed()
+        return trigger
+
+    async def repin(
+        self, project: str, trigger_id: str, task_revision: int | None, expected_revision: int | None, now_ms: int
+    ) -> Trigger:
+        trigger = await self._store.repin(project, trigger_id, task_revision, expected_revision, now_ms)
+        self._changed()
+        return trigger
+
+    async def delete(self, project: str, trigger_id: str, expected_revision: int | None) -> None:
+        await self._store.delete(project, trigger_id, expected_revision)
+        self._changed()
+
+    async def events(self, project: str, trigger_id: str | None, before_id: int | None, limit: int) -> list[TriggerEvent]:
+        return await self._store.events(project, trigger_id, before_id, limit)
