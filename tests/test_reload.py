@@ -37,8 +37,10 @@ def test_changed_keys_and_merge_live():
 
 def test_sighup_applies_live_keys_and_names_the_rest(daemon_factory):
     d = daemon_factory(config="[runner]\nqueue_limit = 32\n").start()
-    d.cli("task", "add", "t", "--", "true")
+    d.cli("task", "add", "t", "--overlap", "allow", "--", "sleep", "30")
     _reload(d, "[runner]\nqueue_limit = 0\nconcurrency = 3\n")
+    for _ in range(2):  # the two slots of the running concurrency, and no queue
+        d.call("qledge.run.start", {"taskId": "t"})
     with pytest.raises(CallFailed) as err:
         d.call("qledge.run.start", {"taskId": "t"})
     assert err.value.code == "resource_exhausted"

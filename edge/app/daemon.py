@@ -188,10 +188,11 @@ class Daemon:
         runner.admission = triggers
         scheduler = Scheduler(triggers, runs, runner, self.clock, cfg.project)
 
-        async def reload_triggers(_config: Config) -> None:
-            scheduler.changed()  # re-read them all: another writer may have changed the database
+        async def reload_admission(config: Config) -> None:
+            triggers.capacity = config.runner.concurrency + config.runner.queue_limit  # queue_limit is live
+            scheduler.changed()  # re-read the triggers: another writer may have changed the database
 
-        self.add_reload_hook(reload_triggers)
+        self.add_reload_hook(reload_admission)
         registry = Registry([*builtin_tools(), *ai_tools()])
         owners = cfg.auth.owner_uids if cfg.auth.owner_uids is not None else sorted({os.getuid(), 0})
         auth = Authenticator(credentials, pepper, owners, cfg.project, registry.read_tool_names())

@@ -390,7 +390,7 @@ class SqliteTriggerStore:
 
     def __init__(self, db: Database, capacity: int = 34) -> None:
         self._db = db
-        self._capacity = capacity
+        self.capacity = capacity
 
     async def create(
         self, project: str, trigger_id: str | None, task_id: str, task_revision: int | None, spec: CronSpec, now_ms: int
@@ -425,7 +425,7 @@ class SqliteTriggerStore:
     async def admit(
         self, project: str, trigger_id: str, now_ms: int, grace_ms: int, rng: Callable[[], float]
     ) -> Admission:
-        return await self._db.run(admit, project, trigger_id, now_ms, grace_ms, self._capacity, rng)
+        return await self._db.run(admit, project, trigger_id, now_ms, grace_ms, self.capacity, rng)
 
     async def newest_time(self, project: str) -> int:
         return await self._db.run(newest_time, project)
@@ -434,4 +434,4 @@ class SqliteTriggerStore:
         await self._db.run(_save_time_tx, now_ms)
 
     async def admit_manual(self, task: Task, actor: str, now_ms: int) -> tuple[Run, list[str]]:
-        return await self._db.run(admit_manual, task, actor, now_ms, self._capacity)
+        return await self._db.run(admit_manual, task, actor, now_ms, self.capacity)
