@@ -76,12 +76,12 @@ def test_tool_call_round_trip(daemon, clients):
     }
 
 
-def _start_all(client: Client, n: int) -> list[str]:
-    """Start n runs, backing off while the bounded queue is full."""
+def _start_all(client: Client, n: int, tasks: tuple[str, ...] = ("bench",)) -> list[str]:
+    """Start n runs round-robin over `tasks`, backing off while the bounded queue is full."""
     ids: list[str] = []
     while len(ids) < n:
         try:
-            ids.append(client.call("qledge.run.start", {"taskId": "bench"})["id"])
+            ids.append(client.call("qledge.run.start", {"taskId": tasks[len(ids) % len(tasks)]})["id"])
         except CallFailed as exc:
             if exc.code != "resource_exhausted":
                 raise
@@ -95,9 +95,13 @@ def _wait_all(client: Client, ids: list[str]) -> list[str]:
 
 def test_run_admission_and_completion_throughput(daemon):
     n = 200
+    # Retention keeps 100 finished runs per task: spread the runs so none is pruned before it is waited for.
+    tasks = ("bench", "bench-2", "bench-3", "bench-4")
     with Client(daemon.socket) as client:
+        for task in tasks[1:]:
+            client.call("qledge.task.create", {"taskId": task, "spec": SPEC})
         started = time.perf_counter()
-        ids = _start_all(client, n)
+        ids = _start_all(client, n, tasks)
         statuses = _wait_all(client, ids)
         elapsed = time.perf_counter() - started
     assert statuses == ["succeeded"] * n
