@@ -442,13 +442,17 @@ def test_openwrt_depends_cover_every_import_of_the_edge_profile():
     assert ipk == makefile, ipk ^ makefile
     # msgspec's C core imports these at load time (checked on the installed module below).
     msgspec_deps = _makefile_depends(os.path.join(ROOT, "openwrt", "python-msgspec", "Makefile"), "python3-msgspec")
-    assert {"python3-uuid", "python3-decimal", "python3-urllib"} <= msgspec_deps
+    assert {"python3-uuid", "python3-decimal"} <= msgspec_deps
 
 
 def test_msgspec_imports_what_its_openwrt_package_depends_on():
-    code = "import sys, msgspec; print(' '.join(sorted(m.split('.')[0] for m in sys.modules)))"
-    loaded = set(subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True).stdout.split())
-    assert {"uuid", "decimal", "urllib"} <= loaded
+    code = (f"import sys; sys.path += {SITE!r}; import msgspec; "
+            "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))")
+    loaded = set(subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True).stdout.split())
+    assert "msgspec" in loaded
+    split = {OPENWRT_SPLIT[m] for m in loaded if m in OPENWRT_SPLIT}
+    msgspec_deps = _makefile_depends(os.path.join(ROOT, "openwrt", "python-msgspec", "Makefile"), "python3-msgspec")
+    assert split == msgspec_deps - {"python3-light"}, split
 
 
 def test_shipped_systemd_config_is_accepted():
