@@ -118,6 +118,18 @@ async def test_watchdog_pets_at_its_interval_and_stops_when_the_loop_is_stuck(li
     assert await asyncio.to_thread(listener.messages, 0.02) == []
 
 
+async def test_pets_from_scheduler_wake_ups_push_the_fallback_timer_back(listener):
+    dog = Watchdog(Notifier(listener.address), 1.0)
+    dog.start()
+    for _ in range(5):  # the scheduler's wake-ups, more often than the fallback timer
+        await asyncio.sleep(0.3)
+        dog.pet()
+    # 1.5 s have passed, but every pet pushed the 1 s timer back: one message per call and
+    # none from the timer, so an idle daemon wakes once per minute, not twice.
+    assert await asyncio.to_thread(listener.messages, 0.02) == ["WATCHDOG=1"] * 6
+    dog.stop()
+
+
 def _daemon(listener: Listener, home: str, **env: str) -> subprocess.Popen:
     full = {**os.environ, "QLEDGE_HOME": home, "NOTIFY_SOCKET": listener.address, **env}
     full.pop("QLEDGE_SOCKET", None)

@@ -225,6 +225,8 @@ class Daemon:
         log.info("qledge serving on %s (loop %s, pid %d)", self.socket_path, self.loop_name, os.getpid())
         self.notifier.notify(f"READY=1\nSTATUS=serving on {self.socket_path}\nMAINPID={os.getpid()}")
         watchdog = start_watchdog(self.notifier)
+        if watchdog is not None:
+            scheduler.on_wake = watchdog.pet
         reloads = asyncio.create_task(self._reload_loop(), name="reload")
         try:
             await self._stop.wait()

@@ -58,11 +58,18 @@ class Watchdog:
         return self._interval_s
 
     def start(self) -> None:
-        self._pet()
+        self.pet()
 
-    def _pet(self) -> None:
+    def pet(self) -> None:
+        """Send WATCHDOG=1 and push the fallback timer back.
+
+        The scheduler calls this on its own wake-ups (at least once a minute), so an
+        idle daemon wakes once per minute, not once for each timer.
+        """
         self._notifier.notify("WATCHDOG=1")
-        self._handle = asyncio.get_running_loop().call_later(self._interval_s, self._pet)
+        if self._handle is not None:
+            self._handle.cancel()
+        self._handle = asyncio.get_running_loop().call_later(self._interval_s, self.pet)
 
     def stop(self) -> None:
         if self._handle is not None:

@@ -111,6 +111,9 @@ class Scheduler:
         self._task: asyncio.Task | None = None
         self._pending: dict[str, asyncio.TimerHandle] = {}  # jittered runs not yet released
         self._background: set[asyncio.Task] = set()
+        # Called on every wake-up: other once-a-minute chores (the service watchdog)
+        # ride on this timer instead of waking the process themselves.
+        self.on_wake: Callable[[], None] | None = None
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -161,6 +164,8 @@ class Scheduler:
 
     async def tick(self) -> float:
         """Admit everything due now; returns how long to sleep (seconds)."""
+        if self.on_wake is not None:
+            self.on_wake()
         now = self._clock.now_ms()
         if self._reload:
             self._reload = False
