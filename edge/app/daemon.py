@@ -1,4 +1,4 @@
-"""`qledge serve`: build the graph from config, own the start and stop order."""
+"""`qledge serve`: the daemon's lifecycle: lock, store, start and stop order, signals, reload."""
 
 from __future__ import annotations
 
@@ -13,29 +13,12 @@ from collections.abc import Awaitable, Callable
 
 from edge.app import config as config_file
 from edge.app.config import Config
+from edge.app.graph import Graph, StartupError, private_dir
 from edge.app.sdnotify import Notifier, start_watchdog
 from edge.core.clock import Clock, SystemClock
-from edge.core.ports import Counts
-from edge.core.schedule import ScheduleError, default_zone, load_zone
-from edge.runner.supervisor import Runner, RunnerSettings
-from edge.scheduler.loop import Scheduler, Triggers
-from edge.server.unix_server import ToolServer, UnixListener
-from edge.storage.sqlite import stats
-from edge.storage.sqlite.audit import SqliteAuditLog
-from edge.storage.sqlite.credentials import SqliteCredentialStore
+from edge.runner.supervisor import RunnerSettings
+from edge.server.unix_server import UnixListener
 from edge.storage.sqlite.db import Database
-from edge.storage.sqlite.reads import sqlite_readers
-from edge.storage.sqlite.retention import Policy
-from edge.storage.sqlite.runs import SqliteRunStore
-from edge.storage.sqlite.secrets import SqliteSecretStore
-from edge.storage.sqlite.tasks import SqliteTaskStore
-from edge.storage.sqlite.triggers import SqliteTriggerStore
-from edge.tools.ai.catalog import ai_tools
-from edge.tools.authn import Authenticator
-from edge.tools.builtin.catalog import builtin_tools
-from edge.tools.chain import Chain
-from edge.tools.context import Services
-from edge.tools.definition import Registry
 
 log = logging.getLogger("qledge")
 
@@ -47,36 +30,6 @@ ReloadHook = Callable[[Config], Awaitable[None]]
 LIVE_KEYS = frozenset({
     "log_level", "runner.queue_limit", "runner.kill_grace_s", "runner.log_cap_bytes", "runner.disk_reserve_bytes",
 })
-
-
-class StartupError(Exception):
-    """One clear line; the daemon exits non-zero without a traceback."""
-
-
-class DaemonFacts:
-    def __init__(self, db: Database, loop: str, clock: Clock) -> None:
-        self.loop = loop
-        self.db_path = db.path
-        self.started_monotonic = clock.monotonic()
-        self._db = db
-        self._extra: list = []  # callables returning {name: value}, added by capabilities
-
-    async def counts(self, project: str) -> Counts:
-        return await stats.read_counts(self._db, project)
-
-    def add_extra(self, provider) -> None:
-        self._extra.append(provider)
-
-    def extra(self) -> dict[str, str]:
-        lines: dict[str, str] = {}
-        for provider in self._extra:
-            lines.update(provider())
-        return lines
-
-
-def _private_dir(path: str) -> str:
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    return path
 
 
 def load_pepper(path: str) -> bytes:
@@ -114,15 +67,6 @@ def lock_home(home: str) -> int:
     return fd
 
 
-def _trigger_zone(configured: str | None) -> str:
-    zone = default_zone(configured)
-    try:
-        load_zone(zone)
-    except ScheduleError as exc:  # manual runs still work; new triggers must name a zone
-        log.warning("default timezone: %s", exc)
-    return zone
-
-
 class Daemon:
     """Start order: store → runner → scheduler → tools → socket. Stop order is the reverse."""
 
@@ -143,7 +87,7 @@ class Daemon:
         self._runner_settings: RunnerSettings | None = None
 
     async def run(self) -> None:
-        _private_dir(self.home)
+        private_dir(self.home)
         lock = lock_home(self.home)
         try:
             await self._run_locked()
@@ -163,70 +107,29 @@ class Daemon:
             await db.close()
 
     async def _serve(self, db: Database, pepper: bytes) -> None:
-        cfg = self.config
-        logs_dir = _private_dir(os.path.join(self.home, "logs"))
-        keep = cfg.retention
-        tasks = SqliteTaskStore(db)
-        runs = SqliteRunStore(db, Policy(
-            runs_per_task=keep.runs_per_task, max_age_ms=keep.run_max_age_days * 86_400_000,
-            log_quota_bytes=keep.log_quota_bytes,
-        ), logs_dir)
-        credentials, secrets = SqliteCredentialStore(db), SqliteSecretStore(db)
-        self._runner_settings = RunnerSettings(
-            logs_dir=logs_dir,
-            work_dir=_private_dir(os.path.join(self.home, "work")),
-            concurrency=cfg.runner.concurrency,
-            queue_limit=cfg.runner.queue_limit,
-            kill_grace_s=cfg.runner.kill_grace_s,
-            log_cap_bytes=cfg.runner.log_cap_bytes,
-            disk_reserve_bytes=cfg.runner.disk_reserve_bytes,
-        )
-        runner = Runner(runs, tasks, self.clock, secrets=secrets, settings=self._runner_settings)
+        g = Graph(self.config, self.home, self.socket_path, self.loop_name, self.clock, db, pepper)
+        self._runner_settings = g.settings
+        self.add_reload_hook(g.reload)
         # Before anything is served: nothing a dead daemon left may stay `running`.
-        await runner.recover()
-        triggers = SqliteTriggerStore(db, capacity=cfg.runner.concurrency + cfg.runner.queue_limit)
-        runner.admission = triggers
-        scheduler = Scheduler(triggers, runs, runner, self.clock, cfg.project)
-
-        async def reload_admission(config: Config) -> None:
-            triggers.capacity = config.runner.concurrency + config.runner.queue_limit  # queue_limit is live
-            scheduler.changed()  # re-read the triggers: another writer may have changed the database
-
-        self.add_reload_hook(reload_admission)
-        registry = Registry([*builtin_tools(), *ai_tools()])
-        owners = cfg.auth.owner_uids if cfg.auth.owner_uids is not None else sorted({os.getuid(), 0})
-        auth = Authenticator(credentials, pepper, owners, cfg.project, registry.read_tool_names())
-        facts = DaemonFacts(db, self.loop_name, self.clock)
-        services = Services(
-            project=cfg.project, clock=self.clock, tasks=tasks, runs=runs, credentials=credentials,
-            audit=SqliteAuditLog(db, cfg.retention.audit_max_rows, cfg.retention.audit_max_age_days),
-            runner=runner, pepper=pepper, facts=facts,
-        )
-        services.secrets = secrets
-        services.readers = sqlite_readers(db)
-        services.triggers = Triggers(triggers, scheduler, _trigger_zone(cfg.timezone))
-        facts.add_extra(scheduler.status)
-        chain = Chain(registry, auth, services)
-        server = ToolServer(chain, self.socket_path, cfg.max_frame_bytes)
-        mcp = self._mcp_server(chain, facts) if cfg.mcp.enabled else None
-        await scheduler.start()
+        await g.runner.recover()
+        await g.scheduler.start()
         try:
-            await _listen(server)
-            if mcp is not None:
+            await _listen(g.server)
+            if g.mcp is not None:
                 try:
-                    await _listen(mcp)
+                    await _listen(g.mcp)
                 except StartupError:
-                    await server.stop()
+                    await g.server.stop()
                     raise
         except StartupError:
-            await scheduler.stop()
+            await g.scheduler.stop()
             raise
         self._install_signals()
         log.info("qledge serving on %s (loop %s, pid %d)", self.socket_path, self.loop_name, os.getpid())
         self.notifier.notify(f"READY=1\nSTATUS=serving on {self.socket_path}\nMAINPID={os.getpid()}")
         watchdog = start_watchdog(self.notifier)
         if watchdog is not None:
-            scheduler.on_wake = watchdog.pet
+            g.scheduler.on_wake = watchdog.pet
         reloads = asyncio.create_task(self._reload_loop(), name="reload")
         try:
             await self._stop.wait()
@@ -236,30 +139,14 @@ class Daemon:
                 watchdog.stop()
             self.notifier.notify("STOPPING=1")
             log.info("qledge stopping")
-            if mcp is not None:
-                await mcp.stop()
-            await server.stop()
-            await scheduler.stop()
-            await runner.shutdown()
+            if g.mcp is not None:
+                await g.mcp.stop()
+            await g.server.stop()
+            await g.scheduler.stop()
+            await g.runner.shutdown()
 
     def stop(self) -> None:
         self._stop.set()
-
-    def _mcp_server(self, chain: Chain, facts: DaemonFacts) -> UnixListener:
-        """edge.mcp is imported here and only here, when [mcp] enabled = true."""
-        try:
-            from edge.mcp.server import McpServer
-        except ImportError as exc:
-            if exc.name is not None and (exc.name == "edge.mcp" or exc.name.startswith("edge.mcp.")):
-                raise StartupError("MCP is not included in this build") from None
-            raise
-        path = os.path.abspath(self.config.mcp.socket or os.path.join(self.home, "mcp.sock"))
-        try:
-            server = McpServer(chain, path, self.config.mcp.max_line_bytes)
-        except ValueError as exc:  # a tool that cannot be described to MCP clients
-            raise StartupError(f"MCP: {exc}") from None
-        facts.add_extra(lambda: {"mcp": path})
-        return server
 
     # -- reload (SIGHUP) ------------------------------------------------------------
 
@@ -332,8 +219,12 @@ def run_daemon(config: Config, home: str, socket_path: str, loop_name: str, conf
     daemon = Daemon(config, home, socket_path, loop_name, config_path=config_path)
     try:
         if loop_name == "uvloop":
-            import uvloop
-
+            try:
+                import uvloop
+            except ImportError:
+                print("qledge: loop = \"uvloop\" but uvloop is not installed (pip install 'qledge[uvloop]')",
+                      file=sys.stderr)
+                return 1
             uvloop.run(daemon.run())
         else:
             asyncio.run(daemon.run())
