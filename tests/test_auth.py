@@ -111,3 +111,25 @@ def test_audit_failure_means_nothing_is_executed(daemon):
     assert db.execute("SELECT count(*) FROM tasks").fetchone()[0] == 0
     db.execute("DROP TRIGGER audit_down")
     assert daemon.call("qledge.task.create", {"taskId": "now", "spec": spec})["id"] == "now"
+
+
+def test_a_pinned_version_must_match(daemon):
+    assert daemon.call("qledge.status@1.0.0")["pid"] == daemon.pid
+    with pytest.raises(CallFailed) as err:
+        daemon.call("qledge.status@2.0.0")
+    assert (err.value.code, err.value.message) == ("invalid_argument", "qledge.status is at version 1.0.0, not 2.0.0")
+    assert _audit(daemon)[-1][2:4] == ("denied", ["tool_version_mismatch", "tool_qledge_status"])
+
+
+def test_tools_list_shows_only_what_the_caller_may_call(daemon):
+    everything = {t["name"]: t for t in daemon.call("qledge.tools.list")["tools"]}
+    assert {"qledge.task.create", "qledge.credential.create", "qinglong.task.runs.compare"} <= set(everything)
+    assert everything["qinglong.run.log.excerpt"] == {
+        "name": "qinglong.run.log.excerpt", "version": "1.0.0", "effect": "read", "risk": "medium",
+        "permissions": ["artifact.read"], "deadlineS": 5.0, "title": everything["qinglong.run.log.excerpt"]["title"],
+        "ai": True,
+    }
+    _, viewer = daemon.token("viewer")
+    seen = {t["name"] for t in daemon.call("qledge.tools.list", token=viewer)["tools"]}
+    assert "qledge.task.create" not in seen and "qinglong.run.log.excerpt" not in seen
+    assert {"qledge.status", "qinglong.task.list", "qinglong.run.list"} <= seen

@@ -119,6 +119,7 @@ class Graph:
         )
         services.secrets = secrets
         services.readers = sqlite_readers(db)
+        services.catalog = registry
         services.triggers = Triggers(self.triggers, self.scheduler, _trigger_zone(config.timezone))
         self.facts.add_extra(self.scheduler.status)
         self.chain = Chain(registry, auth, services)

@@ -30,13 +30,21 @@ class Chain:
         self._services = services
 
     async def call(self, name: str, raw_args: bytes, fmt: str, caller: Caller) -> Any:
-        """Run one call through the chain; returns the result Struct or raises ToolError."""
+        """Run one call through the chain; returns the result Struct or raises ToolError.
+
+        `name` may pin a version, `name@version`: a caller written against one version of a
+        tool is refused rather than silently given another.
+        """
+        name, _, version = name.partition("@")
         reason = tool_reason(name)
         principal = await self.authenticate(caller, name, reason)
         entry = self.registry.get(name)
         if entry is None:
             await self._audit(principal.subject, name, "denied", ["tool_unknown", reason], caller)
             raise invalid(f"unknown tool {name!r}")
+        if version and version != entry.tool.version:
+            await self._audit(principal.subject, name, "denied", ["tool_version_mismatch", reason], caller)
+            raise invalid(f"{name} is at version {entry.tool.version}, not {version}")
         if not self._check_policy(entry, principal):
             await self._deny(entry, principal, caller, reason)
         await self._audit(principal.subject, name, "allowed", ["tool_invocation_allowed", reason], caller)

@@ -44,6 +44,7 @@ class Services:
     secrets: SecretStore | None = None
     triggers: Any = None  # the trigger store and scheduler (edge.scheduler)
     readers: Any = None  # narrow readers behind the AI read tools (edge.tools.ai)
+    catalog: Any = None  # the tool registry (edge.tools.definition.Registry), for qledge.tools.list
 
     def __init__(
         self,

@@ -1,4 +1,4 @@
-"""`qledge.status`: what the daemon is, how big it is and what it holds."""
+"""`qledge.status` and `qledge.tools.list`: what the daemon is, holds and offers."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from typing import Protocol
 import msgspec
 
 import edge
+from edge.core.auth import allows
 from edge.core.ports import Counts
 from edge.tools.context import ToolContext
-from edge.tools.definition import Tool
+from edge.tools.definition import Empty, Tool
 
 
 class Facts(Protocol):
@@ -92,9 +93,39 @@ async def status(ctx: ToolContext, args: StatusArgs) -> Status:
     )
 
 
+class ToolInfo(msgspec.Struct, rename="camel"):
+    name: str
+    version: str
+    effect: str
+    risk: str
+    permissions: list[str]  # besides tool.call:<name>
+    deadline_s: float
+    title: str
+    ai: bool
+
+
+class ToolList(msgspec.Struct, rename="camel"):
+    tools: list[ToolInfo]
+
+
+async def list_tools(ctx: ToolContext, args: Empty) -> ToolList:
+    """The tools this caller may call, by name (others are not disclosed)."""
+    granted = ctx.principal.permissions
+    return ToolList(tools=[
+        ToolInfo(name=t.name, version=t.version, effect=t.effect, risk=t.risk, permissions=list(t.permissions),
+                 deadline_s=t.deadline_s, title=t.title, ai=t.ai)
+        for t in sorted(ctx.services.catalog.tools(), key=lambda t: t.name)
+        if allows(granted, f"tool.call:{t.name}") and all(allows(granted, p) for p in t.permissions)
+    ])
+
+
 TOOLS = [
     Tool(
         name="qledge.status", version="1.0.0", effect="read", risk="low", permissions=("status.read",),
         args_type=StatusArgs, result_type=Status, handler=status, title="Daemon status",
+    ),
+    Tool(
+        name="qledge.tools.list", version="1.0.0", effect="read", risk="low", permissions=("status.read",),
+        args_type=Empty, result_type=ToolList, handler=list_tools, title="The tools you may call",
     ),
 ]
