@@ -326,11 +326,20 @@ class Runner:
     async def _finish(self, job: _Job, status: str, update: RunUpdate) -> None:
         now = self._clock.now_ms()
         update.finished_at_ms = now
-        current = await self._runs.get(job.run.project_id, job.run.id)
-        if current is None or current.terminal:
-            return
         detail = job.cancel_reason if status == "cancelled" else None
-        job.run = await self._runs.transition(current.id, current.version, status, now, "runner", update, detail)
+        # The runner owns its active runs, so the version it holds is normally current;
+        # only when another writer got there first is the row read again.
+        current = job.run
+        try:
+            job.run = await self._runs.transition(current.id, current.version, status, now, "runner", update, detail)
+            return
+        except ToolError as exc:
+            if exc.code != "conflict":
+                raise
+        latest = await self._runs.get(current.project_id, current.id)
+        if latest is None or latest.terminal:
+            return
+        job.run = await self._runs.transition(latest.id, latest.version, status, now, "runner", update, detail)
 
 
 async def _pump(proc: asyncio.subprocess.Process, sink: LogSink) -> None:
