@@ -96,8 +96,7 @@ class Env:
         return delay
 
     async def settle(self) -> None:
-        while self.scheduler._background:
-            await asyncio.gather(*list(self.scheduler._background))
+        await self.scheduler.settle()
 
     async def all_runs(self) -> list[Run]:
         rows = await self.db.run(lambda c: [r[0] for r in c.execute(
@@ -483,7 +482,7 @@ async def test_replace_and_manual_starts_with_the_real_runner(home):
         await _until(lambda: runs.get("default", first.id), "running")
         clock.ms = at("10:01:00")
         await scheduler.tick()
-        await asyncio.gather(*scheduler._background)
+        await scheduler.settle()
         old = await runs.get("default", first.id)
         assert (old.status, old.error_summary) == ("cancelled", "cancelled: replaced")
         new = (await runs.list("default", "r", None, 5))[0]

@@ -82,6 +82,8 @@ class Daemon:
         self.clock = clock or SystemClock()
         self.notifier = Notifier()
         self._stop = asyncio.Event()
+        self._forced = asyncio.Event()  # a second stop signal: cut every grace period short
+        self._graph: Graph | None = None
         self._reload_hooks: list[ReloadHook] = []
         self._reload_wanted = asyncio.Event()
         self._runner_settings: RunnerSettings | None = None
@@ -108,6 +110,7 @@ class Daemon:
 
     async def _serve(self, db: Database, pepper: bytes) -> None:
         g = Graph(self.config, self.home, self.socket_path, self.loop_name, self.clock, db, pepper)
+        self._graph = g
         self._runner_settings = g.settings
         self.add_reload_hook(g.reload)
         # Before anything is served: nothing a dead daemon left may stay `running`.
@@ -138,15 +141,24 @@ class Daemon:
             if watchdog is not None:
                 watchdog.stop()
             self.notifier.notify("STOPPING=1")
-            log.info("qledge stopping")
-            if g.mcp is not None:
-                await g.mcp.stop()
-            await g.server.stop()
+            log.info("qledge stopping: answering the calls in flight (a second signal stops at once)")
+            # Listeners first: no new calls; those in flight are answered within the grace.
+            listeners = [g.server] if g.mcp is None else [g.mcp, g.server]
+            await asyncio.gather(*(listener.stop(forced=self._forced) for listener in listeners))
             await g.scheduler.stop()
             await g.runner.shutdown()
 
     def stop(self) -> None:
-        self._stop.set()
+        """The first call stops gracefully; a second one forces: no more waiting for calls
+        in flight, and runs are killed at once instead of after their grace period."""
+        if not self._stop.is_set():
+            self._stop.set()
+            return
+        if not self._forced.is_set():
+            log.warning("stopping now")
+            self._forced.set()
+            if self._graph is not None:
+                self._graph.runner.force()
 
     # -- reload (SIGHUP) ------------------------------------------------------------
 

@@ -7,10 +7,12 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 from typing import Protocol
 
 from edge.core.clock import Clock
 from edge.core.errors import ToolError, conflict, not_found
+from edge.core.handoff import Background, shielded
 from edge.core.ids import uuid7
 from edge.core.ports import RunProcess, RunStore, RunUpdate, TaskStore
 from edge.core.runs import Run, log_file, summary
@@ -84,6 +86,9 @@ class Runner:
         self._secrets = secrets
         self._slots = asyncio.Semaphore(settings.concurrency)
         self._jobs: dict[str, _Job] = {}
+        self._background = Background(log)  # hand-offs and process-group stops
+        self._closing = False  # shutting down: what is submitted now is cancelled, not run
+        self._forced = False  # a second stop signal: no more grace periods
 
     # -- the port tools see -------------------------------------------------------
 
@@ -92,12 +97,9 @@ class Runner:
 
     async def start(self, task: Task, actor: str) -> Run:
         if self.admission is not None:  # the task's overlap policy and the shared queue bound
-            run, replaced = await self.admission.admit_manual(task, actor, self._clock.now_ms())
-            for run_id in replaced:
-                with contextlib.suppress(ToolError):  # it may have finished meanwhile
-                    await self.cancel(task.project_id, run_id, "replaced")
-            self.submit(run)
-            return run
+            # Once admission commits, the run must reach the executor even if this call is
+            # cancelled (its client hung up, its deadline passed): the hand-off is shielded.
+            return await shielded(self._background, self._admit(self.admission, task, actor), "admit")
         if self.queued_count() >= self._settings.queue_limit:
             raise ToolError("resource_exhausted", f"the run queue is full ({self._settings.queue_limit} waiting)")
         now = self._clock.now_ms()
@@ -107,6 +109,16 @@ class Runner:
         )
         run = await self._runs.create(run, "user" if actor == "user" else "system")
         self.submit(run)
+        return run
+
+    async def _admit(self, admission: RunAdmission, task: Task, actor: str) -> Run:
+        run, replaced = await admission.admit_manual(task, actor, self._clock.now_ms())
+        try:
+            for run_id in replaced:
+                with contextlib.suppress(ToolError):  # it may have finished meanwhile
+                    await self.cancel(task.project_id, run_id, "replaced")
+        finally:
+            self.submit(run)
         return run
 
     async def cancel(self, project: str, run_id: str, reason: str) -> Run:
@@ -139,8 +151,11 @@ class Runner:
     # -- lifecycle ----------------------------------------------------------------
 
     def submit(self, run: Run) -> None:
-        """Execute an admitted (queued) run when a slot is free."""
+        """Execute an admitted (queued) run when a slot is free; while shutting down,
+        record it cancelled (`shutdown`) instead."""
         job = _Job(run)
+        if self._closing:
+            job.cancel_reason = "shutdown"
         self._jobs[run.id] = job
         job.task = asyncio.create_task(self._execute(job), name=f"run-{run.id}")
 
@@ -151,12 +166,27 @@ class Runner:
         return [job.run for job in self._jobs.values()]
 
     async def shutdown(self) -> None:
-        """Cancel everything with reason `shutdown` and wait until it is recorded."""
-        jobs = list(self._jobs.values())
-        for job in jobs:
-            self._request_cancel(job, "shutdown")
-        if jobs:
-            await asyncio.gather(*(job.done.wait() for job in jobs))
+        """Cancel everything with reason `shutdown` and wait until it is recorded,
+        including runs whose admission was still being handed over."""
+        self._closing = True
+        while self._jobs or len(self._background):
+            jobs = list(self._jobs.values())
+            for job in jobs:
+                self._request_cancel(job, "shutdown")
+            if jobs:
+                await asyncio.gather(*(job.done.wait() for job in jobs))
+            await self._background.wait()
+
+    def force(self) -> None:
+        """A second stop signal: kill every process group now instead of waiting out
+        the grace period; runs are still recorded."""
+        self._forced = True
+        for job in list(self._jobs.values()):
+            if job.proc is not None:
+                process.signal_group(job.proc.pid, signal.SIGKILL)
+
+    def _grace_s(self) -> float:
+        return 0.0 if self._forced else self._settings.kill_grace_s
 
     async def recover(self) -> int:
         """Reconcile the runs a daemon that died left queued or running: stop what
@@ -190,7 +220,7 @@ class Runner:
         if job.cancel_reason is None:
             job.cancel_reason = reason
         if job.proc is not None:
-            asyncio.create_task(process.stop_group(job.proc, self._settings.kill_grace_s))
+            self._background.spawn(process.stop_group(job.proc, self._grace_s()), f"stop-{job.run.id}")
         elif job.task is not None and not job.started:
             job.task.cancel()  # still waiting for a slot
 
@@ -198,6 +228,9 @@ class Runner:
 
     async def _execute(self, job: _Job) -> None:
         try:
+            if job.cancel_reason is not None:  # cancelled before it was ever queued for a slot
+                await self._finish(job, "cancelled", RunUpdate(error_summary=f"cancelled: {job.cancel_reason}"))
+                return
             try:
                 await self._slots.acquire()
             except asyncio.CancelledError:
@@ -265,14 +298,14 @@ class Runner:
             RunUpdate(started_at_ms=now, pid=proc.pid, pid_start_ticks=process.start_ticks(proc.pid)),
         )
         if job.cancel_reason is not None:  # cancelled while spawning
-            asyncio.create_task(process.stop_group(proc, self._settings.kill_grace_s))
+            self._background.spawn(process.stop_group(proc, self._grace_s()), f"stop-{run.id}")
         pump = asyncio.create_task(_pump(proc, sink))
         try:
             async with asyncio.timeout(task.spec.timeout_ms / 1000):
                 await proc.wait()
         except TimeoutError:
             job.cancel_reason = job.cancel_reason or "timeout"
-            await process.stop_group(proc, self._settings.kill_grace_s)
+            await process.stop_group(proc, self._grace_s())
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(DRAIN_AFTER_EXIT_S):
                 await asyncio.shield(pump)
@@ -324,6 +357,10 @@ class Runner:
         return env, [v.encode() for v in {*known, *values.values()}]
 
     async def _finish(self, job: _Job, status: str, update: RunUpdate) -> None:
+        # The outcome is recorded even if the job is cancelled while recording it.
+        await shielded(self._background, self._record(job, status, update), f"finish-{job.run.id}")
+
+    async def _record(self, job: _Job, status: str, update: RunUpdate) -> None:
         now = self._clock.now_ms()
         update.finished_at_ms = now
         detail = job.cancel_reason if status == "cancelled" else None

@@ -15,11 +15,12 @@ import heapq
 import logging
 import random
 import time
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
 
 from edge.core.clock import Clock
 from edge.core.errors import ToolError
+from edge.core.handoff import Background, shielded
 from edge.core.ports import RunStore
 from edge.core.runs import Run
 from edge.core.schedule import GRACE_MS
@@ -110,7 +111,7 @@ class Scheduler:
         self._saved_at = 0
         self._task: asyncio.Task | None = None
         self._pending: dict[str, asyncio.TimerHandle] = {}  # jittered runs not yet released
-        self._background: set[asyncio.Task] = set()
+        self._background = Background(log)  # admissions and the hand-offs that follow them
         # Called on every wake-up: other once-a-minute chores (the service watchdog)
         # ride on this timer instead of waking the process themselves.
         self.on_wake: Callable[[], None] | None = None
@@ -128,16 +129,14 @@ class Scheduler:
         self._reload = True
 
     async def stop(self) -> None:
-        """Stop scheduling; runs still waiting out their jitter are cancelled (`shutdown`)."""
+        """Stop scheduling. An admission in progress completes and hands its runs to the
+        executor; runs still waiting out their jitter are cancelled (`shutdown`)."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        for task in list(self._background):
-            task.cancel()
-        if self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
+        await self._background.wait()
         for run_id, handle in list(self._pending.items()):
             handle.cancel()
             with contextlib.suppress(ToolError):
@@ -145,6 +144,10 @@ class Scheduler:
         self._pending.clear()
         with contextlib.suppress(ToolError):
             await self._store.save_time(self._newest)
+
+    async def settle(self) -> None:
+        """Wait until the admissions and hand-offs in progress are done."""
+        await self._background.wait()
 
     def changed(self) -> None:
         """Triggers changed (created, enabled, …): reload the heap and look again."""
@@ -181,12 +184,9 @@ class Scheduler:
         self._newest = now
         while self._heap and self._heap[0][0] <= now:
             _, trigger_id = heapq.heappop(self._heap)
-            try:
-                admission = await self._store.admit(self._project, trigger_id, now, self._grace_ms, self._rng)
-            except ToolError as exc:
-                log.error("admission of trigger %s failed: %s", trigger_id, exc.message)
-                admission = Admission(cursor=now, retry=True)
-            self._apply(trigger_id, admission, now)
+            # Shielded: once the admission commits, its runs reach the executor even if
+            # the scheduler is being stopped.
+            await shielded(self._background, self._admit(trigger_id, now), f"admit-{trigger_id}")
         if now - self._saved_at >= SAVE_EVERY_MS:
             await self._store.save_time(now)
             self._saved_at = now
@@ -194,6 +194,14 @@ class Scheduler:
             return MAX_SLEEP_S
         # A millisecond over, so the timer never ends just before the fire is due.
         return min(MAX_SLEEP_S, (self._heap[0][0] - now) / 1000 + 0.001)
+
+    async def _admit(self, trigger_id: str, now: int) -> None:
+        try:
+            admission = await self._store.admit(self._project, trigger_id, now, self._grace_ms, self._rng)
+        except ToolError as exc:
+            log.error("admission of trigger %s failed: %s", trigger_id, exc.message)
+            admission = Admission(cursor=now, retry=True)
+        self._apply(trigger_id, admission, now)
 
     def _apply(self, trigger_id: str, admission: Admission, now: int) -> None:
         if admission.gone or admission.cursor is None:
@@ -230,10 +238,8 @@ class Scheduler:
         if run is not None and run.status == "queued":
             self._runner.submit(run)
 
-    def _spawn(self, coro) -> None:
-        task = asyncio.create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        self._background.spawn(coro)
 
     # -- status -------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ import struct
 import msgspec
 
 from edge.core.errors import ToolError
+from edge.core.handoff import wait_within
 from edge.server import frames
 from edge.tools.chain import Chain
 from edge.tools.context import Caller
@@ -20,6 +21,7 @@ from edge.tools.context import Caller
 log = logging.getLogger("qledge.server")
 
 MAX_IN_FLIGHT = 16  # per connection; beyond it we stop reading (backpressure)
+STOP_GRACE_S = 5.0  # on stop, how long calls in flight may take to be answered
 _UCRED = struct.Struct("3i")  # pid, uid, gid
 
 
@@ -30,7 +32,7 @@ class UnixListener:
         self.path = path
         self._limit = limit  # StreamReader buffer limit (line-based protocols read up to it)
         self._server: asyncio.AbstractServer | None = None
-        self._connections: set[asyncio.Task] = set()
+        self._connections: dict[asyncio.Task[None], tuple[asyncio.StreamReader, asyncio.StreamWriter]] = {}
 
     async def start(self) -> None:
         remove_stale_socket(self.path)
@@ -41,24 +43,29 @@ class UnixListener:
             os.umask(old)
         os.chmod(self.path, 0o660)
 
-    async def stop(self) -> None:
+    async def stop(self, grace_s: float = STOP_GRACE_S, forced: asyncio.Event | None = None) -> None:
+        """Stop accepting and reading; let every connection answer the calls it has in
+        flight within `grace_s` (or until `forced` is set), then cancel what is left."""
         if self._server is not None:
             self._server.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        for reader, writer in list(self._connections.values()):
+            _stop_reading(reader, writer)
+        await wait_within(list(self._connections), grace_s, forced or asyncio.Event())
         for task in list(self._connections):
             task.cancel()
         if self._connections:
             await asyncio.gather(*self._connections, return_exceptions=True)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
 
     async def _track(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._connections.add(task)
+        self._connections[task] = (reader, writer)
         try:
             await self._serve_connection(reader, writer)
         finally:
-            self._connections.discard(task)
+            self._connections.pop(task, None)
 
     async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         raise NotImplementedError
@@ -72,35 +79,45 @@ class ToolServer(UnixListener):
 
     async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         uid = peer_uid(writer.get_extra_info("socket"))
-        in_flight: set[asyncio.Task] = set()
+        in_flight: set[asyncio.Task[None]] = set()
         slots = asyncio.Semaphore(MAX_IN_FLIGHT)
         try:
-            while True:
-                body = await self._read_frame(reader, writer)
-                if body is None:
-                    break
-                try:
-                    request = frames.request_decoder.decode(body)
-                except msgspec.ValidationError as exc:
-                    writer.write(frames.error_frame(
-                        frames.salvage_id(body), "invalid_argument", f"invalid request: {exc}"))
-                    continue
-                except msgspec.DecodeError:
-                    writer.write(frames.error_frame(None, "invalid_argument", "frame is not a msgpack request"))
-                    await writer.drain()
-                    break  # garbage: we no longer trust this peer's framing
-                await slots.acquire()
-                call = asyncio.create_task(self._answer(request, uid, writer, slots))
-                in_flight.add(call)
-                call.add_done_callback(in_flight.discard)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            for call in in_flight:
+            with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+                await self._read_requests(reader, writer, uid, in_flight, slots)
+            # End of input: answer what was asked before it (each call has its deadline).
+            if in_flight:
+                await asyncio.wait(set(in_flight))
+        except asyncio.CancelledError:
+            for call in list(in_flight):
                 call.cancel()
+            raise
+        finally:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+
+    async def _read_requests(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, uid: int | None,
+        in_flight: set[asyncio.Task[None]], slots: asyncio.Semaphore,
+    ) -> None:
+        while True:
+            body = await self._read_frame(reader, writer)
+            if body is None:
+                break
+            try:
+                request = frames.request_decoder.decode(body)
+            except msgspec.ValidationError as exc:
+                writer.write(frames.error_frame(
+                    frames.salvage_id(body), "invalid_argument", f"invalid request: {exc}"))
+                continue
+            except msgspec.DecodeError:
+                writer.write(frames.error_frame(None, "invalid_argument", "frame is not a msgpack request"))
+                await writer.drain()
+                break  # garbage: we no longer trust this peer's framing
+            await slots.acquire()
+            call = asyncio.create_task(self._answer(request, uid, writer, slots))
+            in_flight.add(call)
+            call.add_done_callback(in_flight.discard)
 
     async def _read_frame(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes | None:
         try:
@@ -121,8 +138,8 @@ class ToolServer(UnixListener):
         try:
             writer.write(await self._reply(request, uid))
             await writer.drain()
-        except (ConnectionError, asyncio.CancelledError):
-            pass
+        except ConnectionError:
+            pass  # the peer is gone; the call itself has finished
         finally:
             slots.release()
 
@@ -136,6 +153,15 @@ class ToolServer(UnixListener):
         except Exception:
             log.exception("unexpected failure answering %s", request.tool)
             return frames.error_frame(request.id, "internal", "internal error; see the daemon log")
+
+
+def _stop_reading(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Make the connection's reader see the end of input now; what it already buffered is still read."""
+    transport = writer.transport
+    if not transport.is_closing():
+        transport.pause_reading()  # nothing more arrives, so nothing is fed after the EOF
+    if not reader.at_eof():
+        reader.feed_eof()
 
 
 def remove_stale_socket(path: str) -> None:

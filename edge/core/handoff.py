@@ -1,0 +1,70 @@
+"""Work that must not be lost once it has begun.
+
+Cancelling an await does not undo what it awaited: a transaction committed in the store's
+worker thread stays committed when the coroutine waiting for it is cancelled. So every
+hand-off that follows a commit (a queued run to the executor, a finished run's record) runs
+in a task of its own, shielded from its caller's cancellation and referenced until it ends
+(the event loop holds tasks only weakly).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine, Iterable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class Background:
+    """A set of tasks kept alive until they finish; failures are logged, never lost."""
+
+    def __init__(self, log: logging.Logger) -> None:
+        self._log = log
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, coro: Coroutine[Any, Any, T], name: str | None = None) -> asyncio.Task[T]:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self._log.error("background task %s failed", task.get_name(), exc_info=task.exception())
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    async def wait(self) -> None:
+        """Until every task has finished, including those started meanwhile."""
+        while self._tasks:
+            await asyncio.wait(set(self._tasks))
+
+    async def cancel(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await self.wait()
+
+
+async def shielded(background: Background, coro: Coroutine[Any, Any, T], name: str | None = None) -> T:
+    """Run `coro` to its end even when the caller is cancelled (the caller still sees
+    CancelledError; the work goes on in `background`)."""
+    return await asyncio.shield(background.spawn(coro, name))
+
+
+async def wait_within(tasks: Iterable[asyncio.Task[Any]], timeout_s: float, interrupt: asyncio.Event) -> None:
+    """Wait for `tasks` until they are all done, `timeout_s` has passed or `interrupt` is
+    set, whichever comes first. Nothing is cancelled here."""
+    pending = set(tasks)
+    if not pending or interrupt.is_set():
+        return
+    everything = asyncio.ensure_future(asyncio.wait(pending))
+    interrupted = asyncio.ensure_future(interrupt.wait())
+    try:
+        await asyncio.wait({everything, interrupted}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        everything.cancel()  # cancels the waiting, not the tasks waited for
+        interrupted.cancel()

@@ -1,0 +1,116 @@
+"""Hand-offs that must not be lost: a run committed to the store is always executed, or
+cancelled with a reason when the daemon stops; never left `queued`. And the graceful
+stop: listeners close, calls in flight are answered, then whatever is left is cancelled."""
+
+from __future__ import annotations
+
+import random
+import signal
+import socket
+import time
+
+import msgspec
+
+from edge.server import frames
+from support import RawConnection
+
+STORM = 400
+
+
+def _start_frame(task_id: str, request_id: int) -> bytes:
+    request = frames.Request(id=request_id, tool="qledge.run.start",
+                             args=msgspec.Raw(frames.encoder.encode({"taskId": task_id})))
+    return frames.frame(frames.encoder.encode(request))
+
+
+def _settled(daemon, timeout_s: float = 60.0) -> dict[str, int]:
+    """Run statuses once nothing has changed for a second (every request read and
+    answered, every run it admitted finished): a stranded run would stay queued."""
+    deadline = time.monotonic() + timeout_s
+    last, since = None, time.monotonic()
+    while time.monotonic() < deadline:
+        with daemon.db() as db:
+            state = (db.execute("SELECT count(*) FROM security_audit").fetchone()[0],
+                     tuple(db.execute("SELECT status, count(*) FROM runs GROUP BY status ORDER BY status")))
+        if state != last:
+            last, since = state, time.monotonic()
+        elif time.monotonic() - since >= 1.0:
+            break
+        time.sleep(0.05)
+    assert last is not None
+    return dict(last[1])
+
+
+def test_hanging_up_during_run_start_strands_no_run(daemon_factory):
+    """400 clients send run.start and half-close 0-4 ms later: every run the store
+    admitted is executed; none stays queued (which would block `forbid` tasks)."""
+    daemon = daemon_factory(config="[runner]\nconcurrency = 4\nqueue_limit = 1024\n"
+                                   "[retention]\nruns_per_task = 1000\n").start()
+    daemon.cli("task", "add", "quick", "--overlap", "allow", "--", "true")
+    rng = random.Random(7)
+    socks = []
+    for i in range(STORM):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(daemon.socket)
+        sock.sendall(_start_frame("quick", i))
+        time.sleep(rng.uniform(0, 0.004))
+        sock.shutdown(socket.SHUT_WR)
+        socks.append(sock)
+    for sock in socks:
+        sock.close()
+    statuses = _settled(daemon)
+    assert set(statuses) == {"succeeded"}, statuses
+    assert 0 < statuses["succeeded"] <= STORM
+    assert daemon.call("qledge.status")["counts"]["activeRuns"] == 0
+
+
+def test_calls_in_flight_at_end_of_input_are_answered(daemon):
+    daemon.cli("task", "add", "slow", "--", "sleep", "30")
+    run = daemon.call("qledge.run.start", {"taskId": "slow"})
+    raw = RawConnection(daemon.socket)
+    raw.send({"id": "w", "tool": "qledge.run.wait", "args": {"runId": run["id"], "timeoutMs": 300}})
+    raw.send({"id": "s", "tool": "qledge.status"})
+    raw.sock.shutdown(socket.SHUT_WR)  # nothing more to ask: the answers must still come
+    answers = {raw.recv()["id"], raw.recv()["id"]}
+    assert answers == {"w", "s"}
+    assert raw.closed_by_peer()
+    daemon.call("qledge.run.cancel", {"runId": run["id"]})
+
+
+def test_a_call_in_flight_at_sigterm_is_answered_then_the_daemon_exits(daemon):
+    daemon.cli("task", "add", "slow", "--", "sleep", "30")
+    run = daemon.call("qledge.run.start", {"taskId": "slow"})
+    raw = RawConnection(daemon.socket)
+    raw.send({"id": "w", "tool": "qledge.run.wait", "args": {"runId": run["id"], "timeoutMs": 1500}})
+    time.sleep(0.2)  # the wait is in flight
+    daemon.proc.send_signal(signal.SIGTERM)
+    answer = raw.recv()
+    assert answer["id"] == "w" and answer["ok"] is True and answer["result"]["done"] is False
+    assert daemon.stop() == 0
+    with daemon.db() as db:
+        status, summary = db.execute("SELECT status, error_summary FROM runs WHERE id = ?", (run["id"],)).fetchone()
+    assert (status, summary) == ("cancelled", "cancelled: shutdown")
+
+
+def test_a_second_sigterm_stops_at_once(daemon_factory):
+    daemon = daemon_factory(config="[runner]\nkill_grace_s = 120\n").start()
+    daemon.cli("task", "add", "stubborn", "--shell", "--", "trap '' TERM; sleep 120")
+    run = daemon.call("qledge.run.start", {"taskId": "stubborn"})
+    _until_running(daemon, run["id"])
+    daemon.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    assert daemon.proc.poll() is None  # waiting out the run's grace period
+    started = time.monotonic()
+    daemon.proc.send_signal(signal.SIGTERM)
+    assert daemon.proc.wait(10) == 0
+    assert time.monotonic() - started < 5
+    with daemon.db() as db:
+        status, summary = db.execute("SELECT status, error_summary FROM runs WHERE id = ?", (run["id"],)).fetchone()
+    assert (status, summary) == ("cancelled", "cancelled: shutdown")
+
+
+def _until_running(daemon, run_id: str) -> None:
+    deadline = time.monotonic() + 10
+    while daemon.call("qledge.run.get", {"runId": run_id})["status"] != "running":
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
