@@ -16,7 +16,7 @@ import apsw
 import msgspec
 
 from edge.cli.client import Client
-from edge.server import frames
+from edge.transports import tool_protocol as frames
 
 READY_TIMEOUT_S = 20.0
 

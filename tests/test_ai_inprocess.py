@@ -14,21 +14,14 @@ import apsw
 import msgspec
 import pytest
 
+from edge.app.config import Config
+from edge.app.graph import DaemonFacts, build_chain, build_services, build_stores, build_workers
 from edge.core.clock import SystemClock
 from edge.core.errors import ToolError
 from edge.core.reads import RunSummary
-from edge.runner.supervisor import Runner, RunnerSettings
-from edge.storage.sqlite.audit import SqliteAuditLog
-from edge.storage.sqlite.credentials import SqliteCredentialStore
 from edge.storage.sqlite.db import Database
-from edge.storage.sqlite.reads import sqlite_readers
-from edge.storage.sqlite.runs import SqliteRunStore
-from edge.storage.sqlite.secrets import SqliteSecretStore
-from edge.storage.sqlite.tasks import SqliteTaskStore
-from edge.tools.ai.catalog import ai_tools
-from edge.tools.authn import Authenticator
-from edge.tools.chain import Chain
-from edge.tools.context import Caller, Services
+from edge.tools.catalog import ai_tools
+from edge.tools.context import Caller
 from edge.tools.definition import Registry
 from rows import add_run, add_task, add_trigger
 
@@ -46,20 +39,13 @@ class Harness:
         self.db = await Database.open(path)
         self.sql = apsw.Connection(path)  # a second real connection, for rows and mischief
         self.sql.set_busy_timeout(5000)
-        credentials = SqliteCredentialStore(self.db)
-        tasks, runs = SqliteTaskStore(self.db), SqliteRunStore(self.db)
-        logs = os.path.join(self.home, "logs")
-        os.makedirs(logs)
-        self.runner = Runner(runs, tasks, SystemClock(), RunnerSettings(logs_dir=logs, work_dir=self.home))
-        self.services = Services(
-            project="default", clock=SystemClock(), tasks=tasks, runs=runs, credentials=credentials,
-            audit=SqliteAuditLog(self.db), runner=self.runner, pepper=b"p" * 32, facts=None,
-        )
-        self.services.secrets = SqliteSecretStore(self.db)
-        self.services.readers = sqlite_readers(self.db)
+        config, clock = Config(), SystemClock()
+        stores = build_stores(self.db, config, self.home)
+        workers = build_workers(config, self.home, stores, clock)
         registry = Registry(ai_tools())
-        auth = Authenticator(credentials, b"p" * 32, [os.getuid()], "default", registry.read_tool_names())
-        self.chain = Chain(registry, auth, self.services)
+        facts = DaemonFacts(path, "asyncio", clock, stores.counts)
+        self.services = build_services(config, stores, workers, facts, registry, b"p" * 32, clock)
+        self.chain = build_chain(config, self.services, registry)
         return self
 
     async def close(self) -> None:
@@ -392,13 +378,15 @@ async def test_log_excerpt_refuses_a_symlinked_log(h):
     secret = os.path.join(h.home, "elsewhere.txt")
     with open(secret, "w") as f:
         f.write("not a log")
-    os.symlink(secret, h.runner.log_path("r1"))
+    os.symlink(secret, os.path.join(h.home, "logs", "r1.log"))
     assert await h.code("qinglong.run.log.excerpt", {"runId": "r1"}) == "unavailable"
 
 
-async def test_log_excerpt_without_a_secret_store_shows_nothing(h):
+async def test_log_excerpt_without_the_secret_values_shows_nothing(h):
     _seed(h, [("r1", "failed", 1000)])
-    h.services.secrets = None
+    with open(os.path.join(h.home, "logs", "r1.log"), "w") as f:
+        f.write("a log that could hold a secret\n")
+    h.sql.execute("ALTER TABLE secrets RENAME TO secrets_gone")  # the values cannot be read: a storage fault
     assert await h.code("qinglong.run.log.excerpt", {"runId": "r1"}) == "unavailable"
 
 

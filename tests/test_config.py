@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from edge.app import config
 from edge.app.config import Config, ConfigError, load
 
 
@@ -75,3 +76,12 @@ def test_pepper_with_loose_mode_refuses_to_start(home):
     env = {**os.environ, "QLEDGE_HOME": home}
     result = subprocess.run([sys.executable, "-m", "edge", "serve"], env=env, capture_output=True, text=True, timeout=30)
     assert result.returncode == 1 and result.stderr == f"qledge: {pepper} has mode 0644; it must be 0600\n"
+
+
+@pytest.mark.parametrize("text,zone", [
+    ("config system\n\toption hostname 'OpenWrt'\n\toption zonename 'Asia/Shanghai'\n", "Asia/Shanghai"),
+    ("config system\n\toption zonename 'America/New York'\n", "America/New_York"),  # LuCI writes spaces
+    ("config system\n\toption timezone 'CST-8'\n", None),
+])
+def test_openwrt_zonename(text, zone):
+    assert config._uci_zonename(text) == zone

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from edge.core.excerpt import MASK, WINDOW_BYTES, injection_signals, normalize, opaque, redact, tail_start, window_text
+from edge.core.excerpt import MASK, WINDOW_BYTES, injection_signals, normalize, opaque, redact, window_text
 
 PEM = (
     "-----BEGIN RSA PRIVATE KEY-----\n"
@@ -17,11 +17,6 @@ JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_X
 
 
 # -- window -------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("total, start", [(0, 0), (10, 0), (4096, 0), (4097, 1), (1 << 30, (1 << 30) - 4096)])
-def test_tail_start_keeps_at_most_4_kib(total, start):
-    assert tail_start(total) == start
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import time
 
 import msgspec
 
-from edge.server import frames
+from edge.transports import tool_protocol as frames
 from support import RawConnection
 
 STORM = 400

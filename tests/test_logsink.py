@@ -1,5 +1,6 @@
-"""The log sink on real files: head + marker + tail, bounded disk spool, streaming
-redaction across chunk boundaries, and assembling the log of a run whose daemon died."""
+"""Run logs on real files: head + marker + tail, bounded disk spool, streaming redaction
+across chunk boundaries, assembling the log of a run whose daemon died, and the log
+directory's reads (a bounded tail that follows no link and blocks on no FIFO)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import re
 
 import pytest
 
-from edge.runner import logsink
-from edge.runner.logsink import HEAD_MAX, LogSink, Redactor, marker
+from edge.core.errors import ToolError
+from edge.storage import run_logs as logsink
+from edge.storage.run_logs import HEAD_MAX, LogSink, Redactor, RunLogs, marker
 
 
 def _feed(redactor: Redactor, data: bytes, sizes: list[int]) -> bytes:
@@ -172,3 +174,40 @@ def test_recover_a_short_log_and_a_missing_one(tmp_path):
     os.close(sink._fd)
     assert logsink.recover(path, 1 << 20) == (100_000, False)
     assert logsink.recover(str(tmp_path / "never.log"), 1 << 20) == (0, False)
+
+
+# -- RunLogs: the one owner of the log directory -------------------------------------
+
+
+@pytest.mark.parametrize("total, start", [(0, 0), (10, 0), (4096, 0), (4097, 1), (100_000, 100_000 - 4096)])
+def test_tail_reads_at_most_the_last_window(tmp_path, total, start):
+    logs = RunLogs(str(tmp_path))
+    data = random.Random(total).randbytes(total)
+    (tmp_path / "r.log").write_bytes(data)
+    tail = logs.tail("r", 4096)
+    assert (tail.start, tail.total, tail.data) == (start, total, data[start:])
+
+
+def test_tail_refuses_links_and_fifos_and_missing_is_none(tmp_path):
+    logs = RunLogs(str(tmp_path))
+    assert logs.tail("gone", 4096) is None and logs.read("gone", 0, 10) is None
+    (tmp_path / "secret").write_bytes(b"not a log")
+    os.symlink(tmp_path / "secret", tmp_path / "link.log")
+    os.mkfifo(tmp_path / "fifo.log")
+    for run_id in ("link", "fifo", "../secret", ".hidden"):
+        with pytest.raises(ToolError) as err:
+            logs.tail(run_id, 4096)
+        assert err.value.code == "unavailable"
+
+
+def test_read_and_remove(tmp_path):
+    logs = RunLogs(str(tmp_path))
+    sink = logs.create("r", 1 << 20, [])
+    sink.write(b"hello world")
+    assert sink.close() == 11
+    assert os.stat(tmp_path / "r.log").st_mode & 0o777 == 0o600
+    part = logs.read("r", 6, 100)
+    assert (part.data, part.start, part.total) == (b"world", 6, 11)
+    assert logs.read("r", 50, 10).data == b""
+    logs.remove(["r", "never"])
+    assert not (tmp_path / "r.log").exists()

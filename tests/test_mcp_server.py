@@ -15,19 +15,15 @@ from typing import Annotated
 import msgspec
 import pytest
 
+from edge.app.config import Config
+from edge.app.graph import DaemonFacts, build_chain, build_services, build_stores, build_workers
 from edge.core.clock import SystemClock
 from edge.mcp.protocol import Catalog, object_schema
 from edge.mcp.server import McpServer
-from edge.runner.supervisor import Runner, RunnerSettings
-from edge.storage.sqlite.audit import SqliteAuditLog
-from edge.storage.sqlite.credentials import SqliteCredentialStore
+from edge.runner.supervisor import Runner
 from edge.storage.sqlite.db import Database
-from edge.storage.sqlite.runs import SqliteRunStore
-from edge.storage.sqlite.tasks import SqliteTaskStore
-from edge.tools.authn import Authenticator
-from edge.tools.builtin.catalog import builtin_tools
-from edge.tools.chain import Chain
-from edge.tools.context import Caller, Services, ToolContext
+from edge.tools.catalog import builtin_tools
+from edge.tools.context import Caller, ToolContext
 from edge.tools.definition import Registry, Tool
 from mcp_support import INITIALIZE, AsyncLineClient, bridge_env, request
 from support import short_tmpdir
@@ -115,22 +111,19 @@ async def graph():
     home = short_tmpdir()
     seen = Observed()
     db = await Database.open(os.path.join(home, "qledge.db"))
-    tasks, runs, credentials = SqliteTaskStore(db), SqliteRunStore(db), SqliteCredentialStore(db)
-    clock = SystemClock()
-    runner = Runner(runs, tasks, clock, RunnerSettings(logs_dir=home, work_dir=home))
+    config, clock = Config(), SystemClock()
+    stores = build_stores(db, config, home)
+    workers = build_workers(config, home, stores, clock)
     registry = Registry([*builtin_tools(), *_tools(seen)])
-    auth = Authenticator(credentials, b"p" * 32, [os.getuid()], "default", registry.read_tool_names())
-    services = Services(
-        project="default", clock=clock, tasks=tasks, runs=runs, credentials=credentials,
-        audit=SqliteAuditLog(db), runner=runner, pepper=b"p" * 32, facts=None,
-    )
-    server = McpServer(Chain(registry, auth, services), os.path.join(home, "mcp.sock"), 64 * 1024)
+    services = build_services(config, stores, workers, DaemonFacts(db.path, "asyncio", clock, stores.counts),
+                              registry, b"p" * 32, clock)
+    server = McpServer(build_chain(config, services, registry), os.path.join(home, "mcp.sock"), 64 * 1024)
     await server.start()
     try:
-        yield Graph(home, server, db, runner, seen)
+        yield Graph(home, server, db, workers.runner, seen)
     finally:
         await server.stop()
-        await runner.shutdown()
+        await workers.runner.shutdown()
         await db.close()
         shutil.rmtree(home, ignore_errors=True)
 

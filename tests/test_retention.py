@@ -9,13 +9,13 @@ import apsw
 import pytest
 
 from edge.core.audit import AuditRecord
-from edge.core.ports import RunUpdate
-from edge.core.runs import Run, log_file
+from edge.core.runs import Run, RunUpdate
 from edge.core.tasks import ArgvCommand, TaskSpec
 from edge.storage.sqlite import audit as audit_sql
 from edge.storage.sqlite import retention
 from edge.storage.sqlite import runs as run_sql
 from edge.storage.sqlite import tasks as task_sql
+from edge.storage.run_logs import RunLogs
 from edge.storage.sqlite.audit import SqliteAuditLog
 from edge.storage.sqlite.db import Database
 from edge.storage.sqlite.retention import BATCH, Policy
@@ -31,12 +31,14 @@ T0 = 1_700_000_000_000
 class Store:
     """A real database and logs directory; runs are made and finished at chosen times."""
 
-    def __init__(self, db: Database, logs: str, policy: Policy | None) -> None:
+    def __init__(self, db: Database, logs: str, policy: Policy) -> None:
         self.db = db
         self.logs = logs
-        self.tasks = SqliteTaskStore(db)
-        self.runs = SqliteRunStore(db, policy, logs)
-        self.plain = SqliteRunStore(db)  # no retention: to build a backlog
+        files = RunLogs(logs)
+        self.tasks = SqliteTaskStore(db, files)
+        self.runs = SqliteRunStore(db, policy, files)
+        keep_all = Policy(runs_per_task=1 << 40, max_age_ms=1 << 60, log_quota_bytes=1 << 60)
+        self.plain = SqliteRunStore(db, keep_all, files)  # nothing to enforce: to build a backlog
         self.seq = 0
 
     async def task(self, task_id: str) -> None:
@@ -52,7 +54,7 @@ class Store:
         run = await self.queued(task_id, at)
         store = via or self.runs
         run = await store.transition(run.id, 1, "running", at, "runner", RunUpdate(started_at_ms=at))
-        with open(log_file(self.logs, run.id), "wb") as f:
+        with open(os.path.join(self.logs, f"{run.id}.log"), "wb") as f:
             f.write(b"x" * log)
         return await store.transition(run.id, 2, "succeeded", at + 1, "runner",
                                       RunUpdate(finished_at_ms=at + 1, exit_code=0, log_bytes=log))
@@ -194,6 +196,28 @@ async def test_running_total_survives_task_delete_and_matches_after_migration(ma
     assert retention.log_total(old, "default") == 11
 
 
+def test_the_running_total_follows_every_writer(home):
+    """Kept by triggers in the schema: a row written by any code path (here plain SQL on a
+    second connection) moves the total; nothing sums the runs table."""
+    conn = apsw.Connection(os.path.join(home, "total.db"))
+    migrate(conn)
+    conn.execute("INSERT INTO tasks VALUES ('p', 't', 't', 1, 1, 0, 0)")
+    insert = ("INSERT INTO runs (id, project_id, task_id, task_revision, origin, status, version, event_seq,"
+              " created_at_ms, log_bytes) VALUES (?, 'p', 't', 1, 'manual', 'succeeded', 3, 3, ?, ?)")
+    conn.execute(insert, ("a", 1, 100))
+    conn.execute(insert, ("b", 2, 0))
+    assert retention.log_total(conn, "p") == 100
+    conn.execute("UPDATE runs SET log_bytes = 40 WHERE id = 'b'")
+    conn.execute("UPDATE runs SET status = 'failed' WHERE id = 'b'")  # not a log change
+    assert retention.log_total(conn, "p") == 140
+    conn.execute("UPDATE runs SET log_dropped_at_ms = 5 WHERE id = 'a'")
+    assert retention.log_total(conn, "p") == 40
+    conn.execute("DELETE FROM runs WHERE id = 'a'")  # its log was already dropped
+    assert retention.log_total(conn, "p") == 40
+    conn.execute("DELETE FROM runs WHERE id = 'b'")
+    assert retention.log_total(conn, "p") == 0
+
+
 @pytest.fixture
 def plan_conn(home):
     c = apsw.Connection(os.path.join(home, "plan.db"))
@@ -221,8 +245,7 @@ def test_plan_delete_and_drop_log_by_id(plan_conn):
 
 def test_plan_transition_state_and_task_delete(plan_conn):
     assert_uses_index(plan_conn, run_sql.SQL_STATE, ("r",), "sqlite_autoindex_runs_1")
-    for sql in (task_sql.SQL_TASK_RUNS, task_sql.SQL_DELETE_TASK_RUNS):
-        assert_uses_index(plan_conn, sql, ("default", "t"), "runs_task_created_idx")
+    assert_uses_index(plan_conn, task_sql.SQL_DELETE_TASK_RUNS, ("default", "t"), "runs_task_created_idx")
     assert_uses_index(plan_conn, task_sql.SQL_TASK_ACTIVE, ("default", "t"), "runs_active_idx")
 
 

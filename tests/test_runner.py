@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from edge.runner.logsink import HEAD_MAX
+from edge.storage.run_logs import HEAD_MAX
 from edge.runner.process import alive, start_ticks
 
 FIFTY_MIB = 50 << 20

@@ -14,7 +14,6 @@ import pytest
 
 from edge.core.schedule import (
     GRACE_MS,
-    _uci_zonename,
     MISFIRE_COUNT_MAX,
     Missed,
     Schedule,
@@ -346,12 +345,3 @@ def test_cron_next_default_zone_comes_from_tz_env():
     out = _cli("cron", "next", "0 9 * * *", "--after", "2024-01-01T00:00:00Z", "--count", "1",
                env={"TZ": "Asia/Shanghai"})
     assert out.stdout == "2024-01-01 09:00:00+08:00 CST\n"
-
-
-@pytest.mark.parametrize("text,zone", [
-    ("config system\n\toption hostname 'OpenWrt'\n\toption zonename 'Asia/Shanghai'\n", "Asia/Shanghai"),
-    ("config system\n\toption zonename 'America/New York'\n", "America/New_York"),  # LuCI writes spaces
-    ("config system\n\toption timezone 'CST-8'\n", None),
-])
-def test_openwrt_zonename(text, zone):
-    assert _uci_zonename(text) == zone

@@ -17,19 +17,18 @@ from datetime import datetime
 import apsw
 import pytest
 
+from edge.app.config import Config
+from edge.app.graph import Stores, build_stores, build_workers
 from edge.core.errors import ToolError
-from edge.core.ports import RunUpdate
-from edge.core.runs import Run
+from edge.core.runs import Run, RunUpdate
 from edge.core.tasks import ArgvCommand, TaskSpec
 from edge.core.triggers import CronSpec
-from edge.runner.supervisor import Runner, RunnerSettings
-from edge.scheduler.loop import MAX_SLEEP_S, Scheduler, Triggers, Waker
+from edge.scheduler.loop import MAX_SLEEP_S, Scheduler, Triggers
+from edge.storage.sqlite import admission as admission_sql
 from edge.storage.sqlite import triggers as trigger_sql
 from edge.storage.sqlite.db import Database
 from edge.storage.sqlite.runs import SqliteRunStore
 from edge.storage.sqlite.schema import migrate
-from edge.storage.sqlite.tasks import SqliteTaskStore
-from edge.storage.sqlite.triggers import SqliteTriggerStore
 from support import assert_uses_index
 
 
@@ -73,13 +72,19 @@ class Executor:
                                            RunUpdate(finished_at_ms=self._clock.ms), reason)
 
 
+def stores(db: Database, home: str, capacity: int = 34) -> Stores:
+    made = build_stores(db, Config(), home)
+    made.admission.set_capacity(capacity)
+    return made
+
+
 class Env:
-    def __init__(self, db: Database, clock: FakeClock, capacity: int = 34) -> None:
+    def __init__(self, db: Database, home: str, clock: FakeClock, capacity: int = 34) -> None:
         self.db, self.clock = db, clock
-        self.tasks, self.runs = SqliteTaskStore(db), SqliteRunStore(db)
-        self.store = SqliteTriggerStore(db, capacity)
+        made = stores(db, home, capacity)
+        self.tasks, self.runs, self.store, self.admission = made.tasks, made.runs, made.triggers, made.admission
         self.executor = Executor(self.runs, clock)
-        self.scheduler = Scheduler(self.store, self.runs, self.executor, clock, "default", rng=lambda: 0.25)
+        self.scheduler = Scheduler(self.admission, self.runs, self.executor, clock, "default", rng=lambda: 0.25)
 
     async def task(self, task_id: str = "t", overlap: str = "forbid") -> None:
         spec = TaskSpec(command=ArgvCommand(file="true"), overlap=overlap)  # type: ignore[arg-type]
@@ -118,7 +123,7 @@ class Env:
 @pytest.fixture
 async def env(home):
     db = await Database.open(os.path.join(home, "q.db"))
-    e = Env(db, FakeClock(at("09:59:00")))
+    e = Env(db, home, FakeClock(at("09:59:00")))
     await e.task()
     await e.scheduler.load()
     yield e
@@ -164,7 +169,7 @@ async def test_idle_wakes_at_most_once_a_minute(env):
 async def test_clock_mark_is_saved_with_each_admission(env):
     await env.trigger("* * * * *")
     await env.tick(at("10:00:00"))
-    assert await env.store.newest_time("default") == at("10:00:00")
+    assert await env.admission.newest_time("default") == at("10:00:00")
 
 
 # -- restarts ---------------------------------------------------------------------
@@ -175,7 +180,7 @@ async def test_restart_after_admission_does_not_fire_again(env, home):
     await env.tick(at("10:00:01"))  # admitted, cursor moved... then the daemon dies
     # A new daemon on the same file: same fire time still in the grace window.
     db2 = await Database.open(os.path.join(home, "q.db"))
-    again = Env(db2, FakeClock(at("10:00:02")))
+    again = Env(db2, home, FakeClock(at("10:00:02")))
     await again.scheduler.load()
     await again.tick(at("10:00:02"))
     assert again.executor.submitted == []
@@ -208,7 +213,7 @@ async def test_downtime_over_three_fires(env, home, misfire, runs, skipped):
     await env.tick(at("09:59:59"))
     # The daemon is down from before 10:00 to 12:30; a new one starts.
     db2 = await Database.open(os.path.join(home, "q.db"))
-    later = Env(db2, FakeClock(at("12:30:00")))
+    later = Env(db2, home, FakeClock(at("12:30:00")))
     await later.scheduler.load()
     await later.tick(at("12:30:00"))
     assert [(r.scheduled_for_ms, r.origin) for r in await later.all_runs()] == runs
@@ -253,7 +258,7 @@ async def test_boot_at_1970_holds_until_the_clock_is_set(env, home):
     await env.finish((await env.all_runs())[0])
     # Reboot: the router's clock says 1970 until NTP answers.
     db2 = await Database.open(os.path.join(home, "q.db"))
-    boot = Env(db2, FakeClock(5_000))
+    boot = Env(db2, home, FakeClock(5_000))
     await boot.scheduler.load()
     assert await boot.tick(5_000) == MAX_SLEEP_S
     assert await boot.tick(65_000) == MAX_SLEEP_S
@@ -318,7 +323,7 @@ async def test_overlap_replace_cancels_the_active_run_first(env):
 
 async def test_queue_overflow_is_recorded_as_refused(home):
     db = await Database.open(os.path.join(home, "q.db"))
-    e = Env(db, FakeClock(at("09:59:00")), capacity=2)  # e.g. 1 slot + a queue of 1
+    e = Env(db, home, FakeClock(at("09:59:00")), capacity=2)  # e.g. 1 slot + a queue of 1
     for name in ("a", "b", "c"):
         await e.task(name, overlap="allow")
         await e.trigger("* * * * *", task_id=name, trigger_id=name)
@@ -448,7 +453,6 @@ async def test_missing_zone_data_refuses_once_and_keeps_the_cursor(env):
 
 
 async def test_loop_wakes_when_triggers_change(env):
-    env.scheduler._sleeper = Waker()
     await env.scheduler.start()
     await asyncio.sleep(0.05)
     assert env.scheduler.status()["scheduler"] == "0 triggers armed"
@@ -465,11 +469,11 @@ async def test_loop_wakes_when_triggers_change(env):
 async def test_replace_and_manual_starts_with_the_real_runner(home):
     db = await Database.open(os.path.join(home, "q.db"))
     clock = FakeClock(at("09:59:00"))
-    tasks, runs = SqliteTaskStore(db), SqliteRunStore(db)
-    store = SqliteTriggerStore(db, capacity=3)
-    runner = Runner(runs, tasks, clock, RunnerSettings(logs_dir=home, work_dir=home, kill_grace_s=1))
-    runner.admission = store
-    scheduler = Scheduler(store, runs, runner, clock, "default")
+    made = stores(db, home, capacity=3)
+    tasks, runs, store = made.tasks, made.runs, made.triggers
+    workers = build_workers(Config(), home, made, clock)
+    runner, scheduler = workers.runner, workers.scheduler
+    workers.settings.kill_grace_s = 1
     sleepy = TaskSpec(command=ArgvCommand(file="sleep", args=["60"]), overlap="replace")
     await tasks.create("default", "r", "r", sleepy, clock.ms)
     await tasks.create("default", "f", "f", TaskSpec(command=ArgvCommand(file="sleep", args=["60"])), clock.ms)
@@ -478,14 +482,14 @@ async def test_replace_and_manual_starts_with_the_real_runner(home):
     try:
         clock.ms = at("10:00:00")
         await scheduler.tick()
-        first = (await runs.list("default", "r", None, 5))[0]
+        first = (await runs.page("default", "r", None, 5))[0]
         await _until(lambda: runs.get("default", first.id), "running")
         clock.ms = at("10:01:00")
         await scheduler.tick()
         await scheduler.settle()
         old = await runs.get("default", first.id)
         assert (old.status, old.error_summary) == ("cancelled", "cancelled: replaced")
-        new = (await runs.list("default", "r", None, 5))[0]
+        new = (await runs.page("default", "r", None, 5))[0]
         await _until(lambda: runs.get("default", new.id), "running")
         # Manual starts obey the same policies: replace cancels, forbid refuses, the queue is bounded.
         manual = await runner.start(await tasks.get("default", "r"), "user")
@@ -526,7 +530,7 @@ async def _until(read, status: str, timeout: float = 10.0) -> None:
 ])
 async def test_cron_next_agrees_with_the_scheduler(home, expr, tz, start):
     db = await Database.open(os.path.join(home, "agree.db"))
-    e = Env(db, FakeClock(ms(start)))
+    e = Env(db, home, FakeClock(ms(start)))
     await e.task("a", overlap="allow")
     trig = await e.trigger(expr, task_id="a", timezone=tz)
     await e.scheduler.load()
@@ -548,7 +552,7 @@ async def test_events_are_bounded_per_trigger(env):
     def spam(conn: apsw.Connection) -> int:
         for i in range(300):  # alternate reasons: nothing merges
             with trigger_sql.immediate(conn):
-                trigger_sql._record(conn, "default", trig.id, "skipped", ("overlap", "task_disabled")[i % 2],
+                trigger_sql.record_event(conn, "default", trig.id, "skipped", ("overlap", "task_disabled")[i % 2],
                                     i, i, 1, i, None)
         return conn.execute("SELECT count(*) FROM trigger_events").fetchone()[0]
 
@@ -576,8 +580,8 @@ async def test_trigger_ids_and_conflicts(env):
     with pytest.raises(ToolError) as missing:
         await env.trigger("* * * * *", task_id="nope")
     assert missing.value.code == "not_found"
-    assert [t.id for t in await env.store.list("default", None, 10)] == ["t-1", "t-2"]
-    assert [t.id for t in await env.store.list("default", "t-1", 10)] == ["t-2"]
+    assert [t.id for t in await env.store.page("default", None, 10)] == ["t-1", "t-2"]
+    assert [t.id for t in await env.store.page("default", "t-1", 10)] == ["t-2"]
     assert a.content_digest == b.content_digest and a.spec_schema == "qinglong/cron@v1"
 
 
@@ -595,13 +599,13 @@ TABLES = ("runs", "triggers", "trigger_revisions", "trigger_events", "tasks", "t
 @pytest.mark.parametrize("sql,params,index", [
     (trigger_sql.SQL_GET, ("default", "t"), "PRIMARY KEY"),
     (trigger_sql.SQL_LIST, ("default", "", 10), "PRIMARY KEY"),
-    (trigger_sql.SQL_ARMED, ("default",), "triggers_armed_idx"),
+    (admission_sql.SQL_ARMED, ("default",), "triggers_armed_idx"),
     (trigger_sql.SQL_FOLLOWING, ("default", "t", 1), "triggers_task_idx"),
-    (trigger_sql.SQL_PINNED_TASK, ("default", "t", 1), "PRIMARY KEY"),
-    (trigger_sql.SQL_ACTIVE_FOR_TASK, ("default", "t"), "runs_active_idx"),
-    (trigger_sql.SQL_ACTIVE_COUNT, (), "runs_active_idx"),
-    (trigger_sql.SQL_BY_KEY, ("cron:t:1:0",), "sqlite_autoindex_runs_2"),
-    (trigger_sql.SQL_NEWEST_RUN, ("default",), "runs_project_created_idx"),
+    (admission_sql.SQL_PINNED_TASK, ("default", "t", 1), "PRIMARY KEY"),
+    (admission_sql.SQL_ACTIVE_FOR_TASK, ("default", "t"), "runs_active_idx"),
+    (admission_sql.SQL_ACTIVE_COUNT, (), "runs_active_idx"),
+    (admission_sql.SQL_BY_KEY, ("cron:t:1:0",), "sqlite_autoindex_runs_2"),
+    (admission_sql.SQL_NEWEST_RUN, ("default",), "runs_project_created_idx"),
     (trigger_sql.SQL_EVENTS_TRIGGER, ("default", "t", 1 << 62, 10), "trigger_events_trigger_idx"),
     (trigger_sql.SQL_EVENTS_PROJECT, ("default", 1 << 62, 10), "trigger_events_project_idx"),
     (trigger_sql.SQL_NEWEST_EVENT, ("default", "t"), "trigger_events_trigger_idx"),

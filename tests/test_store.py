@@ -7,15 +7,14 @@ import os
 import apsw
 import pytest
 
-from edge.core.ports import RunCursor, RunUpdate
-from edge.core.runs import Run
+from edge.app.config import Config
+from edge.app.graph import build_stores
+from edge.core.runs import Run, RunCursor, RunUpdate
 from edge.core.tasks import ArgvCommand, TaskSpec
 from edge.storage.sqlite import runs as run_sql
 from edge.storage.sqlite import tasks as task_sql
 from edge.storage.sqlite.db import Database
-from edge.storage.sqlite.runs import SqliteRunStore
 from edge.storage.sqlite.schema import MIGRATIONS, migrate
-from edge.storage.sqlite.tasks import SqliteTaskStore
 from support import assert_uses_index
 
 
@@ -55,7 +54,8 @@ def test_refuses_a_newer_schema(home):
 
 async def test_run_transitions_are_compare_and_set_with_events(home):
     db = await Database.open(os.path.join(home, "cas.db"))
-    tasks, runs = SqliteTaskStore(db), SqliteRunStore(db)
+    made = build_stores(db, Config(), home)
+    tasks, runs = made.tasks, made.runs
     await tasks.create("default", "t", "t", TaskSpec(command=ArgvCommand(file="true")), 1000)
     run = await runs.create(Run(id="r1", project_id="default", task_id="t", task_revision=1, origin="manual",
                                 status="queued", version=1, event_seq=1, created_at_ms=1000), "user")
@@ -107,7 +107,8 @@ def test_plan_task_get_and_list(conn):
 
 async def test_keyset_pages_have_no_gaps_or_duplicates(home):
     db = await Database.open(os.path.join(home, "page.db"))
-    tasks, runs = SqliteTaskStore(db), SqliteRunStore(db)
+    made = build_stores(db, Config(), home)
+    tasks, runs = made.tasks, made.runs
     await tasks.create("default", "t", "t", TaskSpec(command=ArgvCommand(file="true")), 1)
     made = []
     for i in range(50):  # several runs share a millisecond: the id breaks ties
@@ -116,7 +117,7 @@ async def test_keyset_pages_have_no_gaps_or_duplicates(home):
         made.append(await runs.create(run, "user"))
     seen, after = [], None
     while True:
-        page = await runs.list("default", "t", after, 7)
+        page = await runs.page("default", "t", after, 7)
         if not page:
             break
         seen += [r.id for r in page]

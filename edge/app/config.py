@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from edge import default_home
+from edge.core.schedule import UTC_NAMES, ScheduleError, load_zone
 from edge.core.text import Name
 
 _Positive = Annotated[int, msgspec.Meta(ge=1)]
@@ -135,3 +136,55 @@ def merge_live(running: Config, new: Config, live: frozenset[str]) -> Config:
         else:
             dst.pop(name, None)
     return msgspec.convert(merged, Config)
+
+
+# -- the device's zone: the default of `timezone` ------------------------------------
+
+
+def device_zone() -> str | None:
+    """The device's IANA zone name, when it can be told: $TZ, /etc/timezone, the
+    /etc/localtime link, or OpenWrt's `system.zonename`."""
+    candidates: list[str] = []
+    tz = os.environ.get("TZ", "").lstrip(":")
+    if tz:
+        candidates.append(tz)
+    for path, reader in (("/etc/timezone", _first_line), ("/etc/config/system", _uci_zonename)):
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                found = reader(f.read(65536))
+        except OSError:
+            continue
+        if found:
+            candidates.append(found)
+    try:
+        link = os.readlink("/etc/localtime")
+    except OSError:
+        link = ""
+    if "zoneinfo/" in link:
+        candidates.append(link.rsplit("zoneinfo/", 1)[1])
+    for name in candidates:
+        if "/" in name or name in UTC_NAMES:
+            try:
+                load_zone(name)
+                return name
+            except ScheduleError:
+                continue
+    return None
+
+
+def _first_line(text: str) -> str | None:
+    line = text.strip().splitlines()[0].strip() if text.strip() else ""
+    return line or None
+
+
+def _uci_zonename(text: str) -> str | None:
+    for line in text.splitlines():
+        words = line.split(None, 2)
+        if len(words) == 3 and words[0] == "option" and words[1] == "zonename":
+            return words[2].strip().strip("'\"").replace(" ", "_") or None
+    return None
+
+
+def default_zone(configured: str | None) -> str:
+    """The zone a trigger gets when none is given: config, else the device's, else UTC."""
+    return configured or device_zone() or "UTC"

@@ -9,27 +9,16 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable
 
 from edge.app import config as config_file
 from edge.app.config import Config
-from edge.app.graph import Graph, StartupError, private_dir
+from edge.app.graph import LIVE_KEYS, Graph, StartupError, private_dir
 from edge.app.sdnotify import Notifier, start_watchdog
-from edge.core.clock import Clock, SystemClock
-from edge.runner.supervisor import RunnerSettings
-from edge.server.unix_server import UnixListener
+from edge.core.ports.runtime import Clock
 from edge.storage.sqlite.db import Database
+from edge.transports.unix import UnixListener
 
 log = logging.getLogger("qledge")
-
-# Called on SIGHUP with the freshly read config (the old one if the file did not change
-# or could not be read); capabilities use it to re-read their own state, e.g. triggers.
-ReloadHook = Callable[[Config], Awaitable[None]]
-
-# Config keys that take effect on SIGHUP; any other change waits for a restart.
-LIVE_KEYS = frozenset({
-    "log_level", "runner.queue_limit", "runner.kill_grace_s", "runner.log_cap_bytes", "runner.disk_reserve_bytes",
-})
 
 
 def load_pepper(path: str) -> bytes:
@@ -79,14 +68,12 @@ class Daemon:
         self.home = home
         self.socket_path = socket_path
         self.loop_name = loop_name
-        self.clock = clock or SystemClock()
+        self.clock = clock
         self.notifier = Notifier()
         self._stop = asyncio.Event()
         self._forced = asyncio.Event()  # a second stop signal: cut every grace period short
         self._graph: Graph | None = None
-        self._reload_hooks: list[ReloadHook] = []
         self._reload_wanted = asyncio.Event()
-        self._runner_settings: RunnerSettings | None = None
 
     async def run(self) -> None:
         private_dir(self.home)
@@ -109,22 +96,19 @@ class Daemon:
             await db.close()
 
     async def _serve(self, db: Database, pepper: bytes) -> None:
-        g = Graph(self.config, self.home, self.socket_path, self.loop_name, self.clock, db, pepper)
+        g = Graph(self.config, self.home, self.socket_path, self.loop_name, db, pepper, self.clock)
         self._graph = g
-        self._runner_settings = g.settings
-        self.add_reload_hook(g.reload)
         # Before anything is served: nothing a dead daemon left may stay `running`.
         await g.runner.recover()
         await g.scheduler.start()
+        started: list[UnixListener] = []
         try:
-            await _listen(g.server)
-            if g.mcp is not None:
-                try:
-                    await _listen(g.mcp)
-                except StartupError:
-                    await g.server.stop()
-                    raise
+            for listener in g.listeners:
+                await _listen(listener)
+                started.append(listener)
         except StartupError:
+            for listener in started:
+                await listener.stop()
             await g.scheduler.stop()
             raise
         self._install_signals()
@@ -143,8 +127,7 @@ class Daemon:
             self.notifier.notify("STOPPING=1")
             log.info("qledge stopping: answering the calls in flight (a second signal stops at once)")
             # Listeners first: no new calls; those in flight are answered within the grace.
-            listeners = [g.server] if g.mcp is None else [g.mcp, g.server]
-            await asyncio.gather(*(listener.stop(forced=self._forced) for listener in listeners))
+            await asyncio.gather(*(listener.stop(forced=self._forced) for listener in g.listeners))
             await g.scheduler.stop()
             await g.runner.shutdown()
 
@@ -162,9 +145,6 @@ class Daemon:
 
     # -- reload (SIGHUP) ------------------------------------------------------------
 
-    def add_reload_hook(self, hook: ReloadHook) -> None:
-        self._reload_hooks.append(hook)
-
     def request_reload(self) -> None:
         """Signal-safe: HUPs arriving during a reload coalesce into one more reload."""
         self._reload_wanted.set()
@@ -176,7 +156,7 @@ class Daemon:
             await self.reload()
 
     async def reload(self) -> None:
-        """Re-read the config file for the live keys, then run every reload hook."""
+        """Re-read the config file and apply its live keys (Graph.reload)."""
         usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
         self.notifier.notify(f"RELOADING=1\nMONOTONIC_USEC={usec}\nSTATUS=reloading")
         new = self.config
@@ -185,30 +165,15 @@ class Daemon:
                 new = config_file.load(self.config_path)
             except config_file.ConfigError as exc:
                 log.error("reload: %s; keeping the running configuration", exc)
-        self._apply_live(new)
-        for hook in self._reload_hooks:
-            try:
-                await hook(self.config)
-            except Exception:
-                log.exception("reload hook %s failed", getattr(hook, "__qualname__", hook))
-        self.notifier.notify(f"READY=1\nSTATUS=serving on {self.socket_path}")
-        log.info("reloaded")
-
-    def _apply_live(self, new: Config) -> None:
-        changed = config_file.changed_keys(self.config, new)
-        later = sorted(k for k in changed if k not in LIVE_KEYS)
+        later = sorted(k for k in config_file.changed_keys(self.config, new) if k not in LIVE_KEYS)
         if later:
             log.warning("reload: %s changed; restart to apply", ", ".join(later))
-        if "log_level" in changed:
-            logging.getLogger().setLevel(new.log_level.upper())
-        settings = self._runner_settings
-        if settings is not None:
-            settings.queue_limit = new.runner.queue_limit
-            settings.kill_grace_s = new.runner.kill_grace_s
-            settings.log_cap_bytes = new.runner.log_cap_bytes
-            settings.disk_reserve_bytes = new.runner.disk_reserve_bytes
         # Keys that need a restart keep their running values, so status stays truthful.
         self.config = config_file.merge_live(self.config, new, LIVE_KEYS)
+        if self._graph is not None:
+            self._graph.reload(self.config)
+        self.notifier.notify(f"READY=1\nSTATUS=serving on {self.socket_path}")
+        log.info("reloaded")
 
     def _install_signals(self) -> None:
         loop = asyncio.get_running_loop()

@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from edge.server import frames
+from edge.transports import tool_protocol as frames
 
 
 class Unreachable(Exception):

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from edge.cli import render
 from edge.cli.commands import all_pages, show, show_list
-from edge.core.schedule import ScheduleError, Schedule, default_zone, format_local, load_zone, local_time
+from edge.app.config import default_zone
+from edge.core.schedule import Schedule, ScheduleError, format_local, load_zone, local_time
 
 if TYPE_CHECKING:
     import argparse

@@ -10,7 +10,6 @@ from typing import Literal
 import msgspec
 
 Role = Literal["owner", "operator", "viewer"]
-ROLES: tuple[str, ...] = ("owner", "operator", "viewer")
 
 TOKEN_PREFIX = "qle_"
 
@@ -65,12 +64,28 @@ def role_permissions(role: str, read_tools: Iterable[str]) -> frozenset[str]:
     return frozenset()  # unknown role: nothing
 
 
+class SecretInfo(msgspec.Struct, rename="camel"):
+    """What may be shown about a secret: never its value."""
+
+    name: str
+    created_at_ms: int
+    updated_at_ms: int
+
+
 def allows(granted: frozenset[str], needed: str) -> bool:
     if needed in granted or "*" in granted:
         return True
-    if needed.startswith("tool.call:") and "tool.call:*" in granted:
-        return True
-    return False
+    return needed.startswith("tool.call:") and "tool.call:*" in granted
+
+
+def missing_permission(granted: frozenset[str], tool_name: str, permissions: Iterable[str]) -> str | None:
+    """The first permission a call of `tool_name` needs and `granted` lacks: the tool
+    policy `tool.call:<name>` first, then the tool's domain permissions. None: allowed.
+    The one place the rule is written (the chain, and what tools.list discloses)."""
+    for needed in (f"tool.call:{tool_name}", *permissions):
+        if not allows(granted, needed):
+            return needed
+    return None
 
 
 def parse_token(token: str) -> tuple[str, str] | None:

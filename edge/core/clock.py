@@ -1,19 +1,11 @@
-"""Clocks are injected so scheduling and retention can be tested without sleeping."""
+"""The real clock and timers, the adapters of the Clock and Timers ports
+(edge.core.ports.runtime); tests inject their own."""
 
 from __future__ import annotations
 
+import asyncio
 import time
-from typing import Protocol
-
-
-class Clock(Protocol):
-    def now_ms(self) -> int:
-        """Wall-clock time, UTC epoch milliseconds."""
-        ...
-
-    def monotonic(self) -> float:
-        """Seconds from a monotonic clock, for durations and deadlines."""
-        ...
+from collections.abc import Callable
 
 
 class SystemClock:
@@ -22,3 +14,10 @@ class SystemClock:
 
     def monotonic(self) -> float:
         return time.monotonic()
+
+
+class LoopTimers:
+    """Timers on the running event loop."""
+
+    def call_later(self, delay_s: float, callback: Callable[[], None]) -> asyncio.TimerHandle:
+        return asyncio.get_running_loop().call_later(delay_s, callback)

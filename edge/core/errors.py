@@ -16,9 +16,6 @@ ErrorCode = Literal[
     "internal",
 ]
 
-CODES: frozenset[str] = frozenset(ErrorCode.__args__)  # type: ignore[attr-defined]
-
-
 class ToolError(Exception):
     """An error with a stable code; its message is safe to show to the caller."""
 

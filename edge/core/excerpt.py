@@ -34,10 +34,6 @@ class Window(NamedTuple):
     end: int
 
 
-def tail_start(total_bytes: int) -> int:
-    return max(0, total_bytes - WINDOW_BYTES)
-
-
 def window_text(data: bytes, start: int) -> Window:
     """Decode a window read at byte `start` of a log (`data` at most WINDOW_BYTES)."""
     if start > 0:

@@ -34,14 +34,3 @@ def uuid7(now_ms: int | None = None) -> str:
     value = (ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | seq << 64 | 0b10 << 62 | rand_b
     h = f"{value:032x}"
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
-
-
-def uuid7_ms(value: str) -> int | None:
-    """The millisecond timestamp inside a UUIDv7 string, or None if it is not one."""
-    h = value.replace("-", "")
-    if len(h) != 32 or h[12] != "7":
-        return None
-    try:
-        return int(h[:12], 16)
-    except ValueError:
-        return None

@@ -1,36 +1,28 @@
-"""Narrow readers behind the AI read tools, the rows they return, and the guards on them.
+"""The rows the narrow readers return (edge.core.ports.stores), the guards on them, and
+the keyset-page idiom every list tool shares.
 
 Each reader returns the few columns one projection needs, scoped by project, in a fixed
 order and a bounded count. Tools never trust that: every page is re-validated here
 (types, constraints, project, order, count) and any anomaly fails the whole call as
-`unavailable`, never as partial data. Storage adapters implement the Protocols;
-composition wires them as `Services.readers`.
+`unavailable`, never as partial data.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Annotated, Any, Literal, Protocol, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
 from edge.core.errors import ToolError, unavailable
 from edge.core.runs import ActorType, Origin, RunStatus
+from edge.core.text import MAX_SAFE_INT, SAFE_TEXT, Millis, Revision
 
 PAGE_DEFAULT = 32
-PAGE_MAX = 64
 WINDOW_LIMIT = 64  # task.runs.compare: the newest 64 runs are searched, a 65th proves older ones exist
-MAX_SAFE_INT = 2**53 - 1  # what a JSON client can represent exactly
 
-# Identifiers coming from AI clients: no C0/C1 controls, no zero-width or bidi controls.
-_SAFE_TEXT = r"^[^\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]+$"
-ReadId = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=_SAFE_TEXT)]
-LongTaskId = Annotated[str, msgspec.Meta(min_length=1, max_length=255, pattern=_SAFE_TEXT)]
-PageLimit = Annotated[int, msgspec.Meta(ge=1, le=PAGE_MAX)]
-Millis = Annotated[int, msgspec.Meta(ge=0, le=MAX_SAFE_INT)]
-Revision = Annotated[int, msgspec.Meta(ge=1, le=MAX_SAFE_INT)]
 # What storage may hand back: bounded, control-free text.
-_RowText = Annotated[str, msgspec.Meta(min_length=1, max_length=255, pattern=_SAFE_TEXT)]
+_RowText = Annotated[str, msgspec.Meta(min_length=1, max_length=255, pattern=SAFE_TEXT)]
 # A person's free-text label: any characters (projections neutralize controls), bounded.
 _RowLabel = Annotated[str, msgspec.Meta(min_length=1, max_length=255)]
 _Schema = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[a-z0-9][a-z0-9._/-]*@v[0-9]+$")]
@@ -105,67 +97,27 @@ class OutcomeRow(msgspec.Struct, frozen=True):
     created_at_ms: Millis
 
 
-class RunKey(msgspec.Struct, frozen=True):
-    """A position in (created_at_ms DESC, id DESC) order."""
+class Counts(msgspec.Struct, rename="camel"):
+    """What `qledge status` counts."""
 
-    created_at_ms: int
-    run_id: str
-
-
-class TaskHeadReader(Protocol):
-    async def list_heads(self, project: str, after: str | None, limit: int) -> list[TaskHead]:
-        """Heads with task_id > after, ascending by task_id, at most `limit` rows."""
-        ...
-
-    async def get_head(self, project: str, task_id: str) -> TaskDetail | None: ...
-
-
-class TriggerHeadReader(Protocol):
-    async def list_heads(self, project: str, after: str | None, limit: int) -> list[TriggerHead]:
-        """Heads with trigger_id > after, ascending by trigger_id, enabled or not, at most `limit` rows."""
-        ...
-
-
-class RunSummaryReader(Protocol):
-    async def get(self, project: str, run_id: str) -> RunSummary | None: ...
-
-    async def page(self, project: str, after: RunKey | None, limit: int) -> list[RunSummary]:
-        """Runs strictly after `after` in (created_at_ms DESC, id DESC) order, at most `limit` rows."""
-        ...
-
-    async def events(self, project: str, run_id: str, after_sequence: int, limit: int) -> list[RunEventSummary]:
-        """Events with sequence > after_sequence, ascending, at most `limit` rows."""
-        ...
-
-
-class TaskRunOutcomeWindowReader(Protocol):
-    async def window(self, project: str, task_id: str, limit: int) -> list[OutcomeRow]:
-        """One read: the task's newest `limit` runs in (created_at_ms DESC, id DESC) order."""
-        ...
-
-
-class Readers:
-    """The narrow readers composition hands to the AI read tools."""
-
-    __slots__ = ("tasks", "triggers", "runs", "outcome_window")
-
-    def __init__(
-        self,
-        *,
-        tasks: TaskHeadReader,
-        triggers: TriggerHeadReader,
-        runs: RunSummaryReader,
-        outcome_window: TaskRunOutcomeWindowReader,
-    ) -> None:
-        self.tasks = tasks
-        self.triggers = triggers
-        self.runs = runs
-        self.outcome_window = outcome_window
+    tasks: int
+    triggers: int
+    runs: int
+    active_runs: int
+    credentials: int
 
 
 # -- guards -----------------------------------------------------------------------
 
 R = TypeVar("R", bound=msgspec.Struct)
+P = TypeVar("P")
+
+
+def keyset(rows: list[P], limit: int) -> tuple[list[P], P | None]:
+    """A page read with `limit + 1` rows: the page, and its last row when there is more
+    (the extra row only proves that; it is never returned)."""
+    page = rows[:limit]
+    return page, (page[-1] if len(rows) > limit else None)
 
 
 def storage_fault(what: str) -> ToolError:
@@ -199,6 +151,6 @@ def valid_page(
 
 
 def strictly_ordered(keys: Sequence[Any], descending: bool = False) -> None:
-    for before, after in zip(keys, keys[1:]):
+    for before, after in zip(keys, keys[1:], strict=False):
         if (after >= before) if descending else (after <= before):
             raise storage_fault("rows out of order")

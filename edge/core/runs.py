@@ -7,6 +7,7 @@ from typing import Literal
 import msgspec
 
 from edge.core.errors import conflict
+from edge.core.text import Millis, ReadId
 
 RunStatus = Literal["queued", "running", "succeeded", "failed", "cancelled", "timed_out", "lost"]
 Origin = Literal["scheduled", "manual", "fire_once", "agent"]
@@ -14,7 +15,6 @@ ActorType = Literal["user", "scheduler", "runner", "system"]
 
 ACTIVE: frozenset[str] = frozenset({"queued", "running"})
 TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "timed_out", "lost"})
-STATUSES: frozenset[str] = ACTIVE | TERMINAL
 
 _NEXT: dict[str, frozenset[str]] = {
     # A queued run may end without starting: cancelled, refused (failed) or lost.
@@ -55,6 +55,35 @@ class Run(msgspec.Struct, rename="camel"):
         return self.status in TERMINAL
 
 
+class RunCursor(msgspec.Struct, rename="camel", forbid_unknown_fields=True, frozen=True):
+    """A position in (created_at_ms DESC, id DESC) order: the key of every run page, on
+    the wire (`after`, `next`) and in storage."""
+
+    created_at_ms: Millis
+    run_id: ReadId
+
+
+class RunUpdate(msgspec.Struct, omit_defaults=True):
+    """Columns a transition sets besides status; None means unchanged."""
+
+    started_at_ms: int | None = None
+    finished_at_ms: int | None = None
+    exit_code: int | None = None
+    error_code: str | None = None
+    error_summary: str | None = None
+    log_bytes: int | None = None
+    log_truncated: bool | None = None
+    pid: int | None = None
+    pid_start_ticks: int | None = None
+
+
+class RunProcess(msgspec.Struct, frozen=True):
+    """Where an active run's process was: its pid and /proc start time (for recovery)."""
+
+    pid: int | None
+    start_ticks: int | None
+
+
 class RunEvent(msgspec.Struct, rename="camel"):
     run_id: str
     sequence: int
@@ -71,11 +100,6 @@ def check_transition(current: str, target: str) -> None:
 
 def event_type(status: str) -> str:
     return f"run.{status}"
-
-
-def log_file(logs_dir: str, run_id: str) -> str:
-    """Where a run's log lives (a path, computed: the core does no I/O)."""
-    return f"{logs_dir}/{run_id}.log"
 
 
 def summary(text: str) -> str:

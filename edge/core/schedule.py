@@ -44,7 +44,7 @@ _FIELDS = (  # name, low, high; the seconds field is optional and comes first
 )
 _MONTHS = "JAN FEB MAR APR MAY JUN JUL AUG SEP OCT NOV DEC".split()
 _DAYS = "SUN MON TUE WED THU FRI SAT".split()
-_UTC_NAMES = frozenset({"UTC", "Etc/UTC", "Etc/UCT", "UCT", "Zulu", "Etc/Zulu", "Universal", "Etc/Universal"})
+UTC_NAMES = frozenset({"UTC", "Etc/UTC", "Etc/UCT", "UCT", "Zulu", "Etc/Zulu", "Universal", "Etc/Universal"})
 # OpenWrt splits the zone database into packages by region.
 _OPENWRT_PACKAGES = {
     "Africa": "zoneinfo-africa", "Asia": "zoneinfo-asia", "Atlantic": "zoneinfo-atlantic",
@@ -152,7 +152,7 @@ def _validate(text: str) -> str:
 
 def load_zone(name: str) -> tzinfo:
     """An IANA zone; a missing zone database is an error that says what to install."""
-    if name in _UTC_NAMES:
+    if name in UTC_NAMES:
         return timezone.utc  # needs no zone data, so the default always works
     from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -181,57 +181,6 @@ def _have_zone_data() -> bool:
     if any(os.path.exists(os.path.join(p, "Europe", "Berlin")) for p in zoneinfo.TZPATH):
         return True
     return importlib.util.find_spec("tzdata") is not None
-
-
-def device_zone() -> str | None:
-    """The device's IANA zone name, when it can be told: $TZ, /etc/timezone, the
-    /etc/localtime link, or OpenWrt's `system.zonename`."""
-    import os
-
-    candidates: list[str] = []
-    tz = os.environ.get("TZ", "").lstrip(":")
-    if tz:
-        candidates.append(tz)
-    for path, reader in (("/etc/timezone", _first_line), ("/etc/config/system", _uci_zonename)):
-        try:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                found = reader(f.read(65536))
-        except OSError:
-            continue
-        if found:
-            candidates.append(found)
-    try:
-        link = os.readlink("/etc/localtime")
-    except OSError:
-        link = ""
-    if "zoneinfo/" in link:
-        candidates.append(link.rsplit("zoneinfo/", 1)[1])
-    for name in candidates:
-        if "/" in name or name in _UTC_NAMES:
-            try:
-                load_zone(name)
-                return name
-            except ScheduleError:
-                continue
-    return None
-
-
-def _first_line(text: str) -> str | None:
-    line = text.strip().splitlines()[0].strip() if text.strip() else ""
-    return line or None
-
-
-def _uci_zonename(text: str) -> str | None:
-    for line in text.splitlines():
-        words = line.split(None, 2)
-        if len(words) == 3 and words[0] == "option" and words[1] == "zonename":
-            return words[2].strip().strip("'\"").replace(" ", "_") or None
-    return None
-
-
-def default_zone(configured: str | None) -> str:
-    """The zone a trigger gets when none is given: config, else the device's, else UTC."""
-    return configured or device_zone() or "UTC"
 
 
 # -- fire times -------------------------------------------------------------------

@@ -70,7 +70,3 @@ _canonical = msgspec.json.Encoder(order="sorted")
 def content_digest(spec: msgspec.Struct) -> str:
     """SHA-256 of the canonical JSON of a spec: equal specs, equal digests."""
     return "sha256:" + hashlib.sha256(_canonical.encode(spec)).hexdigest()
-
-
-def secret_names(spec: TaskSpec) -> list[str]:
-    return sorted({v.secret for v in spec.env.values() if isinstance(v, SecretRef)})

@@ -22,3 +22,13 @@ Name = Annotated[
 EnvName = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 Limit = Annotated[int, msgspec.Meta(ge=1, le=64)]
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+
+# What AI clients send: no C0/C1 controls, no zero-width or bidi controls, and numbers a
+# JSON client can represent exactly.
+MAX_SAFE_INT = 2**53 - 1
+SAFE_TEXT = r"^[^\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]+$"
+ReadId = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=SAFE_TEXT)]
+LongTaskId = Annotated[str, msgspec.Meta(min_length=1, max_length=255, pattern=SAFE_TEXT)]
+PageLimit = Annotated[int, msgspec.Meta(ge=1, le=64)]
+Millis = Annotated[int, msgspec.Meta(ge=0, le=MAX_SAFE_INT)]
+Revision = Annotated[int, msgspec.Meta(ge=1, le=MAX_SAFE_INT)]

@@ -3,14 +3,12 @@ to one task revision. The scheduler only ever runs the task revision a trigger n
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Annotated, Literal, Protocol
+from typing import Annotated, Literal
 
 import msgspec
 
 from edge.core.runs import Run
 from edge.core.schedule import Misfire, Schedule
-from edge.core.tasks import Task
 
 SPEC_SCHEMA = "qinglong/cron@v1"
 MAX_JITTER_S = 3600
@@ -72,59 +70,8 @@ class Admission(msgspec.Struct):
     retry: bool = False  # could not be planned (zone data missing): try again later
 
 
-class TriggerStore(Protocol):
-    async def create(
-        self, project: str, trigger_id: str | None, task_id: str, task_revision: int | None, spec: CronSpec, now_ms: int
-    ) -> Trigger:
-        """Pin to `task_revision`, or to the task's current revision when None."""
-        ...
+class ManualAdmission(msgspec.Struct, frozen=True):
+    """A manual start: the queued run, and the active runs it replaces (overlap `replace`)."""
 
-    async def get(self, project: str, trigger_id: str) -> Trigger | None: ...
-
-    async def list(self, project: str, after: str | None, limit: int) -> list[Trigger]:
-        """Current heads in trigger id order, disabled ones included."""
-        ...
-
-    async def set_enabled(
-        self, project: str, trigger_id: str, enabled: bool, expected_revision: int | None, now_ms: int
-    ) -> Trigger: ...
-
-    async def repin(
-        self, project: str, trigger_id: str, task_revision: int | None, expected_revision: int | None, now_ms: int
-    ) -> Trigger: ...
-
-    async def delete(self, project: str, trigger_id: str, expected_revision: int | None) -> None: ...
-
-    async def events(
-        self, project: str, trigger_id: str | None, before_id: int | None, limit: int
-    ) -> list[TriggerEvent]:
-        """Newest first."""
-        ...
-
-
-class SchedulerStore(Protocol):
-    """What the scheduler loop needs from storage."""
-
-    async def armed(self, project: str) -> list[tuple[int, str]]:
-        """(next_fire_at_ms, trigger_id) of every enabled trigger that will fire."""
-        ...
-
-    async def admit(
-        self, project: str, trigger_id: str, now_ms: int, grace_ms: int, rng: Callable[[], float]
-    ) -> Admission:
-        """One transaction: plan the due fires, admit, record skips, move the cursor."""
-        ...
-
-    async def newest_time(self, project: str) -> int:
-        """The newest wall-clock time the store has seen (for clock sanity)."""
-        ...
-
-    async def save_time(self, now_ms: int) -> None: ...
-
-
-class RunAdmission(Protocol):
-    """Manual starts go through the same overlap policy and queue bound as fires."""
-
-    async def admit_manual(self, task: Task, actor: str, now_ms: int) -> tuple[Run, list[str]]:
-        """The queued run and the ids of active runs it replaces."""
-        ...
+    run: Run
+    replaces: list[str] = []

@@ -17,7 +17,7 @@ import msgspec
 
 from edge.core.errors import ToolError
 from edge.mcp import protocol as p
-from edge.server.unix_server import MAX_IN_FLIGHT, UnixListener, peer_uid
+from edge.transports.unix import MAX_IN_FLIGHT, UnixListener, peer_uid
 from edge.tools.chain import Chain
 from edge.tools.context import Caller
 

@@ -1,5 +1,6 @@
-"""The runner: admits manual runs, executes queued runs under a concurrency limit,
-enforces timeouts and cancellation, and records every outcome."""
+"""The runner: hands admitted runs to execution under a concurrency limit, enforces
+timeouts and cancellation, records every outcome, and reconciles what a dead daemon left.
+Implements RunController (edge.core.ports.runtime)."""
 
 from __future__ import annotations
 
@@ -8,18 +9,16 @@ import contextlib
 import logging
 import os
 import signal
-from typing import Protocol
 
-from edge.core.clock import Clock
+import msgspec
+
 from edge.core.errors import ToolError, conflict, not_found
 from edge.core.handoff import Background, shielded
-from edge.core.ids import uuid7
-from edge.core.ports import RunProcess, RunStore, RunUpdate, TaskStore
-from edge.core.runs import Run, log_file, summary
+from edge.core.ports.runtime import Clock
+from edge.core.ports.stores import LogWriter, RunAdmission, RunLogFiles, RunStore, SecretStore, TaskStore
+from edge.core.runs import ActorType, Run, RunProcess, RunStatus, RunUpdate, summary
 from edge.core.tasks import SecretRef, Task
-from edge.core.triggers import RunAdmission
-from edge.runner import logsink, process
-from edge.runner.logsink import LogSink
+from edge.runner import process
 
 log = logging.getLogger("qledge.runner")
 
@@ -27,33 +26,16 @@ PIPE_CHUNK = 64 * 1024
 DRAIN_AFTER_EXIT_S = 2.0  # a backgrounded grandchild may hold the pipe open
 
 
-class SecretResolver(Protocol):
-    async def resolve(self, project: str, names: list[str]) -> dict[str, str]: ...
+class RunnerSettings(msgspec.Struct, kw_only=True):
+    """What the runner reads at each run; the live ones change on reload (edge.app.graph)."""
 
-    async def values(self, project: str) -> list[str]: ...
-
-
-class RunnerSettings:
-    def __init__(
-        self,
-        *,
-        logs_dir: str,
-        work_dir: str,
-        concurrency: int = 2,
-        queue_limit: int = 32,
-        kill_grace_s: float = 5.0,
-        log_cap_bytes: int = 1 << 20,
-        disk_reserve_bytes: int = 8 << 20,
-        base_env: dict[str, str] | None = None,
-    ) -> None:
-        self.logs_dir = logs_dir
-        self.work_dir = work_dir
-        self.concurrency = concurrency
-        self.queue_limit = queue_limit
-        self.kill_grace_s = kill_grace_s
-        self.log_cap_bytes = log_cap_bytes
-        self.disk_reserve_bytes = disk_reserve_bytes
-        self.base_env = base_env if base_env is not None else {"PATH": process.DEFAULT_PATH}
+    work_dir: str  # a run's working directory unless its task names one
+    state_dir: str  # where free space is checked before a run starts
+    concurrency: int = 2
+    kill_grace_s: float = 5.0
+    log_cap_bytes: int = 1 << 20
+    disk_reserve_bytes: int = 8 << 20
+    base_env: dict[str, str] = msgspec.field(default_factory=lambda: {"PATH": process.DEFAULT_PATH})
 
 
 class _Job:
@@ -61,7 +43,7 @@ class _Job:
 
     def __init__(self, run: Run) -> None:
         self.run = run
-        self.task: asyncio.Task | None = None
+        self.task: asyncio.Task[None] | None = None
         self.proc: asyncio.subprocess.Process | None = None
         self.cancel_reason: str | None = None
         self.done = asyncio.Event()
@@ -69,57 +51,39 @@ class _Job:
 
 
 class Runner:
-    admission: RunAdmission | None = None  # set by composition
-
     def __init__(
-        self,
-        runs: RunStore,
-        tasks: TaskStore,
-        clock: Clock,
-        settings: RunnerSettings,
-        secrets: SecretResolver | None = None,
+        self, *, runs: RunStore, tasks: TaskStore, admission: RunAdmission, secrets: SecretStore, logs: RunLogFiles,
+        clock: Clock, settings: RunnerSettings,
     ) -> None:
         self._runs = runs
         self._tasks = tasks
+        self._admission = admission
+        self._secrets = secrets
+        self._logs = logs
         self._clock = clock
         self._settings = settings
-        self._secrets = secrets
         self._slots = asyncio.Semaphore(settings.concurrency)
         self._jobs: dict[str, _Job] = {}
         self._background = Background(log)  # hand-offs and process-group stops
         self._closing = False  # shutting down: what is submitted now is cancelled, not run
         self._forced = False  # a second stop signal: no more grace periods
 
-    # -- the port tools see -------------------------------------------------------
+    # -- what tools see -----------------------------------------------------------
 
-    def log_path(self, run_id: str) -> str:
-        return log_file(self._settings.logs_dir, run_id)
+    async def start(self, task: Task, actor: ActorType) -> Run:
+        # Once admission commits, the run must reach the executor even if this call is
+        # cancelled (its client hung up, its deadline passed): the hand-off is shielded.
+        return await shielded(self._background, self._admit(task, actor), f"admit-{task.id}")
 
-    async def start(self, task: Task, actor: str) -> Run:
-        if self.admission is not None:  # the task's overlap policy and the shared queue bound
-            # Once admission commits, the run must reach the executor even if this call is
-            # cancelled (its client hung up, its deadline passed): the hand-off is shielded.
-            return await shielded(self._background, self._admit(self.admission, task, actor), "admit")
-        if self.queued_count() >= self._settings.queue_limit:
-            raise ToolError("resource_exhausted", f"the run queue is full ({self._settings.queue_limit} waiting)")
-        now = self._clock.now_ms()
-        run = Run(
-            id=uuid7(now), project_id=task.project_id, task_id=task.id, task_revision=task.revision,
-            origin="manual", status="queued", version=1, event_seq=1, created_at_ms=now, queued_at_ms=now,
-        )
-        run = await self._runs.create(run, "user" if actor == "user" else "system")
-        self.submit(run)
-        return run
-
-    async def _admit(self, admission: RunAdmission, task: Task, actor: str) -> Run:
-        run, replaced = await admission.admit_manual(task, actor, self._clock.now_ms())
+    async def _admit(self, task: Task, actor: ActorType) -> Run:
+        admitted = await self._admission.admit_manual(task, actor, self._clock.now_ms())
         try:
-            for run_id in replaced:
+            for run_id in admitted.replaces:
                 with contextlib.suppress(ToolError):  # it may have finished meanwhile
                     await self.cancel(task.project_id, run_id, "replaced")
         finally:
-            self.submit(run)
-        return run
+            self.submit(admitted.run)
+        return admitted.run
 
     async def cancel(self, project: str, run_id: str, reason: str) -> Run:
         job = self._jobs.get(run_id)
@@ -159,12 +123,6 @@ class Runner:
         self._jobs[run.id] = job
         job.task = asyncio.create_task(self._execute(job), name=f"run-{run.id}")
 
-    def queued_count(self) -> int:
-        return sum(1 for job in self._jobs.values() if not job.started)
-
-    def active_runs(self) -> list[Run]:
-        return [job.run for job in self._jobs.values()]
-
     async def shutdown(self) -> None:
         """Cancel everything with reason `shutdown` and wait until it is recorded,
         including runs whose admission was still being handed over."""
@@ -202,7 +160,7 @@ class Runner:
         try:
             stopped = await process.stop_orphaned_run(proc.pid, proc.start_ticks, marker, self._settings.kill_grace_s)
             task = await self._tasks.get(run.project_id, run.task_id, run.task_revision)
-            size, truncated = logsink.recover(self.log_path(run.id), self._log_cap(task))
+            size, truncated = self._logs.recover(run.id, self._log_cap(task))
             if stopped:
                 detail = f"stopped what was left of process group {proc.pid}" if proc.pid else "stopped its processes"
             else:
@@ -271,7 +229,7 @@ class Runner:
             await self._finish(job, "failed", RunUpdate(error_code="secret_missing", error_summary=exc.message))
             return
         try:
-            sink = LogSink(self.log_path(run.id), self._log_cap(task), secrets)
+            sink = self._logs.create(run.id, self._log_cap(task), secrets)
         except OSError as exc:
             await self._finish(job, "failed", RunUpdate(
                 error_code="log_unavailable", error_summary=summary(f"cannot create the log file: {exc}")))
@@ -281,7 +239,7 @@ class Runner:
         finally:
             sink.close()
 
-    async def _supervise(self, job: _Job, task: Task, env: dict[str, str], sink: LogSink) -> None:
+    async def _supervise(self, job: _Job, task: Task, env: dict[str, str], sink: LogWriter) -> None:
         run = job.run
         cwd = task.spec.working_dir or self._settings.work_dir
         try:
@@ -321,14 +279,15 @@ class Runner:
         reserve = self._settings.disk_reserve_bytes
         if reserve <= 0:
             return None
+        where = self._settings.state_dir
         try:
-            st = os.statvfs(self._settings.logs_dir)
+            st = os.statvfs(where)
         except OSError as exc:
-            return summary(f"cannot check free space in {self._settings.logs_dir}: {exc}")
+            return summary(f"cannot check free space in {where}: {exc}")
         free = st.f_bavail * st.f_frsize
         if free >= reserve:
             return None
-        return summary(f"only {_mib(free)} free in {self._settings.logs_dir}; runs need"
+        return summary(f"only {_mib(free)} free in {where}; runs need"
                        f" {_mib(reserve)} ([runner] disk_reserve_bytes): free some space")
 
     async def _environment(self, task: Task, run: Run) -> tuple[dict[str, str], list[bytes]]:
@@ -337,16 +296,10 @@ class Runner:
         env["QLEDGE_RUN_ID"] = run.id
         env["QLEDGE_TASK_ID"] = task.id
         refs = {k: v.secret for k, v in task.spec.env.items() if isinstance(v, SecretRef)}
-        values: dict[str, str] = {}
-        known: list[str] = []
-        if self._secrets is not None:
-            # Every secret of the project is redacted, not only the ones this task names:
-            # a script may read one some other way.
-            known = await self._secrets.values(task.project_id)
-            if refs:
-                values = await self._secrets.resolve(task.project_id, sorted(set(refs.values())))
-        elif refs:
-            raise ToolError("not_found", "this daemon has no secret store")
+        # Every secret of the project is redacted, not only the ones this task names:
+        # a script may read one some other way.
+        known = await self._secrets.values(task.project_id)
+        values = await self._secrets.resolve(task.project_id, sorted(set(refs.values()))) if refs else {}
         for key, value in task.spec.env.items():
             if isinstance(value, SecretRef):
                 if value.secret not in values:
@@ -356,11 +309,11 @@ class Runner:
                 env[key] = value
         return env, [v.encode() for v in {*known, *values.values()}]
 
-    async def _finish(self, job: _Job, status: str, update: RunUpdate) -> None:
+    async def _finish(self, job: _Job, status: RunStatus, update: RunUpdate) -> None:
         # The outcome is recorded even if the job is cancelled while recording it.
         await shielded(self._background, self._record(job, status, update), f"finish-{job.run.id}")
 
-    async def _record(self, job: _Job, status: str, update: RunUpdate) -> None:
+    async def _record(self, job: _Job, status: RunStatus, update: RunUpdate) -> None:
         now = self._clock.now_ms()
         update.finished_at_ms = now
         detail = job.cancel_reason if status == "cancelled" else None
@@ -379,7 +332,7 @@ class Runner:
         job.run = await self._runs.transition(latest.id, latest.version, status, now, "runner", update, detail)
 
 
-async def _pump(proc: asyncio.subprocess.Process, sink: LogSink) -> None:
+async def _pump(proc: asyncio.subprocess.Process, sink: LogWriter) -> None:
     assert proc.stdout is not None
     while chunk := await proc.stdout.read(PIPE_CHUNK):
         sink.write(chunk)
@@ -389,7 +342,7 @@ def _mib(n: int) -> str:
     return f"{n / 1048576:.1f} MiB"
 
 
-def _outcome(job: _Job, code: int | None, size: int, truncated: bool, timeout_ms: int) -> tuple[str, RunUpdate]:
+def _outcome(job: _Job, code: int | None, size: int, truncated: bool, timeout_ms: int) -> tuple[RunStatus, RunUpdate]:
     update = RunUpdate(exit_code=code, log_bytes=size, log_truncated=truncated)
     if job.cancel_reason == "timeout":
         update.error_code = "timeout"

@@ -16,15 +16,16 @@ import logging
 import random
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any, Protocol
+from typing import Any
 
-from edge.core.clock import Clock
+from edge.core.clock import LoopTimers
 from edge.core.errors import ToolError
 from edge.core.handoff import Background, shielded
-from edge.core.ports import RunStore
+from edge.core.ports.runtime import Clock, RunExecutor, Sleeper, TimerHandle, Timers
+from edge.core.ports.stores import RunAdmission, RunStore, TriggerStore
 from edge.core.runs import Run
 from edge.core.schedule import GRACE_MS
-from edge.core.triggers import Admission, CronSpec, SchedulerStore, Trigger, TriggerEvent, TriggerStore
+from edge.core.triggers import Admission, CronSpec, Trigger, TriggerEvent
 
 log = logging.getLogger("qledge.scheduler")
 
@@ -33,19 +34,12 @@ RETRY_MS = 60_000  # storage unavailable or zone data missing: try that trigger 
 SAVE_EVERY_MS = 3_600_000  # idle: persist the clock mark hourly (admissions persist it anyway)
 
 
-class Sleeper(Protocol):
-    async def sleep(self, seconds: float) -> None:
-        """Sleep, returning early when woken."""
-        ...
-
-    def wake(self) -> None: ...
-
-
 class Waker:
-    """One timer per sleep; `wake` ends the current sleep, or the next one at once."""
+    """The Sleeper (edge.core.ports.runtime) on the event loop: one timer per sleep; `wake`
+    ends the current sleep, or the next one at once."""
 
     def __init__(self) -> None:
-        self._future: asyncio.Future | None = None
+        self._future: asyncio.Future[None] | None = None
         self._pending = False
 
     async def sleep(self, seconds: float) -> None:
@@ -68,15 +62,9 @@ class Waker:
             self._pending = True
 
 
-def _resolve(future: asyncio.Future) -> None:
+def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
-
-
-class RunExecutor(Protocol):
-    def submit(self, run: Run) -> None: ...
-
-    async def cancel(self, project: str, run_id: str, reason: str) -> Run: ...
 
 
 def _utc(ms: int) -> str:
@@ -86,22 +74,24 @@ def _utc(ms: int) -> str:
 class Scheduler:
     def __init__(
         self,
-        store: SchedulerStore,
+        admission: RunAdmission,
         runs: RunStore,
         runner: RunExecutor,
         clock: Clock,
         project: str,
         *,
         sleeper: Sleeper | None = None,
+        timers: Timers | None = None,
         rng: Callable[[], float] = random.random,
         grace_ms: int = GRACE_MS,
     ) -> None:
-        self._store = store
+        self._store = admission
         self._runs = runs
         self._runner = runner
         self._clock = clock
         self._project = project
         self._sleeper = sleeper or Waker()
+        self._timers = timers or LoopTimers()
         self._rng = rng
         self._grace_ms = grace_ms
         self._heap: list[tuple[int, str]] = []
@@ -109,8 +99,8 @@ class Scheduler:
         self._newest = 0
         self._held_at: int | None = None
         self._saved_at = 0
-        self._task: asyncio.Task | None = None
-        self._pending: dict[str, asyncio.TimerHandle] = {}  # jittered runs not yet released
+        self._task: asyncio.Task[None] | None = None
+        self._pending: dict[str, TimerHandle] = {}  # jittered runs not yet released
         self._background = Background(log)  # admissions and the hand-offs that follow them
         # Called on every wake-up: other once-a-minute chores (the service watchdog)
         # ride on this timer instead of waking the process themselves.
@@ -197,7 +187,7 @@ class Scheduler:
 
     async def _admit(self, trigger_id: str, now: int) -> None:
         try:
-            admission = await self._store.admit(self._project, trigger_id, now, self._grace_ms, self._rng)
+            admission = await self._store.admit_fires(self._project, trigger_id, now, self._grace_ms, self._rng)
         except ToolError as exc:
             log.error("admission of trigger %s failed: %s", trigger_id, exc.message)
             admission = Admission(cursor=now, retry=True)
@@ -226,8 +216,7 @@ class Scheduler:
         if not run.jitter_ms:
             self._runner.submit(run)
             return
-        loop = asyncio.get_running_loop()
-        self._pending[run.id] = loop.call_later(run.jitter_ms / 1000, self._release, run.id)
+        self._pending[run.id] = self._timers.call_later(run.jitter_ms / 1000, lambda: self._release(run.id))
 
     def _release(self, run_id: str) -> None:
         self._pending.pop(run_id, None)
@@ -256,16 +245,20 @@ class Scheduler:
 
 
 class Triggers:
-    """What tools see: the trigger store, where every change wakes the scheduler."""
+    """TriggerService (edge.core.ports.runtime): the trigger store as tools see it, where
+    every change wakes the scheduler."""
 
-    def __init__(self, store: TriggerStore, scheduler: Scheduler | None, default_timezone: str) -> None:
+    def __init__(self, store: TriggerStore, scheduler: Scheduler, default_timezone: str) -> None:
         self._store = store
         self._scheduler = scheduler
-        self.default_timezone = default_timezone
+        self._default_timezone = default_timezone
+
+    @property
+    def default_timezone(self) -> str:
+        return self._default_timezone
 
     def _changed(self) -> None:
-        if self._scheduler is not None:
-            self._scheduler.changed()
+        self._scheduler.changed()
 
     async def create(
         self, project: str, trigger_id: str | None, task_id: str, task_revision: int | None, spec: CronSpec, now_ms: int
@@ -277,8 +270,8 @@ class Triggers:
     async def get(self, project: str, trigger_id: str) -> Trigger | None:
         return await self._store.get(project, trigger_id)
 
-    async def list(self, project: str, after: str | None, limit: int) -> list[Trigger]:
-        return await self._store.list(project, after, limit)
+    async def page(self, project: str, after: str | None, limit: int) -> list[Trigger]:
+        return await self._store.page(project, after, limit)
 
     async def set_enabled(
         self, project: str, trigger_id: str, enabled: bool, expected_revision: int | None, now_ms: int

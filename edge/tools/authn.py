@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from edge.core.auth import Principal, allows, digest_matches, parse_token, role_permissions
-from edge.core.ports import CredentialStore
+from edge.core.ports.stores import CredentialStore
 from edge.tools.context import Caller
 
 

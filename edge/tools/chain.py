@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from edge.core.audit import AuditRecord, Outcome, tool_reason
-from edge.core.auth import Principal, allows
+from edge.core.auth import Principal, missing_permission
 from edge.core.errors import ToolError, invalid
 from edge.tools.authn import Authenticator, AuthFailure
 from edge.tools.context import Caller, Services, ToolContext
@@ -45,8 +45,11 @@ class Chain:
         if version and version != entry.tool.version:
             await self._audit(principal.subject, name, "denied", ["tool_version_mismatch", reason], caller)
             raise invalid(f"{name} is at version {entry.tool.version}, not {version}")
-        if not self._check_policy(entry, principal):
-            await self._deny(entry, principal, caller, reason)
+        missing = missing_permission(principal.permissions, entry.tool.name, entry.tool.permissions)
+        if missing is not None:
+            why = "tool_policy_denied" if missing.startswith("tool.call:") else "domain_permission_denied"
+            await self._audit(principal.subject, name, "denied", [why, reason], caller)
+            raise ToolError("permission_denied", f"{name} requires permission {missing}")
         await self._audit(principal.subject, name, "allowed", ["tool_invocation_allowed", reason], caller)
         if not await self._auth.still_valid(principal):
             await self._audit(principal.subject, name, "unauthenticated", ["credential_revoked", reason], caller)
@@ -78,22 +81,6 @@ class Chain:
                 raise
             return
         await self._audit(principal.subject, name, "denied", [why, reason], caller)
-
-    def _check_policy(self, entry: Entry, principal: Principal) -> bool:
-        tool = entry.tool
-        if not allows(principal.permissions, f"tool.call:{tool.name}"):
-            return False
-        return all(allows(principal.permissions, p) for p in tool.permissions)
-
-    async def _deny(self, entry: Entry, principal: Principal, caller: Caller, reason: str) -> None:
-        tool = entry.tool
-        if not allows(principal.permissions, f"tool.call:{tool.name}"):
-            missing, why = f"tool.call:{tool.name}", "tool_policy_denied"
-        else:
-            missing = next(p for p in tool.permissions if not allows(principal.permissions, p))
-            why = "domain_permission_denied"
-        await self._audit(principal.subject, tool.name, "denied", [why, reason], caller)
-        raise ToolError("permission_denied", f"{tool.name} requires permission {missing}")
 
     async def _audit(self, subject: str, tool: str, outcome: Outcome, reasons: list[str], caller: Caller) -> None:
         record = AuditRecord(

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
-
 import msgspec
 
 from edge.core.auth import Principal
-from edge.core.clock import Clock
-from edge.core.ports import AuditLog, CredentialStore, RunStore, SecretStore, TaskStore
-from edge.core.runs import Run
-from edge.core.tasks import Task
+from edge.core.ports.runtime import Clock, RunController, StatusFacts, TriggerService
+from edge.core.ports.stores import (
+    AuditLog,
+    CredentialStore,
+    Readers,
+    RunLogFiles,
+    RunStore,
+    SecretStore,
+    TaskStore,
+)
 
 
 class Caller(msgspec.Struct, frozen=True):
@@ -22,52 +26,36 @@ class Caller(msgspec.Struct, frozen=True):
     request_id: str | None = None
 
 
-class RunController(Protocol):
-    """The runner, as tools see it."""
+class ToolInfo(msgspec.Struct, rename="camel"):
+    """One entry of `qledge.tools.list`: what a tool is, without its handler."""
 
-    async def start(self, task: Task, actor: str) -> Run: ...
+    name: str
+    version: str
+    effect: str
+    risk: str
+    permissions: list[str]  # besides tool.call:<name>
+    deadline_s: float
+    title: str
+    ai: bool
 
-    async def cancel(self, project: str, run_id: str, reason: str) -> Run: ...
 
-    async def wait(self, project: str, run_id: str, timeout_s: float) -> Run | None: ...
+class Services(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything composition hands to tools, complete at construction (edge.app.graph)."""
 
-    def log_path(self, run_id: str) -> str: ...
-
-
-class Services:
-    """Everything composition hands to tools.
-
-    The constructor takes what every daemon has; capabilities set their own attribute
-    after construction (composition owns that wiring), so adding one never widens it.
-    """
-
-    secrets: SecretStore | None = None
-    triggers: Any = None  # the trigger store and scheduler (edge.scheduler)
-    readers: Any = None  # narrow readers behind the AI read tools (edge.tools.ai)
-    catalog: Any = None  # the tool registry (edge.tools.definition.Registry), for qledge.tools.list
-
-    def __init__(
-        self,
-        *,
-        project: str,
-        clock: Clock,
-        tasks: TaskStore,
-        runs: RunStore,
-        credentials: CredentialStore,
-        audit: AuditLog,
-        runner: RunController,
-        pepper: bytes,
-        facts: Any,
-    ) -> None:
-        self.project = project
-        self.clock = clock
-        self.tasks = tasks
-        self.runs = runs
-        self.credentials = credentials
-        self.audit = audit
-        self.runner = runner
-        self.pepper = pepper
-        self.facts = facts  # daemon facts for qledge.status (see edge.app.facts)
+    project: str
+    clock: Clock
+    pepper: bytes  # the HMAC key for credential digests
+    tasks: TaskStore
+    runs: RunStore
+    triggers: TriggerService
+    credentials: CredentialStore
+    secrets: SecretStore
+    audit: AuditLog
+    logs: RunLogFiles
+    readers: Readers
+    runner: RunController
+    facts: StatusFacts
+    catalog: list[ToolInfo]  # every registered tool, for qledge.tools.list
 
 
 class ToolContext:

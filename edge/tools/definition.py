@@ -7,11 +7,17 @@ from typing import Any, Literal
 
 import msgspec
 
+from edge.tools.context import ToolContext, ToolInfo
+
 Effect = Literal["read", "write"]
 Risk = Literal["low", "medium", "high"]
 
 READ_DEADLINE_S = 5.0
 WRITE_DEADLINE_S = 15.0
+
+# Handlers differ in their argument and result types; the Tool records both, and the
+# registry decodes into the former, so the registry itself holds them untyped.
+Handler = Callable[[ToolContext, Any], Awaitable[Any]]
 
 
 class Tool(msgspec.Struct, frozen=True, kw_only=True):
@@ -22,11 +28,29 @@ class Tool(msgspec.Struct, frozen=True, kw_only=True):
     permissions: tuple[str, ...]  # domain permissions, checked after tool.call:<name>
     args_type: type
     result_type: type
-    handler: Callable[[Any, Any], Awaitable[Any]]
+    handler: Handler
     deadline_s: float = READ_DEADLINE_S
     title: str = ""
     description: str = ""
     ai: bool = False  # offered to AI clients (read-only, low-sensitivity projection)
+
+    def info(self) -> ToolInfo:
+        return ToolInfo(name=self.name, version=self.version, effect=self.effect, risk=self.risk,
+                        permissions=list(self.permissions), deadline_s=self.deadline_s, title=self.title, ai=self.ai)
+
+
+def tool(
+    name: str, handler: Handler, args_type: type, result_type: type, *, effect: Effect, risk: Risk,
+    permission: str, title: str, deadline_s: float | None = None, description: str = "", ai: bool = False,
+    version: str = "1.0.0",
+) -> Tool:
+    """The one way tools are defined: one domain permission each, and the deadline of its
+    effect unless it says otherwise (reads 5 s, writes 15 s)."""
+    return Tool(
+        name=name, version=version, effect=effect, risk=risk, permissions=(permission,), args_type=args_type,
+        result_type=result_type, handler=handler, title=title, description=description, ai=ai,
+        deadline_s=deadline_s if deadline_s is not None else (READ_DEADLINE_S if effect == "read" else WRITE_DEADLINE_S),
+    )
 
 
 class Entry:
@@ -47,16 +71,19 @@ class Entry:
 class Registry:
     def __init__(self, tools: Iterable[Tool]) -> None:
         self._entries: dict[str, Entry] = {}
-        for tool in tools:
-            if tool.name in self._entries:
-                raise ValueError(f"tool {tool.name} registered twice")
-            self._entries[tool.name] = Entry(tool)
+        for t in tools:
+            if t.name in self._entries:
+                raise ValueError(f"tool {t.name} registered twice")
+            self._entries[t.name] = Entry(t)
 
     def get(self, name: str) -> Entry | None:
         return self._entries.get(name)
 
     def tools(self) -> list[Tool]:
         return [e.tool for e in self._entries.values()]
+
+    def infos(self) -> list[ToolInfo]:
+        return sorted((t.info() for t in self.tools()), key=lambda info: info.name)
 
     def read_tool_names(self) -> list[str]:
         return [t.name for t in self.tools() if t.effect == "read"]

@@ -67,7 +67,7 @@ class SqliteCredentialStore:
     async def lookup(self, credential_id: str) -> tuple[Credential, bytes] | None:
         return await self._db.run(lookup, credential_id)
 
-    async def list(self, project: str) -> list[Credential]:
+    async def for_project(self, project: str) -> list[Credential]:
         return await self._db.run(list_credentials, project)
 
     async def revoke(self, project: str, credential_id: str, now_ms: int) -> Credential | None:

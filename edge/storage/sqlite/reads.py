@@ -1,6 +1,7 @@
-"""Narrow SQLite readers for the AI read tools: few columns, one project, bounded keyset pages.
+"""Narrow SQLite readers for the AI read tools (few columns, one project, bounded keyset
+pages) and the counts of `qledge status`.
 
-Every query here rides an existing index (primary keys, runs_project_created_idx);
+Every page query here rides an existing index (primary keys, runs_project_created_idx);
 tests/test_ai_plans.py runs the real EXPLAIN QUERY PLAN of each one.
 """
 
@@ -8,15 +9,9 @@ from __future__ import annotations
 
 import apsw
 
-from edge.core.reads import (
-    Readers,
-    RunEventSummary,
-    RunKey,
-    RunSummary,
-    TaskDetail,
-    TaskHead,
-    TriggerHead,
-)
+from edge.core.ports.stores import Readers
+from edge.core.reads import Counts, RunEventSummary, RunSummary, TaskDetail, TaskHead, TriggerHead
+from edge.core.runs import RunCursor
 from edge.storage.sqlite.db import Database
 from edge.storage.sqlite.outcome_window import SqliteOutcomeWindowReader
 
@@ -52,7 +47,14 @@ SELECT e.run_id, r.project_id, e.sequence, e.type, e.actor_type, e.created_at_ms
 FROM run_events AS e JOIN runs AS r ON r.id = e.run_id
 WHERE e.run_id = ? AND r.project_id = ? AND e.sequence > ? ORDER BY e.sequence LIMIT ?
 """
-_AFTER_EVERY_RUN = RunKey(1 << 62, "\U0010ffff")  # sorts before every real (created_at_ms, id) in DESC order
+_BEFORE_EVERY_RUN = RunCursor(1 << 62, "\U0010ffff")  # ahead of every real (created_at_ms, id) in DESC order
+SQL_COUNTS = """
+SELECT (SELECT count(*) FROM tasks WHERE project_id = ?1),
+       (SELECT count(*) FROM triggers WHERE project_id = ?1),
+       (SELECT count(*) FROM runs WHERE project_id = ?1),
+       (SELECT count(*) FROM runs WHERE project_id = ?1 AND status IN ('queued', 'running')),
+       (SELECT count(*) FROM credentials WHERE project_id = ?1 AND revoked_at_ms IS NULL)
+"""
 
 
 def _bool_at(row: tuple, index: int) -> tuple:
@@ -79,7 +81,7 @@ def run_summary(conn: apsw.Connection, project: str, run_id: str) -> RunSummary 
     return RunSummary(*row) if row else None
 
 
-def run_page(conn: apsw.Connection, project: str, after: RunKey, limit: int) -> list[RunSummary]:
+def run_page(conn: apsw.Connection, project: str, after: RunCursor, limit: int) -> list[RunSummary]:
     rows = conn.execute(SQL_RUN_PAGE, (project, after.created_at_ms, after.run_id, limit))
     return [RunSummary(*row) for row in rows]
 
@@ -88,11 +90,15 @@ def run_events(conn: apsw.Connection, project: str, run_id: str, after: int, lim
     return [RunEventSummary(*row) for row in conn.execute(SQL_RUN_EVENTS, (run_id, project, after, limit))]
 
 
+def counts(conn: apsw.Connection, project: str) -> Counts:
+    return Counts(*conn.execute(SQL_COUNTS, (project,)).fetchone())
+
+
 class SqliteTaskHeadReader:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    async def list_heads(self, project: str, after: str | None, limit: int) -> list[TaskHead]:
+    async def page_heads(self, project: str, after: str | None, limit: int) -> list[TaskHead]:
         return await self._db.run(task_heads, project, after or "", limit)
 
     async def get_head(self, project: str, task_id: str) -> TaskDetail | None:
@@ -103,7 +109,7 @@ class SqliteTriggerHeadReader:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    async def list_heads(self, project: str, after: str | None, limit: int) -> list[TriggerHead]:
+    async def page_heads(self, project: str, after: str | None, limit: int) -> list[TriggerHead]:
         return await self._db.run(trigger_heads, project, after or "", limit)
 
 
@@ -114,11 +120,19 @@ class SqliteRunSummaryReader:
     async def get(self, project: str, run_id: str) -> RunSummary | None:
         return await self._db.run(run_summary, project, run_id)
 
-    async def page(self, project: str, after: RunKey | None, limit: int) -> list[RunSummary]:
-        return await self._db.run(run_page, project, after or _AFTER_EVERY_RUN, limit)
+    async def page(self, project: str, after: RunCursor | None, limit: int) -> list[RunSummary]:
+        return await self._db.run(run_page, project, after or _BEFORE_EVERY_RUN, limit)
 
     async def events(self, project: str, run_id: str, after_sequence: int, limit: int) -> list[RunEventSummary]:
         return await self._db.run(run_events, project, run_id, after_sequence, limit)
+
+
+class SqliteCountsReader:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def counts(self, project: str) -> Counts:
+        return await self._db.run(counts, project)
 
 
 def sqlite_readers(db: Database) -> Readers:

@@ -3,7 +3,8 @@ start-up pass): runs per task, run age, and total log bytes.
 
 Each call removes at most `BATCH` rows or logs, and only of finished runs, so one write's
 cost stays bounded and repeated writes converge. Every query walks an index from the
-oldest end; the log total is a running sum in `meta`, never a SUM over `runs`.
+oldest end; the log total is a running sum in `meta` kept by triggers on `runs`
+(edge.storage.sqlite.schema), never a SUM over `runs`.
 """
 
 from __future__ import annotations
@@ -16,16 +17,13 @@ from edge.core.runs import TERMINAL
 BATCH = 64
 _FINISHED = f"status IN ({', '.join(repr(s) for s in sorted(TERMINAL))})"
 
-# Bytes a run's log still has on disk.
-LOG_ON_DISK = "log_bytes * (log_dropped_at_ms IS NULL)"
-
 # Finished runs of a task beyond the newest `runs_per_task` (index order, newest first).
 SQL_EXCESS = (
-    f"SELECT id, {LOG_ON_DISK} FROM runs WHERE project_id = ? AND task_id = ? AND " + _FINISHED +
+    "SELECT id FROM runs WHERE project_id = ? AND task_id = ? AND " + _FINISHED +
     " ORDER BY created_at_ms DESC, id DESC LIMIT ? OFFSET ?"
 )
 SQL_EXPIRED = (
-    f"SELECT id, {LOG_ON_DISK} FROM runs WHERE project_id = ? AND created_at_ms < ? AND " + _FINISHED +
+    "SELECT id FROM runs WHERE project_id = ? AND created_at_ms < ? AND " + _FINISHED +
     " ORDER BY created_at_ms, id LIMIT ?"
 )
 # The partial index holds exactly the runs that still have a log (set when they finish).
@@ -47,40 +45,22 @@ class Policy(msgspec.Struct, frozen=True):
     log_quota_bytes: int = 32 << 20
 
 
-def log_total_key(project: str) -> str:
-    return f"run_log_bytes:{project}"
-
-
-def add_log_bytes(conn: apsw.Connection, project: str, delta: int) -> None:
-    """Keep the running total of log bytes of a project's stored runs."""
-    if delta:
-        conn.execute(
-            "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = value + excluded.value",
-            (log_total_key(project), delta),
-        )
-
-
 def log_total(conn: apsw.Connection, project: str) -> int:
-    row = conn.execute("SELECT value FROM meta WHERE key = ?", (log_total_key(project),)).fetchone()
+    """Bytes of the project's run logs still on disk."""
+    row = conn.execute("SELECT value FROM meta WHERE key = ?", (f"run_log_bytes:{project}",)).fetchone()
     return int(row[0]) if row else 0
 
 
 def enforce(conn: apsw.Connection, project: str, task_id: str, now_ms: int, policy: Policy) -> list[str]:
     """Apply the policy a bounded step; call inside the write transaction that finished a
     run of `task_id`. Returns the ids of runs whose log files must go once it commits."""
-    budget = BATCH
-    doomed = conn.execute(SQL_EXCESS, (project, task_id, budget, policy.runs_per_task)).fetchall()
-    budget -= len(doomed)
-    if budget:
-        seen = {rid for rid, _ in doomed}
-        doomed += [r for r in conn.execute(SQL_EXPIRED, (project, now_ms - policy.max_age_ms, budget))
-                   if r[0] not in seen]
-    freed = 0
-    for rid, size in doomed:
+    removed = [rid for (rid,) in conn.execute(SQL_EXCESS, (project, task_id, BATCH, policy.runs_per_task))]
+    if len(removed) < BATCH:
+        seen = set(removed)
+        expired = conn.execute(SQL_EXPIRED, (project, now_ms - policy.max_age_ms, BATCH - len(removed)))
+        removed += [rid for (rid,) in expired if rid not in seen]
+    for rid in removed:
         conn.execute(SQL_DELETE, (rid,))  # its events go by ON DELETE CASCADE
-        freed += size
-    add_log_bytes(conn, project, -freed)
-    removed = [rid for rid, _ in doomed]
     budget = BATCH - len(removed)
     excess = log_total(conn, project) - policy.log_quota_bytes
     if excess > 0 and budget > 0:
@@ -104,5 +84,4 @@ def _drop_oldest_logs(conn: apsw.Connection, project: str, excess: int, budget: 
         )
         freed += size
         dropped.append(rid)
-    add_log_bytes(conn, project, -freed)
     return dropped

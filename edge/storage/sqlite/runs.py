@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-
 import apsw
 
 from edge.core.errors import conflict, not_found
-from edge.core.ports import RunCursor, RunProcess, RunUpdate
-from edge.core.runs import TERMINAL, ActorType, Run, RunEvent, check_transition, event_type, log_file
+from edge.core.ports.stores import RunLogFiles
+from edge.core.runs import (
+    TERMINAL,
+    ActorType,
+    Run,
+    RunCursor,
+    RunEvent,
+    RunProcess,
+    RunStatus,
+    RunUpdate,
+    check_transition,
+    event_type,
+)
 from edge.storage.sqlite import retention
 from edge.storage.sqlite.db import Database, immediate
 
@@ -31,7 +39,7 @@ SQL_LIST_TASK = (
     f"SELECT {COLUMNS} FROM runs WHERE project_id = ? AND task_id = ? AND (created_at_ms, id) < (?, ?)"
     " ORDER BY created_at_ms DESC, id DESC LIMIT ?"
 )
-SQL_STATE = "SELECT project_id, status, version, event_seq, log_bytes FROM runs WHERE id = ?"
+SQL_STATE = "SELECT project_id, status, version, event_seq FROM runs WHERE id = ?"
 SQL_ACTIVE = f"SELECT {COLUMNS} FROM runs WHERE status IN ('queued', 'running')"
 SQL_ACTIVE_PROCESSES = f"SELECT {COLUMNS}, pid, pid_start_ticks FROM runs WHERE status IN ('queued', 'running')"
 SQL_EVENTS = (
@@ -39,11 +47,11 @@ SQL_EVENTS = (
     " JOIN runs AS r ON r.id = e.run_id"
     " WHERE e.run_id = ? AND r.project_id = ? AND e.sequence > ? ORDER BY e.sequence LIMIT ?"
 )
-_MAX_CURSOR = (1 << 62, "\U0010ffff")  # sorts after every real (created_at_ms, id)
+_BEFORE_EVERY_RUN = RunCursor(1 << 62, "\U0010ffff")  # ahead of every real (created_at_ms, id) in DESC order
 
 
 def _run(row: tuple) -> Run:
-    values = dict(zip(_FIELDS, row))
+    values = dict(zip(_FIELDS, row, strict=True))
     values["log_truncated"] = bool(values["log_truncated"])
     return Run(**values)
 
@@ -72,7 +80,6 @@ def insert(conn: apsw.Connection, run: Run, actor: ActorType) -> Run:
     except apsw.ConstraintError:
         raise conflict(f"run {run.idempotency_key or run.id} already exists") from None
     _append_event(conn, run.id, 1, event_type(run.status), actor, run.created_at_ms, None)
-    retention.add_log_bytes(conn, run.project_id, run.log_bytes)
     created = get(conn, run.project_id, run.id)
     assert created is not None
     return created
@@ -84,39 +91,28 @@ def _create(conn: apsw.Connection, run: Run, actor: ActorType) -> Run:
 
 
 def transition(
-    conn: apsw.Connection, run_id: str, expected_version: int, status: str, now: int,
-    actor: ActorType, update: RunUpdate, detail: str | None,
-    policy: retention.Policy | None = None, logs_dir: str | None = None,
-) -> Run:
-    """Compare-and-set on `version`; the event is appended in the same transaction.
-
-    A run that finishes also applies retention in that transaction; the logs of the runs
-    it removed are unlinked once it has committed.
-    """
+    conn: apsw.Connection, run_id: str, expected_version: int, status: RunStatus, now: int,
+    actor: ActorType, update: RunUpdate, detail: str | None, policy: retention.Policy,
+) -> tuple[Run, list[str]]:
+    """Compare-and-set on `version`; the event is appended in the same transaction. A run
+    that finishes also applies retention in it. Returns the run and the ids of the runs
+    whose logs must go once this has committed."""
     removed: list[str] = []
     with immediate(conn):
         run = apply_transition(conn, run_id, expected_version, status, now, actor, update, detail)
-        if policy is not None and status in TERMINAL:
+        if status in TERMINAL:
             removed = retention.enforce(conn, run.project_id, run.task_id, now, policy)
-    if logs_dir is not None:
-        remove_logs(logs_dir, removed)
-    return run
-
-
-def remove_logs(logs_dir: str, run_ids: list[str]) -> None:
-    for run_id in run_ids:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(log_file(logs_dir, run_id))
+    return run, removed
 
 
 def apply_transition(
-    conn: apsw.Connection, run_id: str, expected_version: int, status: str, now: int,
+    conn: apsw.Connection, run_id: str, expected_version: int, status: RunStatus, now: int,
     actor: ActorType, update: RunUpdate, detail: str | None,
 ) -> Run:
     row = conn.execute(SQL_STATE, (run_id,)).fetchone()
     if row is None:
         raise not_found(f"run {run_id} not found")
-    project, current, version, seq, log_bytes = row
+    project, current, version, seq = row
     if version != expected_version:
         raise conflict(f"run {run_id} changed (version {version}, expected {expected_version})")
     check_transition(current, status)
@@ -129,17 +125,13 @@ def apply_transition(
             params.append(int(value) if isinstance(value, bool) else value)
     conn.execute(f"UPDATE runs SET {', '.join(sets)} WHERE id = ?", (*params, run_id))
     _append_event(conn, run_id, seq + 1, event_type(status), actor, now, detail)
-    if update.log_bytes is not None:
-        retention.add_log_bytes(conn, project, update.log_bytes - log_bytes)
     updated = get(conn, project, run_id)
     assert updated is not None
     return updated
 
 
-def list_runs(
-    conn: apsw.Connection, project: str, task_id: str | None, after: RunCursor | None, limit: int
-) -> list[Run]:
-    created, rid = (after.created_at_ms, after.run_id) if after else _MAX_CURSOR
+def page(conn: apsw.Connection, project: str, task_id: str | None, after: RunCursor | None, limit: int) -> list[Run]:
+    created, rid = (after or _BEFORE_EVERY_RUN).created_at_ms, (after or _BEFORE_EVERY_RUN).run_id
     if task_id is None:
         rows = conn.execute(SQL_LIST_PROJECT, (project, created, rid, limit))
     else:
@@ -163,28 +155,32 @@ def events(conn: apsw.Connection, project: str, run_id: str, after: int, limit: 
 
 
 class SqliteRunStore:
-    """`policy` and `logs_dir` turn on retention for every run that finishes through it."""
+    """RunStore (edge.core.ports.stores) on the daemon's database; every run that finishes
+    through it applies `policy`, and the logs of the runs retention removed go after the
+    commit."""
 
-    def __init__(self, db: Database, policy: retention.Policy | None = None, logs_dir: str | None = None) -> None:
+    def __init__(self, db: Database, policy: retention.Policy, logs: RunLogFiles) -> None:
         self._db = db
         self._policy = policy
-        self._logs_dir = logs_dir
+        self._logs = logs
 
     async def create(self, run: Run, actor: ActorType) -> Run:
         return await self._db.run(_create, run, actor)
 
     async def transition(
-        self, run_id: str, expected_version: int, status: str, now_ms: int,
+        self, run_id: str, expected_version: int, status: RunStatus, now_ms: int,
         actor: ActorType, update: RunUpdate, detail: str | None = None,
     ) -> Run:
-        return await self._db.run(
-            transition, run_id, expected_version, status, now_ms, actor, update, detail, self._policy, self._logs_dir)
+        run, removed = await self._db.run(
+            transition, run_id, expected_version, status, now_ms, actor, update, detail, self._policy)
+        self._logs.remove(removed)
+        return run
 
     async def get(self, project: str, run_id: str) -> Run | None:
         return await self._db.run(get, project, run_id)
 
-    async def list(self, project: str, task_id: str | None, after: RunCursor | None, limit: int) -> list[Run]:
-        return await self._db.run(list_runs, project, task_id, after, limit)
+    async def page(self, project: str, task_id: str | None, after: RunCursor | None, limit: int) -> list[Run]:
+        return await self._db.run(page, project, task_id, after, limit)
 
     async def active(self) -> list[Run]:
         return await self._db.run(active)

@@ -181,7 +181,32 @@ CREATE TRIGGER trigger_events_follow_delete AFTER DELETE ON triggers BEGIN
 END;
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3)
+# The running total of log bytes on disk per project has one owner: these triggers. Every
+# insert, log-size change, log drop and delete of a run adjusts it in the same statement,
+# whichever code path wrote the row.
+_LOG_ON_DISK = "{row}.log_bytes * ({row}.log_dropped_at_ms IS NULL)"
+_ADD = (
+    "INSERT INTO meta (key, value) VALUES ('run_log_bytes:' || {row}.project_id, {delta})"
+    " ON CONFLICT (key) DO UPDATE SET value = value + excluded.value;"
+)
+_NEW, _OLD = _LOG_ON_DISK.format(row="new"), _LOG_ON_DISK.format(row="old")
+_V4 = f"""
+CREATE TRIGGER runs_log_total_insert AFTER INSERT ON runs WHEN {_NEW} != 0 BEGIN
+    {_ADD.format(row="new", delta=_NEW)}
+END;
+CREATE TRIGGER runs_log_total_update AFTER UPDATE OF log_bytes, log_dropped_at_ms ON runs
+WHEN {_NEW} != {_OLD} BEGIN
+    {_ADD.format(row="new", delta=f"{_NEW} - {_OLD}")}
+END;
+CREATE TRIGGER runs_log_total_delete AFTER DELETE ON runs WHEN {_OLD} != 0 BEGIN
+    {_ADD.format(row="old", delta=f"-{_OLD}")}
+END;
+DELETE FROM meta WHERE key LIKE 'run_log_bytes:%';
+INSERT INTO meta (key, value)
+    SELECT 'run_log_bytes:' || project_id, sum(log_bytes * (log_dropped_at_ms IS NULL)) FROM runs GROUP BY project_id;
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4)
 
 
 def migrate(conn: apsw.Connection) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import apsw
 
-from edge.core.ports import SecretInfo
+from edge.core.auth import SecretInfo
 from edge.storage.sqlite.db import Database, immediate
 
 
@@ -55,7 +55,7 @@ class SqliteSecretStore:
     async def set(self, project: str, name: str, value: str, now_ms: int) -> SecretInfo:
         return await self._db.run(set_secret, project, name, value, now_ms)
 
-    async def list(self, project: str) -> list[SecretInfo]:
+    async def for_project(self, project: str) -> list[SecretInfo]:
         return await self._db.run(list_secrets, project)
 
     async def delete(self, project: str, name: str) -> bool:

@@ -6,10 +6,10 @@ import apsw
 import msgspec
 
 from edge.core.errors import conflict, not_found
+from edge.core.ports.stores import RunLogFiles
 from edge.core.tasks import SPEC_SCHEMA, Task, TaskSpec, content_digest
 from edge.storage.sqlite import triggers as trigger_sql
 from edge.storage.sqlite.db import Database, immediate
-from edge.storage.sqlite.retention import LOG_ON_DISK, add_log_bytes
 
 _spec_encoder = msgspec.json.Encoder()
 _spec_decoder = msgspec.json.Decoder(TaskSpec)
@@ -93,6 +93,10 @@ def _new_revision(
     return task
 
 
+def page(conn: apsw.Connection, project: str, after: str, limit: int) -> list[Task]:
+    return [_task(row) for row in conn.execute(SQL_LIST, (project, after, limit))]
+
+
 def create(conn: apsw.Connection, project: str, task_id: str, name: str, spec: TaskSpec, now: int) -> Task:
     with immediate(conn):
         try:
@@ -110,26 +114,27 @@ def create(conn: apsw.Connection, project: str, task_id: str, name: str, spec: T
 
 
 SQL_TASK_ACTIVE = "SELECT id FROM runs WHERE project_id = ? AND task_id = ? AND status IN ('queued', 'running') LIMIT 1"
-SQL_TASK_RUNS = f"SELECT id, {LOG_ON_DISK} FROM runs WHERE project_id = ? AND task_id = ?"
-SQL_DELETE_TASK_RUNS = "DELETE FROM runs WHERE project_id = ? AND task_id = ?"
+SQL_DELETE_TASK_RUNS = "DELETE FROM runs WHERE project_id = ? AND task_id = ? RETURNING id"
 
 
 def delete(conn: apsw.Connection, project: str, task_id: str, expected: int | None) -> list[str]:
+    """Delete the task and its finished runs; returns the run ids (their logs go after the commit)."""
     with immediate(conn):
         _head_revision(conn, project, task_id, expected)
         active = conn.execute(SQL_TASK_ACTIVE, (project, task_id)).fetchone()
         if active:
             raise conflict(f"task {task_id!r} has an active run ({active[0]}); cancel it first")
-        rows = conn.execute(SQL_TASK_RUNS, (project, task_id)).fetchall()
-        conn.execute(SQL_DELETE_TASK_RUNS, (project, task_id))
-        add_log_bytes(conn, project, -sum(size for _, size in rows))
+        removed = [rid for (rid,) in conn.execute(SQL_DELETE_TASK_RUNS, (project, task_id))]
         conn.execute("DELETE FROM tasks WHERE project_id = ? AND id = ?", (project, task_id))
-    return [rid for rid, _ in rows]
+    return removed
 
 
 class SqliteTaskStore:
-    def __init__(self, db: Database) -> None:
+    """TaskStore (edge.core.ports.stores) on the daemon's database."""
+
+    def __init__(self, db: Database, logs: RunLogFiles) -> None:
         self._db = db
+        self._logs = logs
 
     async def create(self, project: str, task_id: str, name: str, spec: TaskSpec, now_ms: int) -> Task:
         return await self._db.run(create, project, task_id, name, spec, now_ms)
@@ -147,13 +152,10 @@ class SqliteTaskStore:
     async def get(self, project: str, task_id: str, revision: int | None = None) -> Task | None:
         return await self._db.run(get, project, task_id, revision)
 
-    async def list(self, project: str, after: str | None, limit: int) -> list[Task]:
-        rows = await self._db.run(_list, project, after or "", limit)
-        return rows
+    async def page(self, project: str, after: str | None, limit: int) -> list[Task]:
+        return await self._db.run(page, project, after or "", limit)
 
-    async def delete(self, project: str, task_id: str, expected_revision: int | None) -> list[str]:
-        return await self._db.run(delete, project, task_id, expected_revision)
-
-
-def _list(conn: apsw.Connection, project: str, after: str, limit: int) -> list[Task]:
-    return [_task(row) for row in conn.execute(SQL_LIST, (project, after, limit))]
+    async def delete(self, project: str, task_id: str, expected_revision: int | None) -> int:
+        removed = await self._db.run(delete, project, task_id, expected_revision)
+        self._logs.remove(removed)
+        return len(removed)

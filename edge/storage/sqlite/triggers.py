@@ -1,20 +1,16 @@
-"""Triggers, their revisions and events; and admission: the one transaction in which a
-fire (or a manual start) becomes a queued run, is skipped, or is refused."""
+"""Triggers: heads, immutable revisions (each pinned to one task revision) and the events
+of fires that did not become runs. Admission, which turns fires into runs, is
+edge.storage.sqlite.admission."""
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import apsw
 import msgspec
 
-from edge.core.errors import ToolError, conflict, invalid, not_found
-from edge.core.ids import uuid7
-from edge.core.runs import Run
-from edge.core.schedule import Schedule, ScheduleError, plan
-from edge.core.tasks import Task, content_digest
-from edge.core.triggers import SPEC_SCHEMA, Admission, CronSpec, Trigger, TriggerEvent
-from edge.storage.sqlite import runs as run_sql
+from edge.core.errors import conflict, invalid, not_found
+from edge.core.schedule import Schedule, ScheduleError
+from edge.core.tasks import content_digest
+from edge.core.triggers import SPEC_SCHEMA, CronSpec, Trigger, TriggerEvent
 from edge.storage.sqlite.db import Database, immediate
 
 _spec_encoder = msgspec.json.Encoder()
@@ -22,7 +18,7 @@ _spec_decoder = msgspec.json.Decoder(CronSpec)
 
 EVENTS_PER_TRIGGER = 100  # newest events kept per trigger
 PRUNE_BATCH = 64  # rows one write may delete: bounded cost per write, converges over writes
-CLOCK_KEY = "clock.newest_ms"
+CLOCK_KEY = "clock.newest_ms"  # the newest wall-clock time the scheduler saw (meta table)
 
 _SELECT = """
 SELECT h.project_id, h.id, h.revision, h.task_id, h.task_revision, h.enabled, r.spec_schema, r.spec,
@@ -32,22 +28,7 @@ JOIN trigger_revisions AS r ON r.project_id = h.project_id AND r.trigger_id = h.
 """
 SQL_GET = _SELECT + "WHERE h.project_id = ? AND h.id = ?"
 SQL_LIST = _SELECT + "WHERE h.project_id = ? AND h.id > ? ORDER BY h.id LIMIT ?"
-SQL_ARMED = (
-    "SELECT next_fire_at_ms, id FROM triggers WHERE project_id = ? AND next_fire_at_ms IS NOT NULL"
-    " ORDER BY next_fire_at_ms"
-)
 SQL_FOLLOWING = "SELECT id FROM triggers WHERE project_id = ? AND task_id = ? AND task_revision = ?"
-# The task revision a run will execute: its enabled flag (the head's) and overlap policy.
-SQL_PINNED_TASK = """
-SELECT t.enabled, coalesce(json_extract(r.spec, '$.overlap'), 'forbid')
-FROM tasks AS t JOIN task_revisions AS r ON r.project_id = t.project_id AND r.task_id = t.id
-WHERE t.project_id = ? AND t.id = ? AND r.revision = ?
-"""
-SQL_ACTIVE_FOR_TASK = "SELECT id FROM runs WHERE project_id = ? AND task_id = ? AND status IN ('queued', 'running')"
-# The runner's slots and queue are shared by every project it runs.
-SQL_ACTIVE_COUNT = "SELECT count(*) FROM runs WHERE status IN ('queued', 'running')"
-SQL_BY_KEY = "SELECT id FROM runs WHERE idempotency_key = ?"
-SQL_NEWEST_RUN = "SELECT max(created_at_ms) FROM runs WHERE project_id = ?"
 _EVENT_COLUMNS = "id, trigger_id, type, reason, scheduled_for_ms, last_scheduled_for_ms, fires, created_at_ms"
 SQL_EVENTS_TRIGGER = (
     f"SELECT {_EVENT_COLUMNS} FROM trigger_events WHERE project_id = ? AND trigger_id = ? AND id < ?"
@@ -84,7 +65,7 @@ def get(conn: apsw.Connection, project: str, trigger_id: str) -> Trigger | None:
     return _trigger(row) if row else None
 
 
-def list_triggers(conn: apsw.Connection, project: str, after: str, limit: int) -> list[Trigger]:
+def page(conn: apsw.Connection, project: str, after: str, limit: int) -> list[Trigger]:
     return [_trigger(row) for row in conn.execute(SQL_LIST, (project, after, limit))]
 
 
@@ -98,31 +79,6 @@ def events(conn: apsw.Connection, project: str, trigger_id: str | None, before: 
                          last_scheduled_for_ms=r[5], fires=r[6], created_at_ms=r[7]) for r in rows]
 
 
-def armed(conn: apsw.Connection, project: str) -> list[tuple[int, str]]:
-    return [(nxt, tid) for nxt, tid in conn.execute(SQL_ARMED, (project,))]
-
-
-def newest_time(conn: apsw.Connection, project: str) -> int:
-    """The newest wall-clock time on record: saved by the scheduler, or stamped on a run
-    or an audit row (every tool call writes one)."""
-    row = conn.execute("SELECT value FROM meta WHERE key = ?", (CLOCK_KEY,)).fetchone()
-    audit = conn.execute("SELECT at_ms FROM security_audit ORDER BY id DESC LIMIT 1").fetchone()
-    run = conn.execute(SQL_NEWEST_RUN, (project,)).fetchone()
-    return max([0] + [r[0] for r in (row, audit, run) if r and isinstance(r[0], int)])
-
-
-def save_time(conn: apsw.Connection, now: int) -> None:
-    conn.execute(
-        "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = max(value, excluded.value)",
-        (CLOCK_KEY, now),
-    )
-
-
-def _save_time_tx(conn: apsw.Connection, now: int) -> None:
-    with immediate(conn):
-        save_time(conn, now)
-
-
 # -- writing ----------------------------------------------------------------------
 
 
@@ -133,12 +89,16 @@ def _schedule(spec: CronSpec) -> Schedule:
         raise invalid(str(exc)) from None
 
 
+def clock_mark(conn: apsw.Connection) -> int:
+    """The newest wall-clock time the scheduler saved (0 when none)."""
+    row = conn.execute("SELECT value FROM meta WHERE key = ?", (CLOCK_KEY,)).fetchone()
+    return row[0] if row and isinstance(row[0], int) else 0
+
+
 def _arm(conn: apsw.Connection, schedule: Schedule, now: int) -> int | None:
     # From the newest time on record, not the wall clock: a trigger made while the clock
     # still says 1970 must not count half a century of missed fires once it is set.
-    row = conn.execute("SELECT value FROM meta WHERE key = ?", (CLOCK_KEY,)).fetchone()
-    base = max(now, row[0] if row and isinstance(row[0], int) else 0)
-    return schedule.next_after(base)
+    return schedule.next_after(max(now, clock_mark(conn)))
 
 
 def _task_revision(conn: apsw.Connection, project: str, task_id: str, wanted: int | None) -> int:
@@ -263,30 +223,13 @@ def delete(conn: apsw.Connection, project: str, trigger_id: str, expected: int |
         conn.execute("DELETE FROM triggers WHERE project_id = ? AND id = ?", (project, trigger_id))
 
 
-# -- admission --------------------------------------------------------------------
-
-
-def _gate(
-    conn: apsw.Connection, project: str, task_id: str, overlap: str, capacity: int, replacing: list[str]
-) -> tuple[str | None, str | None]:
-    """(None, None) when a new run may be queued, else (reason, blocking run id).
-    Under `replace` the active runs are added to `replacing` instead."""
-    active = [r for (r,) in conn.execute(SQL_ACTIVE_FOR_TASK, (project, task_id)) if r not in replacing]
-    if active and overlap == "forbid":
-        return "overlap", active[0]
-    if active and overlap == "replace":
-        replacing.extend(active)
-    if conn.execute(SQL_ACTIVE_COUNT).fetchone()[0] - len(replacing) >= capacity:
-        return "queue_full", None
-    return None, None
-
-
-def _record(
+def record_event(
     conn: apsw.Connection, project: str, trigger_id: str, kind: str, reason: str,
     first: int, last: int | None, fires: int | None, now: int, last_admitted: int | None,
 ) -> None:
     """Record fires that did not run, merged into the newest event when that one has the
-    same outcome and no run was admitted since (a disabled task skips quietly, once)."""
+    same outcome and no run was admitted since (a disabled task skips quietly, once).
+    Call inside the admission transaction; prunes the trigger's oldest events, bounded."""
     newest = conn.execute(SQL_NEWEST_EVENT, (project, trigger_id)).fetchone()
     if newest and newest[1:3] == (kind, reason) and (last_admitted is None or (newest[3] or 0) > last_admitted):
         if newest[3] is not None and newest[3] >= first:
@@ -303,105 +246,23 @@ def _record(
     conn.execute(SQL_PRUNE_EVENTS, (project, trigger_id, PRUNE_BATCH, EVENTS_PER_TRIGGER))
 
 
-def admit(
-    conn: apsw.Connection, project: str, trigger_id: str, now: int, grace_ms: int, capacity: int,
-    rng: Callable[[], float],
-) -> Admission:
-    """Admit what is due of one trigger: plan, runs with their events, skipped and
-    refused fires, the cursor and the clock mark, all in one transaction."""
-    with immediate(conn):
-        trig = get(conn, project, trigger_id)
-        if trig is None:
-            return Admission(gone=True)
-        if not trig.enabled or trig.next_fire_at_ms is None:
-            return Admission(cursor=None)
-        try:
-            schedule = trig.spec.schedule()
-        except ScheduleError:  # zone data went missing: keep the cursor, say so once, retry later
-            _record(conn, project, trig.id, "refused", "timezone_unavailable", trig.next_fire_at_ms,
-                    trig.next_fire_at_ms, 1, now, trig.last_scheduled_at_ms)
-            return Admission(cursor=trig.next_fire_at_ms, retry=True)
-        todo = plan(schedule, trig.next_fire_at_ms, now, trig.spec.misfire, grace_ms)
-        if not todo.admit and todo.missed is None:
-            if todo.cursor != trig.next_fire_at_ms:  # the cursor was no fire time (zone rules changed)
-                conn.execute("UPDATE triggers SET next_fire_at_ms = ? WHERE project_id = ? AND id = ?",
-                             (todo.cursor, project, trig.id))
-            return Admission(cursor=todo.cursor)  # nothing due yet
-        last_admitted = trig.last_scheduled_at_ms
-        if todo.missed is not None:
-            m = todo.missed
-            _record(conn, project, trig.id, "skipped", "misfire", m.first_ms, m.last_ms, m.fires, now, last_admitted)
-        enabled, overlap = conn.execute(SQL_PINNED_TASK, (project, trig.task_id, trig.task_revision)).fetchone()
-        admitted: list[Run] = []
-        replacing: list[str] = []
-        for fire, origin in todo.admit:
-            reason = "task_disabled" if not enabled else _gate(conn, project, trig.task_id, overlap, capacity, replacing)[0]
-            if reason is not None:
-                kind = "refused" if reason == "queue_full" else "skipped"
-                _record(conn, project, trig.id, kind, reason, fire, fire, 1, now, last_admitted)
-                continue
-            key = f"cron:{trig.id}:{trig.revision}:{fire}"
-            if conn.execute(SQL_BY_KEY, (key,)).fetchone() is not None:
-                continue  # admitted before: the key makes a repeat impossible
-            jitter = int(rng() * trig.spec.jitter_s * 1000) if trig.spec.jitter_s else None
-            run = Run(
-                id=uuid7(now), project_id=project, task_id=trig.task_id, task_revision=trig.task_revision,
-                origin=origin, status="queued", version=1, event_seq=1, created_at_ms=now,  # type: ignore[arg-type]
-                trigger_id=trig.id, trigger_revision=trig.revision, queued_at_ms=now, scheduled_for_ms=fire,
-                idempotency_key=key, jitter_ms=jitter,
-            )
-            admitted.append(run_sql.insert(conn, run, "scheduler"))
-            last_admitted = fire
-        conn.execute(
-            "UPDATE triggers SET next_fire_at_ms = ?, last_scheduled_at_ms = ? WHERE project_id = ? AND id = ?",
-            (todo.cursor, last_admitted, project, trig.id),
-        )
-        save_time(conn, now)
-    return Admission(runs=admitted, cancel=replacing, cursor=todo.cursor)
-
-
-def admit_manual(conn: apsw.Connection, task: Task, actor: str, now: int, capacity: int) -> tuple[Run, list[str]]:
-    """A manual start under the task's overlap policy and the shared queue bound."""
-    with immediate(conn):
-        row = conn.execute(SQL_PINNED_TASK, (task.project_id, task.id, task.revision)).fetchone()
-        if row is None:
-            raise not_found(f"task {task.id!r} not found")
-        if not row[0]:
-            raise conflict(f"task {task.id!r} is disabled; enable it first")
-        replacing: list[str] = []
-        reason, blocking = _gate(conn, task.project_id, task.id, row[1], capacity, replacing)
-        if reason == "overlap":
-            raise conflict(f"task {task.id!r} already has an active run ({blocking}) and its overlap policy is forbid")
-        if reason == "queue_full":
-            raise ToolError("resource_exhausted", f"the run queue is full ({capacity} runs active or waiting)")
-        run = Run(
-            id=uuid7(now), project_id=task.project_id, task_id=task.id, task_revision=task.revision,
-            origin="manual", status="queued", version=1, event_seq=1, created_at_ms=now, queued_at_ms=now,
-        )
-        created = run_sql.insert(conn, run, "user" if actor == "user" else "system")
-    return created, replacing
-
-
 class SqliteTriggerStore:
-    """The trigger store, the scheduler's store and the run admission, on one database.
+    """TriggerStore (edge.core.ports.stores) on the daemon's database."""
 
-    `capacity` is how many runs may be active at once: the runner's slots plus its queue.
-    """
-
-    def __init__(self, db: Database, capacity: int = 34) -> None:
+    def __init__(self, db: Database) -> None:
         self._db = db
-        self.capacity = capacity
 
     async def create(
-        self, project: str, trigger_id: str | None, task_id: str, task_revision: int | None, spec: CronSpec, now_ms: int
+        self, project: str, trigger_id: str | None, task_id: str, task_revision: int | None, spec: CronSpec,
+        now_ms: int,
     ) -> Trigger:
         return await self._db.run(create, project, trigger_id, task_id, task_revision, spec, now_ms)
 
     async def get(self, project: str, trigger_id: str) -> Trigger | None:
         return await self._db.run(get, project, trigger_id)
 
-    async def list(self, project: str, after: str | None, limit: int) -> list[Trigger]:
-        return await self._db.run(list_triggers, project, after or "", limit)
+    async def page(self, project: str, after: str | None, limit: int) -> list[Trigger]:
+        return await self._db.run(page, project, after or "", limit)
 
     async def set_enabled(
         self, project: str, trigger_id: str, enabled: bool, expected_revision: int | None, now_ms: int
@@ -416,22 +277,7 @@ class SqliteTriggerStore:
     async def delete(self, project: str, trigger_id: str, expected_revision: int | None) -> None:
         await self._db.run(delete, project, trigger_id, expected_revision)
 
-    async def events(self, project: str, trigger_id: str | None, before_id: int | None, limit: int) -> list[TriggerEvent]:
+    async def events(
+        self, project: str, trigger_id: str | None, before_id: int | None, limit: int
+    ) -> list[TriggerEvent]:
         return await self._db.run(events, project, trigger_id, before_id, limit)
-
-    async def armed(self, project: str) -> list[tuple[int, str]]:
-        return await self._db.run(armed, project)
-
-    async def admit(
-        self, project: str, trigger_id: str, now_ms: int, grace_ms: int, rng: Callable[[], float]
-    ) -> Admission:
-        return await self._db.run(admit, project, trigger_id, now_ms, grace_ms, self.capacity, rng)
-
-    async def newest_time(self, project: str) -> int:
-        return await self._db.run(newest_time, project)
-
-    async def save_time(self, now_ms: int) -> None:
-        await self._db.run(_save_time_tx, now_ms)
-
-    async def admit_manual(self, task: Task, actor: str, now_ms: int) -> tuple[Run, list[str]]:
-        return await self._db.run(admit_manual, task, actor, now_ms, self.capacity)

@@ -17,17 +17,15 @@ The content is data, never instructions: the `trust` block says so on every exce
 
 from __future__ import annotations
 
-import os
-import stat
 from typing import Literal
 
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from edge.core.errors import unavailable
-from edge.core.excerpt import injection_signals, normalize, redact, tail_start, window_text
-from edge.core.reads import ReadId, RunSummary, storage_fault
+from edge.core.excerpt import WINDOW_BYTES, injection_signals, normalize, redact, window_text
+from edge.core.reads import RunSummary
 from edge.core.runs import TERMINAL
+from edge.core.text import ReadId
 from edge.tools.ai.projections import ai_read_tool, read_run
 from edge.tools.context import ToolContext
 
@@ -74,48 +72,22 @@ def _without_file(run: RunSummary) -> LogStatus:
     return "pending" if run.status == "queued" else "missing"
 
 
-def _read_tail(path: str) -> tuple[bytes, int, int] | None:
-    """One size probe and one range read; None when there is no log file."""
-    try:
-        # O_NOFOLLOW|O_NONBLOCK: never follow a planted link, never block on a FIFO.
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise unavailable(f"the run's log cannot be opened ({exc.strerror})") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise unavailable("the run's log is not a regular file")
-        start = tail_start(info.st_size)
-        return os.pread(fd, info.st_size - start, start), start, info.st_size
-    except OSError as exc:
-        raise unavailable(f"the run's log cannot be read ({exc.strerror})") from None
-    finally:
-        os.close(fd)
-
-
 async def log_excerpt(ctx: ToolContext, args: ExcerptArgs) -> Excerpt:
     run = await read_run(ctx, args.run_id)
     if run is None:
         return Excerpt(status="not_found", run_id=args.run_id)
-    if os.path.basename(run.id) != run.id or run.id.startswith("."):
-        raise storage_fault("a run id that cannot name a log file")
-    secrets = ctx.services.secrets
-    if secrets is None:  # without the secret values nothing can be shown safely
-        raise unavailable("the secret store is not available; the log cannot be redacted")
-    values = await secrets.values(ctx.project)
-    tail = _read_tail(ctx.services.runner.log_path(run.id))
+    # Without every secret value nothing can be shown safely: a storage fault fails the call.
+    values = await ctx.services.secrets.values(ctx.project)
+    tail = ctx.services.logs.tail(run.id, WINDOW_BYTES)
     if tail is None:
         return Excerpt(status=_without_file(run), run_id=run.id)
-    data, start, total = tail
-    window = window_text(data, start)
+    window = window_text(tail.data, tail.start)
     text = normalize(window.text)
     masked = redact(text, values)
     signals = injection_signals(text)
     return Excerpt(
         status="available", run_id=run.id, range=ByteRange(start=window.start, end=window.end),
-        total_bytes=total, truncated=window.start > 0, content=masked.text,
+        total_bytes=tail.total, truncated=window.start > 0, content=masked.text,
         redaction=Redaction(categories=masked.categories, replacements=masked.replacements),
         trust=Trust(suspected_prompt_injection=bool(signals), signals=signals),  # type: ignore[arg-type]
     )

@@ -13,30 +13,27 @@ to fill a page).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any, Literal, TypeVar
 
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from edge.core.errors import unavailable
 from edge.core.excerpt import normalize
 from edge.core.reads import (
     PAGE_DEFAULT,
-    PageLimit,
-    ReadId,
-    Readers,
     RunSummary,
     TaskDetail,
     TaskHead,
     TriggerHead,
+    keyset,
     storage_fault,
     valid_page,
     valid_row,
 )
 from edge.core.runs import TERMINAL, Origin, RunStatus
+from edge.core.text import PageLimit, ReadId
 from edge.tools.context import ToolContext
-from edge.tools.definition import READ_DEADLINE_S, Risk, Tool
+from edge.tools.definition import Handler, Risk, Tool, tool
 
 ChangedField = Literal["taskId", "taskRevision", "status", "origin", "exitCode"]
 # Fields compared between two runs, in the order changedFields lists them.
@@ -50,21 +47,12 @@ _COMPARED: tuple[tuple[ChangedField, str], ...] = (
 
 
 def ai_read_tool(
-    name: str,
-    handler: Callable[[ToolContext, Any], Awaitable[Any]],
-    args_type: type,
-    result_type: type,
-    permission: str,
-    title: str,
-    description: str,
+    name: str, handler: Handler, args_type: type, result_type: type, permission: str, title: str, description: str,
     risk: Risk = "low",
 ) -> Tool:
-    """An AI read tool: version 1.0.0, effect read, 5 s deadline, offered to AI clients."""
-    return Tool(
-        name=name, version="1.0.0", effect="read", risk=risk, permissions=(permission,),
-        args_type=args_type, result_type=result_type, handler=handler, deadline_s=READ_DEADLINE_S,
-        title=title, description=description, ai=True,
-    )
+    """An AI read tool: effect read (5 s deadline), offered to AI clients with its description."""
+    return tool(name, handler, args_type, result_type, effect="read", risk=risk, permission=permission, title=title,
+                description=description, ai=True)
 
 
 V = TypeVar("V", bound=msgspec.Struct)
@@ -77,16 +65,9 @@ def view(row: msgspec.Struct, view_type: type[V]) -> V:
     return view_type(**{name: getattr(row, name) for name in view_type.__struct_fields__})
 
 
-def readers(ctx: ToolContext) -> Readers:
-    found = ctx.services.readers
-    if not isinstance(found, Readers):
-        raise unavailable("the read tools have no storage in this daemon")
-    return found
-
-
 async def read_run(ctx: ToolContext, run_id: str) -> RunSummary | None:
     """One project-scoped point read of a run, re-validated; None when there is no such run here."""
-    row = await readers(ctx).runs.get(ctx.project, run_id)
+    row = await ctx.services.readers.runs.get(ctx.project, run_id)
     if row is None:
         return None
     run = valid_row(row, RunSummary, ctx.project)
@@ -197,12 +178,12 @@ class TaskGetResult(msgspec.Struct, rename="camel"):
 
 
 def _ascending_page(ctx: ToolContext, rows: object, row_type: type[H], key: str, after: str | None,
-                    limit: int) -> tuple[list[H], bool]:
-    """Validate a keyset page read with limit + 1; returns the page and whether there is more."""
+                    limit: int) -> tuple[list[H], H | None]:
+    """Validate a keyset page read with limit + 1; returns the page and its last row when there is more."""
     heads = valid_page(rows, row_type, ctx.project, limit + 1, key=lambda h: getattr(h, key))
     if heads and after is not None and getattr(heads[0], key) <= after:
         raise storage_fault("rows at or before the cursor")
-    return heads[:limit], len(heads) > limit
+    return keyset(heads, limit)
 
 
 def _task_view(head: TaskHead, view_type: type[T]) -> T:
@@ -214,16 +195,16 @@ def _task_view(head: TaskHead, view_type: type[T]) -> T:
 
 async def task_list(ctx: ToolContext, args: TaskListArgs) -> TaskPage:
     after = args.after.task_id if args.after else None
-    rows = await readers(ctx).tasks.list_heads(ctx.project, after, args.limit + 1)
-    page, more = _ascending_page(ctx, rows, TaskHead, "task_id", after, args.limit)
+    rows = await ctx.services.readers.tasks.page_heads(ctx.project, after, args.limit + 1)
+    page, last = _ascending_page(ctx, rows, TaskHead, "task_id", after, args.limit)
     return TaskPage(
-        tasks=[_task_view(h, TaskView) for h in page], has_more=more,
-        next=TaskCursor(task_id=page[-1].task_id) if more else UNSET,
+        tasks=[_task_view(h, TaskView) for h in page], has_more=last is not None,
+        next=TaskCursor(task_id=last.task_id) if last else UNSET,
     )
 
 
 async def task_get(ctx: ToolContext, args: TaskGetArgs) -> TaskGetResult:
-    row = await readers(ctx).tasks.get_head(ctx.project, args.task_id)
+    row = await ctx.services.readers.tasks.get_head(ctx.project, args.task_id)
     if row is None:
         return TaskGetResult(found=False)
     head = valid_row(row, TaskDetail, ctx.project)
@@ -262,11 +243,11 @@ class TriggerPage(msgspec.Struct, rename="camel"):
 
 async def trigger_list(ctx: ToolContext, args: TriggerListArgs) -> TriggerPage:
     after = args.after.trigger_id if args.after else None
-    rows = await readers(ctx).triggers.list_heads(ctx.project, after, args.limit + 1)
-    page, more = _ascending_page(ctx, rows, TriggerHead, "trigger_id", after, args.limit)
+    rows = await ctx.services.readers.triggers.page_heads(ctx.project, after, args.limit + 1)
+    page, last = _ascending_page(ctx, rows, TriggerHead, "trigger_id", after, args.limit)
     return TriggerPage(
-        triggers=[view(h, TriggerView) for h in page], has_more=more,
-        next=TriggerCursor(trigger_id=page[-1].trigger_id) if more else UNSET,
+        triggers=[view(h, TriggerView) for h in page], has_more=last is not None,
+        next=TriggerCursor(trigger_id=last.trigger_id) if last else UNSET,
     )
 
 

@@ -12,28 +12,13 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from edge.core.errors import invalid
-from edge.core.reads import (
-    PAGE_DEFAULT,
-    MAX_SAFE_INT,
-    Millis,
-    PageLimit,
-    ReadId,
-    RunEventSummary,
-    RunKey,
-    RunSummary,
-    storage_fault,
-    valid_page,
-)
-from edge.core.runs import ActorType
-from edge.tools.ai.projections import Comparison, RunView, ai_read_tool, comparison_fields, read_run, readers, view
+from edge.core.reads import PAGE_DEFAULT, RunEventSummary, RunSummary, keyset, storage_fault, valid_page
+from edge.core.runs import ActorType, RunCursor
+from edge.core.text import MAX_SAFE_INT, PageLimit, ReadId
+from edge.tools.ai.projections import Comparison, RunView, ai_read_tool, comparison_fields, read_run, view
 from edge.tools.context import ToolContext
 
 # -- run.list ---------------------------------------------------------------------
-
-
-class RunCursor(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
-    created_at_ms: Millis
-    run_id: ReadId
 
 
 class RunListArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
@@ -52,15 +37,15 @@ def _key(run: RunSummary) -> tuple[int, str]:
 
 
 async def run_list(ctx: ToolContext, args: RunListArgs) -> RunPage:
-    after = RunKey(args.after.created_at_ms, args.after.run_id) if args.after else None
-    rows = await readers(ctx).runs.page(ctx.project, after, args.limit + 1)
+    after = args.after
+    rows = await ctx.services.readers.runs.page(ctx.project, after, args.limit + 1)
     runs = valid_page(rows, RunSummary, ctx.project, args.limit + 1, key=_key, descending=True)
     if runs and after is not None and _key(runs[0]) >= (after.created_at_ms, after.run_id):
         raise storage_fault("rows at or before the cursor")
-    page, more = runs[: args.limit], len(runs) > args.limit
+    page, last = keyset(runs, args.limit)
     return RunPage(
-        runs=[view(r, RunView) for r in page], has_more=more,
-        next=RunCursor(created_at_ms=page[-1].created_at_ms, run_id=page[-1].id) if more else UNSET,
+        runs=[view(r, RunView) for r in page], has_more=last is not None,
+        next=RunCursor(created_at_ms=last.created_at_ms, run_id=last.id) if last else UNSET,
     )
 
 
@@ -107,14 +92,14 @@ class EventPage(msgspec.Struct, rename="camel"):
 async def run_events(ctx: ToolContext, args: EventListArgs) -> EventPage:
     if await read_run(ctx, args.run_id) is None:
         return EventPage(found=False)
-    rows = await readers(ctx).runs.events(ctx.project, args.run_id, args.after_sequence, args.limit + 1)
+    rows = await ctx.services.readers.runs.events(ctx.project, args.run_id, args.after_sequence, args.limit + 1)
     events = valid_page(rows, RunEventSummary, ctx.project, args.limit + 1, key=lambda e: e.sequence)
     if any(e.run_id != args.run_id for e in events) or (events and events[0].sequence <= args.after_sequence):
         raise storage_fault("events of another run or before the cursor")
-    page, more = events[: args.limit], len(events) > args.limit
+    page, last = keyset(events, args.limit)
     return EventPage(
-        found=True, events=[view(e, EventView) for e in page], has_more=more,
-        next_after_sequence=page[-1].sequence if more else UNSET,
+        found=True, events=[view(e, EventView) for e in page], has_more=last is not None,
+        next_after_sequence=last.sequence if last else UNSET,
     )
 
 

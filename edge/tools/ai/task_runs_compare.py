@@ -18,8 +18,9 @@ from typing import Literal
 
 import msgspec
 
-from edge.core.reads import WINDOW_LIMIT, LongTaskId, OutcomeRow, RunSummary, storage_fault, valid_page
-from edge.tools.ai.projections import Comparison, RunView, ai_read_tool, comparison_fields, read_run, readers, view
+from edge.core.reads import WINDOW_LIMIT, OutcomeRow, RunSummary, storage_fault, valid_page
+from edge.core.text import LongTaskId
+from edge.tools.ai.projections import Comparison, RunView, ai_read_tool, comparison_fields, read_run, view
 from edge.tools.context import ToolContext
 
 ORDER = "createdAtMs desc, id desc"
@@ -63,7 +64,7 @@ async def _selected(ctx: ToolContext, task_id: str, run_id: str | None, outcome:
 
 
 async def task_runs_compare(ctx: ToolContext, args: TaskRunsCompareArgs) -> TaskRunsCompareResult:
-    rows = await readers(ctx).outcome_window.window(ctx.project, args.task_id, WINDOW_LIMIT + 1)
+    rows = await ctx.services.readers.outcome_window.window(ctx.project, args.task_id, WINDOW_LIMIT + 1)
     rows = valid_page(rows, OutcomeRow, ctx.project, WINDOW_LIMIT + 1, key=_window_key, descending=True)
     if any(row.task_id != args.task_id for row in rows):
         raise storage_fault("runs of another task")

@@ -11,7 +11,7 @@ from edge.core.auth import DOMAIN_PERMISSIONS, TOKEN_PREFIX, Credential, Role, t
 from edge.core.errors import invalid, not_found
 from edge.core.text import Id, Label
 from edge.tools.context import ToolContext
-from edge.tools.definition import WRITE_DEADLINE_S, Empty, Tool
+from edge.tools.definition import WRITE_DEADLINE_S, Empty, tool
 
 _Permission = Annotated[str, msgspec.Meta(min_length=1, max_length=160, pattern=r"^[a-z*][a-z0-9_.:*-]*$")]
 
@@ -57,7 +57,7 @@ async def create(ctx: ToolContext, args: CreateArgs) -> Created:
 
 
 async def list_credentials(ctx: ToolContext, args: Empty) -> CredentialList:
-    return CredentialList(credentials=await ctx.services.credentials.list(ctx.project))
+    return CredentialList(credentials=await ctx.services.credentials.for_project(ctx.project))
 
 
 async def revoke(ctx: ToolContext, args: RevokeArgs) -> Credential:
@@ -67,16 +67,11 @@ async def revoke(ctx: ToolContext, args: RevokeArgs) -> Credential:
     return cred
 
 
-def _tool(name: str, handler, args_type, result_type, effect: str, title: str) -> Tool:
-    return Tool(
-        name=name, version="1.0.0", effect=effect, risk="high",  # type: ignore[arg-type]
-        permissions=("credential.admin",), args_type=args_type, result_type=result_type,
-        handler=handler, deadline_s=WRITE_DEADLINE_S, title=title,
-    )
-
-
 TOOLS = [
-    _tool("qledge.credential.create", create, CreateArgs, Created, "write", "Create an API credential"),
-    _tool("qledge.credential.list", list_credentials, Empty, CredentialList, "read", "API credentials"),
-    _tool("qledge.credential.revoke", revoke, RevokeArgs, Credential, "write", "Revoke an API credential"),
+    tool("qledge.credential.create", create, CreateArgs, Created, effect="write", risk="high",
+         permission="credential.admin", title="Create an API credential"),
+    tool("qledge.credential.list", list_credentials, Empty, CredentialList, effect="read", risk="high",
+         permission="credential.admin", title="API credentials", deadline_s=WRITE_DEADLINE_S),
+    tool("qledge.credential.revoke", revoke, RevokeArgs, Credential, effect="write", risk="high",
+         permission="credential.admin", title="Revoke an API credential"),
 ]

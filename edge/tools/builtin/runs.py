@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import os
 from typing import Annotated
 
 import msgspec
 
 from edge.core.errors import conflict, not_found
-from edge.core.ports import RunCursor
-from edge.core.runs import Run, RunEvent
+from edge.core.reads import keyset
+from edge.core.runs import Run, RunCursor, RunEvent
 from edge.core.text import Id, Limit, Name, NonNegative
 from edge.tools.context import ToolContext
-from edge.tools.definition import READ_DEADLINE_S, WRITE_DEADLINE_S, Tool
+from edge.tools.definition import tool
 
 LOG_READ_MAX = 64 * 1024
 WAIT_MAX_MS = 60_000
@@ -26,20 +25,15 @@ class RunId(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
     run_id: Id
 
 
-class Cursor(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
-    created_at_ms: NonNegative
-    run_id: Id
-
-
 class ListArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
     task_id: Name | None = None
-    after: Cursor | None = None
+    after: RunCursor | None = None
     limit: Limit = 32
 
 
 class RunPage(msgspec.Struct, rename="camel", omit_defaults=True):
     runs: list[Run]
-    next: Cursor | None = None
+    next: RunCursor | None = None
 
 
 class WaitArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
@@ -97,13 +91,9 @@ async def get(ctx: ToolContext, args: RunId) -> Run:
 
 
 async def list_runs(ctx: ToolContext, args: ListArgs) -> RunPage:
-    after = RunCursor(args.after.created_at_ms, args.after.run_id) if args.after else None
-    rows = await ctx.services.runs.list(ctx.project, args.task_id, after, args.limit + 1)
-    page = rows[: args.limit]
-    nxt = None
-    if len(rows) > args.limit:
-        nxt = Cursor(created_at_ms=page[-1].created_at_ms, run_id=page[-1].id)
-    return RunPage(runs=page, next=nxt)
+    rows = await ctx.services.runs.page(ctx.project, args.task_id, args.after, args.limit + 1)
+    page, last = keyset(rows, args.limit)
+    return RunPage(runs=page, next=RunCursor(last.created_at_ms, last.id) if last else None)
 
 
 async def cancel(ctx: ToolContext, args: RunId) -> Run:
@@ -125,39 +115,27 @@ async def events(ctx: ToolContext, args: EventArgs) -> EventPage:
 
 async def read_log(ctx: ToolContext, args: LogArgs) -> LogChunk:
     run = await _run(ctx, args.run_id)
-    try:
-        fd = os.open(ctx.services.runner.log_path(run.id), os.O_RDONLY)
-    except FileNotFoundError:
+    found = ctx.services.logs.read(run.id, args.offset, args.length)
+    if found is None:
         return LogChunk(data=b"", offset=args.offset, total_bytes=0, eof=True, final=run.terminal)
-    try:
-        total = os.fstat(fd).st_size
-        data = os.pread(fd, args.length, args.offset) if args.offset < total else b""
-    finally:
-        os.close(fd)
     return LogChunk(
-        data=data, offset=args.offset, total_bytes=total,
-        eof=args.offset + len(data) >= total, final=run.terminal,
-    )
-
-
-def _tool(name: str, handler, args_type, result_type, effect: str, permission: str, title: str,
-          deadline_s: float = READ_DEADLINE_S) -> Tool:
-    return Tool(
-        name=name, version="1.0.0", effect=effect, risk="low" if effect == "read" else "medium",  # type: ignore[arg-type]
-        permissions=(permission,), args_type=args_type, result_type=result_type, handler=handler,
-        deadline_s=deadline_s, title=title,
+        data=found.data, offset=args.offset, total_bytes=found.total,
+        eof=args.offset + len(found.data) >= found.total, final=run.terminal,
     )
 
 
 TOOLS = [
-    _tool("qledge.run.start", start, StartArgs, Run, "write", "run.write", "Start a run of a task now",
-          WRITE_DEADLINE_S),
-    _tool("qledge.run.cancel", cancel, RunId, Run, "write", "run.write", "Cancel a queued or running run",
-          WRITE_DEADLINE_S),
-    _tool("qledge.run.get", get, RunId, Run, "read", "run.read", "A run"),
-    _tool("qledge.run.list", list_runs, ListArgs, RunPage, "read", "run.read", "Runs, newest first"),
-    _tool("qledge.run.events", events, EventArgs, EventPage, "read", "run.read", "A run's events"),
-    _tool("qledge.run.wait", wait, WaitArgs, WaitResult, "read", "run.read", "Wait for a run to finish",
-          WAIT_MAX_MS / 1000 + 5),
-    _tool("qledge.run.log.read", read_log, LogArgs, LogChunk, "read", "artifact.read", "A byte range of a run's log"),
+    tool("qledge.run.start", start, StartArgs, Run, effect="write", risk="medium", permission="run.write",
+         title="Start a run of a task now"),
+    tool("qledge.run.cancel", cancel, RunId, Run, effect="write", risk="medium", permission="run.write",
+         title="Cancel a queued or running run"),
+    tool("qledge.run.get", get, RunId, Run, effect="read", risk="low", permission="run.read", title="A run"),
+    tool("qledge.run.list", list_runs, ListArgs, RunPage, effect="read", risk="low", permission="run.read",
+         title="Runs, newest first"),
+    tool("qledge.run.events", events, EventArgs, EventPage, effect="read", risk="low", permission="run.read",
+         title="A run's events"),
+    tool("qledge.run.wait", wait, WaitArgs, WaitResult, effect="read", risk="low", permission="run.read",
+         title="Wait for a run to finish", deadline_s=WAIT_MAX_MS / 1000 + 5),
+    tool("qledge.run.log.read", read_log, LogArgs, LogChunk, effect="read", risk="low", permission="artifact.read",
+         title="A byte range of a run's log"),
 ]

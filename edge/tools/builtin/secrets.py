@@ -7,11 +7,11 @@ from typing import Annotated
 
 import msgspec
 
-from edge.core.errors import ToolError, not_found
-from edge.core.ports import SecretInfo, SecretStore
+from edge.core.auth import SecretInfo
+from edge.core.errors import not_found
 from edge.core.text import Name
 from edge.tools.context import ToolContext
-from edge.tools.definition import WRITE_DEADLINE_S, Empty, Tool
+from edge.tools.definition import WRITE_DEADLINE_S, Empty, tool
 
 # An environment value: no NUL, bounded like any other env value of a task.
 _Value = Annotated[str, msgspec.Meta(min_length=1, max_length=16384, pattern=r"^[^\x00]*$")]
@@ -34,37 +34,25 @@ class Deleted(msgspec.Struct, rename="camel"):
     name: str
 
 
-def _store(ctx: ToolContext) -> SecretStore:
-    if ctx.services.secrets is None:
-        raise ToolError("unavailable", "this daemon has no secret store")
-    return ctx.services.secrets
-
-
 async def set_secret(ctx: ToolContext, args: SetArgs) -> SecretInfo:
-    return await _store(ctx).set(ctx.project, args.name, args.value, ctx.now_ms())
+    return await ctx.services.secrets.set(ctx.project, args.name, args.value, ctx.now_ms())
 
 
 async def list_secrets(ctx: ToolContext, args: Empty) -> SecretList:
-    return SecretList(secrets=await _store(ctx).list(ctx.project))
+    return SecretList(secrets=await ctx.services.secrets.for_project(ctx.project))
 
 
 async def delete(ctx: ToolContext, args: NameArgs) -> Deleted:
-    if not await _store(ctx).delete(ctx.project, args.name):
+    if not await ctx.services.secrets.delete(ctx.project, args.name):
         raise not_found(f"secret {args.name!r} not found")
     return Deleted(name=args.name)
 
 
-def _tool(name: str, handler, args_type, result_type, effect: str, permission: str, title: str) -> Tool:
-    return Tool(
-        name=name, version="1.0.0", effect=effect, risk="high",  # type: ignore[arg-type]
-        permissions=(permission,), args_type=args_type, result_type=result_type,
-        handler=handler, deadline_s=WRITE_DEADLINE_S, title=title,
-    )
-
-
 TOOLS = [
-    _tool("qledge.secret.set", set_secret, SetArgs, SecretInfo, "write", "secret.write",
-          "Store a secret (create or replace); its value is never returned"),
-    _tool("qledge.secret.list", list_secrets, Empty, SecretList, "read", "secret.read", "Secret names and dates"),
-    _tool("qledge.secret.delete", delete, NameArgs, Deleted, "write", "secret.write", "Delete a secret"),
+    tool("qledge.secret.set", set_secret, SetArgs, SecretInfo, effect="write", risk="high", permission="secret.write",
+         title="Store a secret (create or replace); its value is never returned"),
+    tool("qledge.secret.list", list_secrets, Empty, SecretList, effect="read", risk="high", permission="secret.read",
+         title="Secret names and dates", deadline_s=WRITE_DEADLINE_S),
+    tool("qledge.secret.delete", delete, NameArgs, Deleted, effect="write", risk="high", permission="secret.write",
+         title="Delete a secret"),
 ]

@@ -4,29 +4,14 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Protocol
 
 import msgspec
 
 import edge
-from edge.core.auth import allows
-from edge.core.ports import Counts
-from edge.tools.context import ToolContext
-from edge.tools.definition import Empty, Tool
-
-
-class Facts(Protocol):
-    """Supplied by composition."""
-
-    loop: str
-    db_path: str
-    started_monotonic: float
-
-    async def counts(self, project: str) -> Counts: ...
-
-    def extra(self) -> dict[str, str]:
-        """Capability-specific status lines, e.g. the scheduler's clock state."""
-        ...
+from edge.core.auth import missing_permission
+from edge.core.reads import Counts
+from edge.tools.context import ToolContext, ToolInfo
+from edge.tools.definition import Empty, tool
 
 
 class StatusArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
@@ -67,7 +52,7 @@ def _proc_status() -> dict[str, int]:
 
 
 async def status(ctx: ToolContext, args: StatusArgs) -> Status:
-    facts: Facts = ctx.services.facts
+    facts = ctx.services.facts
     mem = _proc_status()
     try:
         db_bytes = os.stat(facts.db_path).st_size
@@ -93,17 +78,6 @@ async def status(ctx: ToolContext, args: StatusArgs) -> Status:
     )
 
 
-class ToolInfo(msgspec.Struct, rename="camel"):
-    name: str
-    version: str
-    effect: str
-    risk: str
-    permissions: list[str]  # besides tool.call:<name>
-    deadline_s: float
-    title: str
-    ai: bool
-
-
 class ToolList(msgspec.Struct, rename="camel"):
     tools: list[ToolInfo]
 
@@ -111,21 +85,12 @@ class ToolList(msgspec.Struct, rename="camel"):
 async def list_tools(ctx: ToolContext, args: Empty) -> ToolList:
     """The tools this caller may call, by name (others are not disclosed)."""
     granted = ctx.principal.permissions
-    return ToolList(tools=[
-        ToolInfo(name=t.name, version=t.version, effect=t.effect, risk=t.risk, permissions=list(t.permissions),
-                 deadline_s=t.deadline_s, title=t.title, ai=t.ai)
-        for t in sorted(ctx.services.catalog.tools(), key=lambda t: t.name)
-        if allows(granted, f"tool.call:{t.name}") and all(allows(granted, p) for p in t.permissions)
-    ])
+    return ToolList(tools=[t for t in ctx.services.catalog if missing_permission(granted, t.name, t.permissions) is None])
 
 
 TOOLS = [
-    Tool(
-        name="qledge.status", version="1.0.0", effect="read", risk="low", permissions=("status.read",),
-        args_type=StatusArgs, result_type=Status, handler=status, title="Daemon status",
-    ),
-    Tool(
-        name="qledge.tools.list", version="1.0.0", effect="read", risk="low", permissions=("status.read",),
-        args_type=Empty, result_type=ToolList, handler=list_tools, title="The tools you may call",
-    ),
+    tool("qledge.status", status, StatusArgs, Status, effect="read", risk="low", permission="status.read",
+         title="Daemon status"),
+    tool("qledge.tools.list", list_tools, Empty, ToolList, effect="read", risk="low", permission="status.read",
+         title="The tools you may call"),
 ]

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-
 import msgspec
 
 from edge.core.errors import not_found
+from edge.core.reads import keyset
 from edge.core.tasks import Task, TaskSpec
 from edge.core.text import Label, Limit, Name, NonNegative
 from edge.tools.context import ToolContext
-from edge.tools.definition import WRITE_DEADLINE_S, Tool
+from edge.tools.definition import tool
 
 
 class CreateArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
@@ -73,9 +71,8 @@ async def get(ctx: ToolContext, args: TaskId) -> Task:
 
 
 async def list_tasks(ctx: ToolContext, args: ListArgs) -> TaskPage:
-    rows = await ctx.services.tasks.list(ctx.project, args.after, args.limit + 1)
-    page = rows[: args.limit]
-    return TaskPage(tasks=page, next=page[-1].id if len(rows) > args.limit else None)
+    page, last = keyset(await ctx.services.tasks.page(ctx.project, args.after, args.limit + 1), args.limit)
+    return TaskPage(tasks=page, next=last.id if last else None)
 
 
 async def enable(ctx: ToolContext, args: TaskRef) -> Task:
@@ -87,29 +84,23 @@ async def disable(ctx: ToolContext, args: TaskRef) -> Task:
 
 
 async def delete(ctx: ToolContext, args: TaskRef) -> Deleted:
-    run_ids = await ctx.services.tasks.delete(ctx.project, args.task_id, args.expected_revision)
-    for run_id in run_ids:  # a run's log goes with its row
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(ctx.services.runner.log_path(run_id))
-    return Deleted(task_id=args.task_id, runs_deleted=len(run_ids))
-
-
-def _write(name: str, handler, args_type, result_type, title: str) -> Tool:
-    return Tool(
-        name=name, version="1.0.0", effect="write", risk="medium", permissions=("task.write",),
-        args_type=args_type, result_type=result_type, handler=handler,
-        deadline_s=WRITE_DEADLINE_S, title=title,
-    )
+    runs = await ctx.services.tasks.delete(ctx.project, args.task_id, args.expected_revision)
+    return Deleted(task_id=args.task_id, runs_deleted=runs)
 
 
 TOOLS = [
-    _write("qledge.task.create", create, CreateArgs, Task, "Create a task"),
-    _write("qledge.task.update", update, UpdateArgs, Task, "Replace a task's spec (compare-and-set on revision)"),
-    _write("qledge.task.enable", enable, TaskRef, Task, "Enable a task"),
-    _write("qledge.task.disable", disable, TaskRef, Task, "Disable a task"),
-    _write("qledge.task.delete", delete, TaskRef, Deleted, "Delete a task, its triggers and its finished runs"),
-    Tool(name="qledge.task.get", version="1.0.0", effect="read", risk="medium", permissions=("task.inspect",),
-         args_type=TaskId, result_type=Task, handler=get, title="A task with its full spec"),
-    Tool(name="qledge.task.list", version="1.0.0", effect="read", risk="medium", permissions=("task.inspect",),
-         args_type=ListArgs, result_type=TaskPage, handler=list_tasks, title="Tasks with their full specs"),
+    tool("qledge.task.create", create, CreateArgs, Task, effect="write", risk="medium", permission="task.write",
+         title="Create a task"),
+    tool("qledge.task.update", update, UpdateArgs, Task, effect="write", risk="medium", permission="task.write",
+         title="Replace a task's spec (compare-and-set on revision)"),
+    tool("qledge.task.enable", enable, TaskRef, Task, effect="write", risk="medium", permission="task.write",
+         title="Enable a task"),
+    tool("qledge.task.disable", disable, TaskRef, Task, effect="write", risk="medium", permission="task.write",
+         title="Disable a task"),
+    tool("qledge.task.delete", delete, TaskRef, Deleted, effect="write", risk="medium", permission="task.write",
+         title="Delete a task, its triggers and its finished runs"),
+    tool("qledge.task.get", get, TaskId, Task, effect="read", risk="medium", permission="task.inspect",
+         title="A task with its full spec"),
+    tool("qledge.task.list", list_tasks, ListArgs, TaskPage, effect="read", risk="medium", permission="task.inspect",
+         title="Tasks with their full specs"),
 ]

@@ -6,12 +6,13 @@ from typing import Annotated
 
 import msgspec
 
-from edge.core.errors import invalid, not_found, unavailable
+from edge.core.errors import invalid, not_found
+from edge.core.reads import keyset
 from edge.core.schedule import Misfire, ScheduleError, normalize
 from edge.core.text import Limit, Name, NonNegative
 from edge.core.triggers import MAX_JITTER_S, CronSpec, Trigger, TriggerEvent
 from edge.tools.context import ToolContext
-from edge.tools.definition import READ_DEADLINE_S, WRITE_DEADLINE_S, Tool
+from edge.tools.definition import tool
 
 _Revision = Annotated[int, msgspec.Meta(ge=1)]
 
@@ -66,15 +67,8 @@ class Deleted(msgspec.Struct, rename="camel"):
     trigger_id: str
 
 
-def _triggers(ctx: ToolContext):
-    triggers = ctx.services.triggers
-    if triggers is None:
-        raise unavailable("this daemon has no scheduler")
-    return triggers
-
-
 async def create(ctx: ToolContext, args: CreateArgs) -> Trigger:
-    triggers = _triggers(ctx)
+    triggers = ctx.services.triggers
     try:
         spec = CronSpec(
             expression=normalize(args.expression), timezone=args.timezone or triggers.default_timezone,
@@ -87,59 +81,57 @@ async def create(ctx: ToolContext, args: CreateArgs) -> Trigger:
 
 
 async def get(ctx: ToolContext, args: TriggerId) -> Trigger:
-    trigger = await _triggers(ctx).get(ctx.project, args.trigger_id)
+    trigger = await ctx.services.triggers.get(ctx.project, args.trigger_id)
     if trigger is None:
         raise not_found(f"trigger {args.trigger_id!r} not found")
     return trigger
 
 
 async def list_triggers(ctx: ToolContext, args: ListArgs) -> TriggerPage:
-    rows = await _triggers(ctx).list(ctx.project, args.after, args.limit + 1)
-    page = rows[: args.limit]
-    return TriggerPage(triggers=page, next=page[-1].id if len(rows) > args.limit else None)
+    page, last = keyset(await ctx.services.triggers.page(ctx.project, args.after, args.limit + 1), args.limit)
+    return TriggerPage(triggers=page, next=last.id if last else None)
 
 
 async def enable(ctx: ToolContext, args: TriggerRef) -> Trigger:
-    return await _triggers(ctx).set_enabled(ctx.project, args.trigger_id, True, args.expected_revision, ctx.now_ms())
+    return await ctx.services.triggers.set_enabled(ctx.project, args.trigger_id, True, args.expected_revision, ctx.now_ms())
 
 
 async def disable(ctx: ToolContext, args: TriggerRef) -> Trigger:
-    return await _triggers(ctx).set_enabled(ctx.project, args.trigger_id, False, args.expected_revision, ctx.now_ms())
+    return await ctx.services.triggers.set_enabled(ctx.project, args.trigger_id, False, args.expected_revision, ctx.now_ms())
 
 
 async def repin(ctx: ToolContext, args: RepinArgs) -> Trigger:
-    return await _triggers(ctx).repin(
+    return await ctx.services.triggers.repin(
         ctx.project, args.trigger_id, args.task_revision, args.expected_revision, ctx.now_ms()
     )
 
 
 async def delete(ctx: ToolContext, args: TriggerRef) -> Deleted:
-    await _triggers(ctx).delete(ctx.project, args.trigger_id, args.expected_revision)
+    await ctx.services.triggers.delete(ctx.project, args.trigger_id, args.expected_revision)
     return Deleted(trigger_id=args.trigger_id)
 
 
 async def events(ctx: ToolContext, args: EventArgs) -> EventPage:
-    rows = await _triggers(ctx).events(ctx.project, args.trigger_id, args.before, args.limit + 1)
-    page = rows[: args.limit]
-    return EventPage(events=page, next=page[-1].id if len(rows) > args.limit else None)
-
-
-def _tool(name: str, handler, args_type, result_type, title: str, write: bool) -> Tool:
-    return Tool(
-        name=name, version="1.0.0", effect="write" if write else "read", risk="medium",
-        permissions=("trigger.write" if write else "trigger.inspect",), args_type=args_type,
-        result_type=result_type, handler=handler, deadline_s=WRITE_DEADLINE_S if write else READ_DEADLINE_S,
-        title=title,
-    )
+    rows = await ctx.services.triggers.events(ctx.project, args.trigger_id, args.before, args.limit + 1)
+    page, last = keyset(rows, args.limit)
+    return EventPage(events=page, next=last.id if last else None)
 
 
 TOOLS = [
-    _tool("qledge.trigger.create", create, CreateArgs, Trigger, "Create a cron trigger for a task", True),
-    _tool("qledge.trigger.enable", enable, TriggerRef, Trigger, "Enable a trigger", True),
-    _tool("qledge.trigger.disable", disable, TriggerRef, Trigger, "Disable a trigger", True),
-    _tool("qledge.trigger.repin", repin, RepinArgs, Trigger, "Pin a trigger to a task revision", True),
-    _tool("qledge.trigger.delete", delete, TriggerRef, Deleted, "Delete a trigger", True),
-    _tool("qledge.trigger.get", get, TriggerId, Trigger, "A trigger with its full spec", False),
-    _tool("qledge.trigger.list", list_triggers, ListArgs, TriggerPage, "Triggers with their full specs", False),
-    _tool("qledge.trigger.events", events, EventArgs, EventPage, "Fires that were skipped or refused", False),
+    tool("qledge.trigger.create", create, CreateArgs, Trigger, effect="write", risk="medium",
+         permission="trigger.write", title="Create a cron trigger for a task"),
+    tool("qledge.trigger.enable", enable, TriggerRef, Trigger, effect="write", risk="medium",
+         permission="trigger.write", title="Enable a trigger"),
+    tool("qledge.trigger.disable", disable, TriggerRef, Trigger, effect="write", risk="medium",
+         permission="trigger.write", title="Disable a trigger"),
+    tool("qledge.trigger.repin", repin, RepinArgs, Trigger, effect="write", risk="medium",
+         permission="trigger.write", title="Pin a trigger to a task revision"),
+    tool("qledge.trigger.delete", delete, TriggerRef, Deleted, effect="write", risk="medium",
+         permission="trigger.write", title="Delete a trigger"),
+    tool("qledge.trigger.get", get, TriggerId, Trigger, effect="read", risk="medium",
+         permission="trigger.inspect", title="A trigger with its full spec"),
+    tool("qledge.trigger.list", list_triggers, ListArgs, TriggerPage, effect="read", risk="medium",
+         permission="trigger.inspect", title="Triggers with their full specs"),
+    tool("qledge.trigger.events", events, EventArgs, EventPage, effect="read", risk="medium",
+         permission="trigger.inspect", title="Fires that were skipped or refused"),
 ]

@@ -1,5 +1,6 @@
-"""A run's log file: 0600, capped to its head and tail, secrets redacted, and never a
-reason to stop reading the child's pipe.
+"""Run logs on disk: the one owner of their files (RunLogs: paths, creation, reading,
+recovery, removal) and of their format (LogSink: 0600, capped to head and tail, secrets
+redacted, never a reason to stop reading the child's pipe).
 
 Memory stays small whatever the child prints. Output goes straight into the log file
 until the cap is reached, so a log within the cap is complete (and readable) as it grows.
@@ -14,8 +15,12 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import stat
 from collections import deque
 from collections.abc import Iterable
+
+from edge.core.errors import unavailable
+from edge.core.ports.stores import LogRange
 
 HEAD_MAX = 64 * 1024
 SEGMENT_MAX = 256 * 1024  # fewer, larger files: creating and deleting them is the cost
@@ -242,3 +247,59 @@ def recover(path: str, cap: int) -> tuple[int, bool]:
     finally:
         os.close(fd)
         _remove_spool(spool)
+
+
+class RunLogs:
+    """The run-log directory, `<home>/logs`: `<run id>.log` (and `<run id>.log.tail/` while
+    a long run spools). Implements RunLogFiles (edge.core.ports.stores)."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def _path(self, run_id: str) -> str:
+        # A run id is a UUID the store made; refuse anything that could leave the directory.
+        if not run_id or os.path.basename(run_id) != run_id or run_id.startswith("."):
+            raise unavailable("a run id that cannot name a log file")
+        return os.path.join(self.directory, f"{run_id}.log")
+
+    def create(self, run_id: str, cap: int, secrets: Iterable[bytes]) -> LogSink:
+        return LogSink(self._path(run_id), cap, secrets)
+
+    def recover(self, run_id: str, cap: int) -> tuple[int, bool]:
+        return recover(self._path(run_id), cap)
+
+    def read(self, run_id: str, offset: int, length: int) -> LogRange | None:
+        try:
+            fd = os.open(self._path(run_id), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            total = os.fstat(fd).st_size
+            data = os.pread(fd, length, offset) if offset < total else b""
+        finally:
+            os.close(fd)
+        return LogRange(data=data, start=offset, total=total)
+
+    def tail(self, run_id: str, size: int) -> LogRange | None:
+        try:
+            # O_NOFOLLOW|O_NONBLOCK: never follow a planted link, never block on a FIFO.
+            fd = os.open(self._path(run_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise unavailable(f"the run's log cannot be opened ({exc.strerror})") from None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise unavailable("the run's log is not a regular file")
+            start = max(0, info.st_size - size)
+            return LogRange(data=os.pread(fd, info.st_size - start, start), start=start, total=info.st_size)
+        except OSError as exc:
+            raise unavailable(f"the run's log cannot be read ({exc.strerror})") from None
+        finally:
+            os.close(fd)
+
+    def remove(self, run_ids: Iterable[str]) -> None:
+        for run_id in run_ids:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._path(run_id))

@@ -1,0 +1,340 @@
+"""Storage ports: what the tools, the runner and the scheduler need from storage, and
+nothing more. Adapters (edge/storage) implement them; composition (edge/app) wires them.
+
+Rules every adapter keeps, so each contract below can be short:
+- Every method is scoped by project id; another project's rows look like missing ones.
+- Each write method is one transaction: all of it happens or none of it does.
+- Storage faults raise ToolError("unavailable"), never a driver exception; other
+  ToolError codes are named where they can occur. Nothing is retried behind the caller.
+- Pages are keysets: rows strictly after a cursor, in a fixed order, at most `limit`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+import msgspec
+
+from edge.core.audit import AuditRecord
+from edge.core.auth import Credential, SecretInfo
+from edge.core.reads import Counts, OutcomeRow, RunEventSummary, RunSummary, TaskDetail, TaskHead, TriggerHead
+from edge.core.runs import ActorType, Run, RunCursor, RunEvent, RunProcess, RunStatus, RunUpdate
+from edge.core.tasks import Task, TaskSpec
+from edge.core.triggers import Admission, CronSpec, ManualAdmission, Trigger, TriggerEvent
+
+# -- tasks, runs, triggers ----------------------------------------------------------
+
+
+class TaskStore(Protocol):
+    """Task heads and their immutable revisions."""
+
+    async def create(self, project: str, task_id: str, name: str, spec: TaskSpec, now_ms: int) -> Task:
+        """Insert revision 1, enabled. Raises conflict when the id exists."""
+        ...
+
+    async def update(
+        self, project: str, task_id: str, expected_revision: int, spec: TaskSpec, name: str | None, now_ms: int
+    ) -> Task:
+        """Append a revision with `spec` (and `name`, when given) if the head is still at
+        `expected_revision`; triggers pinned to the old head move to the new one in the same
+        transaction. Raises not_found, or conflict when the head moved."""
+        ...
+
+    async def set_enabled(
+        self, project: str, task_id: str, enabled: bool, expected_revision: int | None, now_ms: int
+    ) -> Task:
+        """A new revision with the flag (following triggers move with it); setting the flag
+        it already has changes nothing and returns the head. `expected_revision` None skips
+        the compare-and-set. Raises not_found or conflict."""
+        ...
+
+    async def get(self, project: str, task_id: str, revision: int | None = None) -> Task | None:
+        """The head, or the given revision (with the head's name and times); None when missing."""
+        ...
+
+    async def page(self, project: str, after: str | None, limit: int) -> list[Task]:
+        """Heads with id > after, ascending by id."""
+        ...
+
+    async def delete(self, project: str, task_id: str, expected_revision: int | None) -> int:
+        """Delete the task with its revisions, triggers and finished runs, then (after the
+        commit) the logs of those runs. Raises not_found, or conflict when the revision
+        moved or a run is still queued or running. Returns how many runs went."""
+        ...
+
+
+class RunStore(Protocol):
+    """Runs and their events. Every status change appends its event in the same transaction."""
+
+    async def create(self, run: Run, actor: ActorType) -> Run:
+        """Insert a run with its first event. Raises conflict when its id or idempotency
+        key exists. (Production runs enter through RunAdmission, which also applies the
+        overlap policy and the queue bound.)"""
+        ...
+
+    async def transition(
+        self, run_id: str, expected_version: int, status: RunStatus, now_ms: int, actor: ActorType,
+        update: RunUpdate, detail: str | None = None,
+    ) -> Run:
+        """Compare-and-set on `expected_version`: set `status` and the columns `update`
+        names, append the `run.<status>` event. A run that reaches a terminal status also
+        applies retention in that transaction (runs per task, age, log quota; bounded per
+        write) and, after the commit, removes the logs of the runs it deleted. Raises
+        not_found, or conflict when the version moved or the transition is not allowed.
+        Returns the run as stored."""
+        ...
+
+    async def get(self, project: str, run_id: str) -> Run | None: ...
+
+    async def page(self, project: str, task_id: str | None, after: RunCursor | None, limit: int) -> list[Run]:
+        """Runs of the project (or of one task) strictly after `after` in
+        (created_at_ms DESC, id DESC) order, on an index (no scan, no sort)."""
+        ...
+
+    async def active(self) -> list[Run]:
+        """Every project's runs that are queued or running."""
+        ...
+
+    async def active_processes(self) -> list[tuple[Run, RunProcess]]:
+        """Active runs with the process recorded for them, for reconciling after a crash."""
+        ...
+
+    async def events(self, project: str, run_id: str, after_sequence: int, limit: int) -> list[RunEvent]:
+        """Events with sequence > after_sequence, ascending."""
+        ...
+
+
+class TriggerStore(Protocol):
+    """Trigger heads, their immutable revisions (each pinned to one task revision) and the
+    events of fires that did not become runs."""
+
+    async def create(
+        self, project: str, trigger_id: str | None, task_id: str, task_revision: int | None, spec: CronSpec,
+        now_ms: int,
+    ) -> Trigger:
+        """Insert revision 1, enabled, pinned to `task_revision` (None: the task's head) and
+        armed from the newest time on record. `trigger_id` None picks `<task>-N`. Raises
+        invalid_argument for a spec that cannot be scheduled, not_found for the task or
+        revision, conflict when the id exists."""
+        ...
+
+    async def get(self, project: str, trigger_id: str) -> Trigger | None: ...
+
+    async def page(self, project: str, after: str | None, limit: int) -> list[Trigger]:
+        """Heads with id > after, ascending by id, disabled ones included."""
+        ...
+
+    async def set_enabled(
+        self, project: str, trigger_id: str, enabled: bool, expected_revision: int | None, now_ms: int
+    ) -> Trigger:
+        """A new revision with the flag; enabling re-arms from now (fires missed while
+        disabled are not misfires). Unchanged: returns the head. Raises not_found or conflict."""
+        ...
+
+    async def repin(
+        self, project: str, trigger_id: str, task_revision: int | None, expected_revision: int | None, now_ms: int
+    ) -> Trigger:
+        """A new revision pinned to `task_revision` (None: the task's head); unchanged: the
+        head. Raises not_found (trigger, task or revision) or conflict."""
+        ...
+
+    async def delete(self, project: str, trigger_id: str, expected_revision: int | None) -> None:
+        """Delete the trigger with its revisions and events. Raises not_found or conflict."""
+        ...
+
+    async def events(
+        self, project: str, trigger_id: str | None, before_id: int | None, limit: int
+    ) -> list[TriggerEvent]:
+        """Events of one trigger (None: every trigger) with id < before_id, newest first."""
+        ...
+
+
+class RunAdmission(Protocol):
+    """The one way a run comes into being: a transaction that checks the task, its overlap
+    policy and the shared queue bound, inserts the queued run with its event, and (for a
+    fire) moves the trigger's cursor. A committed admission must reach the executor: callers
+    shield what follows (edge.core.handoff)."""
+
+    async def armed(self, project: str) -> list[tuple[int, str]]:
+        """(next_fire_at_ms, trigger_id) of every trigger that will fire, by time."""
+        ...
+
+    async def admit_fires(
+        self, project: str, trigger_id: str, now_ms: int, grace_ms: int, rng: Callable[[], float]
+    ) -> Admission:
+        """Plan the trigger's fires from its cursor up to `now_ms` (misfire policy, grace),
+        admit the due ones under the task's overlap policy and the queue bound, record the
+        ones skipped or refused as trigger events, move the cursor and the clock mark. A fire
+        admitted before (same idempotency key) is never admitted again."""
+        ...
+
+    async def admit_manual(self, task: Task, actor: ActorType, now_ms: int) -> ManualAdmission:
+        """Admit a manual run of `task`'s revision. Raises not_found, conflict (the task is
+        disabled, or `forbid` and a run is active) or resource_exhausted (the queue is full)."""
+        ...
+
+    def set_capacity(self, capacity: int) -> None:
+        """How many runs may be queued or running at once, across projects (live on reload)."""
+        ...
+
+    async def newest_time(self, project: str) -> int:
+        """The newest wall-clock time on record (clock mark, runs, audit), for clock sanity."""
+        ...
+
+    async def save_time(self, now_ms: int) -> None:
+        """Raise the clock mark to `now_ms` (never lowers it)."""
+        ...
+
+
+# -- security -----------------------------------------------------------------------
+
+
+class CredentialStore(Protocol):
+    async def create(self, credential: Credential, digest: bytes) -> None:
+        """Store a credential with the HMAC digest of its secret. Raises conflict on an id collision."""
+        ...
+
+    async def lookup(self, credential_id: str) -> tuple[Credential, bytes] | None:
+        """The credential (of any project: the caller checks) and its digest."""
+        ...
+
+    async def for_project(self, project: str) -> list[Credential]:
+        """Every credential of the project, revoked ones included, oldest first."""
+        ...
+
+    async def revoke(self, project: str, credential_id: str, now_ms: int) -> Credential | None:
+        """Mark it revoked (the first revocation time is kept); None when missing."""
+        ...
+
+
+class SecretStore(Protocol):
+    """Write-only from the outside: values leave only to the runner and to redaction."""
+
+    async def set(self, project: str, name: str, value: str, now_ms: int) -> SecretInfo:
+        """Create or replace."""
+        ...
+
+    async def for_project(self, project: str) -> list[SecretInfo]:
+        """Names and dates, by name; never values."""
+        ...
+
+    async def delete(self, project: str, name: str) -> bool:
+        """False when there was no such secret."""
+        ...
+
+    async def resolve(self, project: str, names: list[str]) -> dict[str, str]:
+        """Values of those of `names` that exist (for a run's environment)."""
+        ...
+
+    async def values(self, project: str) -> list[str]:
+        """Every value of the project (for redacting output)."""
+        ...
+
+
+class AuditLog(Protocol):
+    async def append(self, record: AuditRecord) -> None:
+        """Durably record one call, trimming the oldest rows (bounded per write) to the
+        configured row and age limits. Raises unavailable when it cannot be written: the
+        caller then does nothing."""
+        ...
+
+
+# -- run logs -----------------------------------------------------------------------
+
+
+class LogRange(msgspec.Struct, frozen=True):
+    data: bytes
+    start: int  # byte offset of data[0] in the log
+    total: int  # the log's size when it was read
+
+
+class LogWriter(Protocol):
+    """A run's log as it is written: capped to head + tail, secrets masked."""
+
+    @property
+    def truncated(self) -> bool: ...
+
+    def write(self, chunk: bytes) -> None:
+        """Never raises: a storage error stops the writing, not the run."""
+        ...
+
+    def close(self) -> int:
+        """Finish the file (head + marker + tail beyond the cap); returns its size. Idempotent."""
+        ...
+
+
+class RunLogFiles(Protocol):
+    """The one owner of run-log files: where they are, their creation, reading and removal."""
+
+    def create(self, run_id: str, cap: int, secrets: Iterable[bytes]) -> LogWriter:
+        """A new 0600 log; raises OSError when it cannot be created."""
+        ...
+
+    def recover(self, run_id: str, cap: int) -> tuple[int, bool]:
+        """Assemble the log of a run whose daemon died; (size, truncated)."""
+        ...
+
+    def read(self, run_id: str, offset: int, length: int) -> LogRange | None:
+        """At most `length` bytes from `offset`; None when the run has no log file."""
+        ...
+
+    def tail(self, run_id: str, size: int) -> LogRange | None:
+        """The last `size` bytes, read without following links or blocking on FIFOs; None
+        when there is no log file. Raises unavailable when it exists but cannot be read."""
+        ...
+
+    def remove(self, run_ids: Iterable[str]) -> None:
+        """Delete these runs' logs; missing ones are fine."""
+        ...
+
+
+# -- narrow readers -----------------------------------------------------------------
+
+
+class TaskHeadReader(Protocol):
+    async def page_heads(self, project: str, after: str | None, limit: int) -> list[TaskHead]:
+        """Heads with task_id > after, ascending by task_id."""
+        ...
+
+    async def get_head(self, project: str, task_id: str) -> TaskDetail | None: ...
+
+
+class TriggerHeadReader(Protocol):
+    async def page_heads(self, project: str, after: str | None, limit: int) -> list[TriggerHead]:
+        """Heads with trigger_id > after, ascending by trigger_id, enabled or not."""
+        ...
+
+
+class RunSummaryReader(Protocol):
+    async def get(self, project: str, run_id: str) -> RunSummary | None: ...
+
+    async def page(self, project: str, after: RunCursor | None, limit: int) -> list[RunSummary]:
+        """Runs strictly after `after` in (created_at_ms DESC, id DESC) order."""
+        ...
+
+    async def events(self, project: str, run_id: str, after_sequence: int, limit: int) -> list[RunEventSummary]:
+        """Events with sequence > after_sequence, ascending."""
+        ...
+
+
+class TaskRunOutcomeWindowReader(Protocol):
+    async def window(self, project: str, task_id: str, limit: int) -> list[OutcomeRow]:
+        """One read: the task's newest `limit` runs in (created_at_ms DESC, id DESC) order."""
+        ...
+
+
+class CountsReader(Protocol):
+    async def counts(self, project: str) -> Counts:
+        """Tasks, triggers, runs, active runs and live credentials of the project."""
+        ...
+
+
+class Readers(msgspec.Struct, kw_only=True):
+    """The narrow readers behind the AI read tools. Their rows are re-validated by the
+    tools (edge.core.reads), so a faulty adapter fails a call instead of leaking."""
+
+    tasks: TaskHeadReader
+    triggers: TriggerHeadReader
+    runs: RunSummaryReader
+    outcome_window: TaskRunOutcomeWindowReader

@@ -1,0 +1,182 @@
+"""Admission: the one transaction in which a fire or a manual start becomes a queued run,
+is skipped, or is refused; and the clock mark that keeps scheduling sane across a
+router's 1970 boot. Implements RunAdmission (edge.core.ports.stores)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import apsw
+
+from edge.core.errors import ToolError, conflict, not_found
+from edge.core.ids import uuid7
+from edge.core.runs import ActorType, Run
+from edge.core.schedule import ScheduleError, plan
+from edge.core.tasks import Task
+from edge.core.triggers import Admission, ManualAdmission, Trigger
+from edge.storage.sqlite import runs as run_sql
+from edge.storage.sqlite import triggers as trigger_sql
+from edge.storage.sqlite.db import Database, immediate
+
+SQL_ARMED = (
+    "SELECT next_fire_at_ms, id FROM triggers WHERE project_id = ? AND next_fire_at_ms IS NOT NULL"
+    " ORDER BY next_fire_at_ms"
+)
+# The task revision a run will execute: its enabled flag (the head's) and overlap policy.
+SQL_PINNED_TASK = """
+SELECT t.enabled, coalesce(json_extract(r.spec, '$.overlap'), 'forbid')
+FROM tasks AS t JOIN task_revisions AS r ON r.project_id = t.project_id AND r.task_id = t.id
+WHERE t.project_id = ? AND t.id = ? AND r.revision = ?
+"""
+SQL_ACTIVE_FOR_TASK = "SELECT id FROM runs WHERE project_id = ? AND task_id = ? AND status IN ('queued', 'running')"
+# The runner's slots and queue are shared by every project it runs.
+SQL_ACTIVE_COUNT = "SELECT count(*) FROM runs WHERE status IN ('queued', 'running')"
+SQL_BY_KEY = "SELECT id FROM runs WHERE idempotency_key = ?"
+SQL_NEWEST_RUN = "SELECT max(created_at_ms) FROM runs WHERE project_id = ?"
+SQL_MOVE_CURSOR = "UPDATE triggers SET next_fire_at_ms = ?, last_scheduled_at_ms = ? WHERE project_id = ? AND id = ?"
+SQL_SAVE_TIME = (
+    "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = max(value, excluded.value)"
+)
+
+
+def armed(conn: apsw.Connection, project: str) -> list[tuple[int, str]]:
+    return [(nxt, tid) for nxt, tid in conn.execute(SQL_ARMED, (project,))]
+
+
+def newest_time(conn: apsw.Connection, project: str) -> int:
+    """The newest wall-clock time on record: saved by the scheduler, or stamped on a run
+    or an audit row (every tool call writes one)."""
+    audit = conn.execute("SELECT at_ms FROM security_audit ORDER BY id DESC LIMIT 1").fetchone()
+    run = conn.execute(SQL_NEWEST_RUN, (project,)).fetchone()
+    return max([trigger_sql.clock_mark(conn)] + [r[0] for r in (audit, run) if r and isinstance(r[0], int)])
+
+
+def save_time(conn: apsw.Connection, now: int) -> None:
+    conn.execute(SQL_SAVE_TIME, (trigger_sql.CLOCK_KEY, now))
+
+
+def _save_time_tx(conn: apsw.Connection, now: int) -> None:
+    with immediate(conn):
+        save_time(conn, now)
+
+
+def _gate(
+    conn: apsw.Connection, project: str, task_id: str, overlap: str, capacity: int, replacing: list[str]
+) -> tuple[str | None, str | None]:
+    """(None, None) when a new run may be queued, else (reason, blocking run id).
+    Under `replace` the active runs are added to `replacing` instead."""
+    active = [r for (r,) in conn.execute(SQL_ACTIVE_FOR_TASK, (project, task_id)) if r not in replacing]
+    if active and overlap == "forbid":
+        return "overlap", active[0]
+    if active and overlap == "replace":
+        replacing.extend(active)
+    if conn.execute(SQL_ACTIVE_COUNT).fetchone()[0] - len(replacing) >= capacity:
+        return "queue_full", None
+    return None, None
+
+
+def _scheduled_run(trig: Trigger, fire: int, origin: str, now: int, jitter: int | None) -> Run:
+    return Run(
+        id=uuid7(now), project_id=trig.project_id, task_id=trig.task_id, task_revision=trig.task_revision,
+        origin=origin, status="queued", version=1, event_seq=1, created_at_ms=now,  # type: ignore[arg-type]
+        trigger_id=trig.id, trigger_revision=trig.revision, queued_at_ms=now, scheduled_for_ms=fire,
+        idempotency_key=f"cron:{trig.id}:{trig.revision}:{fire}", jitter_ms=jitter,
+    )
+
+
+def admit_fires(
+    conn: apsw.Connection, project: str, trigger_id: str, now: int, grace_ms: int, capacity: int,
+    rng: Callable[[], float],
+) -> Admission:
+    """Admit what is due of one trigger: plan, runs with their events, skipped and
+    refused fires, the cursor and the clock mark, all in one transaction."""
+    with immediate(conn):
+        trig = trigger_sql.get(conn, project, trigger_id)
+        if trig is None:
+            return Admission(gone=True)
+        if not trig.enabled or trig.next_fire_at_ms is None:
+            return Admission(cursor=None)
+        try:
+            schedule = trig.spec.schedule()
+        except ScheduleError:  # zone data went missing: keep the cursor, say so once, retry later
+            trigger_sql.record_event(conn, project, trig.id, "refused", "timezone_unavailable", trig.next_fire_at_ms,
+                                     trig.next_fire_at_ms, 1, now, trig.last_scheduled_at_ms)
+            return Admission(cursor=trig.next_fire_at_ms, retry=True)
+        todo = plan(schedule, trig.next_fire_at_ms, now, trig.spec.misfire, grace_ms)
+        if not todo.admit and todo.missed is None:
+            if todo.cursor != trig.next_fire_at_ms:  # the cursor was no fire time (zone rules changed)
+                conn.execute(SQL_MOVE_CURSOR, (todo.cursor, trig.last_scheduled_at_ms, project, trig.id))
+            return Admission(cursor=todo.cursor)  # nothing due yet
+        last_admitted = trig.last_scheduled_at_ms
+        if todo.missed is not None:
+            m = todo.missed
+            trigger_sql.record_event(conn, project, trig.id, "skipped", "misfire", m.first_ms, m.last_ms, m.fires,
+                                     now, last_admitted)
+        enabled, overlap = conn.execute(SQL_PINNED_TASK, (project, trig.task_id, trig.task_revision)).fetchone()
+        admitted: list[Run] = []
+        replacing: list[str] = []
+        for fire, origin in todo.admit:
+            reason = "task_disabled" if not enabled else _gate(conn, project, trig.task_id, overlap, capacity, replacing)[0]
+            if reason is not None:
+                kind = "refused" if reason == "queue_full" else "skipped"
+                trigger_sql.record_event(conn, project, trig.id, kind, reason, fire, fire, 1, now, last_admitted)
+                continue
+            if conn.execute(SQL_BY_KEY, (f"cron:{trig.id}:{trig.revision}:{fire}",)).fetchone() is not None:
+                continue  # admitted before: the key makes a repeat impossible
+            jitter = int(rng() * trig.spec.jitter_s * 1000) if trig.spec.jitter_s else None
+            admitted.append(run_sql.insert(conn, _scheduled_run(trig, fire, origin, now, jitter), "scheduler"))
+            last_admitted = fire
+        conn.execute(SQL_MOVE_CURSOR, (todo.cursor, last_admitted, project, trig.id))
+        save_time(conn, now)
+    return Admission(runs=admitted, cancel=replacing, cursor=todo.cursor)
+
+
+def admit_manual(conn: apsw.Connection, task: Task, actor: ActorType, now: int, capacity: int) -> ManualAdmission:
+    """A manual start under the task's overlap policy and the shared queue bound."""
+    with immediate(conn):
+        row = conn.execute(SQL_PINNED_TASK, (task.project_id, task.id, task.revision)).fetchone()
+        if row is None:
+            raise not_found(f"task {task.id!r} not found")
+        if not row[0]:
+            raise conflict(f"task {task.id!r} is disabled; enable it first")
+        replacing: list[str] = []
+        reason, blocking = _gate(conn, task.project_id, task.id, row[1], capacity, replacing)
+        if reason == "overlap":
+            raise conflict(f"task {task.id!r} already has an active run ({blocking}) and its overlap policy is forbid")
+        if reason == "queue_full":
+            raise ToolError("resource_exhausted", f"the run queue is full ({capacity} runs active or waiting)")
+        run = Run(
+            id=uuid7(now), project_id=task.project_id, task_id=task.id, task_revision=task.revision,
+            origin="manual", status="queued", version=1, event_seq=1, created_at_ms=now, queued_at_ms=now,
+        )
+        created = run_sql.insert(conn, run, actor)
+    return ManualAdmission(run=created, replaces=replacing)
+
+
+class SqliteAdmission:
+    """RunAdmission on the daemon's database. `capacity`: how many runs may be queued or
+    running at once, the runner's slots plus its queue."""
+
+    def __init__(self, db: Database, capacity: int) -> None:
+        self._db = db
+        self._capacity = capacity
+
+    def set_capacity(self, capacity: int) -> None:
+        self._capacity = capacity
+
+    async def armed(self, project: str) -> list[tuple[int, str]]:
+        return await self._db.run(armed, project)
+
+    async def admit_fires(
+        self, project: str, trigger_id: str, now_ms: int, grace_ms: int, rng: Callable[[], float]
+    ) -> Admission:
+        return await self._db.run(admit_fires, project, trigger_id, now_ms, grace_ms, self._capacity, rng)
+
+    async def admit_manual(self, task: Task, actor: ActorType, now_ms: int) -> ManualAdmission:
+        return await self._db.run(admit_manual, task, actor, now_ms, self._capacity)
+
+    async def newest_time(self, project: str) -> int:
+        return await self._db.run(newest_time, project)
+
+    async def save_time(self, now_ms: int) -> None:
+        await self._db.run(_save_time_tx, now_ms)
