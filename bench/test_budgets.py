@@ -1,4 +1,5 @@
-"""The budgets of DESIGN §8, measured; CI runs these after the tests and fails when one is exceeded.
+"""The budgets in the README's Performance table, measured; CI runs these after the tests and
+fails when one is exceeded.
 
 Each daemon variant runs from a regular install, is loaded with 100 tasks (and 100 cron
 triggers where the scheduler exists), then left alone for a minute; memory is read from
@@ -19,13 +20,11 @@ from typing import Any
 import pytest
 
 from daemons import ROOT, BenchDaemon, context_switches, install_venv, memory, record, uvloop_path
-from edge.cli.client import CallFailed, Client
+from edge.cli.client import Client
 
 MiB = 1 << 20
 IDLE_S = float(os.environ.get("QLEDGE_BENCH_IDLE_S", "60"))
 TASKS = 100
-HAS_MCP = os.path.isdir(os.path.join(ROOT, "edge", "mcp"))
-NO_MCP = "edge/mcp is not in this tree yet (the MCP capability lands separately)"
 
 BUDGET = {
     "default_hwm_mib": 24.0,
@@ -36,7 +35,7 @@ BUDGET = {
     "edge_pyz_files": 64,
     "idle_wakeups_per_min": 1.0,
 }
-REPORT: dict[str, Any] = {"budget": BUDGET, "skipped": {}}
+REPORT: dict[str, Any] = {"budget": BUDGET}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -50,24 +49,16 @@ def _spec(i: int) -> dict:
 
 
 def populate(daemon: BenchDaemon) -> dict[str, int]:
-    """100 tasks, and a cron trigger on each where the daemon has the trigger tools."""
-    triggers = 0
+    """100 tasks, and a cron trigger on each."""
     with Client(daemon.socket) as client:
         for i in range(TASKS):
             client.call("qledge.task.create", {"taskId": f"task-{i:03d}", "spec": _spec(i)})
         for i in range(TASKS):
-            try:
-                client.call("qledge.trigger.create", {
-                    "triggerId": f"trigger-{i:03d}", "taskId": f"task-{i:03d}",
-                    "expression": f"{i % 60} 3 1 1 *", "timezone": "UTC",  # yearly: nothing due while idle
-                })
-            except CallFailed as exc:
-                if "unknown tool" not in exc.message:
-                    raise
-                REPORT["skipped"]["triggers"] = "no trigger tools on this branch yet: measured with tasks only"
-                break
-            triggers += 1
-    return {"tasks": TASKS, "triggers": triggers}
+            client.call("qledge.trigger.create", {
+                "triggerId": f"trigger-{i:03d}", "taskId": f"task-{i:03d}",
+                "expression": f"{i % 60} 3 1 1 *", "timezone": "UTC",  # yearly: nothing due while idle
+            })
+    return {"tasks": TASKS, "triggers": TASKS}
 
 
 @pytest.fixture(scope="module")
@@ -77,9 +68,8 @@ def idle():
     variants = {
         "default": BenchDaemon(python),
         "uvloop": BenchDaemon(python, env={"PYTHONPATH": uvloop_path()}),
+        "mcp": BenchDaemon(python, config="[mcp]\nenabled = true\n"),
     }
-    if HAS_MCP:
-        variants["mcp"] = BenchDaemon(python, config="[mcp]\nenabled = true\n")
     readings: dict[str, dict[str, Any]] = {}
     try:
         for name, d in variants.items():
@@ -131,9 +121,6 @@ def test_uvloop_variant_is_reported(idle):
 
 
 def test_mcp_daemon_idle_memory(idle):
-    if not HAS_MCP:
-        REPORT["skipped"]["mcp"] = NO_MCP
-        pytest.skip(NO_MCP)
     r = idle["mcp"]
     REPORT["mcp"] = _summary(r)
     assert "edge.mcp" in " ".join(r["modules"])
@@ -143,7 +130,7 @@ def test_mcp_daemon_idle_memory(idle):
 def test_default_daemon_modules(idle):
     modules = idle["default"]["modules"]
     REPORT["default_modules"] = modules
-    for absent in ("edge.mcp", "edge.agent", "edge.storage.postgres", "ssl", "_ssl", "_hashlib", "argparse"):
+    for absent in ("edge.mcp", "ssl", "_ssl", "_hashlib", "argparse"):
         assert not [m for m in modules if m == absent or m.startswith(absent + ".")], absent
 
 
@@ -173,9 +160,6 @@ INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
 
 def test_bridge_rss(idle):
     """`qledge mcp` connected to the MCP daemon, after a handshake, idle for a moment."""
-    if not HAS_MCP:
-        REPORT["skipped"]["bridge"] = NO_MCP
-        pytest.skip(NO_MCP)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("QLEDGE_", "PYTHON"))}
     env["QLEDGE_HOME"] = idle["mcp"]["home"]
     bridge = subprocess.Popen([install_venv(), "-P", "-m", "edge", "mcp"], env=env, cwd=idle["mcp"]["home"],

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import apsw
@@ -178,6 +179,47 @@ class RawConnection:
 
     def close(self) -> None:
         self.sock.close()
+
+
+class ManualTimer:
+    def __init__(self, due: float, callback: Callable[[], None]) -> None:
+        self.due, self.callback, self.cancelled = due, callback, False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class ManualTimers:
+    """Timers (edge.core.ports.runtime) that fire only when the test advances time, so
+    nothing waits on the real clock."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._timers: list[ManualTimer] = []
+
+    def call_later(self, delay_s: float, callback: Callable[[], None]) -> ManualTimer:
+        timer = ManualTimer(self.now + delay_s, callback)
+        self._timers.append(timer)
+        return timer
+
+    @property
+    def pending(self) -> list[float]:
+        """Delays from now of the timers still armed."""
+        return sorted(t.due - self.now for t in self._timers if not t.cancelled)
+
+    def advance(self, seconds: float) -> int:
+        """Move time on, firing what falls due in order (callbacks may arm new timers);
+        returns how many fired."""
+        end, fired = self.now + seconds, 0
+        while due := sorted((t for t in self._timers if not t.cancelled and t.due <= end), key=lambda t: t.due):
+            timer = due[0]
+            self._timers.remove(timer)
+            self.now = timer.due
+            timer.callback()
+            fired += 1
+        self.now = end
+        self._timers = [t for t in self._timers if not t.cancelled]
+        return fired
 
 
 def query_plan(conn: apsw.Connection, sql: str, params: tuple = ()) -> list[str]:

@@ -100,6 +100,11 @@ def _pages(d: DaemonProcess, tool: str, key: str, limit: int, **extra) -> list[d
 # -- contract ---------------------------------------------------------------------
 
 
+def _top(schema: dict) -> dict:
+    """The definition a msgspec schema's top-level $ref names."""
+    return schema["$defs"][schema["$ref"].rsplit("/", 1)[1]]
+
+
 def test_the_nine_tools_and_their_contract():
     tools = {t.name: t for t in ai_tools()}
     assert set(tools) == set(TOOLS)
@@ -108,9 +113,10 @@ def test_the_nine_tools_and_their_contract():
         assert tool.permissions == (TOOLS[name],)
         assert tool.risk == ("medium" if name == "qinglong.run.log.excerpt" else "low")
         assert tool.title and len(tool.description) > 80
-        # MCP derives its schemas from these types: they must render.
-        schema = msgspec.json.schema(tool.args_type)
-        assert schema and msgspec.json.schema(tool.result_type)
+        # MCP derives its schemas from these types: arguments are a closed object, results an object.
+        args_def, result_def = _top(msgspec.json.schema(tool.args_type)), _top(msgspec.json.schema(tool.result_type))
+        assert args_def["type"] == "object" and args_def["additionalProperties"] is False, name
+        assert result_def["type"] == "object", name
     args = msgspec.json.schema(tools["qinglong.task.runs.compare"].args_type)
     (body,) = args["$defs"].values()
     assert body["properties"] == {"taskId": {"type": "string", "minLength": 1, "maxLength": 255,

@@ -10,6 +10,7 @@ import socket
 import time
 
 import msgspec
+import pytest
 
 from edge.transports import tool_protocol as frames
 from support import RawConnection
@@ -41,6 +42,7 @@ def _settled(daemon, timeout_s: float = 60.0) -> dict[str, int]:
     return dict(last[1])
 
 
+@pytest.mark.e2e
 def test_hanging_up_during_run_start_strands_no_run(daemon_factory):
     """400 clients send run.start and half-close 0-4 ms later: every run the store
     admitted is executed; none stays queued (which would block `forbid` tasks)."""

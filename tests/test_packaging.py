@@ -75,15 +75,14 @@ def pyz_dir():
 
 
 def test_profiles_ship_only_their_capabilities(tmp_path):
-    for rel in ("edge/__init__.py", "edge/app/daemon.py", "edge/mcp/server.py", "edge/agent/loop.py",
-                "edge/storage/postgres/runs.py", "edge/storage/sqlite/db.py", "edge/app/__pycache__/x.pyc"):
+    for rel in ("edge/__init__.py", "edge/app/daemon.py", "edge/mcp/server.py", "edge/storage/sqlite/db.py",
+                "edge/app/__pycache__/x.pyc"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("")
     base = ["edge/__init__.py", "edge/app/daemon.py", "edge/storage/sqlite/db.py"]
     assert build.profile_files("edge", str(tmp_path)) == base
     assert build.profile_files("edge-mcp", str(tmp_path)) == sorted([*base, "edge/mcp/server.py"])
-    assert build.profile_files("full", str(tmp_path)) == sorted(
-        [*base, "edge/mcp/server.py", "edge/agent/loop.py", "edge/storage/postgres/runs.py"])
+    assert build.profile_files("full", str(tmp_path)) == sorted([*base, "edge/mcp/server.py"])
     assert build.module_name("edge/__init__.py") == "edge"
     assert build.module_name("edge/app/daemon.py") == "edge.app.daemon"
 
@@ -111,7 +110,7 @@ def test_zipapp_is_reproducible_and_its_manifest_is_true(pyz_dir):
     assert manifest["sha256"] == build.sha256_file(pyz)
     assert manifest["files"] == len(names) - 1 == len(build.profile_files("edge"))
     assert "edge.app.daemon" in manifest["modules"] and "edge.cli.main" in manifest["modules"]
-    assert not [m for m in manifest["modules"] if m.startswith(("edge.mcp", "edge.agent", "edge.storage.postgres"))]
+    assert not [m for m in manifest["modules"] if m.startswith("edge.mcp")]
     assert os.stat(pyz).st_mode & 0o111  # runnable as ./qledge-edge.pyz
 
 
@@ -134,8 +133,6 @@ def test_edge_zipapp_serves_and_answers_its_cli(pyz_dir, home):
 
 
 def test_mcp_enabled_in_a_build_without_it_is_one_clear_line(pyz_dir, home):
-    if not os.path.isdir(os.path.join(ROOT, "edge", "mcp")):
-        pytest.skip("edge/mcp is not in this tree yet: the check belongs to the MCP capability")
     pyz = os.path.join(pyz_dir, "qledge-edge.pyz")
     config = os.path.join(home, "qledge.toml")
     with open(config, "w") as f:

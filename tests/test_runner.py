@@ -177,6 +177,7 @@ def _napping(daemon_factory):
         return d, run, pid, ticks, int(f.read())
 
 
+@pytest.mark.e2e
 def test_kill_9_then_restart_marks_the_run_lost_and_kills_its_group(daemon_factory):
     d, run, pid, ticks, bg = _napping(daemon_factory)
     try:
@@ -195,6 +196,7 @@ def test_kill_9_then_restart_marks_the_run_lost_and_kills_its_group(daemon_facto
         _kill_all([pid, bg])
 
 
+@pytest.mark.e2e
 def test_orphans_of_a_dead_leader_are_found_by_group_and_run_marker(daemon_factory):
     d, run, pid, ticks, bg = _napping(daemon_factory)
     try:
@@ -209,6 +211,7 @@ def test_orphans_of_a_dead_leader_are_found_by_group_and_run_marker(daemon_facto
         _kill_all([pid, bg])
 
 
+@pytest.mark.e2e
 def test_a_recycled_pid_is_never_killed(daemon_factory):
     d = daemon_factory().start()
     d.cli("task", "add", "t", "--", "true")
@@ -237,6 +240,7 @@ def test_a_recycled_pid_is_never_killed(daemon_factory):
         bystander.wait()
 
 
+@pytest.mark.e2e
 def test_queued_runs_of_a_dead_daemon_are_lost_too(daemon_factory):
     d = daemon_factory(config="[runner]\nconcurrency = 1\n").start()
     d.cli("task", "add", "nap", "--overlap", "allow", "--", "sleep", "300")
@@ -254,6 +258,7 @@ def test_queued_runs_of_a_dead_daemon_are_lost_too(daemon_factory):
         _kill_all([pid])
 
 
+@pytest.mark.e2e
 def test_the_log_of_a_lost_run_is_assembled_from_what_was_written(daemon_factory):
     d = daemon_factory().start()
     d.cli("task", "add", "loud", "--shell", "--", "seq -f %09.0f 0 299999; echo done; sleep 300")

@@ -29,7 +29,7 @@ from edge.storage.sqlite import triggers as trigger_sql
 from edge.storage.sqlite.db import Database
 from edge.storage.sqlite.runs import SqliteRunStore
 from edge.storage.sqlite.schema import migrate
-from support import assert_uses_index
+from support import ManualTimers, assert_uses_index
 
 
 def ms(text: str) -> int:
@@ -84,7 +84,9 @@ class Env:
         made = stores(db, home, capacity)
         self.tasks, self.runs, self.store, self.admission = made.tasks, made.runs, made.triggers, made.admission
         self.executor = Executor(self.runs, clock)
-        self.scheduler = Scheduler(self.admission, self.runs, self.executor, clock, "default", rng=lambda: 0.25)
+        self.timers = ManualTimers()
+        self.scheduler = Scheduler(self.admission, self.runs, self.executor, clock, "default", rng=lambda: 0.25,
+                                   timers=self.timers)
 
     async def task(self, task_id: str = "t", overlap: str = "forbid") -> None:
         spec = TaskSpec(command=ArgvCommand(file="true"), overlap=overlap)  # type: ignore[arg-type]
@@ -410,7 +412,8 @@ async def test_jitter_is_recorded_and_delays_the_start(env):
     await env.tick(at("10:00:00"))
     [run] = await env.all_runs()
     assert run.jitter_ms == 250 and env.executor.submitted == []
-    await asyncio.sleep(0.4)
+    assert env.timers.advance(0.2) == 0
+    assert env.timers.advance(0.05) == 1
     await env.settle()
     assert [r.id for r in env.executor.submitted] == [run.id]
 
@@ -420,7 +423,7 @@ async def test_a_run_cancelled_during_its_jitter_never_starts(env):
     await env.tick(at("10:00:00"))
     [run] = await env.all_runs()
     await env.executor.cancel("default", run.id, "user")
-    await asyncio.sleep(0.4)
+    assert env.timers.advance(1.0) == 1
     await env.settle()
     assert env.executor.submitted == []
 

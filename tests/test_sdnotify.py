@@ -13,7 +13,7 @@ import time
 import pytest
 
 from edge.app.sdnotify import Notifier, Watchdog, start_watchdog
-from support import short_tmpdir
+from support import ManualTimers, short_tmpdir
 
 
 class Listener:
@@ -104,29 +104,39 @@ def test_watchdog_interval_is_half_of_watchdog_usec(monkeypatch, usec, pid, expe
     assert Notifier("/unused").watchdog_interval_s() == expected
 
 
-async def test_watchdog_pets_at_its_interval_and_stops_when_the_loop_is_stuck(listener):
-    dog = Watchdog(Notifier(listener.address), 0.05)
+def test_watchdog_pets_at_its_interval_until_stopped(listener):
+    timers = ManualTimers()
+    dog = Watchdog(Notifier(listener.address), 30.0, timers)
     dog.start()
-    await asyncio.sleep(0.5)
-    pets = await asyncio.to_thread(listener.messages, 0.02)
-    # 0.5 s at 0.05 s: about 11 pets (one at start); a loaded machine may delay a few.
-    assert 6 <= len(pets) <= 12 and set(pets) == {"WATCHDOG=1"}, pets
-    time.sleep(0.5)  # the loop is blocked: no timer runs, so nothing may be sent
-    assert listener.messages(0.02) == []
+    assert timers.pending == [30.0]
+    assert timers.advance(95.0) == 3  # at 30, 60 and 90 s
+    assert listener.messages(0.02) == ["WATCHDOG=1"] * 4  # and one at start
     dog.stop()
-    await asyncio.sleep(0.2)
-    assert await asyncio.to_thread(listener.messages, 0.02) == []
+    assert timers.pending == [] and timers.advance(600.0) == 0
+    assert listener.messages(0.02) == []
 
 
-async def test_pets_from_scheduler_wake_ups_push_the_fallback_timer_back(listener):
-    dog = Watchdog(Notifier(listener.address), 1.0)
+def test_pets_from_scheduler_wake_ups_push_the_fallback_timer_back(listener):
+    timers = ManualTimers()
+    dog = Watchdog(Notifier(listener.address), 30.0, timers)
     dog.start()
     for _ in range(5):  # the scheduler's wake-ups, more often than the fallback timer
-        await asyncio.sleep(0.3)
+        assert timers.advance(20.0) == 0
         dog.pet()
-    # 1.5 s have passed, but every pet pushed the 1 s timer back: one message per call and
-    # none from the timer, so an idle daemon wakes once per minute, not twice.
-    assert await asyncio.to_thread(listener.messages, 0.02) == ["WATCHDOG=1"] * 6
+        assert timers.pending == [30.0]  # one timer, pushed back
+    # 100 s have passed: one message per pet and none from the timer, so an idle daemon
+    # wakes once per minute, not twice.
+    assert listener.messages(0.02) == ["WATCHDOG=1"] * 6
+    dog.stop()
+
+
+async def test_the_watchdog_timer_runs_on_the_event_loop(listener):
+    """A timer on the loop, not a thread: while the loop is stuck nothing is sent, so the
+    service manager restarts the daemon."""
+    dog = Watchdog(Notifier(listener.address), 0.01)
+    dog.start()
+    time.sleep(0.1)  # the loop is blocked: its timers cannot run
+    assert listener.messages(0.01) == ["WATCHDOG=1"]  # only the pet at start
     dog.stop()
 
 
@@ -139,6 +149,7 @@ def _daemon(listener: Listener, home: str, **env: str) -> subprocess.Popen:
     )
 
 
+@pytest.mark.e2e
 def test_daemon_ready_watchdog_reload_and_stopping(listener, home):
     proc = _daemon(listener, home, WATCHDOG_USEC="400000")  # pet every 0.2 s
     try:

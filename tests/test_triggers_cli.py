@@ -89,6 +89,7 @@ def test_manual_start_obeys_overlap_forbid(daemon):
                              " and its overlap policy is forbid\n")
 
 
+@pytest.mark.e2e
 def test_skipped_fires_show_in_events(daemon):
     daemon.cli("task", "add", "off", "--", "echo", "hi")
     daemon.cli("task", "disable", "off")
@@ -102,6 +103,7 @@ def test_skipped_fires_show_in_events(daemon):
     assert daemon.call("qledge.run.list", {})["runs"] == []
 
 
+@pytest.mark.e2e
 def test_every_two_seconds_without_duplicates_across_a_restart(daemon_factory):
     d = daemon_factory().start()
     d.cli("task", "add", "hello", "--", "echo", "hi")
@@ -139,6 +141,7 @@ def test_every_two_seconds_without_duplicates_across_a_restart(daemon_factory):
     assert statistics.median(admitted) < 100 and max(admitted) < 1000
 
 
+@pytest.mark.e2e
 def test_idle_daemon_with_a_hundred_triggers_does_not_wake(daemon):
     for i in range(100):
         daemon.call("qledge.task.create", {"taskId": f"t{i:03d}", "spec": {"command": {"kind": "argv", "file": "true"}}})
@@ -160,6 +163,7 @@ def _switches(pid: int) -> int:
     return total
 
 
+@pytest.mark.e2e
 def test_clock_behind_the_store_holds_then_resumes(daemon_factory):
     d = daemon_factory().start()
     d.cli("task", "add", "hello", "--", "echo", "hi")
@@ -182,6 +186,7 @@ def test_clock_behind_the_store_holds_then_resumes(daemon_factory):
     assert runs and min(r["createdAtMs"] for r in runs) >= ahead  # nothing admitted before the clock caught up
 
 
+@pytest.mark.e2e
 def test_kill_9_and_restart_fires_nothing_twice(daemon_factory):
     d = daemon_factory().start()
     d.cli("task", "add", "nap", "--overlap", "allow", "--", "sleep", "0.3")

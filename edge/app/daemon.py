@@ -32,7 +32,7 @@ def load_pepper(path: str) -> bytes:
         with open(path, "rb") as f:
             pepper = f.read()
         if len(pepper) < 32:
-            raise StartupError(f"{path} is damaged (expected 32 bytes)")
+            raise StartupError(f"{path} is damaged (expected 32 bytes)") from None
         return pepper
     pepper = os.urandom(32)
     os.write(fd, pepper)

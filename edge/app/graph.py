@@ -170,7 +170,9 @@ def build_chain(config: Config, services: Services, registry: Registry) -> Chain
     return Chain(registry, auth, services)
 
 
-def build_listeners(config: Config, home: str, socket_path: str, chain: Chain, facts: DaemonFacts) -> list[UnixListener]:
+def build_listeners(
+    config: Config, home: str, socket_path: str, chain: Chain, facts: DaemonFacts
+) -> list[UnixListener]:
     """The tool socket, then MCP's when enabled (edge.mcp is imported here and only here)."""
     listeners: list[UnixListener] = [ToolServer(chain, socket_path, config.max_frame_bytes)]
     if config.mcp.enabled:

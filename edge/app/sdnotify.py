@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
+
+from edge.core.clock import LoopTimers
+from edge.core.ports.runtime import TimerHandle, Timers
 
 
 class Notifier:
@@ -48,14 +50,11 @@ class Watchdog:
     the service manager restarts us, which is the point.
     """
 
-    def __init__(self, notifier: Notifier, interval_s: float) -> None:
+    def __init__(self, notifier: Notifier, interval_s: float, timers: Timers | None = None) -> None:
         self._notifier = notifier
         self._interval_s = interval_s
-        self._handle: asyncio.TimerHandle | None = None
-
-    @property
-    def interval_s(self) -> float:
-        return self._interval_s
+        self._timers = timers or LoopTimers()
+        self._handle: TimerHandle | None = None
 
     def start(self) -> None:
         self.pet()
@@ -69,7 +68,7 @@ class Watchdog:
         self._notifier.notify("WATCHDOG=1")
         if self._handle is not None:
             self._handle.cancel()
-        self._handle = asyncio.get_running_loop().call_later(self._interval_s, self.pet)
+        self._handle = self._timers.call_later(self._interval_s, self.pet)
 
     def stop(self) -> None:
         if self._handle is not None:

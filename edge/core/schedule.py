@@ -18,7 +18,7 @@ All times are UTC epoch milliseconds. Nothing here does I/O except reading zone 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import datetime, timezone, tzinfo
+from datetime import datetime, tzinfo, UTC
 from typing import Literal
 
 import msgspec
@@ -42,8 +42,8 @@ _FIELDS = (  # name, low, high; the seconds field is optional and comes first
     ("second", 0, 59), ("minute", 0, 59), ("hour", 0, 23),
     ("day-of-month", 1, 31), ("month", 1, 12), ("day-of-week", 0, 7),
 )
-_MONTHS = "JAN FEB MAR APR MAY JUN JUL AUG SEP OCT NOV DEC".split()
-_DAYS = "SUN MON TUE WED THU FRI SAT".split()
+_MONTHS = ["JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC"]
+_DAYS = ["SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"]
 UTC_NAMES = frozenset({"UTC", "Etc/UTC", "Etc/UCT", "UCT", "Zulu", "Etc/Zulu", "Universal", "Etc/Universal"})
 # OpenWrt splits the zone database into packages by region.
 _OPENWRT_PACKAGES = {
@@ -139,7 +139,8 @@ def _validate(text: str) -> str:
     try:
         sim = CronSim(text, datetime(2000, 1, 1))
     except CronSimError as exc:  # what our grammar lets through: an impossible day
-        raise ScheduleError(f"{str(exc).removeprefix('Bad ')} field: no month in the month field has that day") from None
+        field = str(exc).removeprefix("Bad ")
+        raise ScheduleError(f"{field} field: no month in the month field has that day") from None
     try:
         next(sim)
     except StopIteration:
@@ -153,7 +154,7 @@ def _validate(text: str) -> str:
 def load_zone(name: str) -> tzinfo:
     """An IANA zone; a missing zone database is an error that says what to install."""
     if name in UTC_NAMES:
-        return timezone.utc  # needs no zone data, so the default always works
+        return UTC  # needs no zone data, so the default always works
     from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
     try:
@@ -196,7 +197,7 @@ class Schedule:
         self.zone_name = zone_name
         self.zone = load_zone(zone_name)
         hour = self.expression.split()[-4]
-        self._by_label = not hour.startswith("*") and self.zone is not timezone.utc
+        self._by_label = not hour.startswith("*") and self.zone is not UTC
 
     def fires_after(self, after_ms: int) -> Iterator[int]:
         """Every fire strictly after `after_ms`, in increasing order."""
@@ -232,7 +233,7 @@ class Schedule:
 def _label_instant(label: datetime, zone: tzinfo) -> int:
     """Epoch ms of a local time: its first occurrence, or the end of the gap it is in."""
     first = label.replace(tzinfo=zone, fold=0)
-    if first.astimezone(timezone.utc).astimezone(zone).replace(tzinfo=None) == label:
+    if first.astimezone(UTC).astimezone(zone).replace(tzinfo=None) == label:
         return int(first.timestamp()) * 1000
     # Inside a gap: fold=1 reads it with the later offset (an instant before the gap),
     # fold=0 with the earlier one (after it). The first instant whose local time is past

@@ -167,7 +167,7 @@ class Session:
         if method == "initialize":  # always the handshake era, whatever its _meta says
             return await self._initialize(rid, params)
         is_modern = meta is not None and p.VERSION_KEY in meta
-        if is_modern:
+        if meta is not None and is_modern:
             problem = _envelope_problem(meta)
             if problem is not None:
                 return await self._send(p.error_line(rid, *problem))

@@ -291,5 +291,7 @@ class Triggers:
         await self._store.delete(project, trigger_id, expected_revision)
         self._changed()
 
-    async def events(self, project: str, trigger_id: str | None, before_id: int | None, limit: int) -> list[TriggerEvent]:
+    async def events(
+        self, project: str, trigger_id: str | None, before_id: int | None, limit: int
+    ) -> list[TriggerEvent]:
         return await self._store.events(project, trigger_id, before_id, limit)

@@ -65,7 +65,8 @@ class Chain:
             return await self._auth.authenticate(caller)
         except AuthFailure as failure:
             await self._audit(failure.subject, target, "unauthenticated", [failure.reason, reason], caller)
-            raise ToolError("unauthenticated", "authentication required: invalid, revoked or missing credential")
+            raise ToolError(
+                "unauthenticated", "authentication required: invalid, revoked or missing credential") from None
 
     async def refuse(self, name: str, caller: Caller, why: str) -> None:
         """Audit a call the transport will not make (e.g. a tool it does not offer).

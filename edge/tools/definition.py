@@ -46,10 +46,11 @@ def tool(
 ) -> Tool:
     """The one way tools are defined: one domain permission each, and the deadline of its
     effect unless it says otherwise (reads 5 s, writes 15 s)."""
+    if deadline_s is None:
+        deadline_s = READ_DEADLINE_S if effect == "read" else WRITE_DEADLINE_S
     return Tool(
         name=name, version=version, effect=effect, risk=risk, permissions=(permission,), args_type=args_type,
-        result_type=result_type, handler=handler, title=title, description=description, ai=ai,
-        deadline_s=deadline_s if deadline_s is not None else (READ_DEADLINE_S if effect == "read" else WRITE_DEADLINE_S),
+        result_type=result_type, handler=handler, title=title, description=description, ai=ai, deadline_s=deadline_s,
     )
 
 
@@ -60,8 +61,8 @@ class Entry:
 
     def __init__(self, tool: Tool) -> None:
         self.tool = tool
-        self.msgpack_args = msgspec.msgpack.Decoder(tool.args_type)
-        self.json_args = msgspec.json.Decoder(tool.args_type)
+        self.msgpack_args: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(tool.args_type)
+        self.json_args: msgspec.json.Decoder[Any] = msgspec.json.Decoder(tool.args_type)
 
     def decode_args(self, raw: bytes, fmt: str) -> Any:
         decoder = self.json_args if fmt == "json" else self.msgpack_args

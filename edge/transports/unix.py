@@ -11,6 +11,7 @@ import os
 import socket
 import stat
 import struct
+from typing import cast
 
 from edge.core.handoff import wait_within
 
@@ -68,7 +69,7 @@ class UnixListener(abc.ABC):
 
 def _stop_reading(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     """Make the connection's reader see the end of input now; what it already buffered is still read."""
-    transport = writer.transport
+    transport = cast(asyncio.Transport, writer.transport)  # a stream's transport reads as well as writes
     if not transport.is_closing():
         transport.pause_reading()  # nothing more arrives, so nothing is fed after the EOF
     if not reader.at_eof():

@@ -16,7 +16,7 @@ from edge.core.tasks import Task
 from edge.core.triggers import Admission, ManualAdmission, Trigger
 from edge.storage.sqlite import runs as run_sql
 from edge.storage.sqlite import triggers as trigger_sql
-from edge.storage.sqlite.db import Database, immediate
+from edge.storage.sqlite.db import Database, immediate, one
 
 SQL_ARMED = (
     "SELECT next_fire_at_ms, id FROM triggers WHERE project_id = ? AND next_fire_at_ms IS NOT NULL"
@@ -70,7 +70,7 @@ def _gate(
         return "overlap", active[0]
     if active and overlap == "replace":
         replacing.extend(active)
-    if conn.execute(SQL_ACTIVE_COUNT).fetchone()[0] - len(replacing) >= capacity:
+    if one(conn, SQL_ACTIVE_COUNT)[0] - len(replacing) >= capacity:
         return "queue_full", None
     return None, None
 
@@ -112,11 +112,12 @@ def admit_fires(
             m = todo.missed
             trigger_sql.record_event(conn, project, trig.id, "skipped", "misfire", m.first_ms, m.last_ms, m.fires,
                                      now, last_admitted)
-        enabled, overlap = conn.execute(SQL_PINNED_TASK, (project, trig.task_id, trig.task_revision)).fetchone()
+        enabled, overlap = one(conn, SQL_PINNED_TASK, (project, trig.task_id, trig.task_revision))
         admitted: list[Run] = []
         replacing: list[str] = []
         for fire, origin in todo.admit:
-            reason = "task_disabled" if not enabled else _gate(conn, project, trig.task_id, overlap, capacity, replacing)[0]
+            reason = "task_disabled" if not enabled else _gate(
+                conn, project, trig.task_id, overlap, capacity, replacing)[0]
             if reason is not None:
                 kind = "refused" if reason == "queue_full" else "skipped"
                 trigger_sql.record_event(conn, project, trig.id, kind, reason, fire, fire, 1, now, last_admitted)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
 
 import apsw
@@ -18,6 +18,23 @@ log = logging.getLogger("qledge.store")
 T = TypeVar("T")
 
 SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+
+# A row as SQLite returns it. Its column types are those of the query that read it: each
+# adapter knows its own queries, and every shape that leaves an adapter is a typed Struct.
+Row = tuple[Any, ...]
+
+
+def one(conn: apsw.Connection, sql: str, params: tuple[Any, ...] = ()) -> Row:
+    """The row of a query that always returns one (an aggregate, RETURNING, a row the
+    transaction knows exists); its absence is a storage fault."""
+    row = conn.execute(sql, params).fetchone()
+    if row is None:
+        raise apsw.CorruptError(f"expected a row from: {sql.split(chr(10))[0][:80]}")
+    return row
+
+
+def rows(conn: apsw.Connection, sql: str, params: tuple[Any, ...] = ()) -> list[Row]:
+    return conn.execute(sql, params).fetchall()
 
 
 def configure(conn: apsw.Connection, synchronous: str, cache_kib: int) -> None:
@@ -55,7 +72,7 @@ def immediate(conn: apsw.Connection) -> Iterator[None]:
 class Database:
     """Owns the connection; `run` executes a function with it in the worker thread."""
 
-    def __init__(self, conn: apsw.Connection, path: str) -> None:
+    def __init__(self, conn: apsw.AsyncConnection, path: str) -> None:
         self._conn = conn
         self.path = path
 
@@ -63,7 +80,8 @@ class Database:
     async def open(cls, path: str, synchronous: str = "NORMAL", cache_kib: int = 512) -> Database:
         if synchronous.upper() not in SYNCHRONOUS:
             raise ValueError(f"synchronous must be one of {', '.join(SYNCHRONOUS)}")
-        apsw.async_controller.set(apsw.aio.AsyncIO)
+        # apsw documents passing the controller class; its stub declares the protocol for instances.
+        apsw.async_controller.set(apsw.aio.AsyncIO)  # type: ignore[arg-type]
         old = os.umask(0o077)  # the database holds credentials digests and secrets
         try:
             conn = await apsw.Connection.as_async(path)
@@ -85,10 +103,8 @@ class Database:
             raise unavailable() from exc
 
     async def close(self) -> None:
-        try:
+        with suppress(apsw.Error):  # closing matters more than the planner's statistics
             await self._conn.async_run(_optimize, self._conn)
-        except apsw.Error:
-            pass
         await self._conn.aclose()
 
 

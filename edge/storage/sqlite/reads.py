@@ -12,7 +12,7 @@ import apsw
 from edge.core.ports.stores import Readers
 from edge.core.reads import Counts, RunEventSummary, RunSummary, TaskDetail, TaskHead, TriggerHead
 from edge.core.runs import RunCursor
-from edge.storage.sqlite.db import Database
+from edge.storage.sqlite.db import Database, one
 from edge.storage.sqlite.outcome_window import SqliteOutcomeWindowReader
 
 # LEFT JOIN: a head without its revision row must surface as a malformed row (and fail
@@ -91,7 +91,7 @@ def run_events(conn: apsw.Connection, project: str, run_id: str, after: int, lim
 
 
 def counts(conn: apsw.Connection, project: str) -> Counts:
-    return Counts(*conn.execute(SQL_COUNTS, (project,)).fetchone())
+    return Counts(*one(conn, SQL_COUNTS, (project,)))
 
 
 class SqliteTaskHeadReader:

@@ -13,6 +13,7 @@ import apsw
 import msgspec
 
 from edge.core.runs import TERMINAL
+from edge.storage.sqlite.db import one, rows
 
 BATCH = 64
 _FINISHED = f"status IN ({', '.join(repr(s) for s in sorted(TERMINAL))})"
@@ -73,10 +74,10 @@ def _drop_oldest_logs(conn: apsw.Connection, project: str, excess: int, budget: 
     freed: the run's history stays, with its log size, when the log went and an event."""
     dropped: list[str] = []
     freed = 0
-    for rid, size in conn.execute(SQL_LOGGED, (project, budget)).fetchall():
+    for rid, size in rows(conn, SQL_LOGGED, (project, budget)):
         if freed >= excess:
             break
-        ((seq,),) = conn.execute(SQL_DROP_LOG, (now_ms, rid)).fetchall()
+        (seq,) = one(conn, SQL_DROP_LOG, (now_ms, rid))
         conn.execute(
             "INSERT INTO run_events (run_id, sequence, type, actor_type, created_at_ms, detail)"
             " VALUES (?, ?, 'run.log_dropped', 'system', ?, 'log quota')",

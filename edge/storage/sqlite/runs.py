@@ -144,7 +144,8 @@ def active(conn: apsw.Connection) -> list[Run]:
 
 
 def active_processes(conn: apsw.Connection) -> list[tuple[Run, RunProcess]]:
-    return [(_run(row[:-2]), RunProcess(pid=row[-2], start_ticks=row[-1])) for row in conn.execute(SQL_ACTIVE_PROCESSES)]
+    return [(_run(row[:-2]), RunProcess(pid=row[-2], start_ticks=row[-1]))
+            for row in conn.execute(SQL_ACTIVE_PROCESSES)]
 
 
 def events(conn: apsw.Connection, project: str, run_id: str, after: int, limit: int) -> list[RunEvent]:

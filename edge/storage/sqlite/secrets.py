@@ -5,19 +5,19 @@ from __future__ import annotations
 import apsw
 
 from edge.core.auth import SecretInfo
-from edge.storage.sqlite.db import Database, immediate
+from edge.storage.sqlite.db import Database, immediate, one
 
 
 def set_secret(conn: apsw.Connection, project: str, name: str, value: str, now: int) -> SecretInfo:
     with immediate(conn):
         conn.execute(
             "INSERT INTO secrets (project_id, name, value, created_at_ms, updated_at_ms) VALUES (?, ?, ?, ?, ?)"
-            " ON CONFLICT (project_id, name) DO UPDATE SET value = excluded.value, updated_at_ms = excluded.updated_at_ms",
+            " ON CONFLICT (project_id, name)"
+            " DO UPDATE SET value = excluded.value, updated_at_ms = excluded.updated_at_ms",
             (project, name, value, now, now),
         )
-        created, updated = conn.execute(
-            "SELECT created_at_ms, updated_at_ms FROM secrets WHERE project_id = ? AND name = ?", (project, name)
-        ).fetchone()
+        created, updated = one(
+            conn, "SELECT created_at_ms, updated_at_ms FROM secrets WHERE project_id = ? AND name = ?", (project, name))
     return SecretInfo(name=name, created_at_ms=created, updated_at_ms=updated)
 
 

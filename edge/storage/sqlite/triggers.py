@@ -11,7 +11,7 @@ from edge.core.errors import conflict, invalid, not_found
 from edge.core.schedule import Schedule, ScheduleError
 from edge.core.tasks import content_digest
 from edge.core.triggers import SPEC_SCHEMA, CronSpec, Trigger, TriggerEvent
-from edge.storage.sqlite.db import Database, immediate
+from edge.storage.sqlite.db import Database, immediate, rows
 
 _spec_encoder = msgspec.json.Encoder()
 _spec_decoder = msgspec.json.Decoder(CronSpec)
@@ -69,7 +69,9 @@ def page(conn: apsw.Connection, project: str, after: str, limit: int) -> list[Tr
     return [_trigger(row) for row in conn.execute(SQL_LIST, (project, after, limit))]
 
 
-def events(conn: apsw.Connection, project: str, trigger_id: str | None, before: int | None, limit: int) -> list[TriggerEvent]:
+def events(
+    conn: apsw.Connection, project: str, trigger_id: str | None, before: int | None, limit: int
+) -> list[TriggerEvent]:
     before = _NO_EVENT if before is None else before
     if trigger_id is None:
         rows = conn.execute(SQL_EVENTS_PROJECT, (project, before, limit))
@@ -128,7 +130,8 @@ def _free_id(conn: apsw.Connection, project: str, task_id: str) -> str:
     for n in range(1, 10_000):
         suffix = f"-{n}"
         candidate = task_id[: 128 - len(suffix)] + suffix
-        if conn.execute("SELECT 1 FROM triggers WHERE project_id = ? AND id = ?", (project, candidate)).fetchone() is None:
+        taken = conn.execute("SELECT 1 FROM triggers WHERE project_id = ? AND id = ?", (project, candidate)).fetchone()
+        if taken is None:
             return candidate
     raise conflict(f"task {task_id!r} has too many triggers")
 
@@ -189,7 +192,9 @@ def _revise(conn: apsw.Connection, current: Trigger, now: int, enabled: bool, ta
     return updated
 
 
-def set_enabled(conn: apsw.Connection, project: str, trigger_id: str, enabled: bool, expected: int | None, now: int) -> Trigger:
+def set_enabled(
+    conn: apsw.Connection, project: str, trigger_id: str, enabled: bool, expected: int | None, now: int
+) -> Trigger:
     with immediate(conn):
         current = _head(conn, project, trigger_id, expected)
         if current.enabled == enabled and (not enabled or current.next_fire_at_ms is not None):
@@ -211,7 +216,7 @@ def repin(
 def follow_task(conn: apsw.Connection, project: str, task_id: str, old: int, new: int, now: int) -> None:
     """Triggers pinned to a task's current revision move with it (inside the task's
     transaction), each by a new trigger revision. Triggers pinned elsewhere stay."""
-    for (tid,) in conn.execute(SQL_FOLLOWING, (project, task_id, old)).fetchall():
+    for (tid,) in rows(conn, SQL_FOLLOWING, (project, task_id, old)):
         current = get(conn, project, tid)
         assert current is not None
         _revise(conn, current, now, current.enabled, new)

@@ -85,7 +85,8 @@ class ToolList(msgspec.Struct, rename="camel"):
 async def list_tools(ctx: ToolContext, args: Empty) -> ToolList:
     """The tools this caller may call, by name (others are not disclosed)."""
     granted = ctx.principal.permissions
-    return ToolList(tools=[t for t in ctx.services.catalog if missing_permission(granted, t.name, t.permissions) is None])
+    return ToolList(tools=[
+        t for t in ctx.services.catalog if missing_permission(granted, t.name, t.permissions) is None])
 
 
 TOOLS = [

@@ -57,7 +57,8 @@ async def _get(ctx: ToolContext, task_id: str) -> Task:
 
 
 async def create(ctx: ToolContext, args: CreateArgs) -> Task:
-    return await ctx.services.tasks.create(ctx.project, args.task_id, args.name or args.task_id, args.spec, ctx.now_ms())
+    name = args.name or args.task_id
+    return await ctx.services.tasks.create(ctx.project, args.task_id, name, args.spec, ctx.now_ms())
 
 
 async def update(ctx: ToolContext, args: UpdateArgs) -> Task:

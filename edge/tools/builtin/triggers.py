@@ -93,11 +93,13 @@ async def list_triggers(ctx: ToolContext, args: ListArgs) -> TriggerPage:
 
 
 async def enable(ctx: ToolContext, args: TriggerRef) -> Trigger:
-    return await ctx.services.triggers.set_enabled(ctx.project, args.trigger_id, True, args.expected_revision, ctx.now_ms())
+    triggers = ctx.services.triggers
+    return await triggers.set_enabled(ctx.project, args.trigger_id, True, args.expected_revision, ctx.now_ms())
 
 
 async def disable(ctx: ToolContext, args: TriggerRef) -> Trigger:
-    return await ctx.services.triggers.set_enabled(ctx.project, args.trigger_id, False, args.expected_revision, ctx.now_ms())
+    triggers = ctx.services.triggers
+    return await triggers.set_enabled(ctx.project, args.trigger_id, False, args.expected_revision, ctx.now_ms())
 
 
 async def repin(ctx: ToolContext, args: RepinArgs) -> Trigger:
