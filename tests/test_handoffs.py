@@ -4,6 +4,8 @@ stop: listeners close, calls in flight are answered, then whatever is left is ca
 
 from __future__ import annotations
 
+import asyncio
+import os
 import random
 import signal
 import socket
@@ -12,6 +14,11 @@ import time
 import msgspec
 import pytest
 
+from edge.app.config import Config
+from edge.app.graph import build_stores, build_workers
+from edge.core.clock import SystemClock
+from edge.core.tasks import ArgvCommand, TaskSpec
+from edge.storage.sqlite.db import Database
 from edge.transports import tool_protocol as frames
 from support import RawConnection
 
@@ -116,3 +123,37 @@ def _until_running(daemon, run_id: str) -> None:
     while daemon.call("qledge.run.get", {"runId": run_id})["status"] != "running":
         assert time.monotonic() < deadline
         time.sleep(0.02)
+
+
+# -- in-process: cancellation at every point of the hand-off ---------------------------
+
+
+@pytest.mark.parametrize("yields", range(6))
+async def test_a_start_cancelled_anywhere_leaves_no_run_stranded(home, yields):
+    """Cancel `qledge.run.start`'s await after 0..5 loop turns (before, during and after the
+    admission transaction in the store's thread): every run the store admitted runs."""
+    db = await Database.open(os.path.join(home, "q.db"))
+    config, clock = Config(), SystemClock()
+    stores = build_stores(db, config, home)
+    workers = build_workers(config, home, stores, clock)
+    try:
+        spec = TaskSpec(command=ArgvCommand(file="true"), overlap="allow")
+        await stores.tasks.create("default", "t", "t", spec, clock.now_ms())
+        task = await stores.tasks.get("default", "t")
+        assert task is not None
+        calls = [asyncio.create_task(workers.runner.start(task, "user")) for _ in range(8)]
+        for _ in range(yields):
+            await asyncio.sleep(0)
+        for call in calls:
+            call.cancel()
+        async with asyncio.timeout(20):
+            await workers.runner.settle()
+            while await stores.runs.active():
+                await asyncio.sleep(0.01)
+        runs = await stores.runs.page("default", "t", None, 64)
+        # A call cancelled before it began admits nothing; once begun, its admission completes.
+        assert len(runs) == (0 if yields == 0 else len(calls))
+        assert {r.status for r in runs} <= {"succeeded"}, [r.status for r in runs]
+    finally:
+        await workers.runner.shutdown()
+        await db.close()

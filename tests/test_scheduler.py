@@ -616,3 +616,24 @@ TABLES = ("runs", "triggers", "trigger_revisions", "trigger_events", "tasks", "t
 ])
 def test_query_plans(conn, sql, params, index):
     assert_uses_index(conn, sql, params, index, big_tables=TABLES)
+
+
+async def test_stop_during_an_admission_still_hands_its_runs_over(env, home):
+    """Scheduler.stop while an admission is inside its transaction in the store's thread
+    (held there by another writer's lock): once it commits, its run reaches the executor."""
+    await env.trigger("* * * * *")
+    env.clock.ms = at("10:00:00")
+    other = apsw.Connection(os.path.join(home, "q.db"))
+    other.execute("BEGIN IMMEDIATE")  # the admission's BEGIN IMMEDIATE waits behind this
+    try:
+        await env.scheduler.start()
+        await asyncio.sleep(0.1)  # the tick is now waiting for its admission
+        stopping = asyncio.create_task(env.scheduler.stop())
+        await asyncio.sleep(0.1)  # the loop has been cancelled meanwhile
+    finally:
+        other.execute("COMMIT")
+        other.close()
+    await stopping
+    admitted = await env.all_runs()
+    assert len(admitted) == 1
+    assert [r.id for r in env.executor.submitted] == [admitted[0].id]

@@ -123,6 +123,10 @@ class Runner:
         self._jobs[run.id] = job
         job.task = asyncio.create_task(self._execute(job), name=f"run-{run.id}")
 
+    async def settle(self) -> None:
+        """Wait until the hand-offs in progress (admissions, finishes, stops) are done."""
+        await self._background.wait()
+
     async def shutdown(self) -> None:
         """Cancel everything with reason `shutdown` and wait until it is recorded,
         including runs whose admission was still being handed over."""
