@@ -7,6 +7,7 @@ a hash of the sources, and run its interpreter.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import json
@@ -94,10 +95,8 @@ def memory(pid: int) -> dict[str, float]:
     """VmHWM, VmRSS, RssAnon, RssFile from status and Pss from smaps_rollup, in MiB."""
     status = _kv(f"/proc/{pid}/status")
     out = {k: int(status[k].split()[0]) / 1024 for k in ("VmHWM", "VmRSS", "RssAnon", "RssFile")}
-    try:
+    with contextlib.suppress(OSError, KeyError):  # smaps_rollup needs Linux 4.14
         out["Pss"] = int(_kv(f"/proc/{pid}/smaps_rollup")["Pss"].split()[0]) / 1024
-    except (OSError, KeyError):
-        pass
     return {k: round(v, 2) for k, v in out.items()}
 
 

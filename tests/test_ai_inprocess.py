@@ -160,8 +160,8 @@ async def test_64_rows_or_fewer_are_complete_even_with_one_outcome_missing(h):
 
 
 async def test_65_rows_with_both_outcomes_in_the_window_are_complete(h):
-    _seed(h, [("oldest", "succeeded", 10), ("f", "failed", 20)] + [(f"q{i:02d}", "cancelled", 100 + i) for i in range(62)]
-          + [("s", "succeeded", 500)])
+    cancelled = [(f"q{i:02d}", "cancelled", 100 + i) for i in range(62)]
+    _seed(h, [("oldest", "succeeded", 10), ("f", "failed", 20), *cancelled, ("s", "succeeded", 500)])
     out = await h.call("qinglong.task.runs.compare", {"taskId": "job"})
     assert out["selection"]["hasOlderRuns"] is True and out["selection"]["complete"] is True
     assert (out["baseline"]["id"], out["candidate"]["id"]) == ("s", "f")

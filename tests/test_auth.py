@@ -42,7 +42,8 @@ def test_valid_token_and_viewer_denied_a_write(daemon_factory):
     d.start()
     assert d.call("qledge.status", token=viewer)["counts"]["credentials"] == 2
     with pytest.raises(CallFailed) as err:
-        d.call("qledge.task.create", {"taskId": "x", "spec": {"command": {"kind": "argv", "file": "true"}}}, token=viewer)
+        d.call("qledge.task.create", {"taskId": "x", "spec": {"command": {"kind": "argv", "file": "true"}}},
+               token=viewer)
     assert err.value.code == "permission_denied"
     assert _audit(d)[-1] == (f"credential:{cid}", "qledge.task.create", "denied",
                              ["tool_policy_denied", "tool_qledge_task_create"], "socket")

@@ -62,7 +62,8 @@ def test_missing_config_file(home):
 
 def test_second_daemon_on_the_same_socket_refuses(daemon):
     env = {**os.environ, "QLEDGE_HOME": daemon.home}
-    result = subprocess.run([sys.executable, "-m", "edge", "serve"], env=env, capture_output=True, text=True, timeout=30)
+    result = subprocess.run([sys.executable, "-m", "edge", "serve"], env=env, capture_output=True, text=True,
+                            timeout=30)
     assert result.returncode == 1
     assert result.stderr == f"qledge: another qledge daemon is already running in {daemon.home}\n"
     assert daemon.call("qledge.status")["pid"] == daemon.pid
@@ -74,7 +75,8 @@ def test_pepper_with_loose_mode_refuses_to_start(home):
         f.write(os.urandom(32))
     os.chmod(pepper, 0o644)
     env = {**os.environ, "QLEDGE_HOME": home}
-    result = subprocess.run([sys.executable, "-m", "edge", "serve"], env=env, capture_output=True, text=True, timeout=30)
+    result = subprocess.run([sys.executable, "-m", "edge", "serve"], env=env, capture_output=True, text=True,
+                            timeout=30)
     assert result.returncode == 1 and result.stderr == f"qledge: {pepper} has mode 0644; it must be 0600\n"
 
 

@@ -445,7 +445,8 @@ def test_openwrt_depends_cover_every_import_of_the_edge_profile():
 def test_msgspec_imports_what_its_openwrt_package_depends_on():
     code = (f"import sys; sys.path += {SITE!r}; import msgspec; "
             "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))")
-    loaded = set(subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True).stdout.split())
+    found = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True)
+    loaded = set(found.stdout.split())
     assert "msgspec" in loaded
     split = {OPENWRT_SPLIT[m] for m in loaded if m in OPENWRT_SPLIT}
     msgspec_deps = _makefile_depends(os.path.join(ROOT, "openwrt", "python-msgspec", "Makefile"), "python3-msgspec")

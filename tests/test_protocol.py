@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import msgspec
 import pytest
 
 from support import RawConnection
@@ -29,7 +28,8 @@ def test_garbage_bytes_are_refused_then_closed(daemon):
     raw = RawConnection(daemon.socket)
     raw.send_raw((5).to_bytes(4, "big") + b"\xc1\xc1\xc1\xc1\xc1")
     reply = raw.recv()
-    assert reply == {"id": None, "ok": False, "error": {"code": "invalid_argument", "message": "frame is not a msgpack request"}}
+    error = {"code": "invalid_argument", "message": "frame is not a msgpack request"}
+    assert reply == {"id": None, "ok": False, "error": error}
     assert raw.closed_by_peer()
     _still_serving(daemon)
 
@@ -45,7 +45,8 @@ def test_truncated_frame_then_hangup_does_not_hurt(daemon):
     "request_, code, fragment",
     [
         ({"id": 7, "tool": "qledge.nope"}, "invalid_argument", "unknown tool"),
-        ({"id": 7, "tool": "qledge.run.get", "args": {"runId": "x", "extra": 1}}, "invalid_argument", "unknown field `extra`"),
+        ({"id": 7, "tool": "qledge.run.get", "args": {"runId": "x", "extra": 1}}, "invalid_argument",
+         "unknown field `extra`"),
         ({"id": 7, "tool": "qledge.run.get", "args": {"runId": 5}}, "invalid_argument", "Expected `str`"),
         ({"id": 7, "tool": "qledge.run.list", "args": {"limit": 65}}, "invalid_argument", "<= 64"),
         ({"id": 7, "tool": "qledge.run.get", "args": {"runId": "a\x00b"}}, "invalid_argument", "$.runId"),

@@ -99,7 +99,8 @@ def test_secret_output_is_redacted_even_across_pipe_reads(daemon):
               "v = os.environ['PW']\n"
               "sys.stdout.write('a=' + v[:7]); sys.stdout.flush(); time.sleep(0.3)\n"
               "print(v[7:] + '!'); print('b=' + v, 'abc'); print('c=unrelated-secret-42')\n")
-    assert daemon.cli("task", "add", "leaky", "--secret-env", "PW=pw", "--", sys.executable, "-c", script).returncode == 0
+    added = daemon.cli("task", "add", "leaky", "--secret-env", "PW=pw", "--", sys.executable, "-c", script)
+    assert added.returncode == 0
     run = _start_and_wait(daemon, "leaky")
     assert run["status"] == "succeeded", run
     assert _log(daemon, run["id"]) == b"a=***!\nb=*** abc\nc=***\n"
@@ -289,7 +290,8 @@ def test_only_one_daemon_per_home(daemon):
     env = {**os.environ, "QLEDGE_HOME": daemon.home}
     result = subprocess.run([sys.executable, "-m", "edge", "serve", "--socket", other], env=env,
                             capture_output=True, text=True, timeout=30)
-    assert result.returncode == 1 and result.stderr == f"qledge: another qledge daemon is already running in {daemon.home}\n"
+    assert result.returncode == 1
+    assert result.stderr == f"qledge: another qledge daemon is already running in {daemon.home}\n"
     assert not os.path.exists(other)
 
 

@@ -6,7 +6,7 @@ import json
 import os
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 from itertools import takewhile
 from zoneinfo import ZoneInfo
 
@@ -24,7 +24,7 @@ from edge.core.schedule import (
     plan,
 )
 
-UTC = timezone.utc
+UTC = UTC
 
 
 def ms(text: str) -> int:

@@ -146,7 +146,8 @@ async def test_fires_on_time_and_sleeps_until_the_next_fire(env):
     assert await env.tick(at("09:59:30")) == pytest.approx(30.001)
     assert await env.tick(at("10:00:00.200")) == MAX_SLEEP_S  # next fire is 15 minutes away
     [run] = await env.all_runs()
-    assert (run.origin, run.status, run.scheduled_for_ms, run.task_revision) == ("scheduled", "queued", at("10:00:00"), 1)
+    assert (run.origin, run.status, run.scheduled_for_ms) == ("scheduled", "queued", at("10:00:00"))
+    assert run.task_revision == 1
     assert run.idempotency_key == f"cron:{trig.id}:1:{at('10:00:00')}"
     assert (run.trigger_id, run.trigger_revision, run.jitter_ms) == (trig.id, 1, None)
     assert env.executor.submitted == [run]

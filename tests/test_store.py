@@ -59,6 +59,7 @@ async def test_run_transitions_are_compare_and_set_with_events(home):
     await tasks.create("default", "t", "t", TaskSpec(command=ArgvCommand(file="true")), 1000)
     run = await runs.create(Run(id="r1", project_id="default", task_id="t", task_revision=1, origin="manual",
                                 status="queued", version=1, event_seq=1, created_at_ms=1000), "user")
+    assert (run.status, run.version, run.event_seq) == ("queued", 1, 1)
     running = await runs.transition("r1", 1, "running", 1001, "runner", RunUpdate(started_at_ms=1001))
     assert (running.version, running.event_seq, running.started_at_ms) == (2, 2, 1001)
     from edge.core.errors import ToolError
