@@ -17,7 +17,7 @@ import msgspec
 from edge.app.config import Config, default_zone
 from edge.core.clock import SystemClock
 from edge.core.ports.runtime import Clock
-from edge.core.ports.stores import AuditLog, CredentialStore, Readers, SecretStore
+from edge.core.ports.stores import AuditLog, CountsReader, CredentialStore, Readers, SecretStore
 from edge.core.reads import Counts
 from edge.core.schedule import ScheduleError, load_zone
 from edge.runner.supervisor import Runner, RunnerSettings
@@ -61,7 +61,7 @@ def private_dir(path: str) -> str:
 class DaemonFacts:
     """StatusFacts (edge.core.ports.runtime): what `qledge.status` reports about the daemon."""
 
-    def __init__(self, db_path: str, loop: str, clock: Clock, counts: SqliteCountsReader) -> None:
+    def __init__(self, db_path: str, loop: str, clock: Clock, counts: CountsReader) -> None:
         self.loop = loop
         self.db_path = db_path
         self.started_monotonic = clock.monotonic()
@@ -97,7 +97,7 @@ class Stores(msgspec.Struct, frozen=True, kw_only=True):
     secrets: SecretStore
     audit: AuditLog
     readers: Readers
-    counts: SqliteCountsReader
+    counts: CountsReader
 
 
 def capacity(config: Config) -> int:
