@@ -9,7 +9,7 @@ import os
 import apsw
 import pytest
 
-from edge.storage.sqlite import outcome_window, reads
+from edge.storage.sqlite import reads
 from edge.storage.sqlite.schema import migrate
 from rows import RUN_SQL, add_run, add_task, add_trigger, run_row
 from support import assert_uses_index
@@ -84,6 +84,6 @@ def test_run_events_use_the_event_key_and_the_run_key(conn):
 
 
 def test_task_outcome_window_uses_the_task_runs_index(conn):
-    plan = assert_uses_index(conn, outcome_window.SQL_WINDOW, ("default", "task-007", 65), "runs_task_created_idx",
+    plan = assert_uses_index(conn, reads.SQL_WINDOW, ("default", "task-007", 65), "runs_task_created_idx",
                              big_tables=RUN_TABLES)
     assert len(plan) == 1, plan

@@ -8,7 +8,7 @@ import os
 import apsw
 import pytest
 
-from edge.core.audit import AuditRecord
+from edge.core.auth import AuditRecord
 from edge.core.runs import Run, RunUpdate
 from edge.core.tasks import ArgvCommand, TaskSpec
 from edge.storage.sqlite import audit as audit_sql

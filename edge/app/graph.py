@@ -33,9 +33,8 @@ from edge.storage.sqlite.runs import SqliteRunStore
 from edge.storage.sqlite.secrets import SqliteSecretStore
 from edge.storage.sqlite.tasks import SqliteTaskStore
 from edge.storage.sqlite.triggers import SqliteTriggerStore
-from edge.tools.authn import Authenticator
 from edge.tools.catalog import ai_tools, builtin_tools
-from edge.tools.chain import Chain
+from edge.tools.chain import Authenticator, Chain
 from edge.tools.context import Services
 from edge.tools.definition import Registry
 from edge.transports.tool_socket import ToolServer

@@ -1,4 +1,5 @@
-"""Principals, roles and permissions. Permission checks fail closed."""
+"""Principals, roles, permissions, credentials and the audit record of every call.
+Permission checks fail closed."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Literal
 import msgspec
 
 Role = Literal["owner", "operator", "viewer"]
+Outcome = Literal["allowed", "denied", "unauthenticated"]
 
 TOKEN_PREFIX = "qle_"
 
@@ -104,3 +106,24 @@ def token_digest(pepper: bytes, secret: str) -> bytes:
 
 def digest_matches(expected: bytes, pepper: bytes, secret: str) -> bool:
     return hmac.compare_digest(expected, token_digest(pepper, secret))
+
+
+# -- audit ---------------------------------------------------------------------------
+
+
+class AuditRecord(msgspec.Struct, rename="camel"):
+    """One security audit row: every tool call leaves one, allowed or not."""
+
+    at_ms: int
+    project_id: str
+    principal: str
+    tool: str
+    outcome: Outcome
+    reasons: list[str]
+    transport: str
+    request_id: str | None = None
+
+
+def tool_reason(tool_name: str) -> str:
+    """`qinglong.task.list` → `tool_qinglong_task_list`."""
+    return "tool_" + "".join(c if c.isalnum() else "_" for c in tool_name)

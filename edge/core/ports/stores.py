@@ -16,8 +16,7 @@ from typing import Protocol
 
 import msgspec
 
-from edge.core.audit import AuditRecord
-from edge.core.auth import Credential, SecretInfo
+from edge.core.auth import AuditRecord, Credential, SecretInfo
 from edge.core.reads import Counts, OutcomeRow, RunEventSummary, RunSummary, TaskDetail, TaskHead, TriggerHead
 from edge.core.runs import ActorType, Run, RunCursor, RunEvent, RunProcess, RunStatus, RunUpdate
 from edge.core.tasks import Task, TaskSpec

@@ -5,7 +5,7 @@ from __future__ import annotations
 import apsw
 import msgspec
 
-from edge.core.audit import AuditRecord
+from edge.core.auth import AuditRecord
 from edge.storage.sqlite.db import Database, immediate
 
 _reasons = msgspec.json.Encoder()

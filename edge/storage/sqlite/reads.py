@@ -10,10 +10,9 @@ from __future__ import annotations
 import apsw
 
 from edge.core.ports.stores import Readers
-from edge.core.reads import Counts, RunEventSummary, RunSummary, TaskDetail, TaskHead, TriggerHead
+from edge.core.reads import Counts, OutcomeRow, RunEventSummary, RunSummary, TaskDetail, TaskHead, TriggerHead
 from edge.core.runs import RunCursor
 from edge.storage.sqlite.db import Database, one
-from edge.storage.sqlite.outcome_window import SqliteOutcomeWindowReader
 
 # LEFT JOIN: a head without its revision row must surface as a malformed row (and fail
 # the call), not silently vanish from the page.
@@ -47,6 +46,12 @@ SELECT e.run_id, r.project_id, e.sequence, e.type, e.actor_type, e.created_at_ms
 FROM run_events AS e JOIN runs AS r ON r.id = e.run_id
 WHERE e.run_id = ? AND r.project_id = ? AND e.sequence > ? ORDER BY e.sequence LIMIT ?
 """
+# The task outcome window of qinglong.task.runs.compare: one bounded read of exactly five
+# columns, on runs_task_created_idx (no index of its own, no sort).
+SQL_WINDOW = (
+    "SELECT id, project_id, task_id, status, created_at_ms FROM runs"
+    " WHERE project_id = ? AND task_id = ? ORDER BY created_at_ms DESC, id DESC LIMIT ?"
+)
 _BEFORE_EVERY_RUN = RunCursor(1 << 62, "\U0010ffff")  # ahead of every real (created_at_ms, id) in DESC order
 SQL_COUNTS = """
 SELECT (SELECT count(*) FROM tasks WHERE project_id = ?1),
@@ -90,6 +95,10 @@ def run_events(conn: apsw.Connection, project: str, run_id: str, after: int, lim
     return [RunEventSummary(*row) for row in conn.execute(SQL_RUN_EVENTS, (run_id, project, after, limit))]
 
 
+def window(conn: apsw.Connection, project: str, task_id: str, limit: int) -> list[OutcomeRow]:
+    return [OutcomeRow(*row) for row in conn.execute(SQL_WINDOW, (project, task_id, limit))]
+
+
 def counts(conn: apsw.Connection, project: str) -> Counts:
     return Counts(*one(conn, SQL_COUNTS, (project,)))
 
@@ -125,6 +134,14 @@ class SqliteRunSummaryReader:
 
     async def events(self, project: str, run_id: str, after_sequence: int, limit: int) -> list[RunEventSummary]:
         return await self._db.run(run_events, project, run_id, after_sequence, limit)
+
+
+class SqliteOutcomeWindowReader:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def window(self, project: str, task_id: str, limit: int) -> list[OutcomeRow]:
+        return await self._db.run(window, project, task_id, limit)
 
 
 class SqliteCountsReader:
