@@ -141,7 +141,8 @@ def test_every_two_seconds_without_duplicates_across_a_restart(daemon_factory):
 
 def test_idle_daemon_with_a_hundred_triggers_does_not_wake(daemon):
     for i in range(100):
-        daemon.call("qledge.task.create", {"taskId": f"t{i:03d}", "spec": {"command": {"kind": "argv", "file": "true"}}})
+        daemon.call("qledge.task.create",
+                    {"taskId": f"t{i:03d}", "spec": {"command": {"kind": "argv", "file": "true"}}})
         daemon.call("qledge.trigger.create", {"taskId": f"t{i:03d}", "expression": "0 0 1 1 *"})
     assert daemon.call("qledge.status", {})["extra"]["scheduler"].startswith("100 triggers armed")
     time.sleep(1)  # let the last calls settle
