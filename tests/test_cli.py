@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
+import threading
+from typing import Any
+
+import msgspec
+import pytest
+
+from support import short_tmpdir
 
 
 def _json(result: subprocess.CompletedProcess):
@@ -38,6 +47,7 @@ def test_failing_command_is_failed_with_exit_code(daemon):
     assert daemon.cli("run", "log", run["id"]).stdout == "oops\n"
 
 
+@pytest.mark.e2e
 def test_timeout_kills_the_process_group(daemon):
     # The child shell spawns a grandchild; both must die when the run times out.
     daemon.cli("task", "add", "slow", "--timeout", "1", "--shell", "--", "sleep 60 & echo $! > pidfile; wait")
@@ -72,7 +82,8 @@ def test_cancel_a_queued_run(daemon_factory):
 
 def test_task_lifecycle_and_listing(daemon):
     for i in range(70):  # more than one page of the list tool
-        daemon.call("qledge.task.create", {"taskId": f"t{i:03d}", "spec": {"command": {"kind": "argv", "file": "true"}}})
+        daemon.call("qledge.task.create",
+                    {"taskId": f"t{i:03d}", "spec": {"command": {"kind": "argv", "file": "true"}}})
     listed = _json(daemon.cli("task", "list", "--json"))
     assert [t["id"] for t in listed] == [f"t{i:03d}" for i in range(70)]
     assert "disabled" in daemon.cli("task", "disable", "t001").stdout
@@ -90,7 +101,8 @@ def test_update_is_compare_and_set(daemon):
     daemon.call("qledge.task.create", {"taskId": "t", "spec": spec})
     updated = daemon.call("qledge.task.update", {"taskId": "t", "expectedRevision": 1, "spec": spec})
     assert updated["revision"] == 2
-    stale = daemon.cli("call", "qledge.task.update", "--args", json.dumps({"taskId": "t", "expectedRevision": 1, "spec": spec}))
+    stale = daemon.cli("call", "qledge.task.update",
+                       "--args", json.dumps({"taskId": "t", "expectedRevision": 1, "spec": spec}))
     assert stale.returncode == 1 and stale.stderr.startswith("qledge: conflict:")
 
 
@@ -103,7 +115,8 @@ def test_daemon_not_running_is_one_clear_line(home):
 
 def test_usage_errors_exit_2(home):
     env = {**os.environ, "QLEDGE_HOME": home}
-    result = subprocess.run([sys.executable, "-m", "edge", "task", "frobnicate"], env=env, capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "edge", "task", "frobnicate"], env=env, capture_output=True,
+                            text=True)
     assert result.returncode == 2 and "Traceback" not in result.stderr
 
 
@@ -143,3 +156,139 @@ def _alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as f:
         return f.read().split(")")[-1].split()[0] != "Z"
+
+
+# -- typed replies -------------------------------------------------------------------------
+
+
+class OneReplyPeer:
+    """A real Unix-socket peer speaking the frame protocol (4-byte big-endian length, msgpack
+    body) that answers every request `{id, ok: true, result}`: a daemon of another shape."""
+
+    def __init__(self, result: Any) -> None:
+        self.result = result
+        self.requests: list[dict] = []
+        self.dir = short_tmpdir()
+        self.path = os.path.join(self.dir, "peer.sock")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(self.path)
+        self.sock.listen()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:  # closed
+                return
+            with conn:
+                while (header := self._exactly(conn, 4)) is not None:
+                    body = self._exactly(conn, int.from_bytes(header, "big"))
+                    if body is None:
+                        break
+                    request = msgspec.msgpack.decode(body)
+                    self.requests.append(request)
+                    reply = msgspec.msgpack.encode({"id": request["id"], "ok": True, "result": self.result})
+                    conn.sendall(len(reply).to_bytes(4, "big") + reply)
+
+    @staticmethod
+    def _exactly(conn: socket.socket, n: int) -> bytes | None:
+        buf = b""
+        while len(buf) < n:
+            chunk = conn.recv(n - len(buf))
+            if not chunk:
+                return None
+            buf += chunk
+        return buf
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in os.environ.items() if k not in ("QLEDGE_TOKEN", "QLEDGE_SOCKET")}
+        env["QLEDGE_HOME"] = self.dir
+        return subprocess.run([sys.executable, "-m", "edge", "--socket", self.path, *args], env=env,
+                              capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+
+    def close(self) -> None:
+        self.sock.close()
+        self.thread.join(5)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture
+def peer():
+    made: list[OneReplyPeer] = []
+
+    def make(result: Any) -> OneReplyPeer:
+        made.append(OneReplyPeer(result))
+        return made[-1]
+
+    yield make
+    for p in made:
+        p.close()
+
+
+def test_one_decoder_per_result_type():
+    from edge.cli.client import decoder
+    from edge.core.tasks import Task
+
+    assert decoder(Task) is decoder(Task)
+
+
+def test_peer_speaks_the_protocol(peer):
+    # The control for the test below: a reply of the right shape is decoded and printed, and the
+    # CLI sent the tool's argument Struct.
+    p = peer({"taskId": "hello", "runsDeleted": 2})
+    done = p.cli("task", "rm", "hello")
+    assert (done.returncode, done.stdout, done.stderr) == (0, "task hello deleted with 2 runs\n", "")
+    assert [(r["tool"], r["args"]) for r in p.requests] == [
+        ("qledge.task.delete", {"taskId": "hello", "expectedRevision": None})]
+
+
+@pytest.mark.parametrize("args,result,tool,expected", [
+    (["task", "get", "hello"], {"id": "hello", "spec": 42}, "qledge.task.get",
+     "Task (is the daemon another version?): Expected `object`, got `int` - at `$.spec`"),
+    (["task", "get", "hello", "--json"], {"id": "hello", "spec": 42}, "qledge.task.get",
+     "Task (is the daemon another version?): Expected `object`, got `int` - at `$.spec`"),
+    (["task", "rm", "hello", "--json"], {"taskId": "hello", "runs_deleted": 2}, "qledge.task.delete",
+     "Deleted (is the daemon another version?): Object missing required field `runsDeleted`"),
+    (["run", "list", "--json"], {"runs": [{"id": 7}]}, "qledge.run.list",
+     "RunPage (is the daemon another version?): Expected `str`, got `int` - at `$.runs[0].id`"),
+    (["status"], "ok", "qledge.status", "Status (is the daemon another version?): Expected `object`, got `str`"),
+    (["trigger", "list"], {"triggers": None}, "qledge.trigger.list",
+     "TriggerPage (is the daemon another version?): Expected `array`, got `None` - at `$.triggers`"),
+    (["run", "log", "r1"], None, "qledge.run.log.read",
+     "LogChunk (is the daemon another version?): Expected `object`, got `None`"),
+])
+def test_a_reply_of_the_wrong_shape_is_one_clear_line(peer, args, result, tool, expected):
+    # Version skew: the peer answers, but not with what the tool declares. Untyped, the CLI
+    # would print the wrong JSON (exit 0) or die in a KeyError/TypeError traceback.
+    got = peer(result).cli(*args)
+    assert (got.returncode, got.stdout) == (1, ""), got
+    assert "Traceback" not in got.stderr
+    assert got.stderr == f"qledge: {tool}: the daemon's reply is not a {expected}\n"
+
+
+def test_json_output_is_what_the_tool_returned(daemon):
+    # --json re-encodes the decoded Structs; it must print exactly the tool's JSON (camelCase
+    # names, omitted defaults), as `qledge call` does.
+    daemon.cli("task", "add", "hello", "--shell", "--env", "A=1", "--cwd", "/tmp", "--", "echo $A")
+    run = _json(daemon.cli("run", "start", "hello", "--wait", "--json"))
+    daemon.cli("trigger", "add", "hello", "--cron", "0 3 * * *", "--tz", "UTC", "--misfire", "fire_once")
+    daemon.cli("token", "create", "--role", "viewer")
+    daemon.cli("secret", "set", "s", input="v\n")
+    pairs = [
+        (["task", "get", "hello"], "qledge.task.get", {"taskId": "hello"}, None),
+        (["task", "list"], "qledge.task.list", {}, "tasks"),
+        (["run", "get", run["id"]], "qledge.run.get", {"runId": run["id"]}, None),
+        (["run", "list"], "qledge.run.list", {"limit": 20}, "runs"),
+        (["trigger", "get", "hello-1"], "qledge.trigger.get", {"triggerId": "hello-1"}, None),
+        (["trigger", "list"], "qledge.trigger.list", {}, "triggers"),
+        (["token", "list"], "qledge.credential.list", {}, "credentials"),
+        (["secret", "list"], "qledge.secret.list", {}, "secrets"),
+    ]
+    for argv, tool, args, key in pairs:
+        typed = daemon.cli(*argv, "--json")
+        untyped = daemon.cli("call", tool, "--args", json.dumps(args))
+        assert typed.returncode == untyped.returncode == 0, (typed.stderr, untyped.stderr)
+        expected = json.loads(untyped.stdout)
+        assert typed.stdout == json.dumps(expected[key] if key else expected, separators=(",", ":")) + "\n", argv

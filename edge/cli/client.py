@@ -1,14 +1,22 @@
-"""A blocking tool-protocol client (the CLI needs no event loop)."""
+"""A blocking tool-protocol client (the CLI needs no event loop).
+
+`call` is untyped (`qledge call`, test helpers). `typed` sends an argument Struct and
+decodes the result into the Struct the tool declares: the daemon's own types, so a
+renamed or retyped field is a type error here, and a reply of another shape (a daemon
+of another version) is one clear line, never a traceback.
+"""
 
 from __future__ import annotations
 
 import itertools
 import socket
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
 from edge.transports import tool_protocol as frames
+
+T = TypeVar("T")
 
 
 class Unreachable(Exception):
@@ -20,6 +28,26 @@ class CallFailed(Exception):
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+
+
+class BadReply(Exception):
+    """The daemon answered, but not in the shape this CLI expects; the message is one line."""
+
+
+# Keyed by result type; each value decodes into its key, which the mapping cannot express.
+_decoders: dict[type, msgspec.msgpack.Decoder[Any]] = {}
+
+
+def decoder(result: type[T]) -> msgspec.msgpack.Decoder[T]:
+    """The result decoder for one type: one per type, built once."""
+    found = _decoders.get(result)
+    if found is None:
+        found = _decoders[result] = msgspec.msgpack.Decoder(result)
+    return found
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 class Client:
@@ -51,13 +79,28 @@ class Client:
         self.close()
 
     def call(self, tool: str, args: Any = None) -> Any:
-        """Call a tool; returns the decoded result or raises CallFailed."""
-        request_id = next(self._ids)
+        """Call a tool with any encodable args; returns the result as plain values or raises CallFailed."""
+        result = self._result(tool, frames.encoder.encode(args if args is not None else {}))
+        return msgspec.msgpack.decode(result) if len(result) else None
+
+    def typed(self, tool: str, args: msgspec.Struct, result: type[T]) -> T:
+        """Call a tool with its argument Struct; returns its result decoded (and validated) as `result`.
+
+        Raises CallFailed for a tool error, BadReply when the reply is not a `result`.
+        """
+        raw = self._result(tool, frames.encoder.encode(args))
+        try:
+            return decoder(result).decode(raw)
+        except msgspec.DecodeError as exc:  # msgspec.ValidationError included
+            raise BadReply(
+                f"{tool}: the daemon's reply is not a {result.__name__} (is the daemon another version?):"
+                f" {_one_line(str(exc))}"
+            ) from None
+
+    def _result(self, tool: str, args: bytes) -> msgspec.Raw:
+        """Send one request; the raw msgpack result of a successful call."""
         body = frames.encoder.encode(
-            frames.Request(
-                id=request_id, tool=tool, token=self.token,
-                args=msgspec.Raw(frames.encoder.encode(args if args is not None else {})),
-            )
+            frames.Request(id=next(self._ids), tool=tool, token=self.token, args=msgspec.Raw(args))
         )
         try:
             self._sock.sendall(frames.frame(body))
@@ -67,7 +110,7 @@ class Client:
         if not response.ok:
             err = response.error or frames.ErrorBody("internal", "malformed error response")
             raise CallFailed(err.code, err.message)
-        return msgspec.msgpack.decode(response.result) if len(response.result) else None
+        return response.result
 
     def _read_frame(self) -> bytes:
         header = self._recv_exactly(frames.HEADER_BYTES)

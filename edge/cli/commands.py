@@ -1,27 +1,43 @@
-"""One function per CLI verb: call tools, print results, return an exit code."""
+"""One function per CLI verb: call tools, print results, return an exit code.
+
+Arguments and results are the tools' own Structs (edge.tools.builtin, edge.core), the
+same types the daemon decodes and encodes, so every field read here is checked by mypy.
+"""
 
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 import msgspec
 
 from edge.cli import render
 from edge.cli.client import Client
+from edge.core.auth import Credential, SecretInfo
+from edge.core.runs import Run
+from edge.core.tasks import DEFAULT_TIMEOUT_MS, ArgvCommand, Command, SecretRef, ShellCommand, Task, TaskSpec
+from edge.tools.builtin import credentials as credential_tools
+from edge.tools.builtin import runs as run_tools
+from edge.tools.builtin import secrets as secret_tools
+from edge.tools.builtin import status as status_tools
+from edge.tools.builtin import tasks as task_tools
+from edge.tools.definition import Empty
 
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Callable
 
 OK, TOOL_ERROR = 0, 1
+
+T = TypeVar("T")
 
 
 class UsageError(Exception):
     pass
 
 
-def _env(pairs: list[str], secret_pairs: list[str]) -> dict[str, Any]:
-    env: dict[str, Any] = {}
+def _env(pairs: list[str], secret_pairs: list[str]) -> dict[str, str | SecretRef]:
+    env: dict[str, str | SecretRef] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
@@ -31,28 +47,25 @@ def _env(pairs: list[str], secret_pairs: list[str]) -> dict[str, Any]:
         key, sep, name = pair.partition("=")
         if not sep or not key or not name:
             raise UsageError(f"--secret-env expects KEY=SECRET_NAME, got {pair!r}")
-        env[key] = {"secret": name}
+        env[key] = SecretRef(secret=name)
     return env
 
 
-def task_spec(a: argparse.Namespace) -> dict[str, Any]:
+def task_spec(a: argparse.Namespace) -> TaskSpec:
     if not a.command:
         raise UsageError("give the command after `--`, e.g. qledge task add hello -- echo hi")
+    command: Command
     if a.shell:
-        command = {"kind": "shell", "command": " ".join(a.command)}
+        command = ShellCommand(command=" ".join(a.command))
     else:
-        command = {"kind": "argv", "file": a.command[0], "args": a.command[1:]}
-    spec: dict[str, Any] = {"command": command, "env": _env(a.env, a.secret_env), "overlap": a.overlap}
-    if a.timeout is not None:
-        spec["timeoutMs"] = int(a.timeout * 1000)
-    if a.cwd:
-        spec["workingDir"] = a.cwd
-    if a.log_cap is not None:
-        spec["logCapBytes"] = a.log_cap
-    return spec
+        command = ArgvCommand(file=a.command[0], args=a.command[1:])
+    return TaskSpec(
+        command=command, env=_env(a.env, a.secret_env), overlap=a.overlap, working_dir=a.cwd or None,
+        timeout_ms=DEFAULT_TIMEOUT_MS if a.timeout is None else int(a.timeout * 1000), log_cap_bytes=a.log_cap,
+    )
 
 
-def show(a: argparse.Namespace, value: Any, human) -> int:
+def show(a: argparse.Namespace, value: T, human: Callable[[T], None]) -> int:
     if a.json:
         render.json_out(value)
     else:
@@ -60,19 +73,19 @@ def show(a: argparse.Namespace, value: Any, human) -> int:
     return OK
 
 
-def all_pages(c: Client, tool: str, key: str) -> list[dict]:
-    """Every item of a keyset-paged list tool (`after` in, `next` out)."""
-    items: list[dict] = []
-    after = None
+def all_pages(page: Callable[[str | None], tuple[list[T], str | None]]) -> list[T]:
+    """Every item of a keyset-paged list tool: `page(after)` is one page's items and its `next`."""
+    items: list[T] = []
+    after: str | None = None
     while True:
-        page = c.call(tool, {"after": after} if after else {})
-        items += page[key]
-        after = page.get("next")
+        found, after = page(after)
+        items += found
         if not after:
             return items
 
 
-def show_list(a: argparse.Namespace, items: list[dict], empty: str, row, headers: list[str]) -> int:
+def show_list(a: argparse.Namespace, items: list[T], empty: str, row: Callable[[T], list[str]],
+              headers: list[str]) -> int:
     if a.json:
         render.json_out(items)
     elif not items:
@@ -82,146 +95,154 @@ def show_list(a: argparse.Namespace, items: list[dict], empty: str, row, headers
     return OK
 
 
-def _task_fields(t: dict) -> None:
-    spec = t["spec"]
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def _task_fields(t: Task) -> None:
+    spec = t.spec
     render.fields([
-        ("task", t["id"]), ("name", t["name"]), ("revision", t["revision"]),
-        ("enabled", "yes" if t["enabled"] else "no"), ("command", render.command_text(spec)),
-        ("kind", spec["command"]["kind"]), ("timeout", f"{spec.get('timeoutMs', 3_600_000) / 1000:g}s"),
-        ("overlap", spec.get("overlap", "forbid")), ("working dir", spec.get("workingDir")),
-        ("env", ", ".join(sorted(spec.get("env", {}))) or None), ("digest", t["contentDigest"]),
-        ("updated", render.when(t["updatedAtMs"])),
+        ("task", t.id), ("name", t.name), ("revision", t.revision),
+        ("enabled", _yes(t.enabled)), ("command", render.command_text(spec)),
+        ("kind", t.kind), ("timeout", f"{spec.timeout_ms / 1000:g}s"),
+        ("overlap", spec.overlap), ("working dir", spec.working_dir),
+        ("env", ", ".join(sorted(spec.env)) or None), ("digest", t.content_digest),
+        ("updated", render.when(t.updated_at_ms)),
     ])
 
 
 def task_add(c: Client, a: argparse.Namespace) -> int:
-    args = {"taskId": a.name, "spec": task_spec(a)}
-    task = c.call("qledge.task.create", args)
-    return show(a, task, lambda t: print(f"task {t['id']} created (revision {t['revision']})"))
+    task = c.typed("qledge.task.create", task_tools.CreateArgs(task_id=a.name, spec=task_spec(a)), Task)
+    return show(a, task, lambda t: print(f"task {t.id} created (revision {t.revision})"))
+
+
+def _task_page(c: Client, after: str | None) -> tuple[list[Task], str | None]:
+    page = c.typed("qledge.task.list", task_tools.ListArgs(after=after), task_tools.TaskPage)
+    return page.tasks, page.next
 
 
 def task_list(c: Client, a: argparse.Namespace) -> int:
     return show_list(
-        a, all_pages(c, "qledge.task.list", "tasks"), "no tasks yet: qledge task add NAME -- COMMAND",
-        lambda t: [t["id"], str(t["revision"]), "yes" if t["enabled"] else "no", render.command_text(t["spec"])],
+        a, all_pages(lambda after: _task_page(c, after)), "no tasks yet: qledge task add NAME -- COMMAND",
+        lambda t: [t.id, str(t.revision), _yes(t.enabled), render.command_text(t.spec)],
         ["TASK", "REV", "ENABLED", "COMMAND"],
     )
 
 
 def task_get(c: Client, a: argparse.Namespace) -> int:
-    return show(a, c.call("qledge.task.get", {"taskId": a.name}), _task_fields)
+    return show(a, c.typed("qledge.task.get", task_tools.TaskId(task_id=a.name), Task), _task_fields)
 
 
 def task_toggle(c: Client, a: argparse.Namespace) -> int:
     tool = "qledge.task.enable" if a.action == "enable" else "qledge.task.disable"
-    task = c.call(tool, {"taskId": a.name})
-    return show(a, task, lambda t: print(f"task {t['id']} {a.action}d (revision {t['revision']})"))
+    task = c.typed(tool, task_tools.TaskRef(task_id=a.name), Task)
+    return show(a, task, lambda t: print(f"task {t.id} {a.action}d (revision {t.revision})"))
 
 
 def task_rm(c: Client, a: argparse.Namespace) -> int:
-    done = c.call("qledge.task.delete", {"taskId": a.name})
-    return show(a, done, lambda d: print(f"task {d['taskId']} deleted with {d['runsDeleted']} runs"))
+    done = c.typed("qledge.task.delete", task_tools.TaskRef(task_id=a.name), task_tools.Deleted)
+    return show(a, done, lambda d: print(f"task {d.task_id} deleted with {d.runs_deleted} runs"))
 
 
 def run_start(c: Client, a: argparse.Namespace) -> int:
-    run = c.call("qledge.run.start", {"taskId": a.task})
+    run = c.typed("qledge.run.start", run_tools.StartArgs(task_id=a.task), Run)
     if not a.wait:
-        return show(a, run, lambda r: print(f"run {r['id']} {r['status']}"))
+        return show(a, run, lambda r: print(f"run {r.id} {r.status}"))
     if not a.json:
-        print(f"run {run['id']} {run['status']}", flush=True)
+        print(f"run {run.id} {run.status}", flush=True)
     while True:
-        waited = c.call("qledge.run.wait", {"runId": run["id"], "timeoutMs": 30_000})
-        if waited["done"]:
+        waited = c.typed("qledge.run.wait", run_tools.WaitArgs(run_id=run.id, timeout_ms=30_000), run_tools.WaitResult)
+        if waited.done:
             break
-    final = waited["run"]
+    final = waited.run
     show(a, final, lambda r: print(render.run_line(r)))
-    return OK if final["status"] == "succeeded" else TOOL_ERROR
+    return OK if final.status == "succeeded" else TOOL_ERROR
 
 
 def run_list(c: Client, a: argparse.Namespace) -> int:
-    args: dict[str, Any] = {"limit": a.limit}
-    if a.task:
-        args["taskId"] = a.task
-    runs = c.call("qledge.run.list", args)["runs"]
+    page = c.typed("qledge.run.list", run_tools.ListArgs(task_id=a.task or None, limit=a.limit), run_tools.RunPage)
+    runs = page.runs
     if a.json:
         render.json_out(runs)
     elif not runs:
         print("no runs")
     else:
         render.table(
-            [[r["id"], r["taskId"], r["status"], r["origin"], render.when(r["createdAtMs"]),
-              render.duration(r.get("startedAtMs"), r.get("finishedAtMs")),
-              "-" if r.get("exitCode") is None else str(r["exitCode"])] for r in runs],
+            [[r.id, r.task_id, r.status, r.origin, render.when(r.created_at_ms),
+              render.duration(r.started_at_ms, r.finished_at_ms),
+              "-" if r.exit_code is None else str(r.exit_code)] for r in runs],
             ["RUN", "TASK", "STATUS", "ORIGIN", "CREATED", "TOOK", "EXIT"],
         )
     return OK
 
 
-def run_get(c: Client, a: argparse.Namespace) -> int:
-    def human(r: dict) -> None:
-        render.fields([
-            ("run", r["id"]), ("task", f"{r['taskId']} (revision {r['taskRevision']})"), ("status", r["status"]),
-            ("origin", r["origin"]), ("trigger", r.get("triggerId")), ("created", render.when(r["createdAtMs"])),
-            ("started", render.when(r.get("startedAtMs"))), ("finished", render.when(r.get("finishedAtMs"))),
-            ("took", render.duration(r.get("startedAtMs"), r.get("finishedAtMs"))), ("exit code", r.get("exitCode")),
-            ("error", r.get("errorCode")), ("summary", r.get("errorSummary")),
-            ("log", f"{r['logBytes']} bytes" + (" (truncated)" if r["logTruncated"] else "")
-             + (f", dropped {render.when(r['logDroppedAtMs'])} (log quota)" if r.get("logDroppedAtMs") else "")),
-        ])
+def _run_fields(r: Run) -> None:
+    render.fields([
+        ("run", r.id), ("task", f"{r.task_id} (revision {r.task_revision})"), ("status", r.status),
+        ("origin", r.origin), ("trigger", r.trigger_id), ("created", render.when(r.created_at_ms)),
+        ("started", render.when(r.started_at_ms)), ("finished", render.when(r.finished_at_ms)),
+        ("took", render.duration(r.started_at_ms, r.finished_at_ms)), ("exit code", r.exit_code),
+        ("error", r.error_code), ("summary", r.error_summary),
+        ("log", f"{r.log_bytes} bytes" + (" (truncated)" if r.log_truncated else "")
+         + (f", dropped {render.when(r.log_dropped_at_ms)} (log quota)" if r.log_dropped_at_ms else "")),
+    ])
 
-    return show(a, c.call("qledge.run.get", {"runId": a.run}), human)
+
+def run_get(c: Client, a: argparse.Namespace) -> int:
+    return show(a, c.typed("qledge.run.get", run_tools.RunId(run_id=a.run), Run), _run_fields)
 
 
 def run_log(c: Client, a: argparse.Namespace) -> int:
     offset = 0
     out = sys.stdout.buffer
     while True:
-        chunk = c.call("qledge.run.log.read", {"runId": a.run, "offset": offset})
-        out.write(chunk["data"])
-        offset += len(chunk["data"])
-        if chunk["eof"]:
+        chunk = c.typed("qledge.run.log.read", run_tools.LogArgs(run_id=a.run, offset=offset), run_tools.LogChunk)
+        out.write(chunk.data)
+        offset += len(chunk.data)
+        if chunk.eof:
             break
     out.flush()
     return OK
 
 
 def run_cancel(c: Client, a: argparse.Namespace) -> int:
-    return show(a, c.call("qledge.run.cancel", {"runId": a.run}), lambda r: print(render.run_line(r)))
+    cancelled = c.typed("qledge.run.cancel", run_tools.RunId(run_id=a.run), Run)
+    return show(a, cancelled, lambda r: print(render.run_line(r)))
 
 
 def token_create(c: Client, a: argparse.Namespace) -> int:
-    args: dict[str, Any] = {"role": a.role}
-    if a.name:
-        args["name"] = a.name
-    if a.permission:
-        args["permissions"] = a.permission
-    created = c.call("qledge.credential.create", args)
+    args = credential_tools.CreateArgs(role=a.role, name=a.name or None, permissions=a.permission or None)
+    created = c.typed("qledge.credential.create", args, credential_tools.Created)
 
-    def human(v: dict) -> None:
-        print(v["token"])
-        print(f"credential {v['credential']['id']} ({v['credential']['role']}): store this token now;"
+    def human(v: credential_tools.Created) -> None:
+        print(v.token)
+        print(f"credential {v.credential.id} ({v.credential.role}): store this token now;"
               " it cannot be shown again", file=sys.stderr)
 
     return show(a, created, human)
 
 
+def _credential_state(x: Credential) -> str:
+    return "revoked " + render.when(x.revoked_at_ms) if x.revoked_at_ms else "active"
+
+
 def token_list(c: Client, a: argparse.Namespace) -> int:
-    creds = c.call("qledge.credential.list", {})["credentials"]
+    creds = c.typed("qledge.credential.list", Empty(), credential_tools.CredentialList).credentials
     if a.json:
         render.json_out(creds)
     elif not creds:
         print("no credentials")
     else:
         render.table(
-            [[x["id"], x["name"], x["role"], render.when(x["createdAtMs"]),
-              "revoked " + render.when(x["revokedAtMs"]) if x.get("revokedAtMs") else "active"] for x in creds],
+            [[x.id, x.name, x.role, render.when(x.created_at_ms), _credential_state(x)] for x in creds],
             ["ID", "NAME", "ROLE", "CREATED", "STATE"],
         )
     return OK
 
 
 def token_revoke(c: Client, a: argparse.Namespace) -> int:
-    return show(a, c.call("qledge.credential.revoke", {"id": a.id}), lambda x: print(f"credential {x['id']} revoked"))
+    revoked = c.typed("qledge.credential.revoke", credential_tools.RevokeArgs(id=a.id), Credential)
+    return show(a, revoked, lambda x: print(f"credential {x.id} revoked"))
 
 
 def _read_secret(name: str) -> str:
@@ -241,45 +262,51 @@ def _read_secret(name: str) -> str:
 
 
 def secret_set(c: Client, a: argparse.Namespace) -> int:
-    info = c.call("qledge.secret.set", {"name": a.name, "value": _read_secret(a.name)})
-    return show(a, info, lambda s: print(f"secret {s['name']} stored"))
+    info = c.typed("qledge.secret.set", secret_tools.SetArgs(name=a.name, value=_read_secret(a.name)), SecretInfo)
+    return show(a, info, lambda s: print(f"secret {s.name} stored"))
 
 
 def secret_list(c: Client, a: argparse.Namespace) -> int:
-    found = c.call("qledge.secret.list", {})["secrets"]
+    found = c.typed("qledge.secret.list", Empty(), secret_tools.SecretList).secrets
     if a.json:
         render.json_out(found)
     elif not found:
         print("no secrets")
     else:
-        render.table([[s["name"], render.when(s["createdAtMs"]), render.when(s["updatedAtMs"])] for s in found],
+        render.table([[s.name, render.when(s.created_at_ms), render.when(s.updated_at_ms)] for s in found],
                      ["NAME", "CREATED", "UPDATED"])
     return OK
 
 
 def secret_rm(c: Client, a: argparse.Namespace) -> int:
-    return show(a, c.call("qledge.secret.delete", {"name": a.name}), lambda d: print(f"secret {d['name']} deleted"))
+    done = c.typed("qledge.secret.delete", secret_tools.NameArgs(name=a.name), secret_tools.Deleted)
+    return show(a, done, lambda d: print(f"secret {d.name} deleted"))
+
+
+def _mib(n: int) -> str:
+    return f"{n / 1048576:.1f} MiB"
+
+
+def _status_fields(s: status_tools.Status) -> None:
+    counts = s.counts
+    render.fields([
+        ("qledge", f"{s.version} (pid {s.pid}, up {s.uptime_s:.0f}s)"),
+        ("loop", s.loop + (" (ssl loaded)" if s.ssl_loaded else " (ssl not loaded)")),
+        ("memory", f"{_mib(s.rss_bytes)} RSS, {_mib(s.hwm_bytes)} peak, {_mib(s.rss_anon_bytes)} anon"),
+        ("modules", s.module_count), ("database", f"{s.db_path} ({_mib(s.db_bytes)})"),
+        ("project", s.project),
+        ("tasks", f"{counts.tasks} tasks, {counts.triggers} triggers, {counts.credentials} credentials"),
+        ("runs", f"{counts.runs} stored, {counts.active_runs} active"),
+        *sorted(s.extra.items()),
+    ])
 
 
 def status(c: Client, a: argparse.Namespace) -> int:
-    def human(s: dict) -> None:
-        mib = lambda n: f"{n / 1048576:.1f} MiB"  # noqa: E731
-        counts = s["counts"]
-        render.fields([
-            ("qledge", f"{s['version']} (pid {s['pid']}, up {s['uptimeS']:.0f}s)"),
-            ("loop", s["loop"] + (" (ssl loaded)" if s["sslLoaded"] else " (ssl not loaded)")),
-            ("memory", f"{mib(s['rssBytes'])} RSS, {mib(s['hwmBytes'])} peak, {mib(s['rssAnonBytes'])} anon"),
-            ("modules", s["moduleCount"]), ("database", f"{s['dbPath']} ({mib(s['dbBytes'])})"),
-            ("project", s["project"]),
-            ("tasks", f"{counts['tasks']} tasks, {counts['triggers']} triggers, {counts['credentials']} credentials"),
-            ("runs", f"{counts['runs']} stored, {counts['activeRuns']} active"),
-            *sorted(s.get("extra", {}).items()),
-        ])
-
-    return show(a, c.call("qledge.status", {}), human)
+    return show(a, c.typed("qledge.status", status_tools.StatusArgs(), status_tools.Status), _status_fields)
 
 
 def call(c: Client, a: argparse.Namespace) -> int:
+    """Untyped on purpose: any tool, any JSON args, whatever JSON the tool returned."""
     try:
         args = msgspec.json.decode(a.args) if a.args else {}
     except msgspec.DecodeError as exc:

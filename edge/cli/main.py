@@ -16,6 +16,13 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from types import SimpleNamespace
 
+    from edge.cli.client import Client
+
+    Subcommands = argparse._SubParsersAction[argparse.ArgumentParser]
+    # (client, args) for verbs that talk to the daemon, (args) for offline ones; None: handled here.
+    Handler = Callable[[Client, argparse.Namespace], int] | Callable[[argparse.Namespace], int]
+    Verb = Callable[[Subcommands, str, Handler | None, str], argparse.ArgumentParser]
+
 EXIT_OK, EXIT_TOOL, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 
 
@@ -30,6 +37,14 @@ def _common() -> argparse.ArgumentParser:
     return p
 
 
+def _without_openssl_hashes() -> None:
+    """The command modules import the tool modules, whose edge.core.auth imports hashlib and hmac.
+    Nothing the CLI runs needs OpenSSL's hashes: use CPython's builtin ones rather than map
+    libcrypto (~3.5 MiB), as the daemon does (edge.app.lean.restrict_imports)."""
+    if "hashlib" not in sys.modules and "hmac" not in sys.modules:
+        sys.modules.setdefault("_hashlib", None)  # type: ignore[arg-type]
+
+
 def build_parser() -> argparse.ArgumentParser:
     import argparse
 
@@ -40,14 +55,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     verbs = parser.add_subparsers(dest="verb", metavar="COMMAND", required=True)
 
-    def verb(sub, name: str, handler: Callable | None, help_text: str, **kw) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, parents=[common], help=help_text, description=help_text, **kw)
+    def verb(sub: Subcommands, name: str, handler: Handler | None, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[common], help=help_text, description=help_text)
         p.set_defaults(handler=handler)
         return p
 
     serve = verb(verbs, "serve", None, "run the daemon in the foreground")
     serve.add_argument("--config", help="TOML configuration file (optional)")
 
+    _without_openssl_hashes()
     from edge.cli import commands as c
 
     task = verbs.add_parser("task", help="manage tasks").add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -110,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _schedule_verbs(verbs, verb: Callable) -> None:
+def _schedule_verbs(verbs: Subcommands, verb: Verb) -> None:
     from edge.cli import schedule_commands as s
 
     cron = verbs.add_parser("cron", help="cron expressions (offline)").add_subparsers(
@@ -164,14 +180,13 @@ def _serve_fast_path(argv: list[str]) -> SimpleNamespace | None:
         if token == "serve" and not seen_verb:
             seen_verb = True
             continue
-        name, eq, value = token.partition("=")
+        name, eq, inline = token.partition("=")
         key = name[2:] if name.startswith("--") else ""
         if key not in values:
             return None
-        if not eq:
-            value = next(tokens, None)
-            if value is None or value.startswith("-"):
-                return None
+        value = inline if eq else next(tokens, None)
+        if not eq and (value is None or value.startswith("-")):
+            return None
         values[key] = value
     if not seen_verb:
         return None
@@ -226,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _client_verb(args: argparse.Namespace) -> int:
-    from edge.cli.client import CallFailed, Client, Unreachable
+    from edge.cli.client import BadReply, CallFailed, Client, Unreachable
     from edge.cli.commands import UsageError
 
     path = client_socket(getattr(args, "socket", None), getattr(args, "home", None))
@@ -241,6 +256,9 @@ def _client_verb(args: argparse.Namespace) -> int:
         return EXIT_UNREACHABLE
     except CallFailed as exc:
         print(f"qledge: {exc.code}: {exc.message}", file=sys.stderr)
+        return EXIT_TOOL
+    except BadReply as exc:
+        print(f"qledge: {exc}", file=sys.stderr)
         return EXIT_TOOL
     except BrokenPipeError:
         return EXIT_OK

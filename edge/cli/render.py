@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
 
 import msgspec
+
+from edge.core.runs import Run
+from edge.core.tasks import ShellCommand, TaskSpec
 
 _json = msgspec.json.Encoder()
 
@@ -28,7 +30,8 @@ def duration(start_ms: int | None, end_ms: int | None) -> str:
     return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
 
 
-def json_out(value: Any) -> None:
+def json_out(value: object) -> None:
+    """Any encodable value; Structs as their wire JSON (camelCase names, their omit_defaults)."""
     sys.stdout.write(_json.encode(value).decode() + "\n")
 
 
@@ -37,30 +40,29 @@ def table(rows: list[list[str]], headers: list[str]) -> None:
         return
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
     for line in [headers, *rows]:
-        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip())
+        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=False)).rstrip())
 
 
-def fields(pairs: list[tuple[str, Any]]) -> None:
+def fields(pairs: list[tuple[str, object]]) -> None:
     width = max(len(k) for k, _ in pairs)
     for key, value in pairs:
         print(f"{key + ':':<{width + 1}} {'-' if value is None else value}")
 
 
-def command_text(spec: dict) -> str:
-    cmd = spec.get("command", {})
-    if cmd.get("kind") == "shell":
-        return cmd.get("command", "")
-    return " ".join([cmd.get("file", ""), *cmd.get("args", [])])
+def command_text(spec: TaskSpec) -> str:
+    cmd = spec.command
+    if isinstance(cmd, ShellCommand):
+        return cmd.command
+    return " ".join([cmd.file, *cmd.args])
 
 
-def run_line(run: dict) -> str:
-    status = run["status"]
+def run_line(run: Run) -> str:
     extra = []
-    if run.get("exitCode") is not None:
-        extra.append(f"exit {run['exitCode']}")
-    took = duration(run.get("startedAtMs"), run.get("finishedAtMs"))
+    if run.exit_code is not None:
+        extra.append(f"exit {run.exit_code}")
+    took = duration(run.started_at_ms, run.finished_at_ms)
     if took != "-":
         extra.append(took)
-    if run.get("errorSummary") and status not in ("succeeded",):
-        extra.append(run["errorSummary"])
-    return f"run {run['id']} {status}" + (f" ({', '.join(extra)})" if extra else "")
+    if run.error_summary and run.status != "succeeded":
+        extra.append(run.error_summary)
+    return f"run {run.id} {run.status}" + (f" ({', '.join(extra)})" if extra else "")

@@ -6,12 +6,16 @@ import sys
 import time
 from datetime import datetime
 from itertools import islice
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+import msgspec
+
+from edge.app.config import default_zone
 from edge.cli import render
 from edge.cli.commands import all_pages, show, show_list
-from edge.app.config import default_zone
 from edge.core.schedule import Schedule, ScheduleError, format_local, load_zone, local_time
+from edge.core.triggers import Trigger, TriggerEvent
+from edge.tools.builtin import triggers as trigger_tools
 
 if TYPE_CHECKING:
     import argparse
@@ -19,6 +23,14 @@ if TYPE_CHECKING:
     from edge.cli.client import Client
 
 OK, USAGE = 0, 2
+
+
+class Fire(msgspec.Struct, rename="camel"):
+    """One line of `qledge cron next --json`."""
+
+    at_ms: int
+    local: str
+    timezone: str
 
 
 def _after_ms(text: str | None, schedule: Schedule) -> int:
@@ -43,7 +55,7 @@ def cron_next(a: argparse.Namespace) -> int:
     fires = list(islice(schedule.fires_after(after), a.count))
     if a.json:
         render.json_out([
-            {"atMs": ms, "local": local_time(ms, schedule.zone).isoformat(), "timezone": schedule.zone_name}
+            Fire(at_ms=ms, local=local_time(ms, schedule.zone).isoformat(), timezone=schedule.zone_name)
             for ms in fires
         ])
     else:
@@ -77,78 +89,81 @@ def _fire(ms: int | None, zone_name: str) -> str:
         return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(ms / 1000))
 
 
-def _fields(t: dict) -> None:
-    spec = t["spec"]
+def _next_fire(t: Trigger) -> str:
+    return _fire(t.next_fire_at_ms, t.spec.timezone)
+
+
+def _fields(t: Trigger) -> None:
+    spec = t.spec
     render.fields([
-        ("trigger", t["id"]), ("revision", t["revision"]),
-        ("task", f"{t['taskId']} (revision {t['taskRevision']})"), ("enabled", "yes" if t["enabled"] else "no"),
-        ("cron", spec["expression"]), ("timezone", spec["timezone"]), ("misfire", spec.get("misfire", "skip")),
-        ("jitter", f"{spec.get('jitterS', 0)}s"), ("next fire", _fire(t.get("nextFireAtMs"), spec["timezone"])),
-        ("last run for", _fire(t.get("lastScheduledAtMs"), spec["timezone"])), ("digest", t["contentDigest"]),
-        ("updated", render.when(t["updatedAtMs"])),
+        ("trigger", t.id), ("revision", t.revision),
+        ("task", f"{t.task_id} (revision {t.task_revision})"), ("enabled", "yes" if t.enabled else "no"),
+        ("cron", spec.expression), ("timezone", spec.timezone), ("misfire", spec.misfire),
+        ("jitter", f"{spec.jitter_s}s"), ("next fire", _next_fire(t)),
+        ("last run for", _fire(t.last_scheduled_at_ms, spec.timezone)), ("digest", t.content_digest),
+        ("updated", render.when(t.updated_at_ms)),
     ])
 
 
 def trigger_add(c: Client, a: argparse.Namespace) -> int:
-    args: dict[str, Any] = {"taskId": a.task, "expression": a.cron, "misfire": a.misfire, "jitterS": a.jitter}
-    if a.tz:
-        args["timezone"] = a.tz
-    if a.id:
-        args["triggerId"] = a.id
-    t = c.call("qledge.trigger.create", args)
-    return show(a, t, lambda t: print(
-        f"trigger {t['id']} created for task {t['taskId']} (revision {t['taskRevision']});"
-        f" next fire {_fire(t.get('nextFireAtMs'), t['spec']['timezone'])}"))
+    args = trigger_tools.CreateArgs(
+        task_id=a.task, expression=a.cron, misfire=a.misfire, jitter_s=a.jitter, timezone=a.tz or None,
+        trigger_id=a.id or None,
+    )
+    trigger = c.typed("qledge.trigger.create", args, Trigger)
+    return show(a, trigger, lambda t: print(
+        f"trigger {t.id} created for task {t.task_id} (revision {t.task_revision}); next fire {_next_fire(t)}"))
+
+
+def _trigger_page(c: Client, after: str | None) -> tuple[list[Trigger], str | None]:
+    page = c.typed("qledge.trigger.list", trigger_tools.ListArgs(after=after), trigger_tools.TriggerPage)
+    return page.triggers, page.next
 
 
 def trigger_list(c: Client, a: argparse.Namespace) -> int:
     return show_list(
-        a, all_pages(c, "qledge.trigger.list", "triggers"), "no triggers yet: qledge trigger add TASK --cron EXPR",
-        lambda t: [t["id"], f"{t['taskId']}@{t['taskRevision']}", "yes" if t["enabled"] else "no",
-                   t["spec"]["expression"], t["spec"]["timezone"], _fire(t.get("nextFireAtMs"), t["spec"]["timezone"])],
+        a, all_pages(lambda after: _trigger_page(c, after)), "no triggers yet: qledge trigger add TASK --cron EXPR",
+        lambda t: [t.id, f"{t.task_id}@{t.task_revision}", "yes" if t.enabled else "no",
+                   t.spec.expression, t.spec.timezone, _next_fire(t)],
         ["TRIGGER", "TASK@REV", "ENABLED", "CRON", "TIMEZONE", "NEXT FIRE"],
     )
 
 
 def trigger_get(c: Client, a: argparse.Namespace) -> int:
-    return show(a, c.call("qledge.trigger.get", {"triggerId": a.trigger}), _fields)
+    return show(a, c.typed("qledge.trigger.get", trigger_tools.TriggerId(trigger_id=a.trigger), Trigger), _fields)
 
 
 def trigger_toggle(c: Client, a: argparse.Namespace) -> int:
-    t = c.call(f"qledge.trigger.{a.action}", {"triggerId": a.trigger})
-    return show(a, t, lambda t: print(f"trigger {t['id']} {a.action}d (revision {t['revision']})"))
+    trigger = c.typed(f"qledge.trigger.{a.action}", trigger_tools.TriggerRef(trigger_id=a.trigger), Trigger)
+    return show(a, trigger, lambda t: print(f"trigger {t.id} {a.action}d (revision {t.revision})"))
 
 
 def trigger_repin(c: Client, a: argparse.Namespace) -> int:
-    args: dict[str, Any] = {"triggerId": a.trigger}
-    if a.task_revision is not None:
-        args["taskRevision"] = a.task_revision
-    t = c.call("qledge.trigger.repin", args)
-    return show(a, t, lambda t: print(f"trigger {t['id']} runs task {t['taskId']} revision {t['taskRevision']}"))
+    args = trigger_tools.RepinArgs(trigger_id=a.trigger, task_revision=a.task_revision)
+    trigger = c.typed("qledge.trigger.repin", args, Trigger)
+    return show(a, trigger, lambda t: print(f"trigger {t.id} runs task {t.task_id} revision {t.task_revision}"))
 
 
 def trigger_rm(c: Client, a: argparse.Namespace) -> int:
-    done = c.call("qledge.trigger.delete", {"triggerId": a.trigger})
-    return show(a, done, lambda d: print(f"trigger {d['triggerId']} deleted"))
+    done = c.typed("qledge.trigger.delete", trigger_tools.TriggerRef(trigger_id=a.trigger), trigger_tools.Deleted)
+    return show(a, done, lambda d: print(f"trigger {d.trigger_id} deleted"))
 
 
 def trigger_events(c: Client, a: argparse.Namespace) -> int:
-    args: dict[str, Any] = {"limit": a.limit}
-    if a.trigger:
-        args["triggerId"] = a.trigger
+    args = trigger_tools.EventArgs(trigger_id=a.trigger or None, limit=a.limit)
     return show_list(
-        a, c.call("qledge.trigger.events", args)["events"], "no skipped or refused fires",
-        lambda e: [render.when(e["createdAtMs"]), e["triggerId"], e["type"], e["reason"],
-                   "many" if e.get("fires") is None else str(e["fires"]), _span(e)],
+        a, c.typed("qledge.trigger.events", args, trigger_tools.EventPage).events, "no skipped or refused fires",
+        lambda e: [render.when(e.created_at_ms), e.trigger_id, e.type, e.reason,
+                   "many" if e.fires is None else str(e.fires), _span(e)],
         ["RECORDED", "TRIGGER", "OUTCOME", "REASON", "FIRES", "SCHEDULED FOR"],
     )
 
 
-def _span(e: dict) -> str:
-    first, last = e.get("scheduledForMs"), e.get("lastScheduledForMs")
+def _span(e: TriggerEvent) -> str:
+    first, last = e.scheduled_for_ms, e.last_scheduled_for_ms
     text = render.when(first)
     if last is not None and last != first:
         text += f" .. {render.when(last)}"
-    elif last is None and e.get("fires") is None:
+    elif last is None and e.fires is None:
         text += " .."
     return text
