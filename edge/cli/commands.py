@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING, TypeVar
 import msgspec
 
 from edge.cli import render
-from edge.cli.client import Client
+from edge.cli.client import CallFailed, Client
 from edge.core.auth import Credential, SecretInfo
 from edge.core.runs import Run
 from edge.core.tasks import DEFAULT_TIMEOUT_MS, ArgvCommand, Command, SecretRef, ShellCommand, Task, TaskSpec
+from edge.tools.builtin import backup as backup_tools
 from edge.tools.builtin import credentials as credential_tools
 from edge.tools.builtin import runs as run_tools
 from edge.tools.builtin import secrets as secret_tools
@@ -313,3 +314,145 @@ def call(c: Client, a: argparse.Namespace) -> int:
         raise UsageError(f"--args is not valid JSON: {exc}") from None
     render.json_out(c.call(a.tool, args))
     return OK
+
+
+# -- export and import ------------------------------------------------------------------
+
+_document = msgspec.json.Decoder(backup_tools.Document)
+MAX_EXPORT_FILE = 64 << 20  # far beyond any router's tasks; a bound on what import reads
+_BATCH_BYTES = 128 << 10  # each import call stays well inside the 256 KiB frame cap
+
+
+class Exported(msgspec.Struct, rename="camel"):
+    file: str
+    tasks: int
+    triggers: int
+    secrets: int | None = None
+
+
+def _export_pages(c: Client) -> tuple[list[backup_tools.ExportedTask], list[backup_tools.ExportedTrigger]]:
+    tasks: list[backup_tools.ExportedTask] = []
+    triggers: list[backup_tools.ExportedTrigger] = []
+    cursor: backup_tools.ExportCursor | None = None
+    while True:
+        page = c.typed("qledge.export", backup_tools.ExportArgs(cursor=cursor), backup_tools.ExportPage)
+        tasks += page.tasks
+        triggers += page.triggers
+        if page.next is None:
+            return tasks, triggers
+        cursor = page.next
+
+
+def _secret_page(c: Client, after: str | None) -> tuple[list[backup_tools.SecretValue], str | None]:
+    page = c.typed("qledge.secret.export", backup_tools.SecretExportArgs(after=after), backup_tools.SecretPage)
+    return page.secrets, page.next
+
+
+def _write_private(path: str, data: bytes) -> None:
+    """Replace `path` with a new 0600 file holding `data`, all or nothing."""
+    import contextlib
+    import os
+
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def export_state(c: Client, a: argparse.Namespace) -> int:
+    import time
+
+    import edge
+
+    tasks, triggers = _export_pages(c)
+    secrets = all_pages(lambda after: _secret_page(c, after)) if a.with_secrets else None
+    doc = backup_tools.Document(
+        format=backup_tools.FORMAT, version=backup_tools.FORMAT_VERSION, qledge_version=edge.__version__,
+        exported_at_ms=int(time.time() * 1000), tasks=tasks, triggers=triggers, secrets=secrets,
+    )
+    _write_private(a.file, msgspec.json.format(msgspec.json.encode(doc), indent=2) + b"\n")
+    done = Exported(file=a.file, tasks=len(tasks), triggers=len(triggers),
+                    secrets=None if secrets is None else len(secrets))
+
+    def human(e: Exported) -> None:
+        what = f"{e.tasks} tasks, {e.triggers} triggers" + ("" if e.secrets is None else f", {e.secrets} secrets")
+        print(f"exported {what} to {e.file} (mode 0600)")
+
+    return show(a, done, human)
+
+
+def read_document(path: str) -> backup_tools.Document:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_EXPORT_FILE + 1)
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_EXPORT_FILE:
+        raise UsageError(f"{path} is larger than {MAX_EXPORT_FILE} bytes; not a qledge export")
+    try:
+        return _document.decode(raw)
+    except msgspec.DecodeError as exc:  # ValidationError included
+        raise UsageError(f"{path} is not a qledge export file (format {backup_tools.FORMAT!r}, version"
+                         f" {backup_tools.FORMAT_VERSION}): {' '.join(str(exc).split())}") from None
+
+
+def batches(items: list[T]) -> list[list[T]]:
+    """Consecutive runs of at most BATCH items and about _BATCH_BYTES each."""
+    out: list[list[T]] = []
+    size = 0
+    for item in items:
+        n = len(msgspec.msgpack.encode(item))
+        if not out or len(out[-1]) >= backup_tools.BATCH or size + n > _BATCH_BYTES:
+            out.append([])
+            size = 0
+        out[-1].append(item)
+        size += n
+    return out
+
+
+def _import_calls(doc: backup_tools.Document, replace: bool, dry: bool) -> list[tuple[str, msgspec.Struct]]:
+    """Tasks first, then the triggers that name them, then secrets."""
+    calls: list[tuple[str, msgspec.Struct]] = [
+        ("qledge.import", backup_tools.ImportArgs(tasks=b, replace=replace, dry_run=dry)) for b in batches(doc.tasks)]
+    calls += [("qledge.import", backup_tools.ImportArgs(triggers=b, replace=replace, dry_run=dry))
+              for b in batches(doc.triggers)]
+    calls += [("qledge.secret.import", backup_tools.SecretImportArgs(secrets=b, replace=replace, dry_run=dry))
+              for b in batches(doc.secrets or [])]
+    return calls
+
+
+def import_state(c: Client, a: argparse.Namespace) -> int:
+    doc = read_document(a.file)
+    # A dry pass over everything first: a conflict anywhere (or a missing permission) is
+    # found before anything is written.
+    report = backup_tools.ImportReport()
+    for tool_name, args in _import_calls(doc, a.replace, dry=True):
+        report.add(c.typed(tool_name, args, backup_tools.ImportReport))
+    if report.conflicts:
+        if a.json:
+            render.json_out(report)
+        raise CallFailed("conflict", backup_tools.refusal(report.conflicts) + " (qledge import --replace overwrites)")
+    if not a.dry_run:
+        report = backup_tools.ImportReport()
+        for tool_name, args in _import_calls(doc, a.replace, dry=False):
+            report.add(c.typed(tool_name, args, backup_tools.ImportReport))
+
+    def human(r: backup_tools.ImportReport) -> None:
+        would = "would be " if a.dry_run else ""
+        for verb, items in (("created", r.created), ("updated", r.updated), ("skipped (identical)", r.skipped)):
+            if items:
+                print(f"{would}{verb}: {', '.join(items)}")
+        for note in r.notes:
+            print(f"note: {note}")
+        print(f"{a.file}: {len(r.created)} {would}created, {len(r.updated)} {would}updated,"
+              f" {len(r.skipped)} skipped")
+
+    return show(a, report, human)

@@ -98,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
         verb(run, action, handler, text).add_argument("run", metavar="RUN")
 
     _schedule_verbs(verbs, verb)
+    _backup_verbs(verbs, verb)
 
     token = verbs.add_parser("token", help="API credentials").add_subparsers(
         dest="action", metavar="ACTION", required=True)
@@ -158,6 +159,44 @@ def _schedule_verbs(verbs: Subcommands, verb: Verb) -> None:
     events = verb(trigger, "events", s.trigger_events, "fires that were skipped or refused, newest first")
     events.add_argument("trigger", metavar="TRIGGER", nargs="?")
     events.add_argument("--limit", type=int, default=32, choices=range(1, 65), metavar="N", help="1..64 (default 32)")
+
+
+# `qledge import` takes a file, or names one of these sources (each its own subcommand).
+IMPORT_SOURCES = ("file", "crontab", "qinglong")
+
+
+def _backup_verbs(verbs: Subcommands, verb: Verb) -> None:
+    from edge.cli import commands as c
+
+    exp = verb(verbs, "export", c.export_state,
+               "write tasks and triggers (and, with --with-secrets, secret values) to FILE, mode 0600")
+    exp.add_argument("file", metavar="FILE")
+    exp.add_argument("--with-secrets", action="store_true", help="include secret values (needs secret.export)")
+    sources = verbs.add_parser("import", help="import tasks and triggers: qledge import FILE").add_subparsers(
+        dest="source", metavar="FILE", required=True)
+    imp = verb(sources, "file", c.import_state,
+               "import an export made by `qledge export`: create what is missing, skip what is identical")
+    imp.add_argument("file", metavar="FILE")
+    imp.add_argument("--replace", action="store_true", help="overwrite tasks, triggers and secrets that differ")
+    imp.add_argument("--dry-run", action="store_true", help="say what would change; change nothing")
+
+
+def _import_file_alias(argv: list[str]) -> list[str]:
+    """`qledge import FILE` is `qledge import file FILE`: a first argument that names no
+    source is the file. Options before the verb that take a value are stepped over."""
+    i, n = 0, len(argv)
+    while i < n and argv[i].startswith("-"):
+        i += 2 if argv[i] in ("--home", "--socket", "--config") else 1
+    if i >= n or argv[i] != "import":
+        return argv
+    j = i + 1
+    while j < n and argv[j].startswith("-"):
+        if argv[j] in ("-h", "--help"):
+            return argv
+        j += 2 if argv[j] in ("--home", "--socket", "--config") else 1
+    if j < n and argv[j] not in IMPORT_SOURCES:
+        return [*argv[: i + 1], "file", *argv[i + 1 :]]
+    return argv
 
 
 def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -225,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     fast = _serve_fast_path(argv)
     if fast is not None:
         return _serve(fast)
-    head, command = _split_command(argv)
+    head, command = _split_command(_import_file_alias(argv))
     parser = build_parser()
     args = parser.parse_args(head)
     if command:

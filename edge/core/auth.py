@@ -28,12 +28,13 @@ DOMAIN_PERMISSIONS: tuple[str, ...] = (
     "artifact.read",  # run logs
     "secret.read",  # secret names and dates, never values
     "secret.write",
+    "secret.export",  # secret values, for an export made with secrets
     "credential.admin",
     "status.read",
 )
 
 _VIEWER = frozenset({"task.read", "trigger.read", "run.read", "status.read"})
-_OPERATOR = frozenset(DOMAIN_PERMISSIONS) - {"credential.admin", "secret.write"}
+_OPERATOR = frozenset(DOMAIN_PERMISSIONS) - {"credential.admin", "secret.write", "secret.export"}
 
 
 class Principal(msgspec.Struct, frozen=True):

@@ -14,12 +14,12 @@ from edge.tools.context import ToolContext
 from edge.tools.definition import WRITE_DEADLINE_S, Empty, tool
 
 # An environment value: no NUL, bounded like any other env value of a task.
-_Value = Annotated[str, msgspec.Meta(min_length=1, max_length=16384, pattern=r"^[^\x00]*$")]
+Value = Annotated[str, msgspec.Meta(min_length=1, max_length=16384, pattern=r"^[^\x00]*$")]
 
 
 class SetArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
     name: Name
-    value: _Value
+    value: Value
 
 
 class NameArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):

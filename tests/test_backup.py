@@ -1,0 +1,196 @@
+"""`qledge export` / `qledge import` between real daemons, through the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+
+from edge.cli.main import _import_file_alias
+
+
+def _ok(result):
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def _populate(d) -> None:
+    _ok(d.cli("task", "add", "hello", "--", "echo", "hi"))
+    _ok(d.cli("task", "add", "greet", "--env", "WHO=world", "--secret-env", "TOKEN=api", "--shell", "--",
+              'echo "$WHO ${#TOKEN}"'))
+    _ok(d.cli("task", "add", "off", "--timeout", "30", "--", "true"))
+    _ok(d.cli("task", "disable", "off"))
+    _ok(d.cli("trigger", "add", "hello", "--cron", "*/5 * * * *", "--tz", "UTC", "--id", "every5"))
+    _ok(d.cli("trigger", "add", "greet", "--cron", "0 3 * * *", "--tz", "Europe/Berlin", "--misfire", "fire_once",
+              "--jitter", "30", "--id", "nightly"))
+    _ok(d.cli("trigger", "disable", "nightly"))
+    _ok(d.cli("secret", "set", "api", input="s3cr3t-value-1\n"))
+
+
+def _heads(d) -> tuple[dict, dict]:
+    tasks = {t["id"]: t for t in json.loads(_ok(d.cli("task", "list", "--json")).stdout)}
+    triggers = {t["id"]: t for t in json.loads(_ok(d.cli("trigger", "list", "--json")).stdout)}
+    return tasks, triggers
+
+
+def _comparable(tasks: dict, triggers: dict) -> tuple[dict, dict]:
+    """What an import must carry over: names, flags and specs (not ids of revisions or times)."""
+    return ({k: (t["name"], t["enabled"], t["spec"]) for k, t in tasks.items()},
+            {k: (t["taskId"], t["enabled"], t["spec"]) for k, t in triggers.items()})
+
+
+def _audited(d, tool: str) -> list[tuple[str, str]]:
+    rows = d.db().execute("SELECT principal, outcome FROM security_audit WHERE tool = ?", (tool,)).fetchall()
+    return [(p, o) for p, o in rows]
+
+
+def test_export_then_import_into_a_fresh_daemon_recreates_everything(daemon_factory, tmp_path):
+    source = daemon_factory().start()
+    _populate(source)
+    plain, full = str(tmp_path / "plain.json"), str(tmp_path / "full.json")
+    assert "exported 3 tasks, 2 triggers to" in _ok(source.cli("export", plain)).stdout
+    _ok(source.cli("export", "--with-secrets", full))
+    for path in (plain, full):
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    with open(plain) as f:
+        text = f.read()
+    assert "s3cr3t-value-1" not in text and '"secrets"' not in text
+    with open(full) as f:
+        doc = json.load(f)
+    assert doc["format"] == "qledge-export" and doc["version"] == 1
+    assert doc["secrets"] == [{"name": "api", "value": "s3cr3t-value-1"}]
+    assert _audited(source, "qledge.secret.export") == [(f"uid:{os.getuid()}", "allowed")]
+
+    target = daemon_factory().start()
+    result = _ok(target.cli("import", full, "--json"))
+    report = json.loads(result.stdout)
+    assert sorted(report["created"]) == sorted(
+        ["task hello", "task greet", "task off", "trigger every5", "trigger nightly", "secret api"])
+    assert report["updated"] == report["skipped"] == report["conflicts"] == []
+    assert _comparable(*_heads(target)) == _comparable(*_heads(source))
+
+    # The imported task runs with the imported secret.
+    run = _ok(target.cli("run", "start", "greet", "--wait", "--json"))
+    assert _ok(target.cli("run", "log", json.loads(run.stdout)["id"])).stdout == "world 14\n"
+
+    # Idempotent: a second import changes nothing and says so.
+    before = _heads(target)
+    again = _ok(target.cli("import", full))
+    assert "0 created, 0 updated, 6 skipped" in again.stdout
+    assert _heads(target) == before
+
+
+def test_import_refuses_what_differs_unless_replace(daemon_factory, tmp_path):
+    source = daemon_factory().start()
+    _populate(source)
+    path = str(tmp_path / "x.json")
+    _ok(source.cli("export", "--with-secrets", path))
+    target = daemon_factory().start()
+    _ok(target.cli("task", "add", "hello", "--", "echo", "changed here"))
+    _ok(target.cli("secret", "set", "api", input="zzother-value\n"))
+
+    refused = target.cli("import", path)
+    assert refused.returncode == 1
+    line = refused.stderr.strip()
+    assert line.startswith("qledge: conflict: 2 item(s) differ") and "task hello" in line and "secret api" in line
+    assert "--replace" in line and "zzother" not in line and "s3cr3t" not in line  # never a value
+    tasks, triggers = _heads(target)
+    assert list(tasks) == ["hello"] and triggers == {}  # nothing at all was written
+    assert target.db().execute("SELECT value FROM secrets WHERE name = 'api'").fetchall() == [("zzother-value",)]
+
+    dry = target.cli("import", path, "--dry-run", "--replace")
+    assert dry.returncode == 0 and "would be updated: task hello, secret api" in dry.stdout
+    assert list(_heads(target)[0]) == ["hello"]
+
+    replaced = _ok(target.cli("import", path, "--replace", "--json"))
+    report = json.loads(replaced.stdout)
+    assert sorted(report["updated"]) == ["secret api", "task hello"]
+    tasks, _ = _heads(target)
+    assert tasks["hello"]["revision"] == 2  # an update: history kept, a new revision
+    assert tasks["hello"]["spec"]["command"]["args"] == ["hi"]
+    assert target.db().execute("SELECT value FROM secrets WHERE name = 'api'").fetchall() == [("s3cr3t-value-1",)]
+
+
+def test_a_changed_trigger_is_replaced_and_a_pinned_one_is_reported(daemon_factory, tmp_path):
+    source = daemon_factory().start()
+    _ok(source.cli("task", "add", "t", "--", "true"))
+    _ok(source.cli("trigger", "add", "t", "--cron", "0 * * * *", "--tz", "UTC", "--id", "old"))
+    source.call("qledge.task.update", {"taskId": "t", "expectedRevision": 1,
+                                       "spec": {"command": {"kind": "argv", "file": "false"}}})
+    _ok(source.cli("trigger", "repin", "old", "--task-revision", "1"))
+    path = str(tmp_path / "p.json")
+    _ok(source.cli("export", path))
+
+    target = daemon_factory().start()
+    _ok(target.cli("task", "add", "t", "--", "false"))
+    _ok(target.cli("trigger", "add", "t", "--cron", "30 * * * *", "--tz", "UTC", "--id", "old"))
+    result = _ok(target.cli("import", path, "--replace"))
+    assert "updated: trigger old" in result.stdout and "skipped (identical): task t" in result.stdout
+    assert "note: trigger old ran revision 1 of task t" in result.stdout
+    trigger = _heads(target)[1]["old"]
+    assert trigger["spec"]["expression"] == "0 * * * *" and trigger["taskRevision"] == 1
+
+
+def test_large_exports_page_and_batch(daemon_factory, tmp_path):
+    source = daemon_factory().start()
+    with source.client() as c:
+        for i in range(70):
+            c.call("qledge.task.create", {"taskId": f"t{i:02d}", "spec": {
+                "command": {"kind": "shell", "command": "echo " + "x" * 3000}}})
+    path = str(tmp_path / "big.json")
+    assert "exported 70 tasks" in _ok(source.cli("export", path)).stdout
+    target = daemon_factory().start()
+    assert "70 created" in _ok(target.cli("import", path)).stdout
+    assert len(_heads(target)[0]) == 70
+    # 70 tasks of ~3 KB arrive in more than one import call (64 items, 128 KiB at most each).
+    assert len(_audited(target, "qledge.import")) >= 4  # a dry pass and a real one, two batches each
+
+
+def test_permissions_fail_closed_and_write_nothing(daemon_factory, tmp_path):
+    source = daemon_factory().start()
+    _populate(source)
+    full = str(tmp_path / "full.json")
+    _ok(source.cli("export", "--with-secrets", full))
+    _, operator = source.token("operator")
+    _, viewer = source.token("viewer")
+
+    mine = str(tmp_path / "op.json")
+    _ok(source.cli("export", mine, token=operator))  # operators may export tasks and triggers
+    denied = source.cli("export", "--with-secrets", str(tmp_path / "no.json"), token=operator)
+    assert denied.returncode == 1 and "requires permission secret.export" in denied.stderr
+    assert not os.path.exists(tmp_path / "no.json")
+    seen = source.cli("export", str(tmp_path / "v.json"), token=viewer)
+    assert seen.returncode == 1 and "permission_denied" in seen.stderr
+
+    target = daemon_factory().start()
+    _, target_operator = target.token("operator")
+    refused = target.cli("import", full, token=target_operator)  # secrets need secret.write
+    assert refused.returncode == 1 and "requires permission secret.write" in refused.stderr
+    assert _heads(target) == ({}, {})  # the dry pass found it before anything was written
+    _ok(target.cli("import", mine, token=target_operator))
+    assert len(_heads(target)[0]) == 3
+
+
+@pytest.mark.parametrize("content, expected", [
+    ("{}", "is not a qledge export file"),
+    ('{"format": "qledge-export", "version": 2}', "is not a qledge export file"),
+    ("not json", "is not a qledge export file"),
+])
+def test_a_bad_file_is_one_line(daemon, tmp_path, content, expected):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    result = daemon.cli("import", str(path))
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1 and expected in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_import_file_coexists_with_import_sources():
+    assert _import_file_alias(["import", "backup.json"]) == ["import", "file", "backup.json"]
+    assert _import_file_alias(["--home", "/h", "import", "--replace", "b.json"]) == [
+        "--home", "/h", "import", "file", "--replace", "b.json"]
+    for words in (["import", "crontab", "/etc/crontabs/root"], ["import", "qinglong", "x"], ["import", "--help"],
+                  ["import", "file", "b.json"], ["task", "list"], ["import"]):
+        assert _import_file_alias(words) == words
