@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import importlib.util
 import io
 import json
 import os
+import re
 import shutil
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -184,7 +187,8 @@ def test_ipk_layout_control_fields_and_modes(ipk):
     fields = dict(line.split(": ", 1) for line in _read(control_blob, "./control").decode().splitlines()
                   if not line.startswith(" "))
     assert fields["Package"] == "qledge" and fields["Version"] == version
-    assert fields["Architecture"] == "all" and fields["Require-User"] == "qledge:qledge"
+    assert fields["Architecture"] == "all"
+    assert "Require-User" not in fields  # the daemon runs as root: no account to create
     depends = [d.split(" (")[0] for d in fields["Depends"].split(", ")]
     for dep in ("python3-light", "python3-asyncio", "python3-logging", "python3-msgspec", "python3-apsw"):
         assert dep in depends
@@ -199,6 +203,8 @@ def test_ipk_layout_control_fields_and_modes(ipk):
     assert data["./etc/init.d/qledge"].mode == 0o755
     assert data["./usr/bin/qledge"].mode == 0o755
     assert data["./etc/config/qledge"].mode == 0o644
+    keep = _read(data_blob, "./lib/upgrade/keep.d/qledge").decode()
+    assert [line for line in keep.splitlines() if line and not line.startswith("#")] == ["/srv/qledge/"]
     site = f"./usr/lib/python{py}/site-packages/edge/"
     code = [n for n in data if n.startswith(site) and data[n].isfile()]
     assert code and all(n.endswith(".pyc") and data[n].mode == 0o644 for n in code)
@@ -275,10 +281,65 @@ def test_init_script_has_the_procd_essentials():
         text = f.read()
     assert text.startswith("#!/bin/sh /etc/rc.common\n")
     for needle in ("USE_PROCD=1", "procd_open_instance", "procd_set_param respawn", "procd_set_param stdout 1",
-                   "procd_set_param stderr 1", "procd_set_param user", "procd_set_param file /etc/config/qledge",
+                   "procd_set_param stderr 1", "procd_set_param file /etc/config/qledge",
                    "procd_set_param limits", "procd_set_param no_new_privs 1",
                    "procd_add_reload_trigger \"$NAME\"", "procd_send_signal \"$NAME\" \"$NAME\" HUP"):
         assert needle in text, needle
+    # Root, like busybox crond: only a root daemon can run an owner's root tasks and switch
+    # every other task to its own user.
+    assert "procd_set_param user" not in text and "procd_set_param group" not in text
+
+
+def _init_shell(script: str, **env: str) -> subprocess.CompletedProcess:
+    shell = shutil.which("sh")
+    assert shell is not None
+    return subprocess.run([shell, "-c", f'. "{INIT}"; {script}'], env={"PATH": os.environ["PATH"], **env},
+                          capture_output=True, text=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="re-owning files needs root")
+def test_init_script_hands_a_legacy_state_directory_to_root(tmp_path):
+    import pwd
+
+    legacy = pwd.getpwnam("nobody")
+    state, run, outside = tmp_path / "state", tmp_path / "run", tmp_path / "outside"
+    (state / "logs").mkdir(parents=True)
+    (state / "qledge.db").write_text("")
+    outside.write_text("")
+    (state / "logs" / "link").symlink_to(outside)
+    for path in (state, state / "logs", state / "qledge.db", state / "logs" / "link"):
+        os.lchown(path, legacy.pw_uid, legacy.pw_gid)
+    os.chown(outside, legacy.pw_uid, legacy.pw_gid)
+    result = _init_shell(f'RUN_DIR="{run}"; LEGACY_USER=nobody; prepare_dirs "{state}"')
+    assert result.returncode == 0, result.stderr
+    for path in (state, state / "logs", state / "qledge.db", state / "logs" / "link", run):
+        assert os.lstat(path).st_uid == 0, path
+    assert os.stat(outside).st_uid == legacy.pw_uid  # a link's target is never re-owned
+    assert stat.S_IMODE(os.stat(state).st_mode) == 0o700 and stat.S_IMODE(os.stat(run).st_mode) == 0o750
+    other = tmp_path / "other"  # a directory of some other user is left alone (only its mode)
+    other.mkdir()
+    (other / "f").write_text("")
+    os.chown(other / "f", legacy.pw_uid, legacy.pw_gid)
+    assert _init_shell(f'RUN_DIR="{run}"; LEGACY_USER=qledge-none; prepare_dirs "{other}"').returncode == 0
+    assert os.stat(other / "f").st_uid == legacy.pw_uid
+
+
+def test_uci_task_users_render_as_a_toml_list(tmp_path):
+    values = {"state_dir": "/srv/qledge", "log_level": "info", "concurrency": "2", "queue_limit": "32",
+              "log_cap_bytes": "262144", "log_quota_bytes": "8388608", "runs_per_task": "100",
+              "run_max_age_days": "30", "synchronous": "NORMAL", "mcp_enabled": "0"}
+    render = f'CONF_DIR="{tmp_path}"; CONF="$CONF_DIR/qledge.toml"; render_config'
+    assert _init_shell(render, **values).returncode == 0
+    assert "task_users" not in (tmp_path / "qledge.toml").read_text()  # unset: the daemon's default
+    result = _init_shell(render, **values, task_users='nobody backup "x')
+    assert result.returncode == 0, result.stderr
+    import tomllib
+
+    with open(tmp_path / "qledge.toml", "rb") as f:
+        assert tomllib.load(f)["runner"]["task_users"] == ["nobody", "backup", '"x']
+    if "task_users" in config_file.RunnerConfig.__struct_fields__:  # the daemon reads it as its [runner] key
+        assert _init_shell(render, **values, task_users="nobody backup").returncode == 0
+        assert list(config_file.load(str(tmp_path / "qledge.toml")).runner.task_users) == ["nobody", "backup"]
 
 
 def test_uci_settings_render_a_config_the_daemon_accepts(tmp_path):
@@ -456,3 +517,177 @@ def test_msgspec_imports_what_its_openwrt_package_depends_on():
 def test_shipped_systemd_config_is_accepted():
     cfg = config_file.load(os.path.join(ROOT, "packaging", "systemd", "qledge.toml"))
     assert cfg.mcp.socket == "/run/qledge/mcp.sock"  # beside the tool socket, where the CLI looks
+
+
+# -- apk (OpenWrt 25.12+) ------------------------------------------------------------------
+# No apk-tools 3 here (Debian has none, nor PyPI/npm): the tree, scripts and `apk mkpkg`
+# arguments are checked against apk-package(5), apk-tools' dependency parser and OpenWrt's
+# include/package-pack.mk.
+
+# apk-package(5): number{.number}...{letter}{_suffix{number}}...{~hash}{-r#}
+APK_VERSION = re.compile(
+    r"[0-9]+(\.[0-9]+)*[a-z]?(_(alpha|beta|pre|rc|cvs|svn|git|hg|p)[0-9]*)*(~[0-9a-f]+)?(-r[0-9]+)?")
+APK_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9._+-]*")
+# The operators apk_version_op_string() prints: what a dependency can say and mean.
+APK_OPS = ("<", "<=", "<~", "~", "=", ">=", ">~", ">", "><")
+APK_INFO_FIELDS = {"name", "version", "description", "arch", "license", "origin", "maintainer", "url", "depends",
+                   "provides", "replaces", "install-if", "provider-priority", "tags"}
+APK_SCRIPT_TYPES = {"trigger", "pre-install", "post-install", "pre-deinstall", "post-deinstall", "pre-upgrade",
+                    "post-upgrade"}
+
+
+def apk_dependency_ok(dep: str) -> bool:
+    """[!]name[op version], as apk_dep_parse() reads it, with an operator apk prints back."""
+    m = re.fullmatch(r"(!?)([^<>=~]+)(?:([<>=~]+)(.+))?", dep)
+    if m is None or not APK_NAME.fullmatch(m.group(2)):
+        return False
+    op, ver = m.group(3), m.group(4)
+    return op is None or (op in APK_OPS and APK_VERSION.fullmatch(ver) is not None)
+
+
+def test_the_apk_dependency_check_refuses_what_apk_refuses():
+    for good in ("python3-light~3.11", "python3-light>=3.11", "libsqlite3-0>=3.53.0", "zoneinfo-core", "!foo"):
+        assert apk_dependency_ok(good), good
+    for bad in ("python3-light<<3.12", "python3-light (>= 3.11)", "python3-light>=", "python3-light=>3.1"):
+        assert not apk_dependency_ok(bad), bad
+
+
+@pytest.fixture(scope="module")
+def apk_stage():
+    tmp = short_tmpdir()
+    tree, scripts = build_openwrt.stage_apk(tmp)
+    yield tree, scripts, build_openwrt.mkpkg_argv("apk", tree, scripts, os.path.join(tmp, "out.apk"))
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _mkpkg_info(argv: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    info, scripts = {}, {}
+    for flag, value in zip(argv, argv[1:], strict=False):
+        if flag == "--info":
+            key, _, val = value.partition(":")
+            info[key] = val
+        elif flag == "--script":
+            kind, _, path = value.partition(":")
+            scripts[kind] = path
+    return info, scripts
+
+
+def test_apk_mkpkg_metadata_is_what_apk_accepts(apk_stage):
+    tree, scripts, argv = apk_stage
+    assert argv[1] == "mkpkg" and argv[argv.index("--files") + 1] == tree
+    info, given = _mkpkg_info(argv)
+    assert set(info) <= APK_INFO_FIELDS, set(info) - APK_INFO_FIELDS
+    assert APK_NAME.fullmatch(info["name"]) and info["name"] == "qledge"
+    assert APK_VERSION.fullmatch(info["version"]) and info["version"] == f"{edge.__version__}-r1"
+    assert info["arch"] == "noarch" and "\n" not in info["description"]
+    deps = info["depends"].split()
+    assert deps and all(apk_dependency_ok(d) for d in deps), deps
+    names = [re.split(r"[<>=~]", d)[0] for d in deps]
+    assert len(names) == len(set(names))  # apk keeps one constraint per name: a second would replace the first
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert f"python3-light~{py}" in deps  # any 3.N.x: the bytecode's minor version
+    assert set(names) == {d.split(" (")[0] for d in build_openwrt.DEPENDS}  # the same packages as the .ipk
+    assert set(given) <= APK_SCRIPT_TYPES and given == scripts
+
+
+def test_apk_tree_has_openwrts_package_database_files(apk_stage):
+    tree, _, _ = apk_stage
+    db = os.path.join(tree, "lib/apk/packages")
+    files = sorted("/" + os.path.relpath(os.path.join(d, f), tree) for d, _, fs in os.walk(tree) for f in fs)
+    meta = {f"/lib/apk/packages/qledge{ext}" for ext in (".list", ".conffiles", ".conffiles_static")}
+    assert meta <= set(files)
+    with open(os.path.join(db, "qledge.list")) as f:
+        listed = f.read().splitlines()
+    assert listed == sorted(set(files) - meta)  # every file, as package-pack.mk lists them
+    # default_postinst enables and starts what the list names under /etc/init.d/; sysupgrade keeps keep.d
+    assert "/etc/init.d/qledge" in listed and "/lib/upgrade/keep.d/qledge" in listed and "/usr/bin/qledge" in listed
+    with open(os.path.join(db, "qledge.conffiles")) as f:
+        assert f.read() == "/etc/config/qledge\n"
+    with open(os.path.join(db, "qledge.conffiles_static")) as f:
+        path, digest = f.read().split()
+    with open(os.path.join(tree, "etc/config/qledge"), "rb") as f:
+        assert (path, digest) == ("/etc/config/qledge", hashlib.sha256(f.read()).hexdigest())
+    assert not os.path.exists(os.path.join(db, "qledge.rusers"))  # no account to create: the daemon is root's
+    assert stat.S_IMODE(os.stat(os.path.join(tree, "etc/init.d/qledge")).st_mode) == 0o755
+
+
+def test_apk_scripts_are_package_pack_mk_s(apk_stage):
+    _, scripts, _ = apk_stage
+    texts = {}
+    for kind, path in scripts.items():
+        assert os.stat(path).st_mode & 0o111
+        with open(path) as f:
+            texts[kind] = f.read()
+    install = texts["post-install"].splitlines()
+    assert install[0] == "#!/bin/sh" and install[-3:] == ['export pkgname="qledge"', "add_group_and_user",
+                                                          "default_postinst"]
+    assert texts["post-upgrade"].splitlines() == ["#!/bin/sh", "export PKG_UPGRADE=1", *install[1:]]
+    assert texts["pre-deinstall"].splitlines()[-2:] == ['export pkgname="qledge"', "default_prerm"]
+    shellcheck = shutil.which("shellcheck")
+    if shellcheck:
+        for path in scripts.values():
+            result = subprocess.run([shellcheck, "-s", "sh", "-e", "SC1091,SC2086", path], capture_output=True,
+                                    text=True)
+            assert result.returncode == 0, result.stdout
+
+
+# -- python3-apsw: system SQLite or the bundled amalgamation --------------------------------
+
+STUB_PACKAGE_MK = r"""
+HOST_TAR:=tar
+define Download
+$$(eval $$(Download/$(1)))
+$$(info download $(1) $$(FILE) $$(URL) $$(HASH))
+endef
+define BuildPackage
+$$(eval $$(Package/$(1)))
+$$(info package $(1) depends=$$(strip $$(DEPENDS)) extra=$$(EXTRA_DEPENDS))
+$$(file >$(TOPDIR)/prepare.txt,$$(Build/Prepare))
+$$(file >$(TOPDIR)/configure.txt,$$(Build/Configure))
+endef
+Build/Prepare/Default:=prepare-default
+all:
+	@:
+"""
+
+
+def _apsw_makefile(tmp_path, feed_version: str | None, *make_args: str) -> tuple[str, str, str]:
+    make = _tool("make")
+    top = tmp_path / "top"
+    for rel in ("include", "feeds/packages/lang/python", "feeds/packages/libs/sqlite3"):
+        (top / rel).mkdir(parents=True, exist_ok=True)
+    (top / "rules.mk").write_text("INCLUDE_DIR:=$(TOPDIR)/include\nDL_DIR:=$(TOPDIR)/dl\n")
+    (top / "include" / "package.mk").write_text(STUB_PACKAGE_MK)
+    (top / "feeds/packages/lang/python/pypi.mk").write_text("")
+    (top / "feeds/packages/lang/python/python3-package.mk").write_text("define Py3Package\nendef\n")
+    feed = top / "feeds/packages/libs/sqlite3/Makefile"
+    if feed_version is None:
+        feed.unlink(missing_ok=True)
+    else:
+        feed.write_text(f"PKG_NAME:=sqlite\nPKG_SRC_VERSION:={feed_version}\n")
+    result = subprocess.run([make, "-s", "-f", os.path.join(ROOT, "openwrt/python-apsw/Makefile"), f"TOPDIR={top}",
+                             *make_args], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    return result.stdout, (top / "prepare.txt").read_text(), (top / "configure.txt").read_text()
+
+
+def test_apsw_links_the_feeds_sqlite_when_it_is_new_enough(tmp_path):
+    out, prepare, configure = _apsw_makefile(tmp_path, "3530000")
+    assert "download" not in out  # nothing else is fetched
+    assert "package python3-apsw depends=+python3-light +libsqlite3 extra=libsqlite3 (>=3.53.0)" in out
+    assert "sqlite3.c" not in prepare and "fetch = False" in prepare
+    assert "SQLITE_VERSION_NUMBER" in configure  # the staged header is checked too
+
+
+@pytest.mark.parametrize("feed", ["3510100", None])
+def test_apsw_builds_in_a_hashed_amalgamation_when_the_feeds_sqlite_is_older(tmp_path, feed):
+    out, prepare, _ = _apsw_makefile(tmp_path, feed)
+    hash_line = next(line for line in out.splitlines() if line.startswith("download "))
+    name, file, url, digest = hash_line.split()[1:]
+    assert (file, url) == ("sqlite-autoconf-3530300.tar.gz", "https://sqlite.org/2026/")
+    assert re.fullmatch(r"[0-9a-f]{64}", digest)  # checked by the build like PKG_HASH
+    assert "package python3-apsw depends=+python3-light extra=" in out  # statically in: no libsqlite3
+    assert f"-xzf {tmp_path}/top/dl/sqlite-autoconf-3530300.tar.gz" in prepare
+    assert "sqlite-autoconf-3530300/sqlite3.c" in prepare and "/sqlite3 --strip-components=1" in prepare
+    forced, _, _ = _apsw_makefile(tmp_path, feed, "APSW_SQLITE=system")
+    assert "+libsqlite3" in forced and "download" not in forced
