@@ -20,13 +20,31 @@ import zipfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = "edge"
 
-# Optional capabilities, shipped only by the profiles that include them.
+# Optional capabilities (a folder each), shipped only by the profiles that include them.
 OPTIONAL = {"mcp": "edge/mcp/"}
-PROFILES: dict[str, tuple[str, ...]] = {
+# The profiles one may ask for, and the capabilities each adds to the edge core.
+WANTED: dict[str, tuple[str, ...]] = {
     "edge": (),
     "edge-mcp": ("mcp",),
-    "full": tuple(OPTIONAL),
+    "full": tuple(OPTIONAL),  # every optional capability
 }
+
+
+def distinct(wanted: dict[str, tuple[str, ...]], optional: dict[str, str]) -> dict[str, tuple[str, ...]]:
+    """The profiles that exist: each wanted one whose contents differ from every profile
+    before it (capabilities not in `optional` count for nothing). Two names for one archive
+    would be two artifacts to build, ship and measure for nothing."""
+    found: dict[str, tuple[str, ...]] = {}
+    seen: set[frozenset[str]] = set()
+    for name, capabilities in wanted.items():
+        contents = frozenset(c for c in capabilities if c in optional)
+        if contents not in seen:
+            seen.add(contents)
+            found[name] = tuple(c for c in capabilities if c in optional)
+    return found
+
+
+PROFILES = distinct(WANTED, OPTIONAL)
 
 ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)  # the earliest time a zip entry can carry
 MAIN = b"from edge.cli.main import main\n\nraise SystemExit(main())\n"

@@ -67,7 +67,7 @@ def _run_build(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def pyz_dir():
     out = short_tmpdir()
-    for profile in ("edge", "full"):
+    for profile in build.PROFILES:
         result = _run_build("packaging/build.py", "--profile", profile, "--out", out)
         assert result.returncode == 0, result.stderr
     yield out
@@ -85,9 +85,29 @@ def test_profiles_ship_only_their_capabilities(tmp_path):
     base = ["edge/__init__.py", "edge/app/daemon.py", "edge/storage/sqlite/db.py"]
     assert build.profile_files("edge", str(tmp_path)) == base
     assert build.profile_files("edge-mcp", str(tmp_path)) == sorted([*base, "edge/mcp/server.py"])
-    assert build.profile_files("full", str(tmp_path)) == sorted([*base, "edge/mcp/server.py"])
     assert build.module_name("edge/__init__.py") == "edge"
     assert build.module_name("edge/app/daemon.py") == "edge.app.daemon"
+
+
+def test_a_profile_exists_only_when_its_contents_differ(pyz_dir):
+    # `full` is every optional capability: today that is MCP alone, the same as edge-mcp.
+    assert build.distinct(build.WANTED, {"mcp": "edge/mcp/"}) == {"edge": (), "edge-mcp": ("mcp",)}
+    more = {"mcp": "edge/mcp/", "agent": "edge/agent/"}
+    assert build.distinct({**build.WANTED, "full": tuple(more)}, more) == {
+        "edge": (), "edge-mcp": ("mcp",), "full": ("mcp", "agent")}
+    digests = {}
+    for profile in build.PROFILES:
+        with open(os.path.join(pyz_dir, f"qledge-{profile}.json")) as f:
+            digests[profile] = json.load(f)["sha256"]
+    assert len(set(digests.values())) == len(digests), digests  # no two profiles are one archive
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    section = readme.split("## Build artifacts", 1)[1].split("\n## ", 1)[0]
+    listed = dict(re.findall(r"^\| `([a-z-]+)` \| ([^|]+) \|", section, re.M))
+    assert set(listed) == set(build.PROFILES), listed  # the README lists exactly the profiles that exist
+    for profile, capabilities in build.PROFILES.items():
+        for capability in capabilities:
+            assert f"`{build.OPTIONAL[capability]}`" in listed[profile], (profile, capability)
 
 
 def test_zipapp_is_reproducible_and_its_manifest_is_true(pyz_dir):
@@ -381,30 +401,132 @@ def test_uci_defaults_are_the_validated_defaults():
 # -- systemd ---------------------------------------------------------------------------
 
 
-@pytest.fixture
-def unit_for_check(tmp_path):
-    """The unit with ExecStart pointing at this environment's real qledge."""
-    qledge = shutil.which("qledge", path=os.path.dirname(sys.executable)) or shutil.which("qledge")
-    assert qledge, "the qledge console script is installed with the package"
-    with open(UNIT) as f:
+def _readme_section(title: str) -> str:
+    with open(os.path.join(ROOT, "README.md")) as f:
         text = f.read()
-    assert "ExecStart=/usr/bin/qledge " in text
-    path = tmp_path / "qledge.service"
-    path.write_text(text.replace("ExecStart=/usr/bin/qledge ", f"ExecStart={qledge} "))
-    return str(path)
+    return text.split(f"\n## {title}", 1)[1].split("\n## ", 1)[0]
 
 
-def test_unit_verifies(unit_for_check):
-    result = subprocess.run([_tool("systemd-analyze"), "verify", unit_for_check], capture_output=True, text=True)
+def _blocks(section: str, lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", section, re.S)
+
+
+def _commands(block: str) -> list[str]:
+    """Shell lines of a README block, continuation lines joined, comments dropped."""
+    joined = block.replace("\\\n", " ")
+    return [" ".join(line.split("#", 1)[0].split()) for line in joined.splitlines() if line.split("#", 1)[0].strip()]
+
+
+def _debian_python() -> str:
+    """The distribution's python3 where it can make a virtualenv (as on a stock Debian
+    after `apt-get install python3-venv`), else this interpreter."""
+    if not os.path.exists("/usr/bin/python3"):
+        return sys.executable
+    check = "import ensurepip, venv, sys; sys.exit(sys.version_info < (3, 11))"
+    probe = subprocess.run(["/usr/bin/python3", "-c", check], capture_output=True)
+    return "/usr/bin/python3" if probe.returncode == 0 else sys.executable
+
+
+@pytest.fixture(scope="module")
+def systemd_root():
+    """packaging/systemd/install.sh run into a scratch root (DESTDIR), beside copies of the
+    host's systemd units and /bin/kill, so `systemd-analyze verify --root` checks the unit
+    exactly as installed, ExecStart included."""
+    root = short_tmpdir()
+    try:
+        result = subprocess.run(["sh", os.path.join(ROOT, "packaging/systemd/install.sh")],
+                                env={**os.environ, "DESTDIR": root, "PYTHON": _debian_python()},
+                                capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stdout + result.stderr
+        for units in ("/usr/lib/systemd/system", "/lib/systemd/system"):
+            if os.path.isdir(units) and not os.path.exists(root + units):
+                shutil.copytree(units, root + units, symlinks=True)
+        if os.path.exists("/bin/kill"):
+            os.makedirs(os.path.join(root, "bin"), exist_ok=True)
+            shutil.copy2("/bin/kill", os.path.join(root, "bin/kill"))
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _verify(root: str) -> subprocess.CompletedProcess:
+    return subprocess.run([_tool("systemd-analyze"), "verify", f"--root={root}", "qledge.service"],
+                          capture_output=True, text=True)
+
+
+def test_install_sh_lays_out_the_venv_the_unit_and_the_cli(systemd_root):
+    unit = os.path.join(systemd_root, "etc/systemd/system/qledge.service")
+    with open(unit) as f:
+        lines = {line.strip() for line in f}
+    assert "ExecStart=/opt/qledge/bin/qledge serve --config %E/qledge/qledge.toml" in lines
+    assert os.access(os.path.join(systemd_root, "opt/qledge/bin/qledge"), os.X_OK)
+    assert os.readlink(os.path.join(systemd_root, "usr/local/bin/qledge")) == "/opt/qledge/bin/qledge"
+    assert config_file.load(os.path.join(systemd_root, "etc/qledge/qledge.toml")).mcp.socket == "/run/qledge/mcp.sock"
+    with open(unit) as a, open(UNIT) as b:
+        assert a.read() == b.read()
+
+
+def test_installed_unit_verifies(systemd_root):
+    result = _verify(systemd_root)
     assert result.returncode == 0, result.stderr
     assert "qledge.service" not in result.stderr, result.stderr  # no warnings about our unit either
 
 
-def test_unit_security_exposure_is_low(unit_for_check):
-    # --threshold is in tenths: the unit must score 1.0 ("SAFE") or better.
-    result = subprocess.run([_tool("systemd-analyze"), "security", "--offline=yes", "--threshold=10",
-                             unit_for_check], capture_output=True, text=True)
+def test_readme_drop_ins_verify(systemd_root):
+    drop_ins = _blocks(_readme_section("Install with systemd"), "ini")
+    assert len(drop_ins) >= 5  # files, memory, JIT, network, other users
+    directory = os.path.join(systemd_root, "etc/systemd/system/qledge.service.d")
+    os.makedirs(directory, exist_ok=True)
+    for i, text in enumerate(drop_ins):
+        path = os.path.join(directory, f"{i}.conf")
+        with open(path, "w") as f:
+            f.write(text)
+        try:
+            result = _verify(systemd_root)
+            assert result.returncode == 0 and "qledge.service" not in result.stderr, (text, result.stderr)
+        finally:
+            os.unlink(path)
+
+
+def test_unit_security_exposure_is_low(systemd_root):
+    # --threshold is in tenths: the unit as installed must score 1.0 ("SAFE") or better.
+    unit = os.path.join(systemd_root, "etc/systemd/system/qledge.service")
+    result = subprocess.run([_tool("systemd-analyze"), "security", "--offline=yes", "--threshold=10", unit],
+                            capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr
+
+
+def test_readme_systemd_install_is_followed_command_by_command(systemd_root, home):
+    """Each command of the README's block, done here as far as a machine without a booted
+    systemd allows; a command this test does not know fails it, so the two stay in step."""
+    (block,) = _blocks(_readme_section("Install with systemd"), "sh")[:1]
+    commands = _commands(block)
+    assert commands == ["apt-get install -y python3-venv", "sh packaging/systemd/install.sh",
+                        "systemctl daemon-reload", "systemctl enable --now qledge", "qledge status"]
+    # apt-get install -y python3-venv: the interpreter install.sh used can make a virtualenv.
+    assert os.path.exists(os.path.join(systemd_root, "opt/qledge/pyvenv.cfg"))
+    # sh packaging/systemd/install.sh: the fixture ran it (into DESTDIR).
+    # systemctl daemon-reload: the unit as installed loads cleanly.
+    if shutil.which("systemd-analyze"):
+        assert _verify(systemd_root).returncode == 0
+    # systemctl enable --now qledge: enabled for multi-user.target, then started as the unit
+    # says (ExecStart, its --config, its QLEDGE_HOME); only the sandbox is not applied here.
+    with open(os.path.join(systemd_root, "etc/systemd/system/qledge.service")) as f:
+        unit = f.read()
+    assert "\n[Install]\nWantedBy=multi-user.target\n" in unit
+    exec_start = re.search(r"^ExecStart=(\S+) serve --config %E/(\S+)$", unit, re.M)
+    assert exec_start is not None
+    program = systemd_root + exec_start.group(1)
+    config = os.path.join(systemd_root, "etc", exec_start.group(2))
+    daemon = DaemonProcess(home=home, argv=[program]).start(["--config", config])
+    try:
+        # qledge status: the installed CLI answers from the running daemon.
+        status = subprocess.run([program, "status", "--json"], env=daemon.env, capture_output=True, text=True,
+                                timeout=60)
+        assert status.returncode == 0, status.stderr
+        assert json.loads(status.stdout)["pid"] == daemon.pid
+    finally:
+        assert daemon.stop() == 0
 
 
 def test_unit_has_the_required_settings():
@@ -413,10 +535,47 @@ def test_unit_has_the_required_settings():
     for setting in ("Type=notify", "NotifyAccess=main", "Restart=on-failure", "DynamicUser=yes",
                     "StateDirectory=qledge", "RuntimeDirectory=qledge", "ConfigurationDirectory=qledge",
                     "ProtectSystem=strict", "CapabilityBoundingSet=", "SystemCallFilter=@system-service",
-                    "RestrictAddressFamilies=AF_UNIX", "NoNewPrivileges=yes", "ExecReload=/bin/kill -HUP $MAINPID"):
+                    "RestrictAddressFamilies=AF_UNIX", "NoNewPrivileges=yes", "ExecReload=/bin/kill -HUP $MAINPID",
+                    "After=time-sync.target", "Wants=time-sync.target", "OOMPolicy=continue"):
         assert setting in lines, setting
     assert any(line.startswith("WatchdogSec=") for line in lines)
     assert any(line.startswith("MemoryMax=") for line in lines)
+
+
+def test_install_sh_lints_as_posix_sh():
+    result = subprocess.run([_tool("shellcheck"), "-s", "sh", os.path.join(ROOT, "packaging/systemd/install.sh")],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+
+
+# -- OpenWrt install steps -------------------------------------------------------------------
+
+LOCAL_PACKAGES = {"python3-msgspec", "python3-apsw", "python3-cronsim", "qledge"}
+
+
+def _feed_needs() -> set[str]:
+    """Everything the four packages depend on that they are not themselves (libsqlite3 only
+    in the system-SQLite build, which the package manager then brings in by itself)."""
+    needs: set[str] = set()
+    for makefile, package in (("qledge", "qledge"), ("python-msgspec", "python3-msgspec"),
+                              ("python-apsw", "python3-apsw"), ("python-cronsim", "python3-cronsim")):
+        needs |= _makefile_depends(os.path.join(ROOT, "openwrt", makefile, "Makefile"), package)
+    return needs - LOCAL_PACKAGES - {"$(APSW_DEPENDS)"}
+
+
+@pytest.mark.parametrize("manager, update, install, suffix", [
+    ("opkg", "opkg update", "opkg install", "_"), ("apk", "apk update", "apk add", "-")])
+def test_openwrt_install_steps_list_every_package(manager, update, install, suffix):
+    section = _readme_section("Install on OpenWrt")
+    block = next(b for b in _blocks(section, "sh") if b.startswith(update))
+    commands = _commands(block)
+    assert commands[0] == update  # the lists first
+    words = [w for c in commands if c.startswith(install) for w in c[len(install):].split() if not w.startswith("-")]
+    feed = {w for w in words if not w.startswith("./")}
+    local = {w[2:].split(suffix + "*")[0] for w in words if w.startswith("./")}
+    assert local == LOCAL_PACKAGES, local
+    assert feed == _feed_needs(), feed ^ _feed_needs()
+    assert commands[-1] == "qledge status"
 
 
 # -- CLI socket discovery --------------------------------------------------------------
