@@ -36,7 +36,7 @@ FROM tasks AS t JOIN task_revisions AS r ON r.project_id = t.project_id AND r.ta
 WHERE t.project_id = %s AND t.id = %s AND r.revision = %s
 """
 SQL_ACTIVE_FOR_TASK = (
-    "SELECT id FROM runs WHERE project_id = %s AND task_id = %s AND status IN ('queued', 'running') ORDER BY id"
+    "SELECT id FROM runs WHERE project_id = %s AND task_id = %s AND status IN ('queued', 'running')"
 )
 SQL_ACTIVE_COUNT = "SELECT count(*) FROM runs WHERE status IN ('queued', 'running')"
 # Slots of the nodes alive (heartbeat within the lease), for the cluster-wide bound.

@@ -131,8 +131,7 @@ CREATE INDEX runs_active_idx ON runs (project_id, task_id) WHERE status IN ('que
 CREATE UNIQUE INDEX runs_forbid_active_idx ON runs (project_id, task_id)
     WHERE forbid AND status IN ('queued', 'running');
 CREATE INDEX runs_claimable_idx ON runs (project_id, created_at_ms, id) WHERE status = 'queued' AND node_id IS NULL;
-CREATE INDEX runs_leased_idx ON runs (node_id, lease_until)
-    WHERE status IN ('queued', 'running') AND node_id IS NOT NULL;
+CREATE INDEX runs_leased_idx ON runs (lease_until) WHERE status IN ('queued', 'running') AND node_id IS NOT NULL;
 CREATE INDEX runs_log_idx ON runs (project_id, created_at_ms, id) WHERE log_bytes > 0 AND log_dropped_at_ms IS NULL;
 
 CREATE TABLE run_events (
