@@ -11,12 +11,12 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from edge.app.config import Config, default_zone
 from edge.core.clock import SystemClock
-from edge.core.ports.cluster import ClusterNode
 from edge.core.ports.runtime import Clock, RunController
 from edge.core.ports.stores import (
     AuditLog,
@@ -51,6 +51,9 @@ from edge.tools.context import Services
 from edge.tools.definition import Registry
 from edge.transports.tool_socket import ToolServer
 from edge.transports.unix import UnixListener
+
+if TYPE_CHECKING:  # cluster ports are loaded only by a cluster node
+    from edge.core.ports.cluster import ClusterNode
 
 log = logging.getLogger("qledge")
 
