@@ -76,8 +76,8 @@ class PostgresServer:
 
     def restart(self) -> None:
         """A real restart (fast shutdown: every session is cut), like an HA failover blip."""
-        done = self._run(self.pg_ctl, "-D", self.data, "-w", "-t", "60", "-m", "fast", "-o", self._options(),
-                         "restart", timeout=90)
+        done = self._run(self.pg_ctl, "-D", self.data, "-l", os.path.join(self.root, "server.log"), "-w", "-t",
+                         "60", "-m", "fast", "-o", self._options(), "restart", timeout=90)
         if done.returncode != 0:
             raise RuntimeError(f"pg_ctl restart failed: {done.stderr.strip()[-500:]}")
 

@@ -261,7 +261,8 @@ class Cluster:
         options = ClusterOptions(
             dsn=c.dsn or "", node=settings, capacity=capacity(cfg), pool_size=c.pool_size,
             connect_timeout_s=c.connect_timeout_s, write_retry_s=c.write_retry_s,
-            audit_max_rows=keep.audit_max_rows, audit_max_age_days=keep.audit_max_age_days)
+            audit_max_rows=keep.audit_max_rows, audit_max_age_days=keep.audit_max_age_days,
+            audit_spool=os.path.join(self.home, "audit-spool.jsonl"))
         policy = Policy(runs_per_task=keep.runs_per_task, max_age_ms=keep.run_max_age_days * 86_400_000,
                         log_quota_bytes=keep.log_quota_bytes)
         logs = run_logs(self.home)

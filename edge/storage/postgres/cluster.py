@@ -32,6 +32,7 @@ class ClusterOptions(msgspec.Struct, frozen=True, kw_only=True):
     write_retry_s: float = 30.0
     audit_max_rows: int = 10_000
     audit_max_age_days: int = 30
+    audit_spool: str | None = None  # where audit rows wait while PostgreSQL is unreachable
 
 
 class PgCluster:
@@ -51,7 +52,8 @@ class PgCluster:
         self.admission = PgAdmission(db, options.capacity, node.slots, node.lease_s)
         self.credentials = PgCredentialStore(db)
         self.secrets = PgSecretStore(db)
-        self.audit = PgAuditLog(db, node.node_id, options.audit_max_rows, options.audit_max_age_days)
+        self.audit = PgAuditLog(db, node.node_id, options.audit_max_rows, options.audit_max_age_days,
+                                options.audit_spool)
         self.readers = pg_readers(db)
         self.counts = PgCountsReader(db)
         self.log_reader = PgRunLogReader(db, files)
@@ -60,7 +62,7 @@ class PgCluster:
 
     def runtime(self, local: RunController) -> tuple[Node, ClusterRunner]:
         """The node's background side and its runner as tools and the scheduler see it."""
-        node = Node(self.db, self.claims, self.nodes, self.clock, self.settings, local)
+        node = Node(self.db, self.claims, self.nodes, self.clock, self.settings, local, self.audit.flush)
         return node, ClusterRunner(local, node, self.admission, self.runs, self.claims, self.clock, self.settings)
 
     async def close(self) -> None:

@@ -15,7 +15,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import msgspec
 import psycopg
@@ -125,13 +125,15 @@ class Node:
     """ClusterNode (edge.core.ports.cluster): heartbeat, claim loop and hint listener."""
 
     def __init__(self, db: PgDatabase, claims: RunClaims, nodes: NodeRegistry, clock: DbClock,
-                 settings: NodeSettings, local: RunController) -> None:
+                 settings: NodeSettings, local: RunController,
+                 after_reconnect: Callable[[], Awaitable[int]] | None = None) -> None:
         self._db = db
         self._claims = claims
         self._nodes = nodes
         self._clock = clock
         self._settings = settings
         self._local = local
+        self._after_reconnect = after_reconnect
         self._held: set[str] = set()  # runs this node claimed and its runner still has
         self._cancelling: set[str] = set()
         self._wake = asyncio.Event()
@@ -193,6 +195,8 @@ class Node:
             now = await self._nodes.heartbeat(s.slots)
             self._clock.sync(now, sent, time.monotonic())
             if self._up_since is None:  # (re)connected: look at everything again
+                if self._after_reconnect is not None:
+                    await self._after_reconnect()
                 self._up_since = time.monotonic()
                 self._changed()
                 self.wake()

@@ -6,6 +6,7 @@ the real EXPLAIN of each)."""
 
 from __future__ import annotations
 
+from edge.core.errors import ToolError
 from edge.core.ports.stores import Readers
 from edge.core.reads import Counts, OutcomeRow, RunEventSummary, RunSummary, TaskDetail, TaskHead, TriggerHead
 from edge.core.runs import RunCursor
@@ -132,11 +133,21 @@ class PgOutcomeWindowReader:
 
 
 class PgCountsReader:
+    """Counts for `qledge status`; while PostgreSQL is unreachable, the last ones read (status
+    must still answer, to say that it is unreachable)."""
+
     def __init__(self, db: PgDatabase) -> None:
         self._db = db
+        self._last: dict[str, Counts] = {}
 
     async def counts(self, project: str) -> Counts:
-        return await self._db.tx(_counts, project)
+        try:
+            self._last[project] = await self._db.tx(_counts, project)
+        except ToolError:
+            if self._db.down_since is None:
+                raise
+            return self._last.get(project) or Counts(0, 0, 0, 0, 0)
+        return self._last[project]
 
 
 def pg_readers(db: PgDatabase) -> Readers:

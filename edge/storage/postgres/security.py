@@ -1,12 +1,20 @@
 """Credentials, secrets and the security audit on PostgreSQL (as on SQLite: digests only,
-write-only secrets, the audit bounded on write). Audit rows carry the node that answered."""
+write-only secrets, the audit bounded on write). Audit rows carry the node that answered.
+
+While PostgreSQL is unreachable a node still audits every call before it runs: the row goes
+to a local spool (0600, fsync'd, bounded), which the heartbeat moves into PostgreSQL once it
+is back. So `qledge status` can say that PostgreSQL is down; a full spool fails closed.
+"""
 
 from __future__ import annotations
+
+import contextlib
+import os
 
 import msgspec
 
 from edge.core.auth import AuditRecord, Credential, SecretInfo
-from edge.core.errors import conflict
+from edge.core.errors import ToolError, conflict, unavailable
 from edge.storage.postgres.db import PgDatabase, Row, Tx
 
 _perm_encoder = msgspec.json.Encoder()
@@ -125,12 +133,73 @@ async def _append(tx: Tx, record: AuditRecord, node: str | None, max_rows: int, 
     await tx.execute(SQL_PRUNE, (PRUNE_BATCH, newest - max_rows, min_at_ms))
 
 
+SPOOL_MAX_ROWS = 10_000
+_spooled = msgspec.json.Decoder(AuditRecord)
+_spool_encoder = msgspec.json.Encoder()
+
+
+async def _append_many(tx: Tx, records: list[AuditRecord], node: str | None, max_rows: int, max_age_ms: int) -> None:
+    for record in records:
+        await _append(tx, record, node, max_rows, record.at_ms - max_age_ms)
+
+
+def _read_spool(path: str) -> list[AuditRecord] | None:
+    """The spooled rows ([] when there is no spool); None when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return [_spooled.decode(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+    except (OSError, msgspec.DecodeError):
+        return None
+
+
 class PgAuditLog:
-    def __init__(self, db: PgDatabase, node: str | None, max_rows: int = 10_000, max_age_days: int = 30) -> None:
+    """AuditLog (edge.core.ports.stores) on PostgreSQL, with the local spool above."""
+
+    def __init__(self, db: PgDatabase, node: str | None, max_rows: int = 10_000, max_age_days: int = 30,
+                 spool: str | None = None) -> None:
         self._db = db
         self._node = node
         self._max_rows = max_rows
         self._max_age_ms = max_age_days * 86_400_000
+        self._spool = spool
+        self._spooled = 0
 
     async def append(self, record: AuditRecord) -> None:
-        await self._db.tx(_append, record, self._node, self._max_rows, record.at_ms - self._max_age_ms)
+        if not self._spooled:
+            try:
+                await self._db.tx(_append, record, self._node, self._max_rows, record.at_ms - self._max_age_ms)
+                return
+            except ToolError:
+                if self._spool is None:
+                    raise
+        self._to_spool(record)
+
+    def _to_spool(self, record: AuditRecord) -> None:
+        if self._spool is None or self._spooled >= SPOOL_MAX_ROWS:
+            raise unavailable("the security audit could not be written")
+        try:
+            fd = os.open(self._spool, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+            try:
+                os.write(fd, _spool_encoder.encode(record) + b"\n")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError:
+            raise unavailable("the security audit could not be written") from None
+        self._spooled += 1
+
+    async def flush(self) -> int:
+        """Move the spooled rows into PostgreSQL (one transaction); how many moved."""
+        if self._spool is None:
+            return 0
+        records = _read_spool(self._spool)
+        if records is None:
+            return 0
+        if records:
+            await self._db.tx(_append_many, records, self._node, self._max_rows, self._max_age_ms)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._spool)
+        self._spooled = 0
+        return len(records)
