@@ -42,7 +42,8 @@ def _settled(dsn: str) -> bool:
 
 
 def test_three_nodes_admit_every_fire_exactly_once(daemon_factory, pg_dsn):
-    nodes = start_nodes(daemon_factory, pg_dsn, 3)
+    # Retention would trim the manual task's oldest runs; every run must stay to be counted.
+    nodes = start_nodes(daemon_factory, pg_dsn, 3, extra="[retention]\nruns_per_task = 1000\n")
     nodes[0].call("qledge.task.create", task("tick", ["true"]))
     nodes[0].call("qledge.task.create", task("manual", ["true"]))
     nodes[1].call("qledge.trigger.create", {"triggerId": "every-second", "taskId": "tick", **EVERY_SECOND})
