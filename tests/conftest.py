@@ -35,28 +35,4 @@ def daemon_factory():
         d.cleanup()
 
 
-# -- a real PostgreSQL server for the cluster tests (tests/pg_support.py) --------------
-
-
-@pytest.fixture(scope="session")
-def pg_server():
-    """One server per session; a test that needs one skips, with the reason, only where
-    PostgreSQL or psycopg cannot be had (.ci/run installs both)."""
-    try:
-        import psycopg  # noqa: F401
-    except ImportError:
-        pytest.skip("psycopg is not installed (pip install 'qledge[cluster]')")
-    from pg_support import PostgresServer
-
-    try:
-        server = PostgresServer().start()
-    except RuntimeError as exc:
-        pytest.skip(f"cannot start PostgreSQL: {exc}")
-    yield server
-    server.cleanup()
-
-
-@pytest.fixture
-def pg_dsn(pg_server):
-    """A fresh, empty database on the session's server."""
-    return pg_server.create_database()
+from pg_support import pg_dsn, pg_server  # noqa: E402, F401  (a real PostgreSQL, for the cluster tests)

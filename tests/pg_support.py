@@ -15,6 +15,8 @@ import subprocess
 import tempfile
 import time
 
+import pytest
+
 PG_USER = "postgres"  # the database superuser initdb creates
 _counter = itertools.count(1)
 
@@ -123,3 +125,28 @@ class PostgresServer:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
+
+
+# -- a real PostgreSQL server for the cluster tests (tests/pg_support.py) --------------
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """One server per session; a test that needs one skips, with the reason, only where
+    PostgreSQL or psycopg cannot be had (.ci/run installs both)."""
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        pytest.skip("psycopg is not installed (pip install 'qledge[cluster]')")
+    try:
+        server = PostgresServer().start()
+    except RuntimeError as exc:
+        pytest.skip(f"cannot start PostgreSQL: {exc}")
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture
+def pg_dsn(pg_server):
+    """A fresh, empty database on the session's server."""
+    return pg_server.create_database()
