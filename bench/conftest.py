@@ -8,4 +8,6 @@ from __future__ import annotations
 
 import os
 
+from pg_support import pg_dsn, pg_server  # noqa: F401  (a real PostgreSQL, for the cluster benchmark)
+
 RESULTS_DIR = os.path.join(os.path.dirname(__file__), "results")

@@ -21,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = "edge"
 
 # Optional capabilities (a folder each), shipped only by the profiles that include them.
-OPTIONAL = {"mcp": "edge/mcp/"}
+OPTIONAL = {"mcp": "edge/mcp/", "postgres": "edge/storage/postgres/"}
 # The profiles one may ask for, and the capabilities each adds to the edge core.
 WANTED: dict[str, tuple[str, ...]] = {
     "edge": (),

@@ -33,3 +33,6 @@ def daemon_factory():
     yield make
     for d in made:
         d.cleanup()
+
+
+from pg_support import pg_dsn, pg_server  # noqa: E402, F401  (a real PostgreSQL, for the cluster tests)

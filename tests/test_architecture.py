@@ -56,6 +56,11 @@ def test_layers_import_only_inward():
 def test_optional_capabilities_are_imported_only_by_composition():
     importers = {rel for rel, _, module in _imports() if module.startswith("edge.mcp")}
     assert importers <= {"app/graph.py"} | {r for r in importers if r.startswith("mcp" + os.sep)}
+    cluster = os.path.join("storage", "postgres") + os.sep
+    importers = {rel for rel, _, module in _imports() if module.startswith("edge.storage.postgres")}
+    assert importers <= {"app/graph.py"} | {r for r in importers if r.startswith(cluster)}
+    importers = {rel for rel, _, module in _imports() if module == "edge.core.ports.cluster"}
+    assert importers <= {"app/graph.py"} | {r for r in importers if r.startswith(cluster)}
 
 
 def test_every_port_is_in_the_architecture_document():

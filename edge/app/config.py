@@ -47,6 +47,19 @@ class McpConfig(msgspec.Struct, forbid_unknown_fields=True):
     max_line_bytes: Annotated[int, msgspec.Meta(ge=4096, le=16 << 20)] = 1 << 20
 
 
+class ClusterConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """Cluster mode: set `dsn` and this daemon is a node of a PostgreSQL cluster."""
+
+    dsn: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)] | None = None  # libpq URI or key=value
+    node: Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:-]+$")] | None = None
+    lease_s: Annotated[float, msgspec.Meta(ge=2, le=3600)] = 30.0
+    heartbeat_s: Annotated[float, msgspec.Meta(ge=0.2, le=600)] = 5.0
+    poll_s: Annotated[float, msgspec.Meta(ge=0.2, le=5)] = 2.0
+    pool_size: Annotated[int, msgspec.Meta(ge=2, le=64)] = 4
+    connect_timeout_s: Annotated[int, msgspec.Meta(ge=1, le=120)] = 5
+    write_retry_s: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 30.0
+
+
 class Config(msgspec.Struct, forbid_unknown_fields=True):
     home: str | None = None
     socket: str | None = None
@@ -60,6 +73,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True):
     runner: RunnerConfig = msgspec.field(default_factory=RunnerConfig)
     retention: RetentionConfig = msgspec.field(default_factory=RetentionConfig)
     mcp: McpConfig = msgspec.field(default_factory=McpConfig)
+    cluster: ClusterConfig = msgspec.field(default_factory=ClusterConfig)
 
 
 class ConfigError(Exception):

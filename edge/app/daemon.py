@@ -12,7 +12,7 @@ import time
 
 from edge.app import config as config_file
 from edge.app.config import Config
-from edge.app.graph import LIVE_KEYS, Graph, StartupError, private_dir
+from edge.app.graph import LIVE_KEYS, Cluster, Graph, StartupError, private_dir
 from edge.app.sdnotify import Notifier, start_watchdog
 from edge.core.ports.runtime import Clock
 from edge.storage.sqlite.db import Database
@@ -86,6 +86,14 @@ class Daemon:
     async def _run_locked(self) -> None:
         cfg = self.config
         pepper = load_pepper(os.path.join(self.home, "pepper"))
+        if cfg.cluster.dsn is not None:  # a cluster node: PostgreSQL instead of the SQLite file
+            cluster = Cluster(cfg, self.home)
+            await cluster.open()
+            try:
+                await self._serve(None, pepper, cluster)
+            finally:
+                await cluster.close()
+            return
         try:
             db = await Database.open(os.path.join(self.home, "qledge.db"), cfg.store.synchronous, cfg.store.cache_kib)
         except Exception as exc:
@@ -95,11 +103,14 @@ class Daemon:
         finally:
             await db.close()
 
-    async def _serve(self, db: Database, pepper: bytes) -> None:
-        g = Graph(self.config, self.home, self.socket_path, self.loop_name, db, pepper, self.clock)
+    async def _serve(self, db: Database | None, pepper: bytes, cluster: Cluster | None = None) -> None:
+        g = Graph(self.config, self.home, self.socket_path, self.loop_name, db, pepper, self.clock, cluster)
         self._graph = g
         # Before anything is served: nothing a dead daemon left may stay `running`.
         await g.runner.recover()
+        node = cluster.node if cluster is not None else None
+        if node is not None:
+            await node.start(g.scheduler.changed)
         await g.scheduler.start()
         started: list[UnixListener] = []
         try:
@@ -110,6 +121,10 @@ class Daemon:
             for listener in started:
                 await listener.stop()
             await g.scheduler.stop()
+            if node is not None:
+                await node.stop()
+                await g.runner.shutdown()
+                await node.close()
             raise
         self._install_signals()
         log.info("qledge serving on %s (loop %s, pid %d)", self.socket_path, self.loop_name, os.getpid())
@@ -129,7 +144,11 @@ class Daemon:
             # Listeners first: no new calls; those in flight are answered within the grace.
             await asyncio.gather(*(listener.stop(forced=self._forced) for listener in g.listeners))
             await g.scheduler.stop()
+            if node is not None:
+                await node.stop()  # claim nothing more; what this node holds is recorded below
             await g.runner.shutdown()
+            if node is not None:
+                await node.close()
 
     def stop(self) -> None:
         """The first call stops gracefully; a second one forces: no more waiting for calls

@@ -11,18 +11,30 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from edge.app.config import Config, default_zone
 from edge.core.clock import SystemClock
-from edge.core.ports.runtime import Clock
-from edge.core.ports.stores import AuditLog, CountsReader, CredentialStore, Readers, SecretStore
+from edge.core.ports.runtime import Clock, RunController
+from edge.core.ports.stores import (
+    AuditLog,
+    CountsReader,
+    CredentialStore,
+    Readers,
+    RunAdmission,
+    RunLogReader,
+    RunStore,
+    SecretStore,
+    TaskStore,
+    TriggerStore,
+)
 from edge.core.reads import Counts
 from edge.core.schedule import ScheduleError, load_zone
 from edge.runner.supervisor import Runner, RunnerSettings
 from edge.scheduler.loop import Scheduler, Triggers
-from edge.storage.run_logs import RunLogs
+from edge.storage.run_logs import LocalLogReader, RunLogs
 from edge.storage.sqlite.admission import SqliteAdmission
 from edge.storage.sqlite.audit import SqliteAuditLog
 from edge.storage.sqlite.credentials import SqliteCredentialStore
@@ -39,6 +51,9 @@ from edge.tools.context import Services
 from edge.tools.definition import Registry
 from edge.transports.tool_socket import ToolServer
 from edge.transports.unix import UnixListener
+
+if TYPE_CHECKING:  # cluster ports are loaded only by a cluster node
+    from edge.core.ports.cluster import ClusterNode
 
 log = logging.getLogger("qledge")
 
@@ -84,14 +99,16 @@ class DaemonFacts:
 
 
 class Stores(msgspec.Struct, frozen=True, kw_only=True):
-    """Every storage adapter, on one database and one log directory."""
+    """Every storage adapter, on one database (SQLite, or a cluster's PostgreSQL) and one
+    log directory."""
 
-    db: Database
+    location: str  # the database, for status
     logs: RunLogs
-    tasks: SqliteTaskStore
-    runs: SqliteRunStore
-    triggers: SqliteTriggerStore
-    admission: SqliteAdmission
+    log_reader: RunLogReader
+    tasks: TaskStore
+    runs: RunStore
+    triggers: TriggerStore
+    admission: RunAdmission
     credentials: CredentialStore
     secrets: SecretStore
     audit: AuditLog
@@ -104,13 +121,18 @@ def capacity(config: Config) -> int:
     return config.runner.concurrency + config.runner.queue_limit
 
 
+def run_logs(home: str) -> RunLogs:
+    return RunLogs(private_dir(os.path.join(home, "logs")))
+
+
 def build_stores(db: Database, config: Config, home: str) -> Stores:
     keep = config.retention
-    logs = RunLogs(private_dir(os.path.join(home, "logs")))
+    logs = run_logs(home)
     policy = Policy(runs_per_task=keep.runs_per_task, max_age_ms=keep.run_max_age_days * 86_400_000,
                     log_quota_bytes=keep.log_quota_bytes)
     return Stores(
-        db=db, logs=logs, tasks=SqliteTaskStore(db, logs), runs=SqliteRunStore(db, policy, logs),
+        location=db.path, logs=logs, log_reader=LocalLogReader(logs),
+        tasks=SqliteTaskStore(db, logs), runs=SqliteRunStore(db, policy, logs),
         triggers=SqliteTriggerStore(db), admission=SqliteAdmission(db, capacity(config)),
         credentials=SqliteCredentialStore(db), secrets=SqliteSecretStore(db),
         audit=SqliteAuditLog(db, keep.audit_max_rows, keep.audit_max_age_days),
@@ -127,19 +149,26 @@ def runner_settings(config: Config, home: str) -> RunnerSettings:
 
 
 class Workers(msgspec.Struct, frozen=True, kw_only=True):
-    """What runs in the background: the runner and the scheduler that feeds it."""
+    """What runs in the background: the runner and the scheduler that feeds it. `controller`
+    is the runner as tools and the scheduler see it: the runner itself, or on a cluster
+    node the cluster's runner, which hands runs to whichever node claims them."""
 
     runner: Runner
     scheduler: Scheduler
     settings: RunnerSettings
+    controller: RunController
 
 
-def build_workers(config: Config, home: str, stores: Stores, clock: Clock) -> Workers:
+def build_workers(
+    config: Config, home: str, stores: Stores, clock: Clock,
+    distribute: Callable[[Runner], RunController] | None = None,
+) -> Workers:
     settings = runner_settings(config, home)
     runner = Runner(runs=stores.runs, tasks=stores.tasks, admission=stores.admission, secrets=stores.secrets,
                     logs=stores.logs, clock=clock, settings=settings)
-    scheduler = Scheduler(stores.admission, stores.runs, runner, clock, config.project)
-    return Workers(runner=runner, scheduler=scheduler, settings=settings)
+    controller = runner if distribute is None else distribute(runner)
+    scheduler = Scheduler(stores.admission, stores.runs, controller, clock, config.project)
+    return Workers(runner=runner, scheduler=scheduler, settings=settings, controller=controller)
 
 
 def trigger_zone(configured: str | None) -> str:
@@ -159,7 +188,8 @@ def build_services(
         project=config.project, clock=clock, pepper=pepper, tasks=stores.tasks, runs=stores.runs,
         triggers=Triggers(stores.triggers, workers.scheduler, trigger_zone(config.timezone)),
         credentials=stores.credentials, secrets=stores.secrets, audit=stores.audit, logs=stores.logs,
-        readers=stores.readers, runner=workers.runner, facts=facts, catalog=registry.infos(),
+        log_reader=stores.log_reader, readers=stores.readers, runner=workers.controller, facts=facts,
+        catalog=registry.infos(),
     )
 
 
@@ -195,21 +225,106 @@ def mcp_server(config: Config, home: str, chain: Chain, facts: DaemonFacts) -> U
     return server
 
 
+# -- cluster mode (edge.storage.postgres is imported here and only here) ---------------
+
+
+class Cluster:
+    """A cluster node's storage and runtime, opened before the graph is built."""
+
+    def __init__(self, config: Config, home: str) -> None:
+        self.config = config
+        self.home = home
+        self.node_id = config.cluster.node or default_node_id(home)
+        self.stores: Stores | None = None
+        self.node: ClusterNode | None = None
+        self.clock: Clock | None = None
+        self._adapters: object = None
+
+    async def open(self) -> None:
+        try:
+            from edge.storage.postgres.cluster import ClusterOptions, NodeSettings, Policy, open_cluster
+        except ImportError as exc:
+            if exc.name is not None and (exc.name == "psycopg" or exc.name.startswith(("psycopg", "edge.storage"))):
+                raise StartupError("cluster mode needs psycopg 3 and a build that includes it"
+                                   " (pip install 'qledge[cluster]')") from None
+            raise
+        from edge.core.errors import ToolError
+
+        cfg, c = self.config, self.config.cluster
+        if c.heartbeat_s * 2 > c.lease_s:
+            raise StartupError("[cluster] heartbeat_s must be at most half of lease_s")
+        keep = cfg.retention
+        settings = NodeSettings(
+            node_id=self.node_id, project=cfg.project, slots=cfg.runner.concurrency, lease_s=c.lease_s,
+            heartbeat_s=c.heartbeat_s, poll_s=c.poll_s,
+            cancel_wait_s=cfg.runner.kill_grace_s + c.lease_s + 2 * c.heartbeat_s + 5)
+        options = ClusterOptions(
+            dsn=c.dsn or "", node=settings, capacity=capacity(cfg), pool_size=c.pool_size,
+            connect_timeout_s=c.connect_timeout_s, write_retry_s=c.write_retry_s,
+            audit_max_rows=keep.audit_max_rows, audit_max_age_days=keep.audit_max_age_days,
+            audit_spool=os.path.join(self.home, "audit-spool.jsonl"))
+        policy = Policy(runs_per_task=keep.runs_per_task, max_age_ms=keep.run_max_age_days * 86_400_000,
+                        log_quota_bytes=keep.log_quota_bytes)
+        logs = run_logs(self.home)
+        try:
+            pg = await open_cluster(options, policy, logs)
+        except ToolError as exc:
+            raise StartupError(exc.message) from None
+        self._adapters = pg
+        self.clock = pg.clock
+        self.stores = Stores(
+            location=pg.location, logs=logs, log_reader=pg.log_reader, tasks=pg.tasks, runs=pg.runs,
+            triggers=pg.triggers, admission=pg.admission, credentials=pg.credentials, secrets=pg.secrets,
+            audit=pg.audit, readers=pg.readers, counts=pg.counts)
+
+    def distribute(self, runner: Runner) -> RunController:
+        from edge.storage.postgres.cluster import PgCluster
+
+        assert isinstance(self._adapters, PgCluster)
+        self.node, controller = self._adapters.runtime(runner)
+        return controller
+
+    async def close(self) -> None:
+        from edge.storage.postgres.cluster import PgCluster
+
+        if isinstance(self._adapters, PgCluster):
+            await self._adapters.close()
+
+
+def default_node_id(home: str) -> str:
+    """The host name and a digest of the home: stable across restarts of one daemon (its
+    previous life's runs are then its own to reconcile), distinct for two homes."""
+    import hashlib
+    import socket
+
+    host = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in socket.gethostname())[:40] or "node"
+    return f"{host}:{hashlib.sha256(os.path.abspath(home).encode()).hexdigest()[:8]}"
+
+
 # -- the daemon's graph -------------------------------------------------------------
 
 
 class Graph:
-    """Everything the daemon runs. Start: runner recovery → scheduler → listeners."""
+    """Everything the daemon runs. Start: runner recovery → cluster node → scheduler →
+    listeners."""
 
     def __init__(
-        self, config: Config, home: str, socket_path: str, loop: str, db: Database, pepper: bytes,
-        clock: Clock | None = None,
+        self, config: Config, home: str, socket_path: str, loop: str, db: Database | None, pepper: bytes,
+        clock: Clock | None = None, cluster: Cluster | None = None,
     ) -> None:
+        if cluster is not None and cluster.stores is not None:
+            clock = cluster.clock
+            self.stores = cluster.stores
+        else:
+            assert db is not None
+            self.stores = build_stores(db, config, home)
         clock = clock or SystemClock()
-        self.stores = build_stores(db, config, home)
-        self.workers = build_workers(config, home, self.stores, clock)
-        self.facts = DaemonFacts(db.path, loop, clock, self.stores.counts)
+        self.cluster = cluster
+        self.workers = build_workers(config, home, self.stores, clock, cluster.distribute if cluster else None)
+        self.facts = DaemonFacts(self.stores.location, loop, clock, self.stores.counts)
         self.facts.add_extra(self.workers.scheduler.status)
+        if cluster is not None and cluster.node is not None:
+            self.facts.add_extra(cluster.node.status)
         registry = Registry([*builtin_tools(), *ai_tools()])
         services = build_services(config, self.stores, self.workers, self.facts, registry, pepper, clock)
         self.chain = build_chain(config, services, registry)

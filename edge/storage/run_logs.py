@@ -303,3 +303,16 @@ class RunLogs:
         for run_id in run_ids:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._path(run_id))
+
+
+class LocalLogReader:
+    """RunLogReader (edge.core.ports.stores) of a single node: its own log files."""
+
+    def __init__(self, files: RunLogs) -> None:
+        self._files = files
+
+    async def read(self, run_id: str, offset: int, length: int) -> LogRange | None:
+        return self._files.read(run_id, offset, length)
+
+    async def tail(self, run_id: str, size: int) -> LogRange | None:
+        return self._files.tail(run_id, size)

@@ -11,6 +11,7 @@ from edge.core.ports.stores import (
     CredentialStore,
     Readers,
     RunLogFiles,
+    RunLogReader,
     RunStore,
     SecretStore,
     TaskStore,
@@ -52,6 +53,7 @@ class Services(msgspec.Struct, frozen=True, kw_only=True):
     secrets: SecretStore
     audit: AuditLog
     logs: RunLogFiles
+    log_reader: RunLogReader  # logs as tools read them (on a cluster, of a run on any node)
     readers: Readers
     runner: RunController
     facts: StatusFacts

@@ -96,7 +96,8 @@ class RunStore(Protocol):
         ...
 
     async def active_processes(self) -> list[tuple[Run, RunProcess]]:
-        """Active runs with the process recorded for them, for reconciling after a crash."""
+        """Active runs with the process recorded for them, for reconciling after a crash:
+        every active run on a single node; on a cluster node, those this node claimed."""
         ...
 
     async def events(self, project: str, run_id: str, after_sequence: int, limit: int) -> list[RunEvent]:
@@ -285,6 +286,21 @@ class RunLogFiles(Protocol):
 
     def remove(self, run_ids: Iterable[str]) -> None:
         """Delete these runs' logs; missing ones are fine."""
+        ...
+
+
+class RunLogReader(Protocol):
+    """Run logs as tools read them. Single node: the files of RunLogFiles. A cluster node
+    also reads the copy of a finished run's log that the node which ran it stored, so any
+    node can show the log of any run."""
+
+    async def read(self, run_id: str, offset: int, length: int) -> LogRange | None:
+        """At most `length` bytes from `offset`; None when the run has no log."""
+        ...
+
+    async def tail(self, run_id: str, size: int) -> LogRange | None:
+        """The last `size` bytes; None when there is no log. Raises unavailable when it
+        exists but cannot be read."""
         ...
 
 

@@ -78,7 +78,7 @@ async def log_excerpt(ctx: ToolContext, args: ExcerptArgs) -> Excerpt:
         return Excerpt(status="not_found", run_id=args.run_id)
     # Without every secret value nothing can be shown safely: a storage fault fails the call.
     values = await ctx.services.secrets.values(ctx.project)
-    tail = ctx.services.logs.tail(run.id, WINDOW_BYTES)
+    tail = await ctx.services.log_reader.tail(run.id, WINDOW_BYTES)
     if tail is None:
         return Excerpt(status=_without_file(run), run_id=run.id)
     window = window_text(tail.data, tail.start)

@@ -115,7 +115,7 @@ async def events(ctx: ToolContext, args: EventArgs) -> EventPage:
 
 async def read_log(ctx: ToolContext, args: LogArgs) -> LogChunk:
     run = await _run(ctx, args.run_id)
-    found = ctx.services.logs.read(run.id, args.offset, args.length)
+    found = await ctx.services.log_reader.read(run.id, args.offset, args.length)
     if found is None:
         return LogChunk(data=b"", offset=args.offset, total_bytes=0, eof=True, final=run.terminal)
     return LogChunk(

@@ -1,0 +1,208 @@
+"""Admission on PostgreSQL: leaderless and exactly once.
+
+Every node evaluates every trigger. A fire becomes a run in one transaction that locks the
+trigger's row (`FOR UPDATE`: a compare-and-set on its cursor, since a second node waits and
+then re-reads the moved cursor), inserts the run with its unique idempotency key
+`cron:<trigger>:<revision>:<scheduled_for_ms>` (`ON CONFLICT DO NOTHING`), and moves the
+cursor; the winner's `run` hint wakes the nodes that may claim it. The overlap policy and
+the queue bound are checked under one transaction-scoped advisory lock, so they hold across
+nodes; the partial unique index on a `forbid` task's active run backs the policy up.
+Misfires, grace and clock marks follow the single-node rules (edge.core.schedule.plan).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from edge.core.errors import ToolError, conflict, not_found
+from edge.core.ids import uuid7
+from edge.core.runs import ActorType, Run
+from edge.core.schedule import ScheduleError, plan
+from edge.core.tasks import Task
+from edge.core.triggers import Admission, ManualAdmission, Trigger
+from edge.storage.postgres import catalog
+from edge.storage.postgres.db import PgDatabase, Tx
+from edge.storage.postgres.runs import get_run, insert_run
+
+GATE_LOCK = 0x71_6C_65_67  # serializes the overlap and queue checks of every node, per transaction
+
+SQL_ARMED = (
+    "SELECT next_fire_at_ms, id FROM triggers WHERE project_id = %s AND next_fire_at_ms IS NOT NULL"
+    " ORDER BY next_fire_at_ms, id"
+)
+SQL_PINNED_TASK = """
+SELECT t.enabled, coalesce(r.spec::jsonb ->> 'overlap', 'forbid')
+FROM tasks AS t JOIN task_revisions AS r ON r.project_id = t.project_id AND r.task_id = t.id
+WHERE t.project_id = %s AND t.id = %s AND r.revision = %s
+"""
+SQL_ACTIVE_FOR_TASK = (
+    "SELECT id FROM runs WHERE project_id = %s AND task_id = %s AND status IN ('queued', 'running')"
+)
+SQL_ACTIVE_COUNT = "SELECT count(*) FROM runs WHERE status IN ('queued', 'running')"
+# Slots of the nodes alive (heartbeat within the lease), for the cluster-wide bound.
+SQL_LIVE_SLOTS = "SELECT coalesce(sum(slots), 0) FROM nodes WHERE heartbeat_at > now() - make_interval(secs => %s)"
+SQL_BY_KEY = "SELECT id FROM runs WHERE idempotency_key = %s"
+SQL_MOVE_CURSOR = (
+    "UPDATE triggers SET next_fire_at_ms = %s, last_scheduled_at_ms = %s WHERE project_id = %s AND id = %s"
+)
+SQL_SAVE_TIME = (
+    "INSERT INTO meta (key, value) VALUES (%s, %s) ON CONFLICT (key) DO UPDATE SET"
+    " value = greatest(meta.value, excluded.value)"
+)
+
+
+class Bound:
+    """The shared queue bound: `capacity` (slots + queue of this node) with this node's
+    own slots replaced by those of every live node."""
+
+    def __init__(self, capacity: int, own_slots: int, lease_s: float) -> None:
+        self.capacity = capacity
+        self.own_slots = own_slots
+        self.lease_s = lease_s
+
+    async def limit(self, tx: Tx) -> int:
+        if not self.own_slots:
+            return self.capacity
+        (live,) = await tx.one(SQL_LIVE_SLOTS, (self.lease_s,))
+        return self.capacity - self.own_slots + max(int(live), self.own_slots)
+
+
+async def _gate(tx: Tx, project: str, task_id: str, overlap: str, bound: Bound,
+                replacing: list[str]) -> tuple[str | None, str | None]:
+    active = [r for (r,) in await tx.rows(SQL_ACTIVE_FOR_TASK, (project, task_id)) if r not in replacing]
+    if active and overlap == "forbid":
+        return "overlap", active[0]
+    if active and overlap == "replace":
+        replacing.extend(active)
+    (count,) = await tx.one(SQL_ACTIVE_COUNT)
+    if count - len(replacing) >= await bound.limit(tx):
+        return "queue_full", None
+    return None, None
+
+
+def _scheduled_run(trig: Trigger, fire: int, origin: str, now: int, jitter: int | None) -> Run:
+    return Run(
+        id=uuid7(now), project_id=trig.project_id, task_id=trig.task_id, task_revision=trig.task_revision,
+        origin=origin, status="queued", version=1, event_seq=1, created_at_ms=now,  # type: ignore[arg-type]
+        trigger_id=trig.id, trigger_revision=trig.revision, queued_at_ms=now, scheduled_for_ms=fire,
+        idempotency_key=f"cron:{trig.id}:{trig.revision}:{fire}", jitter_ms=jitter,
+    )
+
+
+async def _admit_fires(
+    tx: Tx, project: str, trigger_id: str, now: int, grace_ms: int, bound: Bound, rng: Callable[[], float],
+) -> Admission:
+    trig = await catalog.get_trigger(tx, project, trigger_id, lock=True)
+    if trig is None:
+        return Admission(gone=True)
+    if not trig.enabled or trig.next_fire_at_ms is None:
+        return Admission(cursor=None)
+    try:
+        schedule = trig.spec.schedule()
+    except ScheduleError:
+        await catalog.record_event(tx, project, trig.id, "refused", "timezone_unavailable", trig.next_fire_at_ms,
+                                   trig.next_fire_at_ms, 1, now, trig.last_scheduled_at_ms)
+        return Admission(cursor=trig.next_fire_at_ms, retry=True)
+    todo = plan(schedule, trig.next_fire_at_ms, now, trig.spec.misfire, grace_ms)
+    if not todo.admit and todo.missed is None:
+        if todo.cursor != trig.next_fire_at_ms:
+            await tx.execute(SQL_MOVE_CURSOR, (todo.cursor, trig.last_scheduled_at_ms, project, trig.id))
+        return Admission(cursor=todo.cursor)
+    last_admitted = trig.last_scheduled_at_ms
+    if todo.missed is not None:
+        m = todo.missed
+        await catalog.record_event(tx, project, trig.id, "skipped", "misfire", m.first_ms, m.last_ms, m.fires, now,
+                                   last_admitted)
+    await tx.execute("SELECT pg_advisory_xact_lock(%s)", (GATE_LOCK,))
+    enabled, overlap = await tx.one(SQL_PINNED_TASK, (project, trig.task_id, trig.task_revision))
+    admitted: list[Run] = []
+    replacing: list[str] = []
+    for fire, origin in todo.admit:
+        reason = "task_disabled" if not enabled else (
+            await _gate(tx, project, trig.task_id, overlap, bound, replacing))[0]
+        if reason is not None:
+            kind = "refused" if reason == "queue_full" else "skipped"
+            await catalog.record_event(tx, project, trig.id, kind, reason, fire, fire, 1, now, last_admitted)
+            continue
+        key = f"cron:{trig.id}:{trig.revision}:{fire}"
+        if await tx.row(SQL_BY_KEY, (key,)) is not None:
+            continue
+        jitter = int(rng() * trig.spec.jitter_s * 1000) if trig.spec.jitter_s else None
+        run = _scheduled_run(trig, fire, origin, now, jitter)
+        if not await insert_run(tx, run, "scheduler", overlap == "forbid", now + (jitter or 0)):
+            continue  # the key (or the one active forbid run) exists: never admitted twice
+        created = await get_run(tx, project, run.id)
+        assert created is not None
+        admitted.append(created)
+        last_admitted = fire
+    await tx.execute(SQL_MOVE_CURSOR, (todo.cursor, last_admitted, project, trig.id))
+    await tx.execute(SQL_SAVE_TIME, (catalog.CLOCK_KEY, now))
+    if admitted:
+        await tx.notify("run")
+    return Admission(runs=admitted, cancel=replacing, cursor=todo.cursor)
+
+
+async def _admit_manual(tx: Tx, task: Task, actor: ActorType, now: int, bound: Bound) -> ManualAdmission:
+    await tx.execute("SELECT pg_advisory_xact_lock(%s)", (GATE_LOCK,))
+    row = await tx.row(SQL_PINNED_TASK, (task.project_id, task.id, task.revision))
+    if row is None:
+        raise not_found(f"task {task.id!r} not found")
+    if not row[0]:
+        raise conflict(f"task {task.id!r} is disabled; enable it first")
+    replacing: list[str] = []
+    reason, blocking = await _gate(tx, task.project_id, task.id, row[1], bound, replacing)
+    if reason == "overlap":
+        raise conflict(f"task {task.id!r} already has an active run ({blocking}) and its overlap policy is forbid")
+    if reason == "queue_full":
+        raise ToolError("resource_exhausted", f"the run queue is full ({await bound.limit(tx)} runs active or waiting)")
+    run = Run(id=uuid7(now), project_id=task.project_id, task_id=task.id, task_revision=task.revision,
+              origin="manual", status="queued", version=1, event_seq=1, created_at_ms=now, queued_at_ms=now)
+    if not await insert_run(tx, run, actor, row[1] == "forbid"):
+        raise conflict(f"task {task.id!r} already has an active run and its overlap policy is forbid")
+    await tx.notify("run")
+    created = await get_run(tx, task.project_id, run.id)
+    assert created is not None
+    return ManualAdmission(run=created, replaces=replacing)
+
+
+async def _armed(tx: Tx, project: str) -> list[tuple[int, str]]:
+    return [(int(n), t) for n, t in await tx.rows(SQL_ARMED, (project,))]
+
+
+async def _newest_time(tx: Tx, project: str) -> int:
+    audit = await tx.row("SELECT at_ms FROM security_audit ORDER BY id DESC LIMIT 1")
+    run = await tx.row("SELECT max(created_at_ms) FROM runs WHERE project_id = %s", (project,))
+    return max([await catalog.clock_mark(tx)] + [int(r[0]) for r in (audit, run) if r and r[0] is not None])
+
+
+async def _save_time(tx: Tx, now: int) -> None:
+    await tx.execute(SQL_SAVE_TIME, (catalog.CLOCK_KEY, now))
+
+
+class PgAdmission:
+    """RunAdmission (edge.core.ports.stores) on PostgreSQL. `own_slots` > 0 (a cluster node):
+    the queue bound counts the slots of every live node instead of this node's alone."""
+
+    def __init__(self, db: PgDatabase, capacity: int, own_slots: int = 0, lease_s: float = 30.0) -> None:
+        self._db = db
+        self._bound = Bound(capacity, own_slots, lease_s)
+
+    def set_capacity(self, capacity: int) -> None:
+        self._bound.capacity = capacity
+
+    async def armed(self, project: str) -> list[tuple[int, str]]:
+        return await self._db.tx(_armed, project)
+
+    async def admit_fires(
+        self, project: str, trigger_id: str, now_ms: int, grace_ms: int, rng: Callable[[], float]
+    ) -> Admission:
+        return await self._db.tx(_admit_fires, project, trigger_id, now_ms, grace_ms, self._bound, rng)
+
+    async def admit_manual(self, task: Task, actor: ActorType, now_ms: int) -> ManualAdmission:
+        return await self._db.tx(_admit_manual, task, actor, now_ms, self._bound)
+
+    async def newest_time(self, project: str) -> int:
+        return await self._db.tx(_newest_time, project)
+
+    async def save_time(self, now_ms: int) -> None:
+        await self._db.tx(_save_time, now_ms)

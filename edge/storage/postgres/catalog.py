@@ -1,0 +1,398 @@
+"""Tasks and triggers on PostgreSQL: heads, immutable revisions, trigger events. The
+semantics are those of edge.storage.sqlite.tasks and .triggers (the port contracts in
+edge.core.ports.stores); here every write locks the head it changes (`FOR UPDATE`), so
+concurrent writers on several nodes serialize per task or trigger. Every trigger change
+sends the `trigger` hint so the other nodes' schedulers re-read their heaps.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from edge.core.errors import conflict, invalid, not_found
+from edge.core.ports.stores import RunLogFiles
+from edge.core.schedule import Schedule, ScheduleError
+from edge.core.tasks import SPEC_SCHEMA as TASK_SCHEMA
+from edge.core.tasks import Task, TaskSpec, content_digest
+from edge.core.triggers import SPEC_SCHEMA, CronSpec, Trigger, TriggerEvent
+from edge.storage.postgres.db import PgDatabase, Row, Tx
+
+_json = msgspec.json.Encoder()
+_task_spec = msgspec.json.Decoder(TaskSpec)
+_cron_spec = msgspec.json.Decoder(CronSpec)
+
+EVENTS_PER_TRIGGER = 100
+PRUNE_BATCH = 64
+CLOCK_KEY = "clock.newest_ms"
+_NO_EVENT = 1 << 62
+
+# -- tasks --------------------------------------------------------------------------
+
+_TASK = """
+SELECT t.project_id, t.id, t.name, r.revision, r.enabled, r.spec, r.content_digest, t.created_at_ms, t.updated_at_ms
+FROM tasks AS t JOIN task_revisions AS r ON r.project_id = t.project_id AND r.task_id = t.id
+"""
+SQL_TASK_GET = _TASK + "WHERE t.project_id = %s AND t.id = %s AND r.revision = coalesce(%s, t.revision)"
+SQL_TASK_LIST = _TASK + "WHERE t.project_id = %s AND t.id > %s AND r.revision = t.revision ORDER BY t.id LIMIT %s"
+
+
+def _task(row: Row) -> Task:
+    project, task_id, name, revision, enabled, spec, digest, created, updated = row
+    return Task(id=task_id, project_id=project, name=name, revision=revision, enabled=enabled,
+                spec=_task_spec.decode(spec), content_digest=digest, created_at_ms=created, updated_at_ms=updated)
+
+
+async def get_task(tx: Tx, project: str, task_id: str, revision: int | None = None) -> Task | None:
+    row = await tx.row(SQL_TASK_GET, (project, task_id, revision))
+    return _task(row) if row else None
+
+
+async def _lock_task(tx: Tx, project: str, task_id: str, expected: int | None) -> int:
+    row = await tx.row("SELECT revision FROM tasks WHERE project_id = %s AND id = %s FOR UPDATE", (project, task_id))
+    if row is None:
+        raise not_found(f"task {task_id!r} not found")
+    if expected is not None and row[0] != expected:
+        raise conflict(f"task {task_id!r} is at revision {row[0]}, not {expected}")
+    return int(row[0])
+
+
+async def _insert_task_revision(
+    tx: Tx, project: str, task_id: str, revision: int, spec: TaskSpec, enabled: bool, now: int
+) -> None:
+    await tx.execute(
+        "INSERT INTO task_revisions (project_id, task_id, revision, spec_schema, spec, content_digest, enabled,"
+        " created_at_ms) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+        (project, task_id, revision, TASK_SCHEMA, _json.encode(spec).decode(), content_digest(spec), enabled, now),
+    )
+
+
+async def _create_task(tx: Tx, project: str, task_id: str, name: str, spec: TaskSpec, now: int) -> Task:
+    inserted = await tx.execute(
+        "INSERT INTO tasks (project_id, id, name, revision, enabled, created_at_ms, updated_at_ms)"
+        " VALUES (%s, %s, %s, 1, true, %s, %s) ON CONFLICT DO NOTHING",
+        (project, task_id, name, now, now),
+    )
+    if not inserted:
+        raise conflict(f"task {task_id!r} already exists")
+    await _insert_task_revision(tx, project, task_id, 1, spec, True, now)
+    task = await get_task(tx, project, task_id)
+    assert task is not None
+    return task
+
+
+async def _new_task_revision(
+    tx: Tx, project: str, task_id: str, expected: int | None, now: int,
+    spec: TaskSpec | None, enabled: bool | None, name: str | None,
+) -> Task:
+    head = await _lock_task(tx, project, task_id, expected)
+    current = await get_task(tx, project, task_id)
+    assert current is not None
+    if spec is None and name is None and enabled == current.enabled:
+        return current
+    revision = head + 1
+    flag = current.enabled if enabled is None else enabled
+    await _insert_task_revision(tx, project, task_id, revision, current.spec if spec is None else spec, flag, now)
+    await tx.execute(
+        "UPDATE tasks SET revision = %s, enabled = %s, name = coalesce(%s, name), updated_at_ms = %s"
+        " WHERE project_id = %s AND id = %s",
+        (revision, flag, name, now, project, task_id),
+    )
+    await follow_task(tx, project, task_id, head, revision, now)
+    task = await get_task(tx, project, task_id)
+    assert task is not None
+    return task
+
+
+async def _delete_task(tx: Tx, project: str, task_id: str, expected: int | None) -> list[str]:
+    await _lock_task(tx, project, task_id, expected)
+    active = await tx.row(
+        "SELECT id FROM runs WHERE project_id = %s AND task_id = %s AND status IN ('queued', 'running') LIMIT 1",
+        (project, task_id))
+    if active:
+        raise conflict(f"task {task_id!r} has an active run ({active[0]}); cancel it first")
+    removed = [r for (r,) in await tx.rows(
+        "DELETE FROM runs WHERE project_id = %s AND task_id = %s RETURNING id", (project, task_id))]
+    await tx.execute("DELETE FROM tasks WHERE project_id = %s AND id = %s", (project, task_id))
+    await tx.notify("trigger")
+    return removed
+
+
+class PgTaskStore:
+    """TaskStore (edge.core.ports.stores) on PostgreSQL."""
+
+    def __init__(self, db: PgDatabase, logs: RunLogFiles) -> None:
+        self._db = db
+        self._logs = logs
+
+    async def create(self, project: str, task_id: str, name: str, spec: TaskSpec, now_ms: int) -> Task:
+        return await self._db.tx(_create_task, project, task_id, name, spec, now_ms)
+
+    async def update(
+        self, project: str, task_id: str, expected_revision: int, spec: TaskSpec, name: str | None, now_ms: int
+    ) -> Task:
+        return await self._db.tx(_new_task_revision, project, task_id, expected_revision, now_ms, spec, None, name)
+
+    async def set_enabled(
+        self, project: str, task_id: str, enabled: bool, expected_revision: int | None, now_ms: int
+    ) -> Task:
+        return await self._db.tx(_new_task_revision, project, task_id, expected_revision, now_ms, None, enabled, None)
+
+    async def get(self, project: str, task_id: str, revision: int | None = None) -> Task | None:
+        return await self._db.tx(get_task, project, task_id, revision)
+
+    async def page(self, project: str, after: str | None, limit: int) -> list[Task]:
+        return [_task(r) for r in await self._db.tx(_rows, SQL_TASK_LIST, (project, after or "", limit))]
+
+    async def delete(self, project: str, task_id: str, expected_revision: int | None) -> int:
+        removed = await self._db.tx(_delete_task, project, task_id, expected_revision)
+        self._logs.remove(removed)
+        return len(removed)
+
+
+async def _rows(tx: Tx, query: str, params: tuple[object, ...]) -> list[Row]:
+    return await tx.rows(query, params)
+
+
+# -- triggers -----------------------------------------------------------------------
+
+_TRIGGER = """
+SELECT h.project_id, h.id, h.revision, h.task_id, h.task_revision, h.enabled, r.spec_schema, r.spec,
+       r.content_digest, h.created_at_ms, h.updated_at_ms, h.next_fire_at_ms, h.last_scheduled_at_ms
+FROM triggers AS h
+JOIN trigger_revisions AS r ON r.project_id = h.project_id AND r.trigger_id = h.id AND r.revision = h.revision
+"""
+SQL_TRIGGER_GET = _TRIGGER + "WHERE h.project_id = %s AND h.id = %s"
+SQL_TRIGGER_LOCK = SQL_TRIGGER_GET + " FOR UPDATE OF h"
+SQL_TRIGGER_LIST = _TRIGGER + "WHERE h.project_id = %s AND h.id > %s ORDER BY h.id LIMIT %s"
+_EVENT_COLUMNS = "id, trigger_id, type, reason, scheduled_for_ms, last_scheduled_for_ms, fires, created_at_ms"
+SQL_EVENTS_TRIGGER = (
+    f"SELECT {_EVENT_COLUMNS} FROM trigger_events WHERE project_id = %s AND trigger_id = %s AND id < %s"
+    " ORDER BY id DESC LIMIT %s"
+)
+SQL_EVENTS_PROJECT = (
+    f"SELECT {_EVENT_COLUMNS} FROM trigger_events WHERE project_id = %s AND id < %s ORDER BY id DESC LIMIT %s"
+)
+
+
+def _trigger(row: Row) -> Trigger:
+    project, tid, revision, task_id, task_rev, enabled, schema, spec, digest, created, updated, nxt, last = row
+    return Trigger(
+        id=tid, project_id=project, revision=revision, task_id=task_id, task_revision=task_rev, enabled=enabled,
+        spec_schema=schema, spec=_cron_spec.decode(spec), content_digest=digest, created_at_ms=created,
+        updated_at_ms=updated, next_fire_at_ms=nxt, last_scheduled_at_ms=last,
+    )
+
+
+async def get_trigger(tx: Tx, project: str, trigger_id: str, lock: bool = False) -> Trigger | None:
+    row = await tx.row(SQL_TRIGGER_LOCK if lock else SQL_TRIGGER_GET, (project, trigger_id))
+    return _trigger(row) if row else None
+
+
+def _schedule(spec: CronSpec) -> Schedule:
+    try:
+        return spec.schedule()
+    except ScheduleError as exc:
+        raise invalid(str(exc)) from None
+
+
+async def clock_mark(tx: Tx) -> int:
+    row = await tx.row("SELECT value FROM meta WHERE key = %s", (CLOCK_KEY,))
+    return int(row[0]) if row else 0
+
+
+async def _arm(tx: Tx, schedule: Schedule, now: int) -> int | None:
+    return schedule.next_after(max(now, await clock_mark(tx)))
+
+
+async def _task_revision(tx: Tx, project: str, task_id: str, wanted: int | None) -> int:
+    row = await tx.row("SELECT revision FROM tasks WHERE project_id = %s AND id = %s", (project, task_id))
+    if row is None:
+        raise not_found(f"task {task_id!r} not found")
+    if wanted is None:
+        return int(row[0])
+    if await tx.row("SELECT 1 FROM task_revisions WHERE project_id = %s AND task_id = %s AND revision = %s",
+                    (project, task_id, wanted)) is None:
+        raise not_found(f"task {task_id!r} has no revision {wanted}")
+    return wanted
+
+
+async def _insert_trigger_revision(tx: Tx, t: Trigger) -> None:
+    await tx.execute(
+        "INSERT INTO trigger_revisions (project_id, trigger_id, revision, task_id, task_revision, enabled,"
+        " spec_schema, spec, content_digest, created_at_ms) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        (t.project_id, t.id, t.revision, t.task_id, t.task_revision, t.enabled, SPEC_SCHEMA,
+         _json.encode(t.spec).decode(), t.content_digest, t.updated_at_ms),
+    )
+
+
+async def _free_id(tx: Tx, project: str, task_id: str) -> str:
+    for n in range(1, 10_000):
+        suffix = f"-{n}"
+        candidate = task_id[: 128 - len(suffix)] + suffix
+        if await tx.row("SELECT 1 FROM triggers WHERE project_id = %s AND id = %s", (project, candidate)) is None:
+            return candidate
+    raise conflict(f"task {task_id!r} has too many triggers")
+
+
+async def _create_trigger(
+    tx: Tx, project: str, trigger_id: str | None, task_id: str, task_revision: int | None, spec: CronSpec, now: int,
+) -> Trigger:
+    schedule = _schedule(spec)
+    pin = await _task_revision(tx, project, task_id, task_revision)
+    tid = trigger_id or await _free_id(tx, project, task_id)
+    first = Trigger(
+        id=tid, project_id=project, revision=1, task_id=task_id, task_revision=pin, enabled=True,
+        spec_schema=SPEC_SCHEMA, spec=spec, content_digest=content_digest(spec), created_at_ms=now,
+        updated_at_ms=now, next_fire_at_ms=await _arm(tx, schedule, now),
+    )
+    inserted = await tx.execute(
+        "INSERT INTO triggers (project_id, id, revision, task_id, task_revision, enabled, created_at_ms,"
+        " updated_at_ms, next_fire_at_ms) VALUES (%s, %s, 1, %s, %s, true, %s, %s, %s) ON CONFLICT DO NOTHING",
+        (project, tid, task_id, pin, now, now, first.next_fire_at_ms),
+    )
+    if not inserted:
+        raise conflict(f"trigger {tid!r} already exists")
+    await _insert_trigger_revision(tx, first)
+    await tx.notify("trigger")
+    trigger = await get_trigger(tx, project, tid)
+    assert trigger is not None
+    return trigger
+
+
+async def _head(tx: Tx, project: str, trigger_id: str, expected: int | None) -> Trigger:
+    trigger = await get_trigger(tx, project, trigger_id, lock=True)
+    if trigger is None:
+        raise not_found(f"trigger {trigger_id!r} not found")
+    if expected is not None and trigger.revision != expected:
+        raise conflict(f"trigger {trigger_id!r} is at revision {trigger.revision}, not {expected}")
+    return trigger
+
+
+async def _revise(tx: Tx, current: Trigger, now: int, enabled: bool, task_revision: int) -> Trigger:
+    nxt = current.next_fire_at_ms
+    if not enabled:
+        nxt = None
+    elif not current.enabled or nxt is None:
+        nxt = await _arm(tx, _schedule(current.spec), now)
+    revision = current.revision + 1
+    await _insert_trigger_revision(tx, msgspec.structs.replace(
+        current, revision=revision, enabled=enabled, task_revision=task_revision, updated_at_ms=now))
+    await tx.execute(
+        "UPDATE triggers SET revision = %s, enabled = %s, task_revision = %s, updated_at_ms = %s,"
+        " next_fire_at_ms = %s WHERE project_id = %s AND id = %s",
+        (revision, enabled, task_revision, now, nxt, current.project_id, current.id),
+    )
+    await tx.notify("trigger")
+    updated = await get_trigger(tx, current.project_id, current.id)
+    assert updated is not None
+    return updated
+
+
+async def _set_trigger_enabled(
+    tx: Tx, project: str, trigger_id: str, enabled: bool, expected: int | None, now: int
+) -> Trigger:
+    current = await _head(tx, project, trigger_id, expected)
+    if current.enabled == enabled and (not enabled or current.next_fire_at_ms is not None):
+        return current
+    return await _revise(tx, current, now, enabled, current.task_revision)
+
+
+async def _repin(
+    tx: Tx, project: str, trigger_id: str, task_revision: int | None, expected: int | None, now: int
+) -> Trigger:
+    current = await _head(tx, project, trigger_id, expected)
+    pin = await _task_revision(tx, project, current.task_id, task_revision)
+    if pin == current.task_revision:
+        return current
+    return await _revise(tx, current, now, current.enabled, pin)
+
+
+async def follow_task(tx: Tx, project: str, task_id: str, old: int, new: int, now: int) -> None:
+    """Triggers pinned to the task's old head move to the new one (inside its transaction)."""
+    for (tid,) in await tx.rows(
+            "SELECT id FROM triggers WHERE project_id = %s AND task_id = %s AND task_revision = %s ORDER BY id",
+            (project, task_id, old)):
+        current = await get_trigger(tx, project, tid, lock=True)
+        assert current is not None
+        await _revise(tx, current, now, current.enabled, new)
+
+
+async def _delete_trigger(tx: Tx, project: str, trigger_id: str, expected: int | None) -> None:
+    await _head(tx, project, trigger_id, expected)
+    await tx.execute("DELETE FROM triggers WHERE project_id = %s AND id = %s", (project, trigger_id))
+    await tx.notify("trigger")
+
+
+async def _trigger_events(
+    tx: Tx, project: str, trigger_id: str | None, before: int | None, limit: int
+) -> list[TriggerEvent]:
+    before = _NO_EVENT if before is None else before
+    if trigger_id is None:
+        rows = await tx.rows(SQL_EVENTS_PROJECT, (project, before, limit))
+    else:
+        rows = await tx.rows(SQL_EVENTS_TRIGGER, (project, trigger_id, before, limit))
+    return [TriggerEvent(id=r[0], trigger_id=r[1], type=r[2], reason=r[3], scheduled_for_ms=r[4],
+                         last_scheduled_for_ms=r[5], fires=r[6], created_at_ms=r[7]) for r in rows]
+
+
+async def record_event(
+    tx: Tx, project: str, trigger_id: str, kind: str, reason: str,
+    first: int, last: int | None, fires: int | None, now: int, last_admitted: int | None,
+) -> None:
+    """Fires that did not run, merged into the newest event of the same outcome (as on SQLite)."""
+    newest = await tx.row(
+        "SELECT id, type, reason, coalesce(last_scheduled_for_ms, scheduled_for_ms), fires FROM trigger_events"
+        " WHERE project_id = %s AND trigger_id = %s ORDER BY id DESC LIMIT 1", (project, trigger_id))
+    if newest and newest[1:3] == (kind, reason) and (last_admitted is None or (newest[3] or 0) > last_admitted):
+        if newest[3] is not None and newest[3] >= first:
+            return
+        count = None if newest[4] is None or fires is None else newest[4] + fires
+        await tx.execute("UPDATE trigger_events SET fires = %s, last_scheduled_for_ms = %s WHERE id = %s",
+                         (count, last, newest[0]))
+        return
+    await tx.execute(
+        "INSERT INTO trigger_events (project_id, trigger_id, type, reason, scheduled_for_ms, last_scheduled_for_ms,"
+        " fires, created_at_ms) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+        (project, trigger_id, kind, reason, first, last, fires, now),
+    )
+    await tx.execute(
+        "DELETE FROM trigger_events WHERE id IN (SELECT id FROM trigger_events WHERE project_id = %s"
+        " AND trigger_id = %s ORDER BY id DESC LIMIT %s OFFSET %s)",
+        (project, trigger_id, PRUNE_BATCH, EVENTS_PER_TRIGGER))
+
+
+class PgTriggerStore:
+    """TriggerStore (edge.core.ports.stores) on PostgreSQL."""
+
+    def __init__(self, db: PgDatabase) -> None:
+        self._db = db
+
+    async def create(
+        self, project: str, trigger_id: str | None, task_id: str, task_revision: int | None, spec: CronSpec,
+        now_ms: int,
+    ) -> Trigger:
+        return await self._db.tx(_create_trigger, project, trigger_id, task_id, task_revision, spec, now_ms)
+
+    async def get(self, project: str, trigger_id: str) -> Trigger | None:
+        return await self._db.tx(get_trigger, project, trigger_id)
+
+    async def page(self, project: str, after: str | None, limit: int) -> list[Trigger]:
+        return [_trigger(r) for r in await self._db.tx(_rows, SQL_TRIGGER_LIST, (project, after or "", limit))]
+
+    async def set_enabled(
+        self, project: str, trigger_id: str, enabled: bool, expected_revision: int | None, now_ms: int
+    ) -> Trigger:
+        return await self._db.tx(_set_trigger_enabled, project, trigger_id, enabled, expected_revision, now_ms)
+
+    async def repin(
+        self, project: str, trigger_id: str, task_revision: int | None, expected_revision: int | None, now_ms: int
+    ) -> Trigger:
+        return await self._db.tx(_repin, project, trigger_id, task_revision, expected_revision, now_ms)
+
+    async def delete(self, project: str, trigger_id: str, expected_revision: int | None) -> None:
+        await self._db.tx(_delete_trigger, project, trigger_id, expected_revision)
+
+    async def events(
+        self, project: str, trigger_id: str | None, before_id: int | None, limit: int
+    ) -> list[TriggerEvent]:
+        return await self._db.tx(_trigger_events, project, trigger_id, before_id, limit)

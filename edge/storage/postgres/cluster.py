@@ -1,0 +1,86 @@
+"""Assembly of a cluster node's adapters, for composition (edge.app.graph) only: open the
+pool, migrate, sample PostgreSQL's clock, build every adapter of the storage ports and the
+node's runtime pieces."""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+
+from edge.core.errors import ToolError
+from edge.core.ports.runtime import RunController
+from edge.core.ports.stores import RunLogFiles
+from edge.storage.postgres.admission import PgAdmission
+from edge.storage.postgres.catalog import PgTaskStore, PgTriggerStore
+from edge.storage.postgres.db import PgDatabase
+from edge.storage.postgres.node import ClusterRunner, DbClock, Node, NodeSettings, PgNodes, server_ms
+from edge.storage.postgres.reads import PgCountsReader, pg_readers
+from edge.storage.postgres.runs import Fences, PgClaims, PgRunLogReader, PgRunStore, Policy
+from edge.storage.postgres.schema import migrate
+from edge.storage.postgres.security import PgAuditLog, PgCredentialStore, PgSecretStore
+
+__all__ = ["ClusterOptions", "NodeSettings", "Policy", "PgCluster", "open_cluster"]
+
+
+class ClusterOptions(msgspec.Struct, frozen=True, kw_only=True):
+    dsn: str
+    node: NodeSettings
+    capacity: int  # this node's slots plus the shared queue
+    pool_size: int = 4
+    connect_timeout_s: int = 5
+    write_retry_s: float = 30.0
+    audit_max_rows: int = 10_000
+    audit_max_age_days: int = 30
+    audit_spool: str | None = None  # where audit rows wait while PostgreSQL is unreachable
+
+
+class PgCluster:
+    """Every PostgreSQL adapter of one node, on one pool."""
+
+    def __init__(self, db: PgDatabase, options: ClusterOptions, policy: Policy, files: RunLogFiles,
+                 clock: DbClock) -> None:
+        node = options.node
+        fences = Fences()
+        self.db = db
+        self.clock = clock
+        self.settings = node
+        self.location = f"postgresql {db.location}"
+        self.tasks = PgTaskStore(db, files)
+        self.runs = PgRunStore(db, policy, files, node.node_id, fences, options.write_retry_s)
+        self.triggers = PgTriggerStore(db)
+        self.admission = PgAdmission(db, options.capacity, node.slots, node.lease_s)
+        self.credentials = PgCredentialStore(db)
+        self.secrets = PgSecretStore(db)
+        self.audit = PgAuditLog(db, node.node_id, options.audit_max_rows, options.audit_max_age_days,
+                                options.audit_spool)
+        self.readers = pg_readers(db)
+        self.counts = PgCountsReader(db)
+        self.log_reader = PgRunLogReader(db, files)
+        self.claims = PgClaims(db, node.project, node.node_id, fences, node.lease_s)
+        self.nodes = PgNodes(db, node)
+
+    def runtime(self, local: RunController) -> tuple[Node, ClusterRunner]:
+        """The node's background side and its runner as tools and the scheduler see it."""
+        node = Node(self.db, self.claims, self.nodes, self.clock, self.settings, local, self.audit.flush)
+        return node, ClusterRunner(local, node, self.admission, self.runs, self.claims, self.clock, self.settings)
+
+    async def close(self) -> None:
+        await self.db.close()
+
+
+async def open_cluster(options: ClusterOptions, policy: Policy, files: RunLogFiles) -> PgCluster:
+    """Connect, migrate and take PostgreSQL's time. Raises ToolError (unavailable) with one
+    line that never contains the DSN."""
+    db = PgDatabase(options.dsn, options.pool_size, options.connect_timeout_s,
+                    application=f"qledge:{options.node.node_id}"[:63])
+    try:
+        await migrate(db)
+        clock = DbClock()
+        sent = time.monotonic()
+        clock.sync(await db.tx(server_ms), sent, time.monotonic())
+    except ToolError as exc:
+        await db.close()
+        reason = db.down_reason or exc.message
+        raise ToolError("unavailable", f"cannot use PostgreSQL {db.location}: {reason}") from None
+    return PgCluster(db, options, policy, files, clock)

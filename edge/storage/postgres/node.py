@@ -1,0 +1,359 @@
+"""A cluster node: the clock it takes from PostgreSQL, its row in `nodes`, the heartbeat
+that renews its leases and reaps expired ones, the claim loop that feeds the local runner,
+the listener for wake-up hints, and the runner as tools and the scheduler see it.
+
+Hints (LISTEN/NOTIFY, sent in the writing transaction) only shorten waits: every loop also
+polls (`poll_s`, bounded), and re-polls after every reconnect, so a lost notification
+delays a run by at most one poll and never loses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable
+
+import msgspec
+import psycopg
+
+from edge.core.errors import ToolError, conflict, not_found
+from edge.core.handoff import Background, shielded
+from edge.core.ports.cluster import NodeRegistry, RunClaims
+from edge.core.ports.runtime import Clock, RunController
+from edge.core.ports.stores import RunAdmission, RunStore
+from edge.core.runs import ActorType, Run, RunUpdate
+from edge.core.tasks import Task
+from edge.storage.postgres.db import PgDatabase, Tx
+from edge.storage.postgres.runs import NOW_MS
+
+log = logging.getLogger("qledge.cluster")
+
+FOREVER_S = 30 * 86_400.0
+POLL_RUN_S = 0.25  # waiting on a run another node holds: its row is read this often
+RECONNECT_S = (0.2, 0.5, 1.0, 2.0, 5.0)
+
+
+class NodeSettings(msgspec.Struct, frozen=True, kw_only=True):
+    node_id: str
+    project: str
+    slots: int  # the runner's concurrency: how many runs this node holds at once
+    lease_s: float = 30.0
+    heartbeat_s: float = 5.0
+    poll_s: float = 2.0
+    cancel_wait_s: float = 45.0
+
+
+class DbClock:
+    """Clock (edge.core.ports.runtime) following PostgreSQL's: each heartbeat samples the
+    server's time and the reading runs on the local monotonic clock from there, so a node
+    booted with a wrong wall clock schedules, stamps and expires on the cluster's time.
+    It never goes backwards."""
+
+    def __init__(self) -> None:
+        self._base_ms: int | None = None
+        self._base_mono = 0.0
+        self._last = 0
+
+    def sync(self, server_ms: int, sent: float, received: float) -> None:
+        self._base_ms = server_ms
+        self._base_mono = (sent + received) / 2
+
+    @property
+    def synced(self) -> bool:
+        return self._base_ms is not None
+
+    def now_ms(self) -> int:
+        if self._base_ms is None:
+            value = time.time_ns() // 1_000_000
+        else:
+            value = self._base_ms + int((time.monotonic() - self._base_mono) * 1000)
+        self._last = value = max(value, self._last)
+        return value
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+
+async def _heartbeat(tx: Tx, node: str, project: str, slots: int, host: str, pid: int) -> int:
+    (now,) = await tx.one(
+        "INSERT INTO nodes (id, project_id, slots, host, pid, started_at, heartbeat_at)"
+        " VALUES (%s, %s, %s, %s, %s, now(), now())"
+        " ON CONFLICT (id) DO UPDATE SET slots = excluded.slots, host = excluded.host, pid = excluded.pid,"
+        f" heartbeat_at = excluded.heartbeat_at RETURNING {NOW_MS}", (node, project, slots, host, pid))
+    return int(now)
+
+
+async def _alive(tx: Tx, lease_s: float) -> int:
+    (count,) = await tx.one("SELECT count(*) FROM nodes WHERE heartbeat_at > now() - make_interval(secs => %s)",
+                            (lease_s,))
+    return int(count)
+
+
+async def _leave(tx: Tx, node: str) -> None:
+    await tx.execute("DELETE FROM nodes WHERE id = %s", (node,))
+
+
+async def server_ms(tx: Tx) -> int:
+    (now,) = await tx.one(f"SELECT {NOW_MS}")
+    return int(now)
+
+
+class PgNodes:
+    """NodeRegistry (edge.core.ports.cluster) for one node."""
+
+    def __init__(self, db: PgDatabase, settings: NodeSettings) -> None:
+        self._db = db
+        self._settings = settings
+        self._host = socket.gethostname()
+
+    async def heartbeat(self, slots: int) -> int:
+        s = self._settings
+        return await self._db.tx(_heartbeat, s.node_id, s.project, slots, self._host, os.getpid())
+
+    async def alive(self) -> int:
+        return await self._db.tx(_alive, self._settings.lease_s)
+
+    async def leave(self) -> None:
+        await self._db.tx(_leave, self._settings.node_id)
+
+
+class Node:
+    """ClusterNode (edge.core.ports.cluster): heartbeat, claim loop and hint listener."""
+
+    def __init__(self, db: PgDatabase, claims: RunClaims, nodes: NodeRegistry, clock: DbClock,
+                 settings: NodeSettings, local: RunController,
+                 after_reconnect: Callable[[], Awaitable[int]] | None = None) -> None:
+        self._db = db
+        self._claims = claims
+        self._nodes = nodes
+        self._clock = clock
+        self._settings = settings
+        self._local = local
+        self._after_reconnect = after_reconnect
+        self._held: set[str] = set()  # runs this node claimed and its runner still has
+        self._cancelling: set[str] = set()
+        self._wake = asyncio.Event()
+        self._loops: list[asyncio.Task[None]] = []
+        self._background = Background(log)
+        self._changed: Callable[[], None] = lambda: None
+        self._up_since: float | None = None  # monotonic time of the first heartbeat since (re)connecting
+        self._alive = 0
+        self._claiming = False
+
+    def holds(self, run_id: str) -> bool:
+        return run_id in self._held
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def start(self, triggers_changed: Callable[[], None]) -> None:
+        self._changed = triggers_changed
+        self._claiming = True
+        await self._beat()
+        for loop in (self._heartbeat_loop(), self._claim_loop(), self._listen_loop()):
+            self._loops.append(asyncio.create_task(loop))
+
+    async def stop(self) -> None:
+        self._claiming = False
+        for task in self._loops:
+            task.cancel()
+        for task in self._loops:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._loops.clear()
+
+    async def close(self) -> None:
+        await self._background.wait()
+        with contextlib.suppress(ToolError):
+            await self._nodes.leave()
+
+    def status(self) -> dict[str, str]:
+        s = self._settings
+        down = self._db.down_since
+        if down is not None:
+            since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(down))
+            return {"cluster": f"node {s.node_id}: PostgreSQL {self._db.location} unreachable since {since}"
+                               f" ({self._db.down_reason}); new runs are refused, running ones go on"}
+        return {"cluster": f"node {s.node_id}: PostgreSQL {self._db.location} reachable; {self._alive} nodes alive,"
+                           f" {len(self._held)} of {s.slots} slots busy here"}
+
+    # -- heartbeat ------------------------------------------------------------------
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._settings.heartbeat_s)
+            await self._beat()
+
+    async def _beat(self) -> None:
+        s = self._settings
+        try:
+            sent = time.monotonic()
+            now = await self._nodes.heartbeat(s.slots)
+            self._clock.sync(now, sent, time.monotonic())
+            if self._up_since is None:  # (re)connected: look at everything again
+                if self._after_reconnect is not None:
+                    await self._after_reconnect()
+                self._up_since = time.monotonic()
+                self._changed()
+                self.wake()
+            await self._claims.renew(sorted(self._held))
+            await self._apply_cancels()
+            # After a reconnect the other nodes get a lease to renew theirs before anything
+            # of theirs is taken for lost.
+            if time.monotonic() - self._up_since >= s.lease_s:
+                for run_id in await self._claims.reap():
+                    log.warning("run %s: its node's lease expired; recorded lost", run_id)
+            self._alive = await self._nodes.alive()
+        except ToolError:
+            self._up_since = None
+
+    async def _apply_cancels(self) -> None:
+        asked = await self._claims.cancel_requests(sorted(self._held - self._cancelling))
+        for run_id, reason in asked.items():
+            self._cancelling.add(run_id)
+            self._background.spawn(self._cancel_local(run_id, reason), f"cancel-{run_id}")
+
+    async def _cancel_local(self, run_id: str, reason: str) -> None:
+        try:
+            await self._local.cancel(self._settings.project, run_id, reason)
+        except ToolError:
+            pass
+        finally:
+            self._cancelling.discard(run_id)
+
+    # -- claims ---------------------------------------------------------------------
+
+    async def _claim_loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._settings.poll_s):
+                    await self._wake.wait()
+            self._wake.clear()
+            await self._claim_some()
+
+    async def _claim_some(self) -> None:
+        while self._claiming and (free := self._settings.slots - len(self._held)) > 0:
+            try:
+                runs = await self._claims.claim(free, self._clock.now_ms())
+            except ToolError:
+                return
+            for run in runs:
+                self._held.add(run.id)
+                self._local.submit(run)
+                self._background.spawn(self._follow(run), f"follow-{run.id}")
+            if len(runs) < free:
+                return
+
+    async def _follow(self, run: Run) -> None:
+        """Until the runner has recorded the run: then its slot is free for the next claim."""
+        try:
+            await self._local.wait(run.project_id, run.id, FOREVER_S)
+        except ToolError:
+            pass
+        finally:
+            self._held.discard(run.id)
+            self._claims.release(run.id)
+            self.wake()
+
+    # -- hints ----------------------------------------------------------------------
+
+    async def _listen_loop(self) -> None:
+        attempt = 0
+        while True:
+            conn: psycopg.AsyncConnection[tuple[object, ...]] | None = None
+            try:
+                conn = await self._db.connect()
+                await conn.execute("LISTEN qledge")
+                attempt = 0
+                self._changed()  # re-poll after every reconnect: hints sent meanwhile are gone
+                self.wake()
+                async for note in conn.notifies():
+                    if note.payload == "run":
+                        self.wake()
+                    elif note.payload == "trigger":
+                        self._changed()
+                    elif note.payload == "cancel":
+                        with contextlib.suppress(ToolError):
+                            await self._apply_cancels()
+            except (psycopg.Error, OSError) as exc:
+                log.debug("hint listener: %s", type(exc).__name__)
+            finally:
+                if conn is not None:
+                    with contextlib.suppress(psycopg.Error, OSError):
+                        await conn.close()
+            await asyncio.sleep(RECONNECT_S[min(attempt, len(RECONNECT_S) - 1)])
+            attempt += 1
+
+
+class ClusterRunner:
+    """RunController (edge.core.ports.runtime) of a cluster node: admitted runs go to the
+    cluster (any node with a free slot claims them), and cancel and wait work on runs held
+    by any node."""
+
+    def __init__(self, local: RunController, node: Node, admission: RunAdmission, runs: RunStore,
+                 claims: RunClaims, clock: Clock, settings: NodeSettings) -> None:
+        self._local = local
+        self._node = node
+        self._admission = admission
+        self._runs = runs
+        self._claims = claims
+        self._clock = clock
+        self._settings = settings
+        self._background = Background(log)
+
+    def submit(self, run: Run) -> None:
+        self._node.wake()  # queued in PostgreSQL already: whichever node has a slot claims it
+
+    async def start(self, task: Task, actor: ActorType) -> Run:
+        return await shielded(self._background, self._admit(task, actor), f"admit-{task.id}")
+
+    async def _admit(self, task: Task, actor: ActorType) -> Run:
+        admitted = await self._admission.admit_manual(task, actor, self._clock.now_ms())
+        try:
+            for run_id in admitted.replaces:
+                with contextlib.suppress(ToolError):
+                    await self.cancel(task.project_id, run_id, "replaced")
+        finally:
+            self._node.wake()
+        return admitted.run
+
+    async def cancel(self, project: str, run_id: str, reason: str) -> Run:
+        for _ in range(8):
+            if self._node.holds(run_id):
+                return await self._local.cancel(project, run_id, reason)
+            run = await self._runs.get(project, run_id)
+            if run is None:
+                raise not_found(f"run {run_id} not found")
+            if run.terminal:
+                raise conflict(f"run {run_id} already finished ({run.status})")
+            if await self._claims.request_cancel(project, run_id, reason):
+                return await self._until_finished(project, run, self._settings.cancel_wait_s)
+            try:  # queued and claimed by nobody: cancelled here (a claim meanwhile moves its version)
+                now = self._clock.now_ms()
+                return await self._runs.transition(
+                    run.id, run.version, "cancelled", now, "user",
+                    RunUpdate(finished_at_ms=now, error_summary=f"cancelled: {reason}"), reason)
+            except ToolError as exc:
+                if exc.code != "conflict":
+                    raise
+        raise conflict(f"run {run_id} kept changing; try again")
+
+    async def wait(self, project: str, run_id: str, timeout_s: float) -> Run | None:
+        if self._node.holds(run_id):
+            return await self._local.wait(project, run_id, timeout_s)
+        run = await self._runs.get(project, run_id)
+        if run is None or run.terminal:
+            return run
+        return await self._until_finished(project, run, timeout_s)
+
+    async def _until_finished(self, project: str, run: Run, timeout_s: float) -> Run:
+        deadline = time.monotonic() + timeout_s
+        latest: Run | None = run
+        while latest is not None and not latest.terminal and time.monotonic() < deadline:
+            await asyncio.sleep(min(POLL_RUN_S, max(0.0, deadline - time.monotonic())))
+            latest = await self._runs.get(project, run.id) or latest
+        return latest or run

@@ -1,0 +1,245 @@
+"""The cluster schema, versioned like SQLite's: MIGRATIONS[n - 1] takes the database to
+version n, each in one transaction, under an advisory lock so that nodes starting
+together migrate once. Text keys use the "C" collation: ids sort byte by byte, as on
+SQLite, whatever the database's locale.
+"""
+
+from __future__ import annotations
+
+from edge.core.errors import ToolError
+from edge.storage.postgres.db import PgDatabase, Tx
+
+MIGRATE_LOCK = 0x71_6C_65_64  # "qled": one key per database, held only while migrating
+
+_V1 = """
+CREATE TABLE meta (
+    key text COLLATE "C" PRIMARY KEY,
+    value bigint NOT NULL
+);
+
+CREATE TABLE tasks (
+    project_id text COLLATE "C" NOT NULL,
+    id text COLLATE "C" NOT NULL,
+    name text NOT NULL,
+    revision integer NOT NULL,
+    enabled boolean NOT NULL,
+    created_at_ms bigint NOT NULL,
+    updated_at_ms bigint NOT NULL,
+    PRIMARY KEY (project_id, id)
+);
+
+CREATE TABLE task_revisions (
+    project_id text COLLATE "C" NOT NULL,
+    task_id text COLLATE "C" NOT NULL,
+    revision integer NOT NULL,
+    spec_schema text NOT NULL,
+    spec text NOT NULL,
+    content_digest text NOT NULL,
+    enabled boolean NOT NULL,
+    created_at_ms bigint NOT NULL,
+    PRIMARY KEY (project_id, task_id, revision),
+    FOREIGN KEY (project_id, task_id) REFERENCES tasks (project_id, id) ON DELETE CASCADE
+);
+
+CREATE TABLE triggers (
+    project_id text COLLATE "C" NOT NULL,
+    id text COLLATE "C" NOT NULL,
+    revision integer NOT NULL,
+    task_id text COLLATE "C" NOT NULL,
+    task_revision integer NOT NULL,
+    enabled boolean NOT NULL,
+    created_at_ms bigint NOT NULL,
+    updated_at_ms bigint NOT NULL,
+    next_fire_at_ms bigint,
+    last_scheduled_at_ms bigint,
+    PRIMARY KEY (project_id, id),
+    FOREIGN KEY (project_id, task_id) REFERENCES tasks (project_id, id) ON DELETE CASCADE
+);
+CREATE INDEX triggers_task_idx ON triggers (project_id, task_id, task_revision);
+CREATE INDEX triggers_armed_idx ON triggers (project_id, next_fire_at_ms) WHERE next_fire_at_ms IS NOT NULL;
+
+CREATE TABLE trigger_revisions (
+    project_id text COLLATE "C" NOT NULL,
+    trigger_id text COLLATE "C" NOT NULL,
+    revision integer NOT NULL,
+    task_id text COLLATE "C" NOT NULL,
+    task_revision integer NOT NULL,
+    enabled boolean NOT NULL,
+    spec_schema text NOT NULL,
+    spec text NOT NULL,
+    content_digest text NOT NULL,
+    created_at_ms bigint NOT NULL,
+    PRIMARY KEY (project_id, trigger_id, revision),
+    FOREIGN KEY (project_id, trigger_id) REFERENCES triggers (project_id, id) ON DELETE CASCADE
+);
+
+CREATE TABLE trigger_events (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    project_id text COLLATE "C" NOT NULL,
+    trigger_id text COLLATE "C" NOT NULL,
+    type text NOT NULL,
+    reason text,
+    scheduled_for_ms bigint,
+    last_scheduled_for_ms bigint,
+    fires integer DEFAULT 1,
+    created_at_ms bigint NOT NULL,
+    FOREIGN KEY (project_id, trigger_id) REFERENCES triggers (project_id, id) ON DELETE CASCADE
+);
+CREATE INDEX trigger_events_trigger_idx ON trigger_events (project_id, trigger_id, id DESC);
+CREATE INDEX trigger_events_project_idx ON trigger_events (project_id, id DESC);
+
+-- Every claim draws a new fence: a completion must present the fence of the claim it ends.
+CREATE SEQUENCE run_fence;
+
+CREATE TABLE runs (
+    id text COLLATE "C" PRIMARY KEY,
+    project_id text COLLATE "C" NOT NULL,
+    task_id text COLLATE "C" NOT NULL,
+    task_revision integer NOT NULL,
+    trigger_id text COLLATE "C",
+    trigger_revision integer,
+    origin text NOT NULL,
+    status text NOT NULL,
+    version integer NOT NULL,
+    event_seq integer NOT NULL,
+    created_at_ms bigint NOT NULL,
+    queued_at_ms bigint,
+    started_at_ms bigint,
+    finished_at_ms bigint,
+    scheduled_for_ms bigint,
+    exit_code integer,
+    error_code text,
+    error_summary text,
+    log_bytes bigint NOT NULL DEFAULT 0,
+    log_truncated boolean NOT NULL DEFAULT false,
+    idempotency_key text COLLATE "C" UNIQUE,
+    jitter_ms integer,
+    log_dropped_at_ms bigint,
+    pid integer,
+    pid_start_ticks bigint,
+    forbid boolean NOT NULL DEFAULT false,    -- its task revision's overlap policy is forbid
+    not_before_ms bigint,                     -- jitter: not claimed before this time
+    node_id text COLLATE "C",                 -- the node that claimed it
+    fence bigint,
+    lease_until timestamptz,                  -- PostgreSQL's clock, never a node's
+    cancel_reason text                        -- a cancel asked on another node, for the owner
+);
+CREATE INDEX runs_task_created_idx ON runs (project_id, task_id, created_at_ms DESC, id DESC);
+CREATE INDEX runs_project_created_idx ON runs (project_id, created_at_ms DESC, id DESC);
+CREATE INDEX runs_active_idx ON runs (project_id, task_id) WHERE status IN ('queued', 'running');
+-- Overlap `forbid` across nodes: one active run per forbid task, whatever raced.
+CREATE UNIQUE INDEX runs_forbid_active_idx ON runs (project_id, task_id)
+    WHERE forbid AND status IN ('queued', 'running');
+CREATE INDEX runs_claimable_idx ON runs (project_id, created_at_ms, id) WHERE status = 'queued' AND node_id IS NULL;
+CREATE INDEX runs_leased_idx ON runs (lease_until) WHERE status IN ('queued', 'running') AND node_id IS NOT NULL;
+CREATE INDEX runs_log_idx ON runs (project_id, created_at_ms, id) WHERE log_bytes > 0 AND log_dropped_at_ms IS NULL;
+
+CREATE TABLE run_events (
+    run_id text COLLATE "C" NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    sequence integer NOT NULL,
+    type text NOT NULL,
+    actor_type text NOT NULL,
+    created_at_ms bigint NOT NULL,
+    detail text,
+    PRIMARY KEY (run_id, sequence)
+);
+
+-- A finished run's log (head + tail within the run's cap), readable from every node.
+CREATE TABLE run_logs (
+    run_id text COLLATE "C" PRIMARY KEY REFERENCES runs (id) ON DELETE CASCADE,
+    data bytea NOT NULL
+);
+
+-- The running total of log bytes per project has one owner: this trigger.
+CREATE FUNCTION runs_log_total() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    delta bigint := 0;
+    project text;
+BEGIN
+    IF TG_OP IN ('UPDATE', 'DELETE') AND OLD.log_dropped_at_ms IS NULL THEN
+        delta := delta - OLD.log_bytes;
+    END IF;
+    IF TG_OP IN ('UPDATE', 'INSERT') AND NEW.log_dropped_at_ms IS NULL THEN
+        delta := delta + NEW.log_bytes;
+    END IF;
+    IF delta <> 0 THEN
+        project := CASE WHEN TG_OP = 'DELETE' THEN OLD.project_id ELSE NEW.project_id END;
+        INSERT INTO meta (key, value) VALUES ('run_log_bytes:' || project, delta)
+            ON CONFLICT (key) DO UPDATE SET value = meta.value + excluded.value;
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER runs_log_total AFTER INSERT OR DELETE OR UPDATE OF log_bytes, log_dropped_at_ms ON runs
+    FOR EACH ROW EXECUTE FUNCTION runs_log_total();
+
+CREATE TABLE credentials (
+    id text COLLATE "C" PRIMARY KEY,
+    project_id text COLLATE "C" NOT NULL,
+    name text NOT NULL,
+    role text NOT NULL,
+    permissions text,
+    digest bytea NOT NULL,
+    created_at_ms bigint NOT NULL,
+    revoked_at_ms bigint
+);
+
+CREATE TABLE secrets (
+    project_id text COLLATE "C" NOT NULL,
+    name text COLLATE "C" NOT NULL,
+    value text NOT NULL,
+    created_at_ms bigint NOT NULL,
+    updated_at_ms bigint NOT NULL,
+    PRIMARY KEY (project_id, name)
+);
+
+CREATE TABLE security_audit (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at_ms bigint NOT NULL,
+    project_id text NOT NULL,
+    principal text NOT NULL,
+    tool text NOT NULL,
+    outcome text NOT NULL,
+    reasons text NOT NULL,
+    transport text NOT NULL,
+    request_id text,
+    node_id text                              -- which node answered the call
+);
+
+CREATE TABLE nodes (
+    id text COLLATE "C" PRIMARY KEY,
+    project_id text COLLATE "C" NOT NULL,
+    slots integer NOT NULL,
+    host text NOT NULL,
+    pid integer NOT NULL,
+    started_at timestamptz NOT NULL,
+    heartbeat_at timestamptz NOT NULL
+);
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1,)
+
+SQL_VERSION_TABLE = (
+    "CREATE TABLE IF NOT EXISTS qledge_schema (version integer PRIMARY KEY, applied_at timestamptz NOT NULL)"
+)
+
+
+async def _migrate(tx: Tx) -> int:
+    await tx.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK,))
+    await tx.execute(SQL_VERSION_TABLE)
+    (version,) = await tx.one("SELECT coalesce(max(version), 0) FROM qledge_schema")
+    if version > len(MIGRATIONS):
+        raise ToolError("unavailable", f"database schema version {version} is newer than this qledge "
+                                       f"({len(MIGRATIONS)})")
+    if version < len(MIGRATIONS):
+        await tx.execute(MIGRATIONS[version])
+        await tx.execute("INSERT INTO qledge_schema (version, applied_at) VALUES (%s, now())", (version + 1,))
+    return version + (version < len(MIGRATIONS))
+
+
+async def migrate(db: PgDatabase) -> int:
+    """Bring the schema to the newest version, one migration per transaction."""
+    while True:
+        before = len(MIGRATIONS)
+        version = await db.tx(_migrate)
+        if version >= before:
+            return version

@@ -1,0 +1,205 @@
+"""Credentials, secrets and the security audit on PostgreSQL (as on SQLite: digests only,
+write-only secrets, the audit bounded on write). Audit rows carry the node that answered.
+
+While PostgreSQL is unreachable a node still audits every call before it runs: the row goes
+to a local spool (0600, fsync'd, bounded), which the heartbeat moves into PostgreSQL once it
+is back. So `qledge status` can say that PostgreSQL is down; a full spool fails closed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import msgspec
+
+from edge.core.auth import AuditRecord, Credential, SecretInfo
+from edge.core.errors import ToolError, conflict, unavailable
+from edge.storage.postgres.db import PgDatabase, Row, Tx
+
+_perm_encoder = msgspec.json.Encoder()
+_perm_decoder = msgspec.json.Decoder(list[str] | None)
+_reasons = msgspec.json.Encoder()
+_COLUMNS = "id, project_id, name, role, permissions, created_at_ms, revoked_at_ms"
+PRUNE_BATCH = 64
+SQL_PRUNE = (
+    "DELETE FROM security_audit WHERE id IN (SELECT id FROM (SELECT id, at_ms FROM security_audit"
+    " ORDER BY id LIMIT %s) AS oldest WHERE id <= %s OR at_ms < %s)"
+)
+
+
+def _credential(row: Row) -> Credential:
+    cid, project, name, role, perms, created, revoked = row
+    return Credential(id=cid, project_id=project, name=name, role=role,
+                      permissions=_perm_decoder.decode(perms) if perms else None,
+                      created_at_ms=created, revoked_at_ms=revoked)
+
+
+async def _create(tx: Tx, cred: Credential, digest: bytes) -> None:
+    perms = _perm_encoder.encode(cred.permissions).decode() if cred.permissions is not None else None
+    added = await tx.execute(
+        f"INSERT INTO credentials ({_COLUMNS}, digest) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+        (cred.id, cred.project_id, cred.name, cred.role, perms, cred.created_at_ms, None, digest))
+    if not added:
+        raise conflict("credential id collision; try again")
+
+
+async def _lookup(tx: Tx, credential_id: str) -> tuple[Credential, bytes] | None:
+    row = await tx.row(f"SELECT {_COLUMNS}, digest FROM credentials WHERE id = %s", (credential_id,))
+    return (_credential(row[:-1]), bytes(row[-1])) if row else None
+
+
+async def _for_project(tx: Tx, project: str) -> list[Credential]:
+    return [_credential(r) for r in await tx.rows(
+        f"SELECT {_COLUMNS} FROM credentials WHERE project_id = %s ORDER BY created_at_ms, id", (project,))]
+
+
+async def _revoke(tx: Tx, project: str, credential_id: str, now: int) -> Credential | None:
+    row = await tx.row(
+        "UPDATE credentials SET revoked_at_ms = coalesce(revoked_at_ms, %s) WHERE id = %s AND project_id = %s"
+        f" RETURNING {_COLUMNS}", (now, credential_id, project))
+    return _credential(row) if row else None
+
+
+class PgCredentialStore:
+    def __init__(self, db: PgDatabase) -> None:
+        self._db = db
+
+    async def create(self, credential: Credential, digest: bytes) -> None:
+        await self._db.tx(_create, credential, digest)
+
+    async def lookup(self, credential_id: str) -> tuple[Credential, bytes] | None:
+        return await self._db.tx(_lookup, credential_id)
+
+    async def for_project(self, project: str) -> list[Credential]:
+        return await self._db.tx(_for_project, project)
+
+    async def revoke(self, project: str, credential_id: str, now_ms: int) -> Credential | None:
+        return await self._db.tx(_revoke, project, credential_id, now_ms)
+
+
+async def _set_secret(tx: Tx, project: str, name: str, value: str, now: int) -> SecretInfo:
+    created, updated = await tx.one(
+        "INSERT INTO secrets (project_id, name, value, created_at_ms, updated_at_ms) VALUES (%s, %s, %s, %s, %s)"
+        " ON CONFLICT (project_id, name) DO UPDATE SET value = excluded.value, updated_at_ms = excluded.updated_at_ms"
+        " RETURNING created_at_ms, updated_at_ms", (project, name, value, now, now))
+    return SecretInfo(name=name, created_at_ms=created, updated_at_ms=updated)
+
+
+async def _list_secrets(tx: Tx, project: str) -> list[SecretInfo]:
+    return [SecretInfo(name=n, created_at_ms=c, updated_at_ms=u) for n, c, u in await tx.rows(
+        "SELECT name, created_at_ms, updated_at_ms FROM secrets WHERE project_id = %s ORDER BY name", (project,))]
+
+
+async def _delete_secret(tx: Tx, project: str, name: str) -> bool:
+    return await tx.execute("DELETE FROM secrets WHERE project_id = %s AND name = %s", (project, name)) > 0
+
+
+async def _resolve(tx: Tx, project: str, names: list[str]) -> dict[str, str]:
+    return dict(await tx.rows("SELECT name, value FROM secrets WHERE project_id = %s AND name = ANY(%s)",
+                              (project, names)))
+
+
+async def _values(tx: Tx, project: str) -> list[str]:
+    return [v for (v,) in await tx.rows("SELECT value FROM secrets WHERE project_id = %s", (project,))]
+
+
+class PgSecretStore:
+    def __init__(self, db: PgDatabase) -> None:
+        self._db = db
+
+    async def set(self, project: str, name: str, value: str, now_ms: int) -> SecretInfo:
+        return await self._db.tx(_set_secret, project, name, value, now_ms)
+
+    async def for_project(self, project: str) -> list[SecretInfo]:
+        return await self._db.tx(_list_secrets, project)
+
+    async def delete(self, project: str, name: str) -> bool:
+        return await self._db.tx(_delete_secret, project, name)
+
+    async def resolve(self, project: str, names: list[str]) -> dict[str, str]:
+        return await self._db.tx(_resolve, project, names)
+
+    async def values(self, project: str) -> list[str]:
+        return await self._db.tx(_values, project)
+
+
+async def _append(tx: Tx, record: AuditRecord, node: str | None, max_rows: int, min_at_ms: int) -> None:
+    (newest,) = await tx.one(
+        "INSERT INTO security_audit (at_ms, project_id, principal, tool, outcome, reasons, transport, request_id,"
+        " node_id) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
+        (record.at_ms, record.project_id, record.principal, record.tool, record.outcome,
+         _reasons.encode(record.reasons).decode(), record.transport, record.request_id, node))
+    await tx.execute(SQL_PRUNE, (PRUNE_BATCH, newest - max_rows, min_at_ms))
+
+
+SPOOL_MAX_ROWS = 10_000
+_spooled = msgspec.json.Decoder(AuditRecord)
+_spool_encoder = msgspec.json.Encoder()
+
+
+async def _append_many(tx: Tx, records: list[AuditRecord], node: str | None, max_rows: int, max_age_ms: int) -> None:
+    for record in records:
+        await _append(tx, record, node, max_rows, record.at_ms - max_age_ms)
+
+
+def _read_spool(path: str) -> list[AuditRecord] | None:
+    """The spooled rows ([] when there is no spool); None when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return [_spooled.decode(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+    except (OSError, msgspec.DecodeError):
+        return None
+
+
+class PgAuditLog:
+    """AuditLog (edge.core.ports.stores) on PostgreSQL, with the local spool above."""
+
+    def __init__(self, db: PgDatabase, node: str | None, max_rows: int = 10_000, max_age_days: int = 30,
+                 spool: str | None = None) -> None:
+        self._db = db
+        self._node = node
+        self._max_rows = max_rows
+        self._max_age_ms = max_age_days * 86_400_000
+        self._spool = spool
+        self._spooled = 0
+
+    async def append(self, record: AuditRecord) -> None:
+        if not self._spooled:
+            try:
+                await self._db.tx(_append, record, self._node, self._max_rows, record.at_ms - self._max_age_ms)
+                return
+            except ToolError:
+                if self._spool is None:
+                    raise
+        self._to_spool(record)
+
+    def _to_spool(self, record: AuditRecord) -> None:
+        if self._spool is None or self._spooled >= SPOOL_MAX_ROWS:
+            raise unavailable("the security audit could not be written")
+        try:
+            fd = os.open(self._spool, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+            try:
+                os.write(fd, _spool_encoder.encode(record) + b"\n")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError:
+            raise unavailable("the security audit could not be written") from None
+        self._spooled += 1
+
+    async def flush(self) -> int:
+        """Move the spooled rows into PostgreSQL (one transaction); how many moved."""
+        if self._spool is None:
+            return 0
+        records = _read_spool(self._spool)
+        if records is None:
+            return 0
+        if records:
+            await self._db.tx(_append_many, records, self._node, self._max_rows, self._max_age_ms)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._spool)
+        self._spooled = 0
+        return len(records)

@@ -1,0 +1,84 @@
+"""Cluster mode with real daemons on a real PostgreSQL: what is shared and what stays
+local, the logs of any run from any node, and what the default daemon never loads."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from cluster_support import node_config, rows, start_nodes, task, wait_for
+
+
+def _modules(d) -> list[str]:
+    return d.call("qledge.status", {"includeModules": True})["modules"]
+
+
+def test_the_default_daemon_never_loads_postgresql(daemon):
+    loaded = _modules(daemon)
+    assert not [m for m in loaded if m.startswith(("psycopg", "edge.storage.postgres", "edge.core.ports.cluster"))]
+
+
+def test_two_nodes_share_everything_but_their_sockets(daemon_factory, pg_dsn):
+    a, b = start_nodes(daemon_factory, pg_dsn, 2)
+    assert "psycopg" in _modules(a) and not os.path.exists(os.path.join(a.home, "qledge.db"))
+    assert a.socket != b.socket
+    a.call("qledge.task.create", task("hello", ["sh", "-c", "echo hello from $QLEDGE_RUN_ID; echo bye >&2"]))
+    b.call("qledge.trigger.create", {"taskId": "hello", "expression": "0 3 1 1 *", "timezone": "UTC"})
+    assert [t["id"] for t in a.call("qledge.trigger.list")["triggers"]] == ["hello-1"]
+    run = b.call("qledge.run.start", {"taskId": "hello"})
+    done = a.call("qledge.run.wait", {"runId": run["id"], "timeoutMs": 20_000})
+    assert done["done"] and done["run"]["status"] == "succeeded"
+    expected = f"hello from {run['id']}\nbye\n"
+    (ran_on,) = [e["detail"] for e in a.call("qledge.run.events", {"runId": run["id"]})["events"]
+                 if e["type"] == "run.claimed"]
+    for node in (a, b):  # the log of a run is readable from every node, whichever ran it
+        shown = node.cli("run", "log", run["id"])
+        assert shown.returncode == 0 and shown.stdout == expected, (shown.stdout, shown.stderr)
+        excerpt = node.call("qinglong.run.log.excerpt", {"runId": run["id"]})
+        assert excerpt["status"] == "available" and excerpt["content"] == expected
+    # Finished logs live in PostgreSQL; the node that ran it kept no file behind.
+    assert rows(pg_dsn, "SELECT octet_length(data) FROM run_logs WHERE run_id = %s", (run["id"],)) == [
+        (len(expected),)]
+    assert ran_on in ("node n1", "node n2")
+    for node in (a, b):
+        assert not os.listdir(os.path.join(node.home, "logs"))
+    nodes = {n for (n,) in rows(pg_dsn, "SELECT DISTINCT node_id FROM security_audit")}
+    assert nodes == {"n1", "n2"}  # audit rows carry the node that answered
+    status = b.call("qledge.status")
+    assert "node n2" in status["extra"]["cluster"] and "2 nodes alive" in status["extra"]["cluster"]
+    assert status["dbPath"].startswith("postgresql socket ")
+
+
+def test_cancel_and_wait_reach_a_run_held_by_another_node(daemon_factory, pg_dsn):
+    a, b = start_nodes(daemon_factory, pg_dsn, 2, concurrency=1)
+    a.call("qledge.task.create", task("long", ["sleep", "30"]))
+    started = [a.call("qledge.run.start", {"taskId": "long"}) for _ in range(2)]
+    wait_for(lambda: all(a.call("qledge.run.get", {"runId": r["id"]})["status"] == "running" for r in started))
+    for run in started:  # one runs on each node; cancel both from b
+        cancelled = b.call("qledge.run.cancel", {"runId": run["id"]})
+        assert cancelled["status"] == "cancelled", cancelled
+    assert {r["status"] for r in a.call("qledge.run.list")["runs"]} == {"cancelled"}
+
+
+def test_a_dsn_password_is_never_shown(daemon_factory, pg_server, home):
+    secret = "s3cr3t-Pa55word"
+    missing = os.path.join(home, "nowhere")
+    os.mkdir(missing)
+    dsn = f"host={missing} port=5999 user=postgres dbname=x password={secret} connect_timeout=2"
+    d = daemon_factory(config=node_config(dsn, "n9"))
+    with pytest.raises(RuntimeError) as failed:
+        d.start()
+    text = str(failed.value) + d.stderr()
+    assert "cannot use PostgreSQL socket" in text and secret not in text
+    assert "Traceback" not in d.stderr()
+
+
+def test_cluster_keys_are_checked(home):
+    from edge.app.config import ConfigError, load
+
+    path = os.path.join(home, "c.toml")
+    with open(path, "w") as f:
+        f.write('[cluster]\ndsn = "host=/tmp"\nleader = true\n')
+    with pytest.raises(ConfigError, match="unknown key `cluster.leader`"):
+        load(path)

@@ -1,0 +1,383 @@
+"""The storage ports' contracts (edge.core.ports.stores), one suite run against every
+adapter: SQLite (a real file) and PostgreSQL (a real server, tests/pg_support.py). Each
+test is written once and parametrized over the backend by the `stores` fixture."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from edge.app.config import ClusterConfig, Config
+from edge.app.graph import Cluster, Stores, build_stores
+from edge.core.auth import AuditRecord, Credential
+from edge.core.errors import ToolError
+from edge.core.runs import Run, RunCursor, RunUpdate
+from edge.core.tasks import ArgvCommand, TaskSpec
+from edge.core.triggers import CronSpec
+from edge.storage.sqlite.db import Database
+
+P = "default"
+DAY = 86_400_000
+T0 = 1_800_000_000_000  # a round time, in ms: 2027-01-15T08:00:00Z
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def stores(request, home):
+    if request.param == "sqlite":
+        db = await Database.open(os.path.join(home, "contract.db"))
+        yield build_stores(db, Config(), home)
+        await db.close()
+        return
+    dsn = request.getfixturevalue("pg_dsn")
+    cluster = Cluster(Config(cluster=ClusterConfig(dsn=dsn, node="contract")), home)
+    await cluster.open()
+    assert cluster.stores is not None
+    yield cluster.stores
+    await cluster.close()
+
+
+def spec(overlap: str = "forbid", file: str = "true") -> TaskSpec:
+    return TaskSpec(command=ArgvCommand(file=file), overlap=overlap)  # type: ignore[arg-type]
+
+
+def run_of(task_id: str, run_id: str, created: int, project: str = P, **kw) -> Run:
+    return Run(id=run_id, project_id=project, task_id=task_id, task_revision=1, origin="manual", status="queued",
+               version=1, event_seq=1, created_at_ms=created, queued_at_ms=created, **kw)
+
+
+async def finished(s: Stores, run: Run, status: str = "succeeded", at: int | None = None) -> Run:
+    created = await s.runs.create(run, "user")
+    at = at or run.created_at_ms + 10
+    running = await s.runs.transition(created.id, created.version, "running", at, "runner",
+                                      RunUpdate(started_at_ms=at))
+    return await s.runs.transition(running.id, running.version, status, at + 5, "runner",  # type: ignore[arg-type]
+                                   RunUpdate(finished_at_ms=at + 5, exit_code=0 if status == "succeeded" else 1))
+
+
+async def code_of(awaitable) -> str:
+    with pytest.raises(ToolError) as caught:
+        await awaitable
+    return caught.value.code
+
+
+# -- TaskStore ------------------------------------------------------------------------
+
+
+async def test_tasks_create_get_page_and_project_scope(stores: Stores):
+    s = stores
+    first = await s.tasks.create(P, "b", "Bee", spec(), T0)
+    assert (first.revision, first.enabled, first.name, first.created_at_ms) == (1, True, "Bee", T0)
+    assert first.content_digest.startswith("sha256:")
+    await s.tasks.create(P, "a", "A", spec(), T0)
+    await s.tasks.create(P, "c", "C", spec(), T0)
+    await s.tasks.create("other", "a0", "other's", spec(), T0)
+    assert await code_of(s.tasks.create(P, "a", "again", spec(), T0)) == "conflict"
+    assert [t.id for t in await s.tasks.page(P, None, 10)] == ["a", "b", "c"]
+    assert [t.id for t in await s.tasks.page(P, "a", 1)] == ["b"]
+    assert await s.tasks.get(P, "zz") is None
+    assert await s.tasks.get("other", "b") is None
+    assert (await s.tasks.get(P, "b")) == first
+
+
+async def test_tasks_update_is_compare_and_set_and_keeps_revisions(stores: Stores):
+    s = stores
+    await s.tasks.create(P, "t", "T", spec(file="one"), T0)
+    assert await code_of(s.tasks.update(P, "t", 7, spec(file="two"), None, T0 + 1)) == "conflict"
+    assert await code_of(s.tasks.update(P, "nope", 1, spec(), None, T0 + 1)) == "not_found"
+    second = await s.tasks.update(P, "t", 1, spec(file="two"), "Renamed", T0 + 1)
+    assert (second.revision, second.name, second.updated_at_ms) == (2, "Renamed", T0 + 1)
+    old = await s.tasks.get(P, "t", 1)
+    assert old is not None and isinstance(old.spec.command, ArgvCommand)
+    assert (old.revision, old.spec.command.file, old.name) == (1, "one", "Renamed")
+    assert await s.tasks.get(P, "t", 9) is None
+
+
+async def test_tasks_set_enabled_moves_following_triggers(stores: Stores):
+    s = stores
+    await s.tasks.create(P, "t", "T", spec(), T0)
+    trig = await s.triggers.create(P, "tr", "t", None, CronSpec(expression="0 * * * *", timezone="UTC"), T0)
+    pinned = await s.triggers.create(P, "old", "t", 1, CronSpec(expression="0 * * * *", timezone="UTC"), T0)
+    same = await s.tasks.set_enabled(P, "t", True, None, T0 + 1)
+    assert same.revision == 1
+    off = await s.tasks.set_enabled(P, "t", False, 1, T0 + 2)
+    assert (off.revision, off.enabled) == (2, False)
+    assert await code_of(s.tasks.set_enabled(P, "t", True, 1, T0 + 3)) == "conflict"
+    moved = await s.triggers.get(P, "tr")
+    assert moved is not None and (moved.task_revision, moved.revision) == (2, trig.revision + 1)
+    await s.triggers.repin(P, "old", 1, None, T0 + 4)
+    assert pinned.task_revision == 1
+
+
+async def test_tasks_delete_refuses_active_runs_and_takes_finished_ones(stores: Stores):
+    s = stores
+    await s.tasks.create(P, "t", "T", spec(), T0)
+    await finished(s, run_of("t", "r-done", T0))
+    await s.runs.create(run_of("t", "r-active", T0 + 100), "user")
+    assert await code_of(s.tasks.delete(P, "t", None)) == "conflict"
+    active = await s.runs.get(P, "r-active")
+    assert active is not None
+    await s.runs.transition("r-active", active.version, "cancelled", T0 + 200, "user", RunUpdate())
+    assert await code_of(s.tasks.delete(P, "t", 5)) == "conflict"
+    assert await s.tasks.delete(P, "t", 1) == 2
+    assert await s.tasks.get(P, "t") is None and await s.runs.get(P, "r-done") is None
+    assert await code_of(s.tasks.delete(P, "t", None)) == "not_found"
+
+
+# -- RunStore -------------------------------------------------------------------------
+
+
+async def test_runs_transitions_are_compare_and_set_with_events(stores: Stores):
+    s = stores
+    await s.tasks.create(P, "t", "T", spec(), T0)
+    run = await s.runs.create(run_of("t", "r1", T0, idempotency_key="k1"), "user")
+    assert (run.status, run.version, run.event_seq) == ("queued", 1, 1)
+    assert await code_of(s.runs.create(run_of("t", "r1", T0), "user")) == "conflict"
+    assert await code_of(s.runs.create(run_of("t", "r2", T0, idempotency_key="k1"), "user")) == "conflict"
+    running = await s.runs.transition("r1", 1, "running", T0 + 1, "runner", RunUpdate(started_at_ms=T0 + 1, pid=42))
+    assert (running.version, running.event_seq, running.started_at_ms) == (2, 2, T0 + 1)
+    assert await code_of(s.runs.transition("r1", 1, "succeeded", T0 + 2, "runner", RunUpdate())) == "conflict"
+    assert await code_of(s.runs.transition("r1", 2, "queued", T0 + 2, "runner", RunUpdate())) == "conflict"
+    assert await code_of(s.runs.transition("nope", 1, "running", T0, "runner", RunUpdate())) == "not_found"
+    done = await s.runs.transition("r1", 2, "failed", T0 + 3, "runner",
+                                   RunUpdate(exit_code=3, finished_at_ms=T0 + 3, error_code="exit_nonzero",
+                                             log_truncated=True), "detail")
+    assert (done.status, done.version, done.exit_code, done.log_truncated, done.terminal) == (
+        "failed", 3, 3, True, True)
+    events = await s.runs.events(P, "r1", 0, 10)
+    assert [(e.sequence, e.type, e.actor_type) for e in events] == [
+        (1, "run.queued", "user"), (2, "run.running", "runner"), (3, "run.failed", "runner")]
+    assert events[2].detail == "detail"
+    assert [e.sequence for e in await s.runs.events(P, "r1", 1, 1)] == [2]
+    assert await s.runs.events("other", "r1", 0, 10) == []
+    assert await s.runs.get("other", "r1") is None
+
+
+async def test_runs_pages_are_keysets_newest_first(stores: Stores):
+    s = stores
+    for task in ("a", "b"):
+        await s.tasks.create(P, task, task, spec(overlap="allow"), T0)
+    ids = []
+    for i in range(6):
+        rid = f"r{i}"
+        ids.append(rid)
+        await s.runs.create(run_of("a" if i % 2 else "b", rid, T0 + (i // 2) * 10), "user")
+    await s.runs.create(run_of("a", "x-other", T0 + 5, project="other"), "user")
+    everything = await s.runs.page(P, None, None, 10)
+    assert [r.id for r in everything] == ["r5", "r4", "r3", "r2", "r1", "r0"]
+    first = await s.runs.page(P, None, None, 2)
+    after = RunCursor(first[-1].created_at_ms, first[-1].id)
+    assert [r.id for r in await s.runs.page(P, None, after, 3)] == ["r3", "r2", "r1"]
+    assert [r.id for r in await s.runs.page(P, "a", None, 10)] == ["r5", "r3", "r1"]
+    assert [r.id for r in await s.runs.page(P, "a", RunCursor(T0 + 10, "r3"), 10)] == ["r1"]
+    assert {r.id for r in await s.runs.active()} >= set(ids) | {"x-other"}
+
+
+async def test_runs_retention_applies_when_a_run_finishes(stores: Stores):
+    s = stores
+    await s.tasks.create(P, "t", "T", spec(overlap="allow"), T0)
+    await finished(s, run_of("t", "ancient", T0 - 40 * DAY))
+    await s.runs.create(run_of("t", "waiting", T0 - 40 * DAY + 1), "user")  # active: never retention's
+    await finished(s, run_of("t", "fresh", T0))
+    assert await s.runs.get(P, "ancient") is None
+    assert await s.runs.get(P, "waiting") is not None and await s.runs.get(P, "fresh") is not None
+
+
+async def test_finished_logs_are_readable_through_the_log_reader(stores: Stores):
+    s = stores
+    await s.tasks.create(P, "t", "T", spec(), T0)
+    run = await s.runs.create(run_of("t", "logged", T0), "user")
+    assert await s.log_reader.read("logged", 0, 100) is None and await s.log_reader.tail("logged", 10) is None
+    running = await s.runs.transition(run.id, 1, "running", T0 + 1, "runner", RunUpdate(started_at_ms=T0 + 1))
+    sink = s.logs.create("logged", 1 << 20, [b"hunter22"])
+    sink.write(b"hello hunter22 world\n" * 3)
+    size = sink.close()
+    await s.runs.transition(running.id, running.version, "succeeded", T0 + 2, "runner",
+                            RunUpdate(finished_at_ms=T0 + 2, exit_code=0, log_bytes=size))
+    whole = await s.log_reader.read("logged", 0, 1000)
+    assert whole is not None and whole.data == b"hello *** world\n" * 3 and whole.total == size
+    part = await s.log_reader.read("logged", 6, 3)
+    assert part is not None and (part.data, part.start) == (b"***", 6)
+    tail = await s.log_reader.tail("logged", 12)
+    assert tail is not None and (tail.data, tail.start, tail.total) == (b"o *** world\n", size - 12, size)
+
+
+# -- TriggerStore ---------------------------------------------------------------------
+
+HOURLY = CronSpec(expression="0 * * * *", timezone="UTC")
+
+
+async def test_triggers_create_page_revise_and_delete(stores: Stores):
+    s = stores
+    await s.tasks.create(P, "t", "T", spec(), T0)
+    made = await s.triggers.create(P, None, "t", None, HOURLY, T0 + 1)
+    assert (made.id, made.revision, made.task_revision, made.enabled, made.next_fire_at_ms) == (
+        "t-1", 1, 1, True, T0 + 3_600_000)
+    assert (await s.triggers.create(P, None, "t", None, HOURLY, T0)).id == "t-2"
+    assert await code_of(s.triggers.create(P, "t-1", "t", None, HOURLY, T0)) == "conflict"
+    assert await code_of(s.triggers.create(P, "x", "nope", None, HOURLY, T0)) == "not_found"
+    assert await code_of(s.triggers.create(P, "x", "t", 5, HOURLY, T0)) == "not_found"
+    bad = CronSpec(expression="61 * * * *", timezone="UTC")
+    assert await code_of(s.triggers.create(P, "x", "t", None, bad, T0)) == "invalid_argument"
+    off = await s.triggers.set_enabled(P, "t-1", False, 1, T0 + 2)
+    assert (off.revision, off.enabled, off.next_fire_at_ms) == (2, False, None)
+    assert (await s.triggers.set_enabled(P, "t-1", False, None, T0 + 3)).revision == 2
+    on = await s.triggers.set_enabled(P, "t-1", True, 2, T0 + 2 * 3_600_000 + 5)
+    assert on.next_fire_at_ms == T0 + 3 * 3_600_000  # re-armed from now: missed while off is not missed
+    assert await code_of(s.triggers.set_enabled(P, "t-1", False, 1, T0)) == "conflict"
+    assert [t.id for t in await s.triggers.page(P, None, 10)] == ["t-1", "t-2"]
+    assert [t.id for t in await s.triggers.page(P, "t-1", 10)] == ["t-2"]
+    assert await s.triggers.get("other", "t-1") is None
+    await s.triggers.delete(P, "t-2", None)
+    assert await s.triggers.get(P, "t-2") is None
+    assert await code_of(s.triggers.delete(P, "t-2", None)) == "not_found"
+    assert await code_of(s.triggers.repin(P, "t-1", 4, None, T0)) == "not_found"
+
+
+# -- RunAdmission ---------------------------------------------------------------------
+
+EVERY_MINUTE = CronSpec(expression="* * * * *", timezone="UTC")
+
+
+def _rng() -> float:
+    return 0.5
+
+
+async def test_admission_admits_a_due_fire_once(stores: Stores):
+    s = stores
+    await s.tasks.create(P, "t", "T", spec(overlap="allow"), T0)
+    trig = await s.triggers.create(P, "m", "t", None, EVERY_MINUTE, T0)
+    assert await s.admission.armed(P) == [(T0 + 60_000, "m")]
+    early = await s.admission.admit_fires(P, "m", T0 + 59_000, 30_000, _rng)
+    assert (early.runs, early.cursor) == ([], T0 + 60_000)
+    due = await s.admission.admit_fires(P, "m", T0 + 60_010, 30_000, _rng)
+    assert len(due.runs) == 1 and due.cursor == T0 + 120_000
+    run = due.runs[0]
+    assert (run.status, run.origin, run.scheduled_for_ms, run.trigger_id, run.trigger_revision) == (
+        "queued", "scheduled", T0 + 60_000, "m", trig.revision)
+    assert run.idempotency_key == f"cron:m:{trig.revision}:{T0 + 60_000}"
+    again = await s.admission.admit_fires(P, "m", T0 + 60_020, 30_000, _rng)
+    assert again.runs == [] and again.cursor == T0 + 120_000
+    assert len(await s.runs.page(P, "t", None, 10)) == 1
+    assert (await s.admission.admit_fires(P, "gone", T0, 30_000, _rng)).gone
+
+
+async def test_admission_misfires_overlap_disabled_and_queue_bound(stores: Stores):
+    s = stores
+    await s.tasks.create(P, "f", "F", spec(), T0)
+    await s.triggers.create(P, "late", "f", None, EVERY_MINUTE, T0)
+    late = await s.admission.admit_fires(P, "late", T0 + 10 * 60_000 + 1000, 30_000, _rng)
+    assert [r.scheduled_for_ms for r in late.runs] == [T0 + 10 * 60_000]  # within the grace; nine missed
+    events = await s.triggers.events(P, "late", None, 10)
+    assert [(e.type, e.reason, e.fires) for e in events] == [("skipped", "misfire", 9)]
+    overlap = await s.admission.admit_fires(P, "late", T0 + 11 * 60_000 + 1000, 30_000, _rng)
+    assert overlap.runs == []
+    assert (await s.triggers.events(P, "late", None, 1))[0].reason == "overlap"
+    blocking = late.runs[0]
+    task = await s.tasks.get(P, "f")
+    assert task is not None
+    assert await code_of(s.admission.admit_manual(task, "user", T0 + 11 * 60_000)) == "conflict"
+    await s.runs.transition(blocking.id, blocking.version, "cancelled", T0 + 11 * 60_000, "user", RunUpdate())
+    manual = await s.admission.admit_manual(task, "user", T0 + 11 * 60_000 + 5)
+    assert (manual.run.origin, manual.run.status, manual.replaces) == ("manual", "queued", [])
+    await s.tasks.create(P, "q", "Q", spec(overlap="allow"), T0)
+    qtask = await s.tasks.get(P, "q")
+    assert qtask is not None
+    s.admission.set_capacity(1)
+    assert await code_of(s.admission.admit_manual(qtask, "user", T0 + 12 * 60_000)) == "resource_exhausted"
+    s.admission.set_capacity(34)
+    off = await s.tasks.set_enabled(P, "q", False, None, T0 + 12 * 60_000)
+    assert await code_of(s.admission.admit_manual(off, "user", T0 + 12 * 60_000)) == "conflict"
+
+
+async def test_admission_replace_names_the_runs_it_replaces(stores: Stores):
+    s = stores
+    task = await s.tasks.create(P, "r", "R", spec(overlap="replace"), T0)
+    first = await s.admission.admit_manual(task, "user", T0)
+    second = await s.admission.admit_manual(task, "user", T0 + 1)
+    assert second.replaces == [first.run.id]
+
+
+async def test_clock_mark_is_the_newest_time_on_record(stores: Stores):
+    s = stores
+    await s.admission.save_time(T0)
+    await s.admission.save_time(T0 - 5)  # never lowers it
+    assert await s.admission.newest_time(P) == T0
+    await s.audit.append(AuditRecord(at_ms=T0 + 77, project_id=P, principal="uid:0", tool="qledge.status",
+                                     outcome="allowed", reasons=["tool_invocation_allowed"], transport="socket"))
+    assert await s.admission.newest_time(P) == T0 + 77
+
+
+# -- credentials, secrets -------------------------------------------------------------
+
+
+async def test_credentials_store_digests_and_revoke_once(stores: Stores):
+    s = stores
+    cred = Credential(id="c1", project_id=P, name="ci", role="viewer", permissions=["run.read"], created_at_ms=T0)
+    await s.credentials.create(cred, b"\x01" * 32)
+    await s.credentials.create(Credential(id="c0", project_id=P, name="x", role="owner", permissions=None,
+                                          created_at_ms=T0 - 1), b"\x02" * 32)
+    assert await code_of(s.credentials.create(cred, b"\x03" * 32)) == "conflict"
+    found = await s.credentials.lookup("c1")
+    assert found == (cred, b"\x01" * 32)
+    assert [c.id for c in await s.credentials.for_project(P)] == ["c0", "c1"]
+    assert await s.credentials.for_project("other") == []
+    revoked = await s.credentials.revoke(P, "c1", T0 + 5)
+    assert revoked is not None and revoked.revoked_at_ms == T0 + 5
+    again = await s.credentials.revoke(P, "c1", T0 + 9)
+    assert again is not None and again.revoked_at_ms == T0 + 5
+    assert await s.credentials.revoke("other", "c1", T0) is None
+    assert await s.credentials.lookup("missing") is None
+
+
+async def test_secrets_are_write_only_outside_the_runner(stores: Stores):
+    s = stores
+    info = await s.secrets.set(P, "b", "one", T0)
+    assert (info.name, info.created_at_ms, info.updated_at_ms) == ("b", T0, T0)
+    replaced = await s.secrets.set(P, "b", "two", T0 + 5)
+    assert (replaced.created_at_ms, replaced.updated_at_ms) == (T0, T0 + 5)
+    await s.secrets.set(P, "a", "three", T0)
+    await s.secrets.set("other", "a", "theirs", T0)
+    assert [i.name for i in await s.secrets.for_project(P)] == ["a", "b"]
+    assert await s.secrets.resolve(P, ["b", "zz"]) == {"b": "two"}
+    assert sorted(await s.secrets.values(P)) == ["three", "two"]
+    assert await s.secrets.delete(P, "b") is True and await s.secrets.delete(P, "b") is False
+
+
+# -- narrow readers -------------------------------------------------------------------
+
+
+async def test_readers_are_narrow_ordered_and_scoped(stores: Stores):
+    s = stores
+    for tid in ("t2", "t1"):
+        await s.tasks.create(P, tid, f"name {tid}", spec(overlap="allow"), T0)
+    await s.tasks.create("other", "t0", "theirs", spec(), T0)
+    await s.triggers.create(P, "g2", "t1", None, HOURLY, T0)
+    await s.triggers.create(P, "g1", "t1", None, HOURLY, T0)
+    await s.triggers.set_enabled(P, "g2", False, None, T0 + 1)
+    r = s.readers
+    heads = await r.tasks.page_heads(P, None, 10)
+    assert [(h.task_id, h.kind, h.spec_schema, h.enabled) for h in heads] == [
+        ("t1", "argv", "qinglong/command@v1", True), ("t2", "argv", "qinglong/command@v1", True)]
+    detail = await r.tasks.get_head(P, "t1")
+    assert detail is not None and detail.content_digest.startswith("sha256:") and detail.created_at_ms == T0
+    assert await r.tasks.get_head("other", "t1") is None
+    assert [(h.trigger_id, h.enabled) for h in await r.triggers.page_heads(P, None, 10)] == [
+        ("g1", True), ("g2", False)]
+    assert [h.trigger_id for h in await r.triggers.page_heads(P, "g1", 10)] == ["g2"]
+    statuses = ["succeeded", "failed", "succeeded"]
+    for i, status in enumerate(statuses):
+        await finished(s, run_of("t1", f"r{i}", T0 + i * 100), status)
+    await s.runs.create(run_of("t2", "r9", T0 + 50), "user")
+    page = await r.runs.page(P, None, 3)
+    assert [x.id for x in page] == ["r2", "r1", "r9"]
+    assert [x.id for x in await r.runs.page(P, RunCursor(page[-1].created_at_ms, page[-1].id), 10)] == ["r0"]
+    one = await r.runs.get(P, "r1")
+    assert one is not None and (one.status, one.exit_code, one.origin) == ("failed", 1, "manual")
+    assert await r.runs.get("other", "r1") is None
+    assert [e.type for e in await r.runs.events(P, "r1", 1, 5)] == ["run.running", "run.failed"]
+    window = await r.outcome_window.window(P, "t1", 65)
+    assert [(w.id, w.status) for w in window] == [("r2", "succeeded"), ("r1", "failed"), ("r0", "succeeded")]
+    assert [w.id for w in await r.outcome_window.window(P, "t1", 2)] == ["r2", "r1"]
+    counts = await s.counts.counts(P)
+    assert (counts.tasks, counts.triggers, counts.runs, counts.active_runs, counts.credentials) == (2, 2, 4, 1, 0)
