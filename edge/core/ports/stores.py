@@ -165,7 +165,15 @@ class RunAdmission(Protocol):
         """Plan the trigger's fires from its cursor up to `now_ms` (misfire policy, grace),
         admit the due ones under the task's overlap policy and the queue bound, record the
         ones skipped or refused as trigger events, move the cursor and the clock mark. A fire
-        admitted before (same idempotency key) is never admitted again."""
+        admitted before (same idempotency key) is never admitted again. An armed `@reboot` or
+        `@once` trigger fires once, at `now_ms` (key `boot:<trigger>:<boot id>` or
+        `once:<trigger>:<revision>`), and is unarmed; `@once` also disables itself."""
+        ...
+
+    async def arm_boot(self, project: str, boot_id: str, at_ms: int) -> int:
+        """If `boot_id` (the kernel's, for this boot) differs from the one on record, record
+        it and arm every enabled `@reboot` trigger at `at_ms`, in one transaction; returns
+        how many were armed (0 on a daemon restart within the same boot)."""
         ...
 
     async def admit_manual(self, task: Task, actor: ActorType, now_ms: int) -> ManualAdmission:

@@ -8,7 +8,7 @@ import apsw
 import msgspec
 
 from edge.core.errors import conflict, invalid, not_found
-from edge.core.schedule import Schedule, ScheduleError
+from edge.core.schedule import ONCE, REBOOT, Schedule, ScheduleError
 from edge.core.tasks import content_digest
 from edge.core.triggers import SPEC_SCHEMA, CronSpec, Trigger, TriggerEvent
 from edge.storage.sqlite.db import Database, immediate, rows
@@ -100,7 +100,12 @@ def clock_mark(conn: apsw.Connection) -> int:
 def _arm(conn: apsw.Connection, schedule: Schedule, now: int) -> int | None:
     # From the newest time on record, not the wall clock: a trigger made while the clock
     # still says 1970 must not count half a century of missed fires once it is set.
-    return schedule.next_after(max(now, clock_mark(conn)))
+    mark = max(now, clock_mark(conn))
+    if schedule.event == REBOOT:
+        return None  # armed by the next boot (admission.arm_boot), not by being created or enabled
+    if schedule.event == ONCE:
+        return mark  # due at once, or when the clock has caught up
+    return schedule.next_after(mark)
 
 
 def _task_revision(conn: apsw.Connection, project: str, task_id: str, wanted: int | None) -> int:
@@ -197,7 +202,8 @@ def set_enabled(
 ) -> Trigger:
     with immediate(conn):
         current = _head(conn, project, trigger_id, expected)
-        if current.enabled == enabled and (not enabled or current.next_fire_at_ms is not None):
+        armed = current.next_fire_at_ms is not None or current.spec.expression == REBOOT
+        if current.enabled == enabled and (not enabled or armed):
             return current
         return _revise(conn, current, now, enabled, current.task_revision)
 
@@ -211,6 +217,11 @@ def repin(
         if pin == current.task_revision:
             return current
         return _revise(conn, current, now, current.enabled, pin)
+
+
+def disable_fired(conn: apsw.Connection, trigger: Trigger, now: int) -> None:
+    """A one-shot (`@once`) that has fired disables itself, by a new revision."""
+    _revise(conn, trigger, now, False, trigger.task_revision)
 
 
 def follow_task(conn: apsw.Connection, project: str, task_id: str, old: int, new: int, now: int) -> None:
