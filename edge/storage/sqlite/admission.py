@@ -91,10 +91,6 @@ def _seen_boot(conn: apsw.Connection, key: str) -> object:
     return row[0] if row else None
 
 
-def _seen_boot(conn: apsw.Connection, key: str) -> object:
-    row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-    return row[0] if row else None
-
 
 def arm_boot(conn: apsw.Connection, project: str, boot_id: str, at: int) -> int:
     """Once per boot: when `boot_id` is not the one on record, record it and arm every
