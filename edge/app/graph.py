@@ -157,7 +157,7 @@ def build_services(
 ) -> Services:
     return Services(
         project=config.project, clock=clock, pepper=pepper, tasks=stores.tasks, runs=stores.runs,
-        triggers=Triggers(stores.triggers, workers.scheduler, trigger_zone(config.timezone)),
+        triggers=Triggers(stores.triggers, workers.scheduler, trigger_zone(config.timezone), stores.tasks),
         credentials=stores.credentials, secrets=stores.secrets, audit=stores.audit, logs=stores.logs,
         readers=stores.readers, runner=workers.runner, facts=facts, catalog=registry.infos(),
     )

@@ -23,7 +23,8 @@ from edge.core.errors import ToolError
 from edge.core.handoff import Background, shielded
 from edge.core.ids import uuid7
 from edge.core.ports.runtime import Clock, RunExecutor, Sleeper, TimerHandle, Timers
-from edge.core.ports.stores import RunAdmission, RunStore, TriggerStore
+from edge.core.imports import ImportedTask, ImportTask
+from edge.core.ports.stores import RunAdmission, RunStore, TaskStore, TriggerStore
 from edge.core.runs import Run
 from edge.core.schedule import GRACE_MS
 from edge.core.triggers import Admission, CronSpec, Trigger, TriggerEvent
@@ -273,10 +274,12 @@ class Triggers:
     """TriggerService (edge.core.ports.runtime): the trigger store as tools see it, where
     every change wakes the scheduler."""
 
-    def __init__(self, store: TriggerStore, scheduler: Scheduler, default_timezone: str) -> None:
+    def __init__(self, store: TriggerStore, scheduler: Scheduler, default_timezone: str,
+                 tasks: TaskStore | None = None) -> None:
         self._store = store
         self._scheduler = scheduler
         self._default_timezone = default_timezone
+        self._tasks = tasks  # imports create a task with its triggers
 
     @property
     def default_timezone(self) -> str:
@@ -291,6 +294,14 @@ class Triggers:
         trigger = await self._store.create(project, trigger_id, task_id, task_revision, spec, now_ms)
         self._changed()
         return trigger
+
+    async def import_task(self, project: str, item: ImportTask, triggers: list[CronSpec], now_ms: int) -> ImportedTask:
+        if self._tasks is None:
+            raise ToolError("unavailable", "imports are not wired in this daemon")
+        imported = await self._tasks.import_task(project, item, triggers, now_ms)
+        if imported.status == "created":
+            self._changed()
+        return imported
 
     async def get(self, project: str, trigger_id: str) -> Trigger | None:
         return await self._store.get(project, trigger_id)

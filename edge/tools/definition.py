@@ -42,14 +42,15 @@ class Tool(msgspec.Struct, frozen=True, kw_only=True):
 def tool(
     name: str, handler: Handler, args_type: type, result_type: type, *, effect: Effect, risk: Risk,
     permission: str, title: str, deadline_s: float | None = None, description: str = "", ai: bool = False,
-    version: str = "1.0.0",
+    version: str = "1.0.0", also: tuple[str, ...] = (),
 ) -> Tool:
-    """The one way tools are defined: one domain permission each, and the deadline of its
-    effect unless it says otherwise (reads 5 s, writes 15 s)."""
+    """The one way tools are defined: one domain permission each (`also`: more, for a tool
+    that writes what two permissions guard), and the deadline of its effect unless it says
+    otherwise (reads 5 s, writes 15 s)."""
     if deadline_s is None:
         deadline_s = READ_DEADLINE_S if effect == "read" else WRITE_DEADLINE_S
     return Tool(
-        name=name, version=version, effect=effect, risk=risk, permissions=(permission,), args_type=args_type,
+        name=name, version=version, effect=effect, risk=risk, permissions=(permission, *also), args_type=args_type,
         result_type=result_type, handler=handler, title=title, description=description, ai=ai, deadline_s=deadline_s,
     )
 

@@ -91,7 +91,6 @@ def _seen_boot(conn: apsw.Connection, key: str) -> object:
     return row[0] if row else None
 
 
-
 def arm_boot(conn: apsw.Connection, project: str, boot_id: str, at: int) -> int:
     """Once per boot: when `boot_id` is not the one on record, record it and arm every
     enabled `@reboot` trigger to fire at `at`; returns how many were armed. A daemon

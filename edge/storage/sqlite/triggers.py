@@ -141,31 +141,40 @@ def _free_id(conn: apsw.Connection, project: str, task_id: str) -> str:
     raise conflict(f"task {task_id!r} has too many triggers")
 
 
+def insert(
+    conn: apsw.Connection, project: str, trigger_id: str | None, task_id: str, task_revision: int | None,
+    spec: CronSpec, now: int, enabled: bool = True,
+) -> Trigger:
+    """A new trigger, inside the caller's transaction."""
+    schedule = _schedule(spec)
+    pin = _task_revision(conn, project, task_id, task_revision)
+    tid = trigger_id or _free_id(conn, project, task_id)
+    first = Trigger(
+        id=tid, project_id=project, revision=1, task_id=task_id, task_revision=pin, enabled=enabled,
+        spec_schema=SPEC_SCHEMA, spec=spec, content_digest=content_digest(spec), created_at_ms=now,
+        updated_at_ms=now, next_fire_at_ms=_arm(conn, schedule, now) if enabled else None,
+    )
+    try:
+        conn.execute(
+            "INSERT INTO triggers (project_id, id, revision, task_id, task_revision, enabled, created_at_ms,"
+            " updated_at_ms, next_fire_at_ms) VALUES (?, ?, 1, ?, ?, ?, ?, ?, ?)",
+            (project, tid, task_id, pin, int(enabled), now, now, first.next_fire_at_ms),
+        )
+    except apsw.ConstraintError:
+        raise conflict(f"trigger {tid!r} already exists") from None
+    _insert_revision(conn, first)
+    trigger = get(conn, project, tid)
+    assert trigger is not None
+    return trigger
+
+
 def create(
     conn: apsw.Connection, project: str, trigger_id: str | None, task_id: str, task_revision: int | None,
     spec: CronSpec, now: int,
 ) -> Trigger:
-    schedule = _schedule(spec)
+    _schedule(spec)  # a bad spec is refused before the transaction
     with immediate(conn):
-        pin = _task_revision(conn, project, task_id, task_revision)
-        tid = trigger_id or _free_id(conn, project, task_id)
-        first = Trigger(
-            id=tid, project_id=project, revision=1, task_id=task_id, task_revision=pin, enabled=True,
-            spec_schema=SPEC_SCHEMA, spec=spec, content_digest=content_digest(spec), created_at_ms=now,
-            updated_at_ms=now, next_fire_at_ms=_arm(conn, schedule, now),
-        )
-        try:
-            conn.execute(
-                "INSERT INTO triggers (project_id, id, revision, task_id, task_revision, enabled, created_at_ms,"
-                " updated_at_ms, next_fire_at_ms) VALUES (?, ?, 1, ?, ?, 1, ?, ?, ?)",
-                (project, tid, task_id, pin, now, now, first.next_fire_at_ms),
-            )
-        except apsw.ConstraintError:
-            raise conflict(f"trigger {tid!r} already exists") from None
-        _insert_revision(conn, first)
-        trigger = get(conn, project, tid)
-    assert trigger is not None
-    return trigger
+        return insert(conn, project, trigger_id, task_id, task_revision, spec, now)
 
 
 def _head(conn: apsw.Connection, project: str, trigger_id: str, expected: int | None) -> Trigger:
