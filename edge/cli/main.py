@@ -98,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
         verb(run, action, handler, text).add_argument("run", metavar="RUN")
 
     _schedule_verbs(verbs, verb)
+    from edge.cli.import_commands import add_import_verbs
+
+    add_import_verbs(verbs, verb)
 
     token = verbs.add_parser("token", help="API credentials").add_subparsers(
         dest="action", metavar="ACTION", required=True)

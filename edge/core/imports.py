@@ -3,16 +3,15 @@ qledge (a task, its triggers, its environment), what they cannot mean (a problem
 line or row), and the import key that makes a second import of the same entry a no-op.
 
 Nothing here reads files or talks to the daemon: edge.cli.import_commands does that and
-hands the text and rows in.
+hands the text and rows in. The daemon loads this module for its types only, so what only
+planning needs (shlex) is imported where it is used.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import posixpath
 import re
-import shlex
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Literal
 
@@ -67,11 +66,13 @@ class ImportRecord(msgspec.Struct, rename="camel"):
 
 
 class Problem(msgspec.Struct, rename="camel"):
-    """Something in the source qledge does not import, and why. `where`: `line 7`, `cron 12`, …"""
+    """Something in the source qledge does not import, and why. `where`: `line 7`, `cron 12`, …;
+    `kind`: a few words the summary counts by."""
 
     where: str
     text: str
     reason: str
+    kind: str = ""
 
 
 class Entry(msgspec.Struct, rename="camel"):
@@ -84,7 +85,7 @@ class Entry(msgspec.Struct, rename="camel"):
 
 def import_key(kind: str, *parts: object) -> str:
     """`<kind>:<digest>`: the same entry (what it runs and when) gives the same key."""
-    digest = hashlib.sha256(json.dumps(parts, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+    digest = hashlib.sha256(msgspec.json.encode(parts, order="sorted")).hexdigest()
     return f"{kind}:{digest[:32]}"
 
 
@@ -110,6 +111,8 @@ def _stem(path: str) -> str:
 def name_from_command(command: str) -> str:
     """The word of a shell command that names the job: the program, or the script an
     interpreter runs, past assignments, `cd DIR &&` and wrappers such as `nice`."""
+    import shlex
+
     try:
         words = shlex.split(command, comments=False)
     except ValueError:
@@ -119,9 +122,9 @@ def name_from_command(command: str) -> str:
         word = words[i]
         if re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", word) or word in ("&&", ";", "||"):
             i += 1
-        elif word == "cd":
+        elif word in ("cd", "sleep"):
             i += 2
-        elif word in _WRAPPERS or (word.startswith("-") and i > 0):
+        elif word in _WRAPPERS or (word.startswith("-") and i > 0) or word.isdigit():
             i += 1
         elif _INTERPRETERS.match(posixpath.basename(word)) and i + 1 < len(words) and words[i + 1] not in ("-c",):
             i += 1
@@ -200,11 +203,13 @@ def parse_crontab(text: str, user: CrontabUser, timeout_ms: int = DEFAULT_TIMEOU
             if name == "MAILTO":
                 if value:
                     problems.append(Problem(where, stripped, "MAILTO: qledge does not mail a job's output; every run"
-                                            " and its log stay in qledge (qledge run list, qledge run log)"))
+                                            " and its log stay in qledge (qledge run list, qledge run log)",
+                                            "MAILTO"))
             elif name == "CRON_TZ":
                 zone = value or None
             elif "\x00" in value or len(value) > 16384:
-                problems.append(Problem(where, stripped, f"the value of {name} is not a valid environment value"))
+                problems.append(Problem(where, stripped, f"the value of {name} is not a valid environment value",
+                                        "bad environment value"))
             else:
                 if name == "SHELL":
                     shell = value or user.shell
@@ -228,19 +233,21 @@ def _crontab_entry(
         m = _NICKNAME.match(line)
         if m is None or m.group(1).lower() not in CRON_NICKNAMES:
             word = line.split()[0]
-            return Problem(where, line, f"{word} is not a crontab nickname ({', '.join(CRON_NICKNAMES)})")
+            return Problem(where, line, f"{word} is not a crontab nickname ({', '.join(CRON_NICKNAMES)})",
+                           "unknown nickname")
         expression, command = m.group(1).lower(), m.group(2) or ""
     else:
         m = _ENTRY.match(line)
         if m is None:
-            return Problem(where, line, "not a crontab entry: expected 5 time fields and a command, or VAR=value")
+            return Problem(where, line, "not a crontab entry: expected 5 time fields and a command, or VAR=value",
+                           "not an entry")
         expression, command = " ".join(m.groups()[:5]), m.group(6)
     if not command:
-        return Problem(where, line, "the entry has no command")
+        return Problem(where, line, "the entry has no command", "no command")
     try:
         expression = normalize(expression) if expression != "@reboot" else REBOOT
     except ScheduleError as exc:
-        return Problem(where, line, str(exc))
+        return Problem(where, line, str(exc), "invalid schedule")
     # What busybox crond gives a job, unless the crontab says otherwise.
     job_env = {"SHELL": shell, "USER": user.name, "LOGNAME": user.name}
     if user.home:
@@ -323,8 +330,8 @@ def _flag(value: object) -> bool:
 def _json_list(value: object) -> list[object]:
     if isinstance(value, str):
         try:
-            value = json.loads(value)
-        except ValueError:
+            value = msgspec.json.decode(value)
+        except msgspec.DecodeError:
             return []
     return value if isinstance(value, list) else []
 
@@ -382,6 +389,8 @@ class QlCommand(msgspec.Struct):
 def parse_ql_command(command: str) -> QlCommand | str:
     """`task <script> [now] [-m T] [-l] [args…]` (a bare script path means `task <path>`);
     a string when it cannot be represented: the reason."""
+    import shlex
+
     try:
         words = shlex.split(command)
     except ValueError:
@@ -444,10 +453,10 @@ def ql_entry(cron: QlCron, place: QlPlace, secret_env: Mapping[str, str]) -> Ent
     given to every task (qinglong's scripts read their accounts from the environment)."""
     where, text = f"cron {cron.id}", f"{cron.name or '(no name)'}: {cron.schedule} {cron.command}"
     if cron.system:
-        return Problem(where, text, "qinglong's own system task")
+        return Problem(where, text, "qinglong's own system task", "qinglong system task")
     parsed = parse_ql_command(cron.command)
     if isinstance(parsed, str):
-        return Problem(where, text, parsed)
+        return Problem(where, text, parsed, "command not representable")
     notes: list[str] = []
     path = _script_path(parsed.script, place.scripts_dir)
     ext = posixpath.splitext(path)[1].lower()
@@ -466,9 +475,9 @@ def ql_entry(cron: QlCron, place: QlPlace, secret_env: Mapping[str, str]) -> Ent
         main = ShellCommand(command=_wrapper(main, cron.task_before, cron.task_after))
         notes.append("task_before/task_after run around the script in one shell")
     triggers, bad = _ql_triggers(cron, place.zone)
-    notes += bad
     if not triggers:
-        return Problem(where, text, "; ".join(bad) or "no schedule")
+        return Problem(where, text, "; ".join(bad) or "no schedule", "invalid schedule")
+    notes += [f"schedule not imported: {reason}" for reason in bad]
     env: dict[str, str | SecretRef] = {name: SecretRef(secret=secret) for name, secret in secret_env.items()}
     spec = TaskSpec(
         command=main, env=env, working_dir=_work_dir(cron.work_dir, path, place.scripts_dir, place.data_dir),
@@ -490,7 +499,7 @@ def _ql_triggers(cron: QlCron, zone: str | None) -> tuple[list[ImportTrigger], l
         try:
             expression = normalize(schedule)
         except ScheduleError as exc:
-            bad.append(f"schedule not imported: {exc}")
+            bad.append(str(exc))
             continue
         if any(t.expression == expression for t in triggers):
             continue
@@ -503,6 +512,8 @@ def _ql_triggers(cron: QlCron, zone: str | None) -> tuple[list[ImportTrigger], l
 def _wrapper(main: Command, before: str | None, after: str | None) -> str:
     """qinglong runs task_before, the script and task_after in one shell; so does this,
     and exits with the script's status."""
+    import shlex
+
     run = shlex.join([main.file, *main.args]) if isinstance(main, ArgvCommand) else main.command
     lines = [before or "", run, "status=$?", after or "", "exit $status"]
     return "\n".join(line for line in lines if line)
@@ -511,6 +522,8 @@ def _wrapper(main: Command, before: str | None, after: str | None) -> str:
 def parse_shell_exports(text: str) -> list[tuple[int, str, str]]:
     """`export NAME="value"` (or `NAME=value`) lines of qinglong's config.sh with a non-empty
     value: (line, name, value). Anything that is not a plain assignment is ignored."""
+    import shlex
+
     found: list[tuple[int, str, str]] = []
     for number, line in enumerate(text.split("\n"), start=1):
         m = re.match(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*?)\s*(?:#.*)?$", line)
