@@ -259,3 +259,16 @@ def test_reboot_trigger_does_not_fire_on_a_daemon_restart(daemon):
     assert "at the next boot" in ok(daemon.cli("trigger", "get", "boot-1"))
     note = daemon.cli("cron", "next", "@reboot")
     assert note.returncode == 0 and note.stdout == "" and "once per boot of the device" in note.stderr
+
+
+def test_crontab_lines_the_daemon_would_refuse_are_reported_and_the_rest_imported(daemon, workdir):
+    path = os.path.join(workdir, "root")
+    with open(path, "wb") as f:
+        f.write(b"0 1 * * * echo caf\xe9\n0 2 * * * echo " + b"x" * 17000 + b"\n0 3 * * * /usr/bin/fine\n")
+    result = daemon.cli("import", "crontab", path, "--disable-source")
+    assert result.returncode == 0, result.stderr
+    assert "line 1: not imported: the line is not valid UTF-8" in result.stdout
+    assert "line 2: not imported: qledge cannot store it" in result.stdout
+    assert task_ids(daemon) == ["fine"]
+    with open(path, "rb") as f:
+        assert f.read().startswith(b"0 1 * * * echo caf\xe9\n0 2 * * * echo xxx")  # untouched bytes stay

@@ -22,6 +22,7 @@ from edge.core.imports import (
     parse_timeout,
     ql_cron,
     ql_entry,
+    unrepresentable,
 )
 from edge.core.tasks import ArgvCommand, SecretRef, ShellCommand
 
@@ -224,3 +225,24 @@ def test_notification_keys(name, notify):
 def test_config_sh_exports():
     text = 'export A="1"\nexport B=\'two words\'\nC=3 # comment\nexport D=""\nexport E="$HOME/x"\nif true; then\n'
     assert parse_shell_exports(text) == [(1, "A", "1"), (2, "B", "two words"), (3, "C", "3")]
+
+
+def test_crontab_lines_qledge_cannot_hold_are_reported_not_fatal():
+    text = ("0 1 * * * echo caf\udce9\n"  # a byte that is not UTF-8, as surrogateescape reads it
+            "CRON_TZ=Mars/Olympus\n0 2 * * * /usr/bin/a\nCRON_TZ=UTC\n0 3 * * * /usr/bin/b\n"
+            f"0 4 * * * echo {'x' * 17000}\n")
+    plan = parse_crontab(text, ROOT)
+    assert [(p.where, p.kind) for p in plan.problems] == [
+        ("line 1", "not UTF-8"), ("line 2", "unknown zone"), ("line 3", "unknown zone")]
+    assert plan.problems[2].reason == "CRON_TZ on line 2 is not a zone qledge knows"
+    assert [(e.where, e.task.triggers[0].timezone) for e in plan.entries] == [("line 5", "UTC"), ("line 6", "UTC")]
+    assert unrepresentable(plan.entries[0]) is None
+    too_big = unrepresentable(plan.entries[1])
+    assert too_big is not None and too_big.kind == "too large or invalid characters"
+    assert too_big.reason.startswith("qledge cannot store it: Expected `str` of length <= 16384")
+
+
+def test_labels_lose_control_characters():
+    entry = ql_entry(ql_cron({"id": 1, "name": "a\x1b[31mred\x07", "command": "task a.js", "schedule": "@daily"}),
+                     PLACE, {})
+    assert entry.task.name == "a [31mred" and unrepresentable(entry) is None

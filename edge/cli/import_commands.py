@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -39,7 +40,9 @@ from edge.core.imports import (
     ql_cron,
     ql_entry,
     ql_env,
+    unrepresentable,
 )
+from edge.core.schedule import ScheduleError, load_zone
 from edge.core.tasks import DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS, ArgvCommand, ShellCommand
 from edge.tools.builtin import secrets as secret_tools
 from edge.tools.builtin import status as status_tools
@@ -53,6 +56,7 @@ if TYPE_CHECKING:
 OK = 0
 DEFAULT_CRONTAB = "/etc/crontabs/root"  # busybox crond's, on OpenWrt
 DISK_RESERVE = 8 * 1024 * 1024  # what the runner keeps free: a copy must leave it
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,126}$")
 
 
 # -- what the report says -----------------------------------------------------------
@@ -107,6 +111,9 @@ def _apply_tasks(c: Client, report: Report, entries: list[Entry], records: dict[
                  dry_run: bool) -> list[Entry]:
     """Create the entries not imported before (ids free among the daemon's tasks); returns
     the entries that are in qledge now, created or from an earlier import."""
+    problems = {id(e): p for e in entries if (p := unrepresentable(e)) is not None}
+    report.not_imported += problems.values()
+    entries = [e for e in entries if id(e) not in problems]
     fresh = [e for e in entries if e.task.key not in records]
     assign_ids(fresh, _task_ids(c))
     for entry in entries:
@@ -413,11 +420,17 @@ def _ql_notices(data: QlData, source: QlSource, held: list[str], config_keys: li
     return notices
 
 
-def _ql_zone(data: QlData) -> str | None:
+def _ql_zone(data: QlData, report: Report) -> str | None:
+    """qinglong's own zone setting, when it has one this machine knows (else the daemon's)."""
     for auth in data.auths:
         if auth.get("type") == "systemConfig":
             zone = _json_obj(auth.get("info")).get("timezone")
             if isinstance(zone, str) and zone:
+                try:
+                    load_zone(zone)
+                except ScheduleError as exc:
+                    report.notices.append(f"qinglong's time zone is not used: {exc}; triggers get the daemon's")
+                    return None
                 return zone
     return None
 
@@ -455,6 +468,9 @@ def _store_secrets(c: Client, report: Report, wanted: dict[str, str], records: d
     """Store the envs as secrets; returns env name → secret name for those in qledge now."""
     usable: dict[str, str] = {}
     for env, value in sorted(wanted.items()):
+        if not _ENV_NAME.match(env):
+            report.not_imported.append(Problem(f"env {env}", env, "not an environment variable name", "bad env name"))
+            continue
         name = _secret_name(env)
         key = import_key("qinglong-env", env)
         if len(value) > 16384 or "\x00" in value:
@@ -544,7 +560,7 @@ def import_qinglong(c: Client, a: argparse.Namespace) -> int:
         else:
             status = c.typed("qledge.status", status_tools.StatusArgs(), status_tools.Status)
             scripts_dir = os.path.join(os.path.dirname(status.db_path), "scripts", "qinglong")
-        place = QlPlace(scripts_dir=scripts_dir, data_dir=source.data_dir or scripts_dir, zone=_ql_zone(data))
+        place = QlPlace(scripts_dir=scripts_dir, data_dir=source.data_dir or scripts_dir, zone=_ql_zone(data, report))
         wanted, held, config_keys, other = _plan_secrets(data, source, a.with_notifications)
         records = _records(c)
         usable = _store_secrets(c, report, wanted, records, a.dry_run)

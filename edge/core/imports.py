@@ -17,7 +17,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from edge.core.schedule import REBOOT, Misfire, ScheduleError, normalize
+from edge.core.schedule import REBOOT, Misfire, ScheduleError, load_zone, normalize
 from edge.core.tasks import DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS, ArgvCommand, Command, SecretRef, ShellCommand, TaskSpec
 from edge.core.text import Label, Name
 
@@ -81,6 +81,21 @@ class Entry(msgspec.Struct, rename="camel"):
     where: str
     task: ImportTask
     notes: list[str] = []
+
+
+_check_task = msgspec.msgpack.Decoder(ImportTask)
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def unrepresentable(entry: Entry) -> Problem | None:
+    """A problem when the task breaks one of the daemon's limits (sizes, characters), which
+    the daemon would refuse: checked here so that one bad entry never stops an import."""
+    try:
+        _check_task.decode(msgspec.msgpack.encode(entry.task))
+    except (msgspec.ValidationError, UnicodeEncodeError) as exc:
+        return Problem(entry.where, entry.task.name or entry.task.task_id, f"qledge cannot store it: {exc}",
+                       "too large or invalid characters")
+    return None
 
 
 def import_key(kind: str, *parts: object) -> str:
@@ -198,6 +213,10 @@ def parse_crontab(text: str, user: CrontabUser, timeout_ms: int = DEFAULT_TIMEOU
         if not stripped or stripped.startswith("#"):
             continue
         where = f"line {number}"
+        if any("\udc80" <= ch <= "\udcff" for ch in stripped):  # read with surrogateescape
+            problems.append(Problem(where, stripped.encode("utf-8", "replace").decode(), "the line is not valid UTF-8",
+                                    "not UTF-8"))
+            continue
         if stripped[0] not in "0123456789*@" and (m := _ENV_LINE.match(line)):
             name, value = m.group(1), _unquote(m.group(2))
             if name == "MAILTO":
@@ -207,6 +226,9 @@ def parse_crontab(text: str, user: CrontabUser, timeout_ms: int = DEFAULT_TIMEOU
                                             "MAILTO"))
             elif name == "CRON_TZ":
                 zone = value or None
+                if zone is not None and (bad_zone := _zone_problem(zone)):
+                    problems.append(Problem(where, stripped, bad_zone, "unknown zone"))
+                    zone = f"!{number}"  # the entries it governs cannot be imported
             elif "\x00" in value or len(value) > 16384:
                 problems.append(Problem(where, stripped, f"the value of {name} is not a valid environment value",
                                         "bad environment value"))
@@ -214,6 +236,10 @@ def parse_crontab(text: str, user: CrontabUser, timeout_ms: int = DEFAULT_TIMEOU
                 if name == "SHELL":
                     shell = value or user.shell
                 env[name] = value
+            continue
+        if zone is not None and zone.startswith("!"):
+            problems.append(Problem(where, stripped, f"CRON_TZ on line {zone[1:]} is not a zone qledge knows",
+                                    "unknown zone"))
             continue
         parsed = _crontab_entry(where, stripped, user, env, shell, zone, timeout_ms)
         if isinstance(parsed, Problem):
@@ -224,6 +250,14 @@ def parse_crontab(text: str, user: CrontabUser, timeout_ms: int = DEFAULT_TIMEOU
             seen[parsed.task.key] = number
             entries.append(parsed)
     return CrontabPlan(entries=entries, problems=problems, duplicates=duplicates)
+
+
+def _zone_problem(zone: str) -> str | None:
+    try:
+        load_zone(zone)
+    except ScheduleError as exc:
+        return str(exc)
+    return None
 
 
 def _crontab_entry(
@@ -265,7 +299,7 @@ def _crontab_entry(
 
 
 def _label(text: str) -> str:
-    one_line = " ".join(text.split())
+    one_line = _CONTROLS.sub(" ", " ".join(text.split())).strip() or "-"
     return one_line if len(one_line) <= 128 else one_line[:127] + "…"
 
 
