@@ -496,7 +496,7 @@ def _store_secrets(c: Client, report: Report, wanted: dict[str, str], records: d
     return usable
 
 
-def _copy_scripts(source_dir: str, dest: str, dry_run: bool) -> str:
+def _copy_scripts(source_dir: str, dest: str, state_dir: str, dry_run: bool) -> str:
     """Copy the scripts tree: files that are not there yet; a file that differs is kept
     as it is in qledge (it may have been edited since); links are not followed."""
     plan: list[tuple[str, str]] = []
@@ -522,9 +522,16 @@ def _copy_scripts(source_dir: str, dest: str, dry_run: bool) -> str:
     if size + DISK_RESERVE > free:
         raise UsageError(f"scripts need {size} bytes in {dest}, {free} are free (and {DISK_RESERVE} stay reserved);"
                          " free some space or use --scripts-in-place")
+    # The daemon's user owns its state directory: the copies become its own, so scripts can
+    # write beside themselves as they did under qinglong (when this runs as root).
+    owner = os.stat(state_dir)
     for src, dst in plan:
         os.makedirs(os.path.dirname(dst), mode=0o755, exist_ok=True)
         shutil.copy2(src, dst)
+    for dirpath, _, filenames in os.walk(os.path.dirname(dest)):
+        for path in [dirpath, *(os.path.join(dirpath, n) for n in filenames)]:
+            with contextlib.suppress(OSError):
+                os.lchown(path, owner.st_uid, owner.st_gid)
     return f"scripts: {len(plan)} files ({size} bytes) copied to {dest}{extra}"
 
 
@@ -574,7 +581,8 @@ def import_qinglong(c: Client, a: argparse.Namespace) -> int:
             else:
                 report.not_imported.append(planned)
         if scripts_src and os.path.isdir(scripts_src) and not a.scripts_in_place:
-            report.notices.append(_copy_scripts(scripts_src, scripts_dir, a.dry_run))
+            report.notices.append(_copy_scripts(scripts_src, scripts_dir, os.path.dirname(os.path.dirname(scripts_dir)),
+                                                a.dry_run))
         elif scripts_src is None:
             report.notices.append("no scripts directory beside this database: the tasks expect their scripts in"
                                   f" {scripts_dir}")
