@@ -26,8 +26,6 @@ from edge.cli.commands import UsageError, all_pages
 from edge.core.imports import (
     CrontabUser,
     Entry,
-    ImportedTask,
-    ImportRecord,
     Problem,
     QlPlace,
     assign_ids,
@@ -43,7 +41,7 @@ from edge.core.imports import (
     unrepresentable,
 )
 from edge.core.schedule import ScheduleError, load_zone
-from edge.core.tasks import DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS, ArgvCommand, ShellCommand
+from edge.core.tasks import DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS, ArgvCommand, ImportedTask, ImportRecord, ShellCommand
 from edge.tools.builtin import secrets as secret_tools
 from edge.tools.builtin import status as status_tools
 from edge.tools.builtin import tasks as task_tools

@@ -23,7 +23,7 @@ from edge.core.errors import ToolError
 from edge.core.handoff import Background, shielded
 from edge.core.ids import uuid7
 from edge.core.ports.runtime import Clock, RunExecutor, Sleeper, TimerHandle, Timers
-from edge.core.imports import ImportedTask, ImportTask
+from edge.core.tasks import ImportedTask, ImportTask
 from edge.core.ports.stores import RunAdmission, RunStore, TaskStore, TriggerStore
 from edge.core.runs import Run
 from edge.core.schedule import GRACE_MS

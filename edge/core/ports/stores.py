@@ -17,7 +17,7 @@ from typing import Protocol
 import msgspec
 
 from edge.core.auth import AuditRecord, Credential, SecretInfo
-from edge.core.imports import ImportedTask, ImportRecord, ImportTask, SecretImport
+from edge.core.tasks import ImportedTask, ImportRecord, ImportTask, SecretImport
 from edge.core.reads import Counts, OutcomeRow, RunEventSummary, RunSummary, TaskDetail, TaskHead, TriggerHead
 from edge.core.runs import ActorType, Run, RunCursor, RunEvent, RunProcess, RunStatus, RunUpdate
 from edge.core.tasks import Task, TaskSpec

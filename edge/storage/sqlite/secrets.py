@@ -5,7 +5,7 @@ from __future__ import annotations
 import apsw
 
 from edge.core.auth import SecretInfo
-from edge.core.imports import SecretImport
+from edge.core.tasks import SecretImport
 from edge.storage.sqlite.db import Database, immediate, one
 
 

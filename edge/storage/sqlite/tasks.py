@@ -6,7 +6,7 @@ import apsw
 import msgspec
 
 from edge.core.errors import conflict, not_found
-from edge.core.imports import ImportedTask, ImportRecord, ImportTask
+from edge.core.tasks import ImportedTask, ImportRecord, ImportTask
 from edge.core.ports.stores import RunLogFiles
 from edge.core.tasks import SPEC_SCHEMA, Task, TaskSpec, content_digest
 from edge.core.triggers import CronSpec

@@ -9,7 +9,7 @@ import msgspec
 
 from edge.core.auth import SecretInfo
 from edge.core.errors import not_found
-from edge.core.imports import ImportKey, SecretImport
+from edge.core.tasks import ImportKey, SecretImport
 from edge.core.text import Name
 from edge.tools.context import ToolContext
 from edge.tools.definition import WRITE_DEADLINE_S, Empty, tool

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from edge.core.errors import invalid, not_found
-from edge.core.imports import ImportedTask, ImportKey, ImportRecord, ImportTask
+from edge.core.tasks import ImportedTask, ImportKey, ImportRecord, ImportTask
 from edge.core.reads import keyset
 from edge.core.schedule import ScheduleError, normalize
 from edge.core.tasks import Task, TaskSpec
