@@ -272,3 +272,22 @@ def test_crontab_lines_the_daemon_would_refuse_are_reported_and_the_rest_importe
     assert task_ids(daemon) == ["fine"]
     with open(path, "rb") as f:
         assert f.read().startswith(b"0 1 * * * echo caf\xe9\n0 2 * * * echo xxx")  # untouched bytes stay
+
+
+@pytest.mark.e2e
+def test_once_trigger_runs_once_and_disables_itself(daemon):
+    import time
+
+    ok(daemon.cli("task", "add", "shot", "--", "true"))
+    ok(daemon.cli("trigger", "add", "shot", "--cron", "@once"))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        runs = as_json(daemon.cli("run", "list", "--json"))
+        if runs and runs[0]["status"] == "succeeded":
+            break
+        time.sleep(0.1)
+    assert [(r["origin"], r["status"]) for r in runs] == [("scheduled", "succeeded")]
+    trigger = as_json(daemon.cli("trigger", "get", "shot-1", "--json"))
+    assert (trigger["enabled"], trigger["revision"], trigger.get("nextFireAtMs")) == (False, 2, None)
+    time.sleep(1)
+    assert len(as_json(daemon.cli("run", "list", "--json"))) == 1

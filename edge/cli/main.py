@@ -145,7 +145,8 @@ def _schedule_verbs(verbs: Subcommands, verb: Verb) -> None:
         dest="action", metavar="ACTION", required=True)
     add = verb(trigger, "add", s.trigger_add, "add a cron trigger: qledge trigger add TASK --cron EXPR")
     add.add_argument("task", metavar="TASK")
-    add.add_argument("--cron", required=True, metavar="EXPR", help="5 fields, or 6 with seconds first")
+    add.add_argument("--cron", required=True, metavar="EXPR",
+                     help="5 fields, or 6 with seconds first; @daily etc., @reboot (once per boot), @once (one shot)")
     add.add_argument("--tz", metavar="TZ", help="IANA time zone (default: config `timezone`, the device's, UTC)")
     add.add_argument("--misfire", choices=("skip", "fire_once"), default="skip",
                      help="fires missed by more than 30s: skip them, or run the oldest once (default skip)")
