@@ -79,14 +79,16 @@ def stores(db: Database, home: str, capacity: int = 34) -> Stores:
 
 
 class Env:
-    def __init__(self, db: Database, home: str, clock: FakeClock, capacity: int = 34) -> None:
+    def __init__(self, db: Database, home: str, clock: FakeClock, capacity: int = 34, boot: str | None = None) -> None:
         self.db, self.clock = db, clock
         made = stores(db, home, capacity)
         self.tasks, self.runs, self.store, self.admission = made.tasks, made.runs, made.triggers, made.admission
         self.executor = Executor(self.runs, clock)
         self.timers = ManualTimers()
+        # The kernel's boot id, from a file the test controls (`boot`: its path).
+        boot_kw = {} if boot is None else {"boot_id_path": boot}
         self.scheduler = Scheduler(self.admission, self.runs, self.executor, clock, "default", rng=lambda: 0.25,
-                                   timers=self.timers)
+                                   timers=self.timers, **boot_kw)
 
     async def task(self, task_id: str = "t", overlap: str = "forbid") -> None:
         spec = TaskSpec(command=ArgvCommand(file="true"), overlap=overlap)  # type: ignore[arg-type]
@@ -638,3 +640,163 @@ async def test_stop_during_an_admission_still_hands_its_runs_over(env, home):
     admitted = await env.all_runs()
     assert len(admitted) == 1
     assert [r.id for r in env.executor.submitted] == [admitted[0].id]
+
+
+# -- @reboot and @once --------------------------------------------------------------
+
+
+class Device:
+    """Daemon starts on one database file, with the kernel's boot id in a file."""
+
+    def __init__(self, home: str) -> None:
+        self.home = home
+        self.boot_file = os.path.join(home, "boot_id")
+        self.envs: list[tuple[Env, Database]] = []
+        self.boot("a1b2c3d4-0000-4000-8000-000000000001")
+
+    def boot(self, boot_id: str) -> None:
+        with open(self.boot_file, "w") as f:
+            f.write(boot_id + "\n")
+
+    async def start(self, now: int) -> Env:
+        db = await Database.open(os.path.join(self.home, "q.db"))
+        e = Env(db, self.home, FakeClock(now), boot=self.boot_file)
+        await e.scheduler.load()
+        self.envs.append((e, db))
+        return e
+
+    async def stop(self) -> None:
+        for e, db in self.envs:
+            await e.scheduler.stop()
+            await db.close()
+        self.envs.clear()
+
+
+@pytest.fixture
+async def device(home):
+    d = Device(home)
+    yield d
+    await d.stop()
+
+
+async def test_reboot_fires_once_per_boot_not_per_daemon_restart(device):
+    first = await device.start(at("10:00:00"))
+    await first.task()
+    trig = await first.trigger("@reboot")
+    assert trig.spec.expression == "@reboot" and trig.next_fire_at_ms is None  # waits for the next boot
+    await first.tick(at("10:00:01"))
+    assert await first.all_runs() == []
+    # The daemon restarts within the same boot: nothing fires.
+    await device.stop()
+    again = await device.start(at("10:05:00"))
+    await again.tick(at("10:05:00"))
+    assert await again.all_runs() == [] and await again.cursor(trig.id) is None
+    # The device reboots: one fire, through admission like any fire.
+    await device.stop()
+    device.boot("a1b2c3d4-0000-4000-8000-000000000002")
+    booted = await device.start(at("11:00:00"))
+    assert await booted.cursor(trig.id) == at("11:00:00")
+    await booted.tick(at("11:00:00.300"))
+    [run] = await booted.all_runs()
+    assert (run.origin, run.status, run.scheduled_for_ms) == ("scheduled", "queued", at("11:00:00.300"))
+    assert run.idempotency_key == f"boot:{trig.id}:a1b2c3d4-0000-4000-8000-000000000002"
+    assert booted.executor.submitted == [run]
+    assert await booted.cursor(trig.id) is None
+    await booted.tick(at("11:30:00"))
+    assert len(await booted.all_runs()) == 1
+    # Restarts within that boot fire nothing more, even with the run finished.
+    await booted.finish(run)
+    await device.stop()
+    later = await device.start(at("12:00:00"))
+    await later.tick(at("12:00:00"))
+    assert len(await later.all_runs()) == 1
+
+
+async def test_reboot_armed_then_crash_fires_once_after_restart(device):
+    setup = await device.start(at("10:00:00"))
+    await setup.task()
+    trig = await setup.trigger("@reboot")
+    await device.stop()
+    device.boot("b0000000-0000-4000-8000-000000000002")
+    armed = await device.start(at("10:10:00"))  # arms, then dies before its first tick
+    assert await armed.cursor(trig.id) == at("10:10:00")
+    await device.stop()
+    after = await device.start(at("10:10:30"))
+    await after.tick(at("10:10:30"))
+    await after.tick(at("10:11:30"))
+    keys = [r.idempotency_key for r in await after.all_runs()]
+    assert keys == [f"boot:{trig.id}:b0000000-0000-4000-8000-000000000002"]
+
+
+async def test_reboot_waits_for_the_clock_sync_hold_and_is_no_misfire(device):
+    setup = await device.start(at("10:00:00"))
+    await setup.task()
+    trig = await setup.trigger("@reboot")
+    await setup.tick(at("10:00:00"))
+    await device.stop()
+    device.boot("c0000000-0000-4000-8000-000000000003")
+    boot = await device.start(65_000)  # the router's clock says 1970 until NTP answers
+    assert await boot.cursor(trig.id) == at("10:00:00")  # the newest time on record
+    await boot.tick(66_000)
+    assert await boot.all_runs() == [] and boot.scheduler.status()["clock"].startswith("waiting for sync")
+    await boot.tick(at("13:00:00"))  # NTP set the clock, hours later: it fires now, not "missed"
+    [run] = await boot.all_runs()
+    assert run.scheduled_for_ms == at("13:00:00")
+    assert await boot.events(trig.id) == []
+
+
+async def test_reboot_fire_goes_through_overlap_and_a_disabled_trigger_stays_quiet(device):
+    setup = await device.start(at("10:00:00"))
+    await setup.task()
+    await setup.task("u")
+    busy = await setup.trigger("@reboot")
+    off = await setup.trigger("@reboot", task_id="u")
+    await setup.store.set_enabled("default", off.id, False, None, at("10:00:00"))
+    await setup.store.create("default", "manual", "t", None, CronSpec(expression="0 0 1 1 *", timezone="UTC"),
+                             at("10:00:00"))
+    blocking = await setup.admission.admit_manual(await setup.tasks.get("default", "t"), "user", at("10:00:00"))
+    await device.stop()
+    device.boot("d0000000-0000-4000-8000-000000000004")
+    boot = await device.start(at("10:30:00"))
+    assert await boot.cursor(off.id) is None
+    await boot.tick(at("10:30:00"))
+    assert [r.id for r in await boot.all_runs()] == [blocking.run.id]
+    [event] = await boot.events(busy.id)
+    assert (event.type, event.reason, event.scheduled_for_ms) == ("skipped", "overlap", at("10:30:00"))
+    assert await boot.cursor(busy.id) is None
+
+
+async def test_once_fires_once_then_disables_itself(env, home):
+    trig = await env.trigger("@once")
+    assert trig.next_fire_at_ms == at("09:59:00")  # due as soon as it is armed
+    await env.tick(at("09:59:00.100"))
+    [run] = await env.all_runs()
+    assert run.idempotency_key == f"once:{trig.id}:1" and run.scheduled_for_ms == at("09:59:00.100")
+    fired = await env.store.get("default", trig.id)
+    assert (fired.enabled, fired.revision, fired.next_fire_at_ms) == (False, 2, None)
+    await env.finish(run)
+    await env.tick(at("10:30:00"))
+    assert len(await env.all_runs()) == 1
+    # A restart fires nothing more.
+    db2 = await Database.open(os.path.join(home, "q.db"))
+    again = Env(db2, home, FakeClock(at("10:31:00")))
+    await again.scheduler.load()
+    await again.tick(at("10:31:00"))
+    assert len(await again.all_runs()) == 1
+    await db2.close()
+    # Enabling it again is one more shot.
+    await env.store.set_enabled("default", trig.id, True, None, at("10:40:00"))
+    env.scheduler.changed()
+    await env.tick(at("10:40:00"))
+    assert [r.idempotency_key for r in await env.all_runs()] == [f"once:{trig.id}:1", f"once:{trig.id}:3"]
+    assert (await env.store.get("default", trig.id)).enabled is False
+
+
+async def test_once_for_a_disabled_task_is_recorded_and_spent(env):
+    await env.tasks.set_enabled("default", "t", False, None, env.clock.ms)
+    trig = await env.trigger("@once")
+    await env.tick(at("09:59:01"))
+    assert await env.all_runs() == []
+    [event] = await env.events(trig.id)
+    assert (event.type, event.reason) == ("skipped", "task_disabled")
+    assert (await env.store.get("default", trig.id)).enabled is False

@@ -186,7 +186,7 @@ def build_services(
 ) -> Services:
     return Services(
         project=config.project, clock=clock, pepper=pepper, tasks=stores.tasks, runs=stores.runs,
-        triggers=Triggers(stores.triggers, workers.scheduler, trigger_zone(config.timezone)),
+        triggers=Triggers(stores.triggers, workers.scheduler, trigger_zone(config.timezone), stores.tasks),
         credentials=stores.credentials, secrets=stores.secrets, audit=stores.audit, logs=stores.logs,
         log_reader=stores.log_reader, readers=stores.readers, runner=workers.controller, facts=facts,
         catalog=registry.infos(),

@@ -143,7 +143,8 @@ def _schedule_verbs(verbs: Subcommands, verb: Verb) -> None:
         dest="action", metavar="ACTION", required=True)
     add = verb(trigger, "add", s.trigger_add, "add a cron trigger: qledge trigger add TASK --cron EXPR")
     add.add_argument("task", metavar="TASK")
-    add.add_argument("--cron", required=True, metavar="EXPR", help="5 fields, or 6 with seconds first")
+    add.add_argument("--cron", required=True, metavar="EXPR",
+                     help="5 fields, or 6 with seconds first; @daily etc., @reboot (once per boot), @once (one shot)")
     add.add_argument("--tz", metavar="TZ", help="IANA time zone (default: config `timezone`, the device's, UTC)")
     add.add_argument("--misfire", choices=("skip", "fire_once"), default="skip",
                      help="fires missed by more than 30s: skip them, or run the oldest once (default skip)")
@@ -172,13 +173,17 @@ def _backup_verbs(verbs: Subcommands, verb: Verb) -> None:
                "write tasks and triggers (and, with --with-secrets, secret values) to FILE, mode 0600")
     exp.add_argument("file", metavar="FILE")
     exp.add_argument("--with-secrets", action="store_true", help="include secret values (needs secret.export)")
-    sources = verbs.add_parser("import", help="import tasks and triggers: qledge import FILE").add_subparsers(
-        dest="source", metavar="FILE", required=True)
+    sources = verbs.add_parser(
+        "import", help="import tasks and triggers: qledge import FILE, or from crontab or qinglong").add_subparsers(
+        dest="source", metavar="FILE|SOURCE", required=True)
     imp = verb(sources, "file", c.import_state,
                "import an export made by `qledge export`: create what is missing, skip what is identical")
     imp.add_argument("file", metavar="FILE")
     imp.add_argument("--replace", action="store_true", help="overwrite tasks, triggers and secrets that differ")
     imp.add_argument("--dry-run", action="store_true", help="say what would change; change nothing")
+    from edge.cli.import_commands import add_import_sources
+
+    add_import_sources(sources, verb)
 
 
 def _import_file_alias(argv: list[str]) -> list[str]:

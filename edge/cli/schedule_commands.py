@@ -13,7 +13,7 @@ import msgspec
 from edge.app.config import default_zone
 from edge.cli import render
 from edge.cli.commands import all_pages, show, show_list
-from edge.core.schedule import Schedule, ScheduleError, format_local, load_zone, local_time
+from edge.core.schedule import REBOOT, Schedule, ScheduleError, days_ored, format_local, load_zone, local_time
 from edge.core.triggers import Trigger, TriggerEvent
 from edge.tools.builtin import triggers as trigger_tools
 
@@ -52,6 +52,13 @@ def cron_next(a: argparse.Namespace) -> int:
     except ScheduleError as exc:
         print(f"qledge: {exc}", file=sys.stderr)
         return USAGE
+    if schedule.event is not None:
+        print(f"note: {schedule.expression} is not a time: it fires "
+              + ("once per boot of the device" if schedule.event == REBOOT else "once, when the trigger is armed"),
+              file=sys.stderr)
+    elif days_ored(schedule.expression):
+        print("note: day-of-month and day-of-week are both restricted, so a day matching either fires"
+              " (as in busybox crond and qinglong)", file=sys.stderr)
     fires = list(islice(schedule.fires_after(after), a.count))
     if a.json:
         render.json_out([
@@ -80,9 +87,9 @@ def count(text: str) -> int:
 # -- triggers (through the daemon) ------------------------------------------------
 
 
-def _fire(ms: int | None, zone_name: str) -> str:
+def _fire(ms: int | None, zone_name: str, expression: str = "") -> str:
     if ms is None:
-        return "-"
+        return "at the next boot" if expression == REBOOT else "-"
     try:
         return format_local(ms, load_zone(zone_name))
     except ScheduleError:  # this machine lacks the zone data: show UTC
@@ -90,7 +97,7 @@ def _fire(ms: int | None, zone_name: str) -> str:
 
 
 def _next_fire(t: Trigger) -> str:
-    return _fire(t.next_fire_at_ms, t.spec.timezone)
+    return _fire(t.next_fire_at_ms, t.spec.timezone, t.spec.expression if t.enabled else "")
 
 
 def _fields(t: Trigger) -> None:

@@ -12,6 +12,15 @@ skipped one). The rule, decided by the hour field:
   time, so an hourly job fires every real hour through both changes, and every
   fire is a distinct instant.
 
+Day-of-month and day-of-week follow busybox crond (and qinglong, croniter): when both
+are restricted (neither covers every value) a day matching either fires; otherwise the
+restricted one alone decides. cronsim follows Vixie cron here (a field starting with `*`
+makes it AND), so `_Cron` replaces that one decision.
+
+`@reboot` (qinglong spells it `@boot`) and `@once` are no schedule of times: they fire
+once per boot of the device, and once when armed. The trigger store and the scheduler
+give them their meaning; here they only validate and never yield a fire time.
+
 All times are UTC epoch milliseconds. Nothing here does I/O except reading zone data.
 """
 
@@ -38,6 +47,8 @@ MACROS = {
     "@midnight": "0 0 * * *",
     "@hourly": "0 * * * *",
 }
+REBOOT, ONCE = "@reboot", "@once"
+_EVENTS = {"@reboot": REBOOT, "@boot": REBOOT, "@once": ONCE}  # not times: see the module doc
 _FIELDS = (  # name, low, high; the seconds field is optional and comes first
     ("second", 0, 59), ("minute", 0, 59), ("hour", 0, 23),
     ("day-of-month", 1, 31), ("month", 1, 12), ("day-of-week", 0, 7),
@@ -115,9 +126,42 @@ def _check_range(field: int, term: str) -> None:
         raise ScheduleError(f"{_FIELDS[field][0]} field: range {term!r} is backwards")
 
 
+class _Cron(CronSim):
+    """cronsim with busybox crond's day rule: OR only when both day fields are restricted."""
+
+    @property
+    def day_and(self) -> bool:
+        try:
+            return self._days_and
+        except AttributeError:  # first asked once cronsim has parsed the fields
+            self._days_and: bool = not (_restricted_days(self.days) and _restricted_weekdays(self.weekdays))
+            return self._days_and
+
+    @day_and.setter
+    def day_and(self, value: bool) -> None:
+        pass  # cronsim assigns Vixie's rule here; ours is computed from the parsed fields
+
+
+def _restricted_days(days: set[int]) -> bool:
+    return not set(range(1, 32)) <= days
+
+
+def _restricted_weekdays(weekdays: set[int | tuple[int, int]]) -> bool:
+    return not set(range(7)) <= {d % 7 for d in weekdays if isinstance(d, int)}
+
+
+def days_ored(expression: str) -> bool:
+    """Whether a (normalized) expression restricts both day fields, so that either matches."""
+    if expression in (REBOOT, ONCE):
+        return False
+    return not _Cron(expression, datetime(2000, 1, 1)).day_and
+
+
 def normalize(expression: str) -> str:
     """The expression with macros expanded and single spaces; raises ScheduleError."""
     text = " ".join(expression.split())
+    if text.lower() in _EVENTS:
+        return _EVENTS[text.lower()]
     try:
         return _validate(MACROS.get(text.lower(), text))
     except ScheduleError as exc:
@@ -137,7 +181,7 @@ def _validate(text: str) -> str:
                 raise ScheduleError(f"{_FIELDS[i + offset][0]} field: empty value in {part!r}")
             _check_term(i + offset, term)
     try:
-        sim = CronSim(text, datetime(2000, 1, 1))
+        sim = _Cron(text, datetime(2000, 1, 1))
     except CronSimError as exc:  # what our grammar lets through: an impossible day
         field = str(exc).removeprefix("Bad ")
         raise ScheduleError(f"{field} field: no month in the month field has that day") from None
@@ -190,17 +234,21 @@ def _have_zone_data() -> bool:
 class Schedule:
     """A validated expression in a zone; yields fire instants (epoch ms)."""
 
-    __slots__ = ("expression", "zone_name", "zone", "_by_label")
+    __slots__ = ("expression", "zone_name", "zone", "event", "_by_label")
 
     def __init__(self, expression: str, zone_name: str) -> None:
         self.expression = normalize(expression)
         self.zone_name = zone_name
         self.zone = load_zone(zone_name)
-        hour = self.expression.split()[-4]
+        # REBOOT or ONCE: fired by the store and scheduler, never by time
+        self.event = self.expression if self.expression in (REBOOT, ONCE) else None
+        hour = self.expression.split()[-4] if self.event is None else "*"
         self._by_label = not hour.startswith("*") and self.zone is not UTC
 
     def fires_after(self, after_ms: int) -> Iterator[int]:
-        """Every fire strictly after `after_ms`, in increasing order."""
+        """Every fire strictly after `after_ms`, in increasing order (none for an event)."""
+        if self.event is not None:
+            return
         last = after_ms
         for ms in self._label_fires(after_ms) if self._by_label else self._real_fires(after_ms):
             if ms > last:  # several labels may map to one instant (the end of a gap)
@@ -214,7 +262,7 @@ class Schedule:
         # An aware start: cronsim steps through UTC, so each instant is visited once.
         start = datetime.fromtimestamp(after_ms // 1000, self.zone)
         try:
-            for when in CronSim(self.expression, start):
+            for when in _Cron(self.expression, start):
                 yield int(when.timestamp()) * 1000
         except StopIteration:
             return
@@ -224,7 +272,7 @@ class Schedule:
         # map to instants at or before it (the mapping never goes backwards).
         start = datetime.fromtimestamp(after_ms // 1000, self.zone).replace(tzinfo=None)
         try:
-            for label in CronSim(self.expression, start):
+            for label in _Cron(self.expression, start):
                 yield _label_instant(label, self.zone)
         except StopIteration:
             return

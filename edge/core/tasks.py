@@ -7,7 +7,8 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from edge.core.text import EnvName, Name
+from edge.core.schedule import Misfire
+from edge.core.text import EnvName, Label, Name
 
 SPEC_SCHEMA = "qinglong/command@v1"
 DEFAULT_TIMEOUT_MS = 3_600_000  # an hour: a hung job must not hold a slot forever
@@ -70,3 +71,49 @@ _canonical = msgspec.json.Encoder(order="sorted")
 def content_digest(spec: msgspec.Struct) -> str:
     """SHA-256 of the canonical JSON of a spec: equal specs, equal digests."""
     return "sha256:" + hashlib.sha256(_canonical.encode(spec)).hexdigest()
+
+
+# -- imports (crond, qinglong): the shapes the daemon stores; the planning is edge.core.imports
+
+ImportKey = Annotated[str, msgspec.Meta(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9:._@-]+$")]
+MAX_TRIGGERS = 32
+
+
+class ImportTrigger(msgspec.Struct, rename="camel", forbid_unknown_fields=True, omit_defaults=True):
+    expression: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+    timezone: Annotated[str, msgspec.Meta(min_length=1, max_length=64)] | None = None  # None: the daemon's zone
+    misfire: Misfire = "skip"
+    enabled: bool = True
+
+
+class ImportTask(msgspec.Struct, rename="camel", forbid_unknown_fields=True, omit_defaults=True):
+    """One task with its triggers, created together or not at all. `task_id` is a wish:
+    when another task has it, the next free `<id>-2`, `<id>-3`… is taken."""
+
+    key: ImportKey
+    task_id: Name
+    spec: TaskSpec
+    name: Label | None = None
+    enabled: bool = True
+    triggers: Annotated[list[ImportTrigger], msgspec.Meta(max_length=MAX_TRIGGERS)] = []
+
+
+class ImportedTask(msgspec.Struct, rename="camel"):
+    """What an ImportTask did: `created`, or `exists` (its key was on record: nothing new)."""
+
+    key: str
+    status: Literal["created", "exists"]
+    task_id: str
+    trigger_ids: list[str]
+
+
+SecretImport = Literal["created", "exists", "taken"]  # taken: a secret of that name was there, not imported
+
+
+class ImportRecord(msgspec.Struct, rename="camel"):
+    """An entry imported before: its key and what it became (a task id or a secret name)."""
+
+    key: str
+    kind: Literal["task", "secret"]
+    target: str
+    created_at_ms: int

@@ -21,8 +21,10 @@ from typing import Any
 from edge.core.clock import LoopTimers
 from edge.core.errors import ToolError
 from edge.core.handoff import Background, shielded
+from edge.core.ids import uuid7
 from edge.core.ports.runtime import Clock, RunExecutor, Sleeper, TimerHandle, Timers
-from edge.core.ports.stores import RunAdmission, RunStore, TriggerStore
+from edge.core.tasks import ImportedTask, ImportTask
+from edge.core.ports.stores import RunAdmission, RunStore, TaskStore, TriggerStore
 from edge.core.runs import Run
 from edge.core.schedule import GRACE_MS
 from edge.core.triggers import Admission, CronSpec, Trigger, TriggerEvent
@@ -32,6 +34,17 @@ log = logging.getLogger("qledge.scheduler")
 MAX_SLEEP_S = 60.0
 RETRY_MS = 60_000  # storage unavailable or zone data missing: try that trigger again later
 SAVE_EVERY_MS = 3_600_000  # idle: persist the clock mark hourly (admissions persist it anyway)
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"  # the kernel's id of this boot
+
+
+def read_boot_id(path: str) -> str | None:
+    """The boot id in `path`, or None when it cannot be read."""
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            text = f.read(128).strip()
+    except OSError:
+        return None
+    return text or None
 
 
 class Waker:
@@ -84,6 +97,7 @@ class Scheduler:
         timers: Timers | None = None,
         rng: Callable[[], float] = random.random,
         grace_ms: int = GRACE_MS,
+        boot_id_path: str = BOOT_ID_PATH,
     ) -> None:
         self._store = admission
         self._runs = runs
@@ -94,6 +108,7 @@ class Scheduler:
         self._timers = timers or LoopTimers()
         self._rng = rng
         self._grace_ms = grace_ms
+        self._boot_id_path = boot_id_path
         self._heap: list[tuple[int, str]] = []
         self._reload = True
         self._newest = 0
@@ -113,9 +128,19 @@ class Scheduler:
         self._task = asyncio.create_task(self._loop(), name="scheduler")
 
     async def load(self) -> None:
-        """Read the clock mark; the heap is read by the first tick."""
+        """Read the clock mark and, on the first start of a boot, arm the `@reboot`
+        triggers; the heap is read by the first tick."""
         self._newest = await self._store.newest_time(self._project)
-        self._saved_at = self._clock.now_ms()
+        now = self._clock.now_ms()
+        self._saved_at = now
+        boot_id = read_boot_id(self._boot_id_path)
+        if boot_id is None:  # no kernel boot id: every daemon start counts as a boot
+            log.warning("cannot read the boot id from %s; @reboot triggers fire at every start", self._boot_id_path)
+            boot_id = f"start:{uuid7(now)}"
+        # At the newest time on record: the first tick after the clock-sync hold fires them.
+        armed = await self._store.arm_boot(self._project, boot_id, max(now, self._newest))
+        if armed:
+            log.info("new boot: %d @reboot triggers armed", armed)
         self._reload = True
 
     async def stop(self) -> None:
@@ -194,10 +219,11 @@ class Scheduler:
         self._apply(trigger_id, admission, now)
 
     def _apply(self, trigger_id: str, admission: Admission, now: int) -> None:
-        if admission.gone or admission.cursor is None:
-            return  # deleted, disabled or never firing again: off the heap
-        cursor = now + RETRY_MS if admission.retry else max(admission.cursor, now + 1)
-        heapq.heappush(self._heap, (cursor, trigger_id))
+        if admission.gone:
+            return
+        if admission.cursor is not None:  # else disabled or never firing again (a spent @reboot, @once): off the heap
+            cursor = now + RETRY_MS if admission.retry else max(admission.cursor, now + 1)
+            heapq.heappush(self._heap, (cursor, trigger_id))
         if admission.cancel:
             self._spawn(self._replace(admission.runs, admission.cancel))
         else:
@@ -248,10 +274,12 @@ class Triggers:
     """TriggerService (edge.core.ports.runtime): the trigger store as tools see it, where
     every change wakes the scheduler."""
 
-    def __init__(self, store: TriggerStore, scheduler: Scheduler, default_timezone: str) -> None:
+    def __init__(self, store: TriggerStore, scheduler: Scheduler, default_timezone: str,
+                 tasks: TaskStore | None = None) -> None:
         self._store = store
         self._scheduler = scheduler
         self._default_timezone = default_timezone
+        self._tasks = tasks  # imports create a task with its triggers
 
     @property
     def default_timezone(self) -> str:
@@ -266,6 +294,14 @@ class Triggers:
         trigger = await self._store.create(project, trigger_id, task_id, task_revision, spec, now_ms)
         self._changed()
         return trigger
+
+    async def import_task(self, project: str, item: ImportTask, triggers: list[CronSpec], now_ms: int) -> ImportedTask:
+        if self._tasks is None:
+            raise ToolError("unavailable", "imports are not wired in this daemon")
+        imported = await self._tasks.import_task(project, item, triggers, now_ms)
+        if imported.status == "created":
+            self._changed()
+        return imported
 
     async def get(self, project: str, trigger_id: str) -> Trigger | None:
         return await self._store.get(project, trigger_id)

@@ -7,10 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from edge.core.tasks import ImportedTask, ImportTask
 from edge.core.ports.stores import TriggerStore
 from edge.core.reads import Counts
 from edge.core.runs import ActorType, Run
 from edge.core.tasks import Task
+from edge.core.triggers import CronSpec
 
 
 class Clock(Protocol):
@@ -84,6 +86,10 @@ class TriggerService(TriggerStore, Protocol):
     @property
     def default_timezone(self) -> str:
         """The zone a trigger gets when none is given."""
+        ...
+
+    async def import_task(self, project: str, item: ImportTask, triggers: list[CronSpec], now_ms: int) -> ImportedTask:
+        """TaskStore.import_task, then the scheduler looks at the new triggers."""
         ...
 
 

@@ -17,6 +17,7 @@ from typing import Protocol
 import msgspec
 
 from edge.core.auth import AuditRecord, Credential, SecretInfo
+from edge.core.tasks import ImportedTask, ImportRecord, ImportTask, SecretImport
 from edge.core.reads import Counts, OutcomeRow, RunEventSummary, RunSummary, TaskDetail, TaskHead, TriggerHead
 from edge.core.runs import ActorType, Run, RunCursor, RunEvent, RunProcess, RunStatus, RunUpdate
 from edge.core.tasks import Task, TaskSpec
@@ -60,6 +61,18 @@ class TaskStore(Protocol):
         """Delete the task with its revisions, triggers and finished runs, then (after the
         commit) the logs of those runs. Raises not_found, or conflict when the revision
         moved or a run is still queued or running. Returns how many runs went."""
+        ...
+
+    async def import_task(self, project: str, item: ImportTask, triggers: list[CronSpec], now_ms: int) -> ImportedTask:
+        """Create the task (at the first free id from `item.task_id`: `x`, `x-2`, …), its
+        triggers (`triggers[i]` with `item.triggers[i].enabled`) and the record of
+        `item.key`, in one transaction. When the key is on record, nothing changes and the
+        result is `exists` with the task it became. The record goes when its task is
+        deleted. Raises invalid_argument for a spec that cannot be scheduled."""
+        ...
+
+    async def imports(self, project: str, after: str | None, limit: int) -> list[ImportRecord]:
+        """Import records (tasks and secrets) with key > after, ascending by key."""
         ...
 
 
@@ -166,7 +179,15 @@ class RunAdmission(Protocol):
         """Plan the trigger's fires from its cursor up to `now_ms` (misfire policy, grace),
         admit the due ones under the task's overlap policy and the queue bound, record the
         ones skipped or refused as trigger events, move the cursor and the clock mark. A fire
-        admitted before (same idempotency key) is never admitted again."""
+        admitted before (same idempotency key) is never admitted again. An armed `@reboot` or
+        `@once` trigger fires once, at `now_ms` (key `boot:<trigger>:<boot id>` or
+        `once:<trigger>:<revision>`), and is unarmed; `@once` also disables itself."""
+        ...
+
+    async def arm_boot(self, project: str, boot_id: str, at_ms: int) -> int:
+        """If `boot_id` (the kernel's, for this boot) differs from the one on record, record
+        it and arm every enabled `@reboot` trigger at `at_ms`, in one transaction; returns
+        how many were armed (0 on a daemon restart within the same boot)."""
         ...
 
     async def admit_manual(self, task: Task, actor: ActorType, now_ms: int) -> ManualAdmission:
@@ -217,6 +238,13 @@ class SecretStore(Protocol):
 
     async def for_project(self, project: str) -> list[SecretInfo]:
         """Names and dates, by name; never values."""
+        ...
+
+    async def import_secret(self, project: str, key: str, name: str, value: str, now_ms: int) -> SecretImport:
+        """Create the secret with the record of `key`, in one transaction: `created`; or
+        nothing when the key is on record (`exists`) or a secret of that name exists that
+        no import made (`taken`: an import never replaces a value). The record goes when its
+        secret is deleted."""
         ...
 
     async def delete(self, project: str, name: str) -> bool:

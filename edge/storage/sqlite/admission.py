@@ -11,7 +11,7 @@ import apsw
 from edge.core.errors import ToolError, conflict, not_found
 from edge.core.ids import uuid7
 from edge.core.runs import ActorType, Run
-from edge.core.schedule import ScheduleError, plan
+from edge.core.schedule import ONCE, REBOOT, ScheduleError, plan
 from edge.core.tasks import Task
 from edge.core.triggers import Admission, ManualAdmission, Trigger
 from edge.storage.sqlite import runs as run_sql
@@ -34,6 +34,13 @@ SQL_ACTIVE_COUNT = "SELECT count(*) FROM runs WHERE status IN ('queued', 'runnin
 SQL_BY_KEY = "SELECT id FROM runs WHERE idempotency_key = ?"
 SQL_NEWEST_RUN = "SELECT max(created_at_ms) FROM runs WHERE project_id = ?"
 SQL_MOVE_CURSOR = "UPDATE triggers SET next_fire_at_ms = ?, last_scheduled_at_ms = ? WHERE project_id = ? AND id = ?"
+# Enabled `@reboot` triggers, armed once per boot of the device.
+SQL_REBOOT_TRIGGERS = """
+SELECT h.id FROM triggers AS h
+JOIN trigger_revisions AS r ON r.project_id = h.project_id AND r.trigger_id = h.id AND r.revision = h.revision
+WHERE h.project_id = ? AND h.enabled = 1 AND json_extract(r.spec, '$.expression') = ?
+"""
+SQL_SET_META = "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
 SQL_SAVE_TIME = (
     "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = max(value, excluded.value)"
 )
@@ -75,13 +82,72 @@ def _gate(
     return None, None
 
 
-def _scheduled_run(trig: Trigger, fire: int, origin: str, now: int, jitter: int | None) -> Run:
+def _boot_key(project: str) -> str:
+    return f"boot.id:{project}"
+
+
+def _seen_boot(conn: apsw.Connection, key: str) -> object:
+    row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+    return row[0] if row else None
+
+
+def arm_boot(conn: apsw.Connection, project: str, boot_id: str, at: int) -> int:
+    """Once per boot: when `boot_id` is not the one on record, record it and arm every
+    enabled `@reboot` trigger to fire at `at`; returns how many were armed. A daemon
+    restarted within the same boot arms nothing; one that dies after arming finds the
+    cursors armed and fires them then (once: the fire clears the cursor)."""
+    key = _boot_key(project)
+    if _seen_boot(conn, key) == boot_id:
+        return 0  # a restart within the boot: a read, no write
+    with immediate(conn):
+        if _seen_boot(conn, key) == boot_id:
+            return 0
+        conn.execute(SQL_SET_META, (key, boot_id))
+        ids = [tid for (tid,) in conn.execute(SQL_REBOOT_TRIGGERS, (project, REBOOT))]
+        for tid in ids:
+            conn.execute("UPDATE triggers SET next_fire_at_ms = ? WHERE project_id = ? AND id = ?", (at, project, tid))
+    return len(ids)
+
+
+def _scheduled_run(trig: Trigger, fire: int, origin: str, now: int, jitter: int | None, key: str | None = None) -> Run:
     return Run(
         id=uuid7(now), project_id=trig.project_id, task_id=trig.task_id, task_revision=trig.task_revision,
         origin=origin, status="queued", version=1, event_seq=1, created_at_ms=now,  # type: ignore[arg-type]
         trigger_id=trig.id, trigger_revision=trig.revision, queued_at_ms=now, scheduled_for_ms=fire,
-        idempotency_key=f"cron:{trig.id}:{trig.revision}:{fire}", jitter_ms=jitter,
+        idempotency_key=key or f"cron:{trig.id}:{trig.revision}:{fire}", jitter_ms=jitter,
     )
+
+
+def _admit_event(
+    conn: apsw.Connection, trig: Trigger, event: str, now: int, capacity: int, rng: Callable[[], float]
+) -> Admission:
+    """`@reboot` and `@once`: one fire, now (after the clock-sync hold, which kept it from
+    being due earlier), under the same gates as any fire; then the trigger is unarmed, and
+    a one-shot disables itself. Call inside the admission transaction."""
+    project = trig.project_id
+    if event == REBOOT:
+        key = f"boot:{trig.id}:{_seen_boot(conn, _boot_key(project))}"  # once per boot, whatever the revision
+    else:
+        key = f"once:{trig.id}:{trig.revision}"  # re-enabling makes a new revision, and a new shot
+    enabled, overlap = one(conn, SQL_PINNED_TASK, (project, trig.task_id, trig.task_revision))
+    replacing: list[str] = []
+    reason = "task_disabled" if not enabled else _gate(conn, project, trig.task_id, overlap, capacity, replacing)[0]
+    admitted: list[Run] = []
+    last_admitted = trig.last_scheduled_at_ms
+    if reason is not None:
+        kind = "refused" if reason == "queue_full" else "skipped"
+        trigger_sql.record_event(conn, project, trig.id, kind, reason, now, now, 1, now, last_admitted)
+    elif conn.execute(SQL_BY_KEY, (key,)).fetchone() is None:
+        jitter = int(rng() * trig.spec.jitter_s * 1000) if trig.spec.jitter_s else None
+        admitted.append(run_sql.insert(conn, _scheduled_run(trig, now, "scheduled", now, jitter, key), "scheduler"))
+        last_admitted = now
+    conn.execute(SQL_MOVE_CURSOR, (None, last_admitted, project, trig.id))
+    if event == ONCE:
+        current = trigger_sql.get(conn, project, trig.id)
+        assert current is not None
+        trigger_sql.disable_fired(conn, current, now)
+    save_time(conn, now)
+    return Admission(runs=admitted, cancel=replacing, cursor=None)
 
 
 def admit_fires(
@@ -102,6 +168,10 @@ def admit_fires(
             trigger_sql.record_event(conn, project, trig.id, "refused", "timezone_unavailable", trig.next_fire_at_ms,
                                      trig.next_fire_at_ms, 1, now, trig.last_scheduled_at_ms)
             return Admission(cursor=trig.next_fire_at_ms, retry=True)
+        if schedule.event is not None:
+            if now < trig.next_fire_at_ms:
+                return Admission(cursor=trig.next_fire_at_ms)  # not due yet (the clock went back)
+            return _admit_event(conn, trig, schedule.event, now, capacity, rng)
         todo = plan(schedule, trig.next_fire_at_ms, now, trig.spec.misfire, grace_ms)
         if not todo.admit and todo.missed is None:
             if todo.cursor != trig.next_fire_at_ms:  # the cursor was no fire time (zone rules changed)
@@ -175,6 +245,9 @@ class SqliteAdmission:
 
     async def admit_manual(self, task: Task, actor: ActorType, now_ms: int) -> ManualAdmission:
         return await self._db.run(admit_manual, task, actor, now_ms, self._capacity)
+
+    async def arm_boot(self, project: str, boot_id: str, at_ms: int) -> int:
+        return await self._db.run(arm_boot, project, boot_id, at_ms)
 
     async def newest_time(self, project: str) -> int:
         return await self._db.run(newest_time, project)

@@ -206,7 +206,27 @@ INSERT INTO meta (key, value)
     SELECT 'run_log_bytes:' || project_id, sum(log_bytes * (log_dropped_at_ms IS NULL)) FROM runs GROUP BY project_id;
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4)
+# Imports from crond and qinglong: the key of each imported entry and what it became, so a
+# second import of the same source creates nothing. A record goes with its task or secret.
+_V5 = """
+CREATE TABLE imports (
+    project_id TEXT NOT NULL,
+    key TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    target TEXT NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (project_id, key)
+) STRICT, WITHOUT ROWID;
+CREATE INDEX imports_target_idx ON imports (project_id, kind, target);
+CREATE TRIGGER imports_follow_task_delete AFTER DELETE ON tasks BEGIN
+    DELETE FROM imports WHERE project_id = old.project_id AND kind = 'task' AND target = old.id;
+END;
+CREATE TRIGGER imports_follow_secret_delete AFTER DELETE ON secrets BEGIN
+    DELETE FROM imports WHERE project_id = old.project_id AND kind = 'secret' AND target = old.name;
+END;
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)
 
 
 def migrate(conn: apsw.Connection) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import apsw
 
 from edge.core.auth import SecretInfo
+from edge.core.tasks import SecretImport
 from edge.storage.sqlite.db import Database, immediate, one
 
 
@@ -19,6 +20,22 @@ def set_secret(conn: apsw.Connection, project: str, name: str, value: str, now: 
         created, updated = one(
             conn, "SELECT created_at_ms, updated_at_ms FROM secrets WHERE project_id = ? AND name = ?", (project, name))
     return SecretInfo(name=name, created_at_ms=created, updated_at_ms=updated)
+
+
+def import_secret(conn: apsw.Connection, project: str, key: str, name: str, value: str, now: int) -> SecretImport:
+    """Store the secret under its import key, unless the key is on record (`exists`) or a
+    secret of that name is there already (`taken`: never replaced by an import)."""
+    with immediate(conn):
+        if conn.execute("SELECT 1 FROM imports WHERE project_id = ? AND key = ?", (project, key)).fetchone():
+            return "exists"
+        if conn.execute("SELECT 1 FROM secrets WHERE project_id = ? AND name = ?", (project, name)).fetchone():
+            return "taken"
+        conn.execute(
+            "INSERT INTO secrets (project_id, name, value, created_at_ms, updated_at_ms) VALUES (?, ?, ?, ?, ?)",
+            (project, name, value, now, now))
+        conn.execute("INSERT INTO imports (project_id, key, kind, target, created_at_ms) VALUES (?, ?, 'secret', ?, ?)",
+                     (project, key, name, now))
+    return "created"
 
 
 def list_secrets(conn: apsw.Connection, project: str) -> list[SecretInfo]:
@@ -54,6 +71,9 @@ class SqliteSecretStore:
 
     async def set(self, project: str, name: str, value: str, now_ms: int) -> SecretInfo:
         return await self._db.run(set_secret, project, name, value, now_ms)
+
+    async def import_secret(self, project: str, key: str, name: str, value: str, now_ms: int) -> SecretImport:
+        return await self._db.run(import_secret, project, key, name, value, now_ms)
 
     async def for_project(self, project: str) -> list[SecretInfo]:
         return await self._db.run(list_secrets, project)

@@ -6,8 +6,10 @@ import apsw
 import msgspec
 
 from edge.core.errors import conflict, not_found
+from edge.core.tasks import ImportedTask, ImportRecord, ImportTask
 from edge.core.ports.stores import RunLogFiles
 from edge.core.tasks import SPEC_SCHEMA, Task, TaskSpec, content_digest
+from edge.core.triggers import CronSpec
 from edge.storage.sqlite import triggers as trigger_sql
 from edge.storage.sqlite.db import Database, immediate
 
@@ -97,20 +99,67 @@ def page(conn: apsw.Connection, project: str, after: str, limit: int) -> list[Ta
     return [_task(row) for row in conn.execute(SQL_LIST, (project, after, limit))]
 
 
+def _insert(
+    conn: apsw.Connection, project: str, task_id: str, name: str, spec: TaskSpec, now: int, enabled: bool = True
+) -> None:
+    try:
+        conn.execute(
+            "INSERT INTO tasks (project_id, id, name, revision, enabled, created_at_ms, updated_at_ms)"
+            " VALUES (?, ?, ?, 1, ?, ?, ?)",
+            (project, task_id, name, int(enabled), now, now),
+        )
+    except apsw.ConstraintError:
+        raise conflict(f"task {task_id!r} already exists") from None
+    _insert_revision(conn, project, task_id, 1, spec, enabled, now)
+
+
 def create(conn: apsw.Connection, project: str, task_id: str, name: str, spec: TaskSpec, now: int) -> Task:
     with immediate(conn):
-        try:
-            conn.execute(
-                "INSERT INTO tasks (project_id, id, name, revision, enabled, created_at_ms, updated_at_ms)"
-                " VALUES (?, ?, ?, 1, 1, ?, ?)",
-                (project, task_id, name, now, now),
-            )
-        except apsw.ConstraintError:
-            raise conflict(f"task {task_id!r} already exists") from None
-        _insert_revision(conn, project, task_id, 1, spec, True, now)
+        _insert(conn, project, task_id, name, spec, now)
         task = get(conn, project, task_id)
     assert task is not None
     return task
+
+
+SQL_IMPORTED = "SELECT kind, target FROM imports WHERE project_id = ? AND key = ?"
+SQL_IMPORTS = (
+    "SELECT key, kind, target, created_at_ms FROM imports WHERE project_id = ? AND key > ? ORDER BY key LIMIT ?"
+)
+SQL_RECORD_IMPORT = "INSERT INTO imports (project_id, key, kind, target, created_at_ms) VALUES (?, ?, ?, ?, ?)"
+SQL_TASK_TRIGGERS = "SELECT id FROM triggers WHERE project_id = ? AND task_id = ? ORDER BY id"
+
+
+def _free_task_id(conn: apsw.Connection, project: str, wanted: str) -> str:
+    """`wanted`, else `wanted-2`, `wanted-3`…, the first no task has."""
+    for n in range(1, 10_000):
+        suffix = "" if n == 1 else f"-{n}"
+        candidate = wanted[: 128 - len(suffix)] + suffix
+        if conn.execute("SELECT 1 FROM tasks WHERE project_id = ? AND id = ?", (project, candidate)).fetchone() is None:
+            return candidate
+    raise conflict(f"too many tasks are named {wanted!r}")
+
+
+def import_task(
+    conn: apsw.Connection, project: str, item: ImportTask, triggers: list[CronSpec], now: int
+) -> ImportedTask:
+    """The task with its triggers and its import key, in one transaction; or, when the key
+    is on record already, nothing (status `exists`, with what it became)."""
+    with immediate(conn):
+        done = conn.execute(SQL_IMPORTED, (project, item.key)).fetchone()
+        if done is not None:
+            ids = [tid for (tid,) in conn.execute(SQL_TASK_TRIGGERS, (project, done[1]))]
+            return ImportedTask(key=item.key, status="exists", task_id=done[1], trigger_ids=ids)
+        task_id = _free_task_id(conn, project, item.task_id)
+        _insert(conn, project, task_id, item.name or task_id, item.spec, now, item.enabled)
+        ids = [trigger_sql.insert(conn, project, None, task_id, None, spec, now, wanted.enabled).id
+               for spec, wanted in zip(triggers, item.triggers, strict=True)]
+        conn.execute(SQL_RECORD_IMPORT, (project, item.key, "task", task_id, now))
+    return ImportedTask(key=item.key, status="created", task_id=task_id, trigger_ids=ids)
+
+
+def imports(conn: apsw.Connection, project: str, after: str, limit: int) -> list[ImportRecord]:
+    return [ImportRecord(key=k, kind=kind, target=t, created_at_ms=c)
+            for k, kind, t, c in conn.execute(SQL_IMPORTS, (project, after, limit))]
 
 
 SQL_TASK_ACTIVE = "SELECT id FROM runs WHERE project_id = ? AND task_id = ? AND status IN ('queued', 'running') LIMIT 1"
@@ -151,6 +200,12 @@ class SqliteTaskStore:
 
     async def get(self, project: str, task_id: str, revision: int | None = None) -> Task | None:
         return await self._db.run(get, project, task_id, revision)
+
+    async def import_task(self, project: str, item: ImportTask, triggers: list[CronSpec], now_ms: int) -> ImportedTask:
+        return await self._db.run(import_task, project, item, triggers, now_ms)
+
+    async def imports(self, project: str, after: str | None, limit: int) -> list[ImportRecord]:
+        return await self._db.run(imports, project, after or "", limit)
 
     async def page(self, project: str, after: str | None, limit: int) -> list[Task]:
         return await self._db.run(page, project, after or "", limit)

@@ -8,7 +8,7 @@ import apsw
 import msgspec
 
 from edge.core.errors import conflict, invalid, not_found
-from edge.core.schedule import Schedule, ScheduleError
+from edge.core.schedule import ONCE, REBOOT, Schedule, ScheduleError
 from edge.core.tasks import content_digest
 from edge.core.triggers import SPEC_SCHEMA, CronSpec, Trigger, TriggerEvent
 from edge.storage.sqlite.db import Database, immediate, rows
@@ -100,7 +100,12 @@ def clock_mark(conn: apsw.Connection) -> int:
 def _arm(conn: apsw.Connection, schedule: Schedule, now: int) -> int | None:
     # From the newest time on record, not the wall clock: a trigger made while the clock
     # still says 1970 must not count half a century of missed fires once it is set.
-    return schedule.next_after(max(now, clock_mark(conn)))
+    mark = max(now, clock_mark(conn))
+    if schedule.event == REBOOT:
+        return None  # armed by the next boot (admission.arm_boot), not by being created or enabled
+    if schedule.event == ONCE:
+        return mark  # due at once, or when the clock has caught up
+    return schedule.next_after(mark)
 
 
 def _task_revision(conn: apsw.Connection, project: str, task_id: str, wanted: int | None) -> int:
@@ -136,31 +141,40 @@ def _free_id(conn: apsw.Connection, project: str, task_id: str) -> str:
     raise conflict(f"task {task_id!r} has too many triggers")
 
 
+def insert(
+    conn: apsw.Connection, project: str, trigger_id: str | None, task_id: str, task_revision: int | None,
+    spec: CronSpec, now: int, enabled: bool = True,
+) -> Trigger:
+    """A new trigger, inside the caller's transaction."""
+    schedule = _schedule(spec)
+    pin = _task_revision(conn, project, task_id, task_revision)
+    tid = trigger_id or _free_id(conn, project, task_id)
+    first = Trigger(
+        id=tid, project_id=project, revision=1, task_id=task_id, task_revision=pin, enabled=enabled,
+        spec_schema=SPEC_SCHEMA, spec=spec, content_digest=content_digest(spec), created_at_ms=now,
+        updated_at_ms=now, next_fire_at_ms=_arm(conn, schedule, now) if enabled else None,
+    )
+    try:
+        conn.execute(
+            "INSERT INTO triggers (project_id, id, revision, task_id, task_revision, enabled, created_at_ms,"
+            " updated_at_ms, next_fire_at_ms) VALUES (?, ?, 1, ?, ?, ?, ?, ?, ?)",
+            (project, tid, task_id, pin, int(enabled), now, now, first.next_fire_at_ms),
+        )
+    except apsw.ConstraintError:
+        raise conflict(f"trigger {tid!r} already exists") from None
+    _insert_revision(conn, first)
+    trigger = get(conn, project, tid)
+    assert trigger is not None
+    return trigger
+
+
 def create(
     conn: apsw.Connection, project: str, trigger_id: str | None, task_id: str, task_revision: int | None,
     spec: CronSpec, now: int,
 ) -> Trigger:
-    schedule = _schedule(spec)
+    _schedule(spec)  # a bad spec is refused before the transaction
     with immediate(conn):
-        pin = _task_revision(conn, project, task_id, task_revision)
-        tid = trigger_id or _free_id(conn, project, task_id)
-        first = Trigger(
-            id=tid, project_id=project, revision=1, task_id=task_id, task_revision=pin, enabled=True,
-            spec_schema=SPEC_SCHEMA, spec=spec, content_digest=content_digest(spec), created_at_ms=now,
-            updated_at_ms=now, next_fire_at_ms=_arm(conn, schedule, now),
-        )
-        try:
-            conn.execute(
-                "INSERT INTO triggers (project_id, id, revision, task_id, task_revision, enabled, created_at_ms,"
-                " updated_at_ms, next_fire_at_ms) VALUES (?, ?, 1, ?, ?, 1, ?, ?, ?)",
-                (project, tid, task_id, pin, now, now, first.next_fire_at_ms),
-            )
-        except apsw.ConstraintError:
-            raise conflict(f"trigger {tid!r} already exists") from None
-        _insert_revision(conn, first)
-        trigger = get(conn, project, tid)
-    assert trigger is not None
-    return trigger
+        return insert(conn, project, trigger_id, task_id, task_revision, spec, now)
 
 
 def _head(conn: apsw.Connection, project: str, trigger_id: str, expected: int | None) -> Trigger:
@@ -197,7 +211,8 @@ def set_enabled(
 ) -> Trigger:
     with immediate(conn):
         current = _head(conn, project, trigger_id, expected)
-        if current.enabled == enabled and (not enabled or current.next_fire_at_ms is not None):
+        armed = current.next_fire_at_ms is not None or current.spec.expression == REBOOT
+        if current.enabled == enabled and (not enabled or armed):
             return current
         return _revise(conn, current, now, enabled, current.task_revision)
 
@@ -211,6 +226,11 @@ def repin(
         if pin == current.task_revision:
             return current
         return _revise(conn, current, now, current.enabled, pin)
+
+
+def disable_fired(conn: apsw.Connection, trigger: Trigger, now: int) -> None:
+    """A one-shot (`@once`) that has fired disables itself, by a new revision."""
+    _revise(conn, trigger, now, False, trigger.task_revision)
 
 
 def follow_task(conn: apsw.Connection, project: str, task_id: str, old: int, new: int, now: int) -> None:

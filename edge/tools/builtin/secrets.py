@@ -9,6 +9,7 @@ import msgspec
 
 from edge.core.auth import SecretInfo
 from edge.core.errors import not_found
+from edge.core.tasks import ImportKey, SecretImport
 from edge.core.text import Name
 from edge.tools.context import ToolContext
 from edge.tools.definition import WRITE_DEADLINE_S, Empty, tool
@@ -34,6 +35,17 @@ class Deleted(msgspec.Struct, rename="camel"):
     name: str
 
 
+class ImportArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
+    key: ImportKey
+    name: Name
+    value: Value
+
+
+class Imported(msgspec.Struct, rename="camel"):
+    name: str
+    status: SecretImport
+
+
 async def set_secret(ctx: ToolContext, args: SetArgs) -> SecretInfo:
     return await ctx.services.secrets.set(ctx.project, args.name, args.value, ctx.now_ms())
 
@@ -48,11 +60,18 @@ async def delete(ctx: ToolContext, args: NameArgs) -> Deleted:
     return Deleted(name=args.name)
 
 
+async def import_secret(ctx: ToolContext, args: ImportArgs) -> Imported:
+    status = await ctx.services.secrets.import_secret(ctx.project, args.key, args.name, args.value, ctx.now_ms())
+    return Imported(name=args.name, status=status)
+
+
 TOOLS = [
     tool("qledge.secret.set", set_secret, SetArgs, SecretInfo, effect="write", risk="high", permission="secret.write",
          title="Store a secret (create or replace); its value is never returned"),
     tool("qledge.secret.list", list_secrets, Empty, SecretList, effect="read", risk="high", permission="secret.read",
          title="Secret names and dates", deadline_s=WRITE_DEADLINE_S),
+    tool("qledge.import.secret", import_secret, ImportArgs, Imported, effect="write", risk="high",
+         permission="secret.write", title="Store a secret from an import, once per import key; never replaces one"),
     tool("qledge.secret.delete", delete, NameArgs, Deleted, effect="write", risk="high", permission="secret.write",
          title="Delete a secret"),
 ]

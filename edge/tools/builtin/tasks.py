@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import msgspec
 
-from edge.core.errors import not_found
+from edge.core.errors import invalid, not_found
+from edge.core.tasks import ImportedTask, ImportKey, ImportRecord, ImportTask
 from edge.core.reads import keyset
+from edge.core.schedule import ScheduleError, normalize
 from edge.core.tasks import Task, TaskSpec
 from edge.core.text import Label, Limit, Name, NonNegative
+from edge.core.triggers import CronSpec
 from edge.tools.context import ToolContext
 from edge.tools.definition import tool
 
@@ -47,6 +50,16 @@ class TaskPage(msgspec.Struct, rename="camel", omit_defaults=True):
 class Deleted(msgspec.Struct, rename="camel"):
     task_id: str
     runs_deleted: int
+
+
+class ImportListArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
+    after: ImportKey | None = None
+    limit: Limit = 64
+
+
+class ImportPage(msgspec.Struct, rename="camel", omit_defaults=True):
+    imports: list[ImportRecord]
+    next: str | None = None
 
 
 async def _get(ctx: ToolContext, task_id: str) -> Task:
@@ -89,6 +102,26 @@ async def delete(ctx: ToolContext, args: TaskRef) -> Deleted:
     return Deleted(task_id=args.task_id, runs_deleted=runs)
 
 
+async def import_task(ctx: ToolContext, args: ImportTask) -> ImportedTask:
+    """A task with its triggers from an import (crond, qinglong), once per import key."""
+    triggers = ctx.services.triggers
+    specs: list[CronSpec] = []
+    for wanted in args.triggers:
+        try:
+            spec = CronSpec(expression=normalize(wanted.expression), misfire=wanted.misfire,
+                            timezone=wanted.timezone or triggers.default_timezone)
+            spec.schedule()
+        except ScheduleError as exc:
+            raise invalid(str(exc)) from None
+        specs.append(spec)
+    return await triggers.import_task(ctx.project, args, specs, ctx.now_ms())
+
+
+async def list_imports(ctx: ToolContext, args: ImportListArgs) -> ImportPage:
+    page, last = keyset(await ctx.services.tasks.imports(ctx.project, args.after, args.limit + 1), args.limit)
+    return ImportPage(imports=page, next=last.key if last else None)
+
+
 TOOLS = [
     tool("qledge.task.create", create, CreateArgs, Task, effect="write", risk="medium", permission="task.write",
          title="Create a task"),
@@ -100,6 +133,11 @@ TOOLS = [
          title="Disable a task"),
     tool("qledge.task.delete", delete, TaskRef, Deleted, effect="write", risk="medium", permission="task.write",
          title="Delete a task, its triggers and its finished runs"),
+    tool("qledge.import.task", import_task, ImportTask, ImportedTask, effect="write", risk="medium",
+         permission=("task.write", "trigger.write"),
+         title="Create a task with its triggers from an import, once per import key"),
+    tool("qledge.import.list", list_imports, ImportListArgs, ImportPage, effect="read", risk="medium",
+         permission="task.inspect", title="What earlier imports created, by import key"),
     tool("qledge.task.get", get, TaskId, Task, effect="read", risk="medium", permission="task.inspect",
          title="A task with its full spec"),
     tool("qledge.task.list", list_tasks, ListArgs, TaskPage, effect="read", risk="medium", permission="task.inspect",

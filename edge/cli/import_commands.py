@@ -1,0 +1,612 @@
+"""`qledge import crontab [FILE|-]` and `qledge import qinglong PATH`: read the source,
+plan with edge.core.imports, and create through the daemon's import tools (one
+transaction and one audit row per task; a second run creates nothing new).
+
+Everything that reads files lives here; the meaning of each entry is edge.core.imports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from edge.cli import render
+from edge.cli.client import CallFailed, Client
+from edge.cli.commands import UsageError, all_pages
+from edge.core.imports import (
+    CrontabUser,
+    Entry,
+    Problem,
+    QlPlace,
+    assign_ids,
+    disable_lines,
+    import_key,
+    is_notification_key,
+    join_envs,
+    parse_crontab,
+    parse_shell_exports,
+    ql_cron,
+    ql_entry,
+    ql_env,
+    unrepresentable,
+)
+from edge.core.schedule import ScheduleError, load_zone
+from edge.core.tasks import DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS, ArgvCommand, ImportedTask, ImportRecord, ShellCommand
+from edge.tools.builtin import secrets as secret_tools
+from edge.tools.builtin import status as status_tools
+from edge.tools.builtin import tasks as task_tools
+
+if TYPE_CHECKING:
+    import argparse
+
+    from edge.cli.main import Subcommands, Verb
+
+OK = 0
+DEFAULT_CRONTAB = "/etc/crontabs/root"  # busybox crond's, on OpenWrt
+DISK_RESERVE = 8 * 1024 * 1024  # what the runner keeps free: a copy must leave it
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,126}$")
+
+
+# -- what the report says -----------------------------------------------------------
+
+
+class PlannedTask(msgspec.Struct, rename="camel", omit_defaults=True):
+    where: str
+    status: str  # create (dry run), created, exists
+    task_id: str
+    command: str
+    triggers: list[str]
+    enabled: bool = True
+    notes: list[str] = []
+
+
+class PlannedSecret(msgspec.Struct, rename="camel"):
+    name: str
+    env: str
+    status: str  # create (dry run), created, exists, taken
+
+
+class Report(msgspec.Struct, rename="camel", omit_defaults=True):
+    source: str
+    dry_run: bool
+    tasks: list[PlannedTask] = []
+    secrets: list[PlannedSecret] = []
+    not_imported: list[Problem] = []
+    notices: list[str] = []
+
+
+def _command(entry: Entry) -> str:
+    return "; ".join(render.command_text(entry.task.spec).splitlines())
+
+
+def _records(c: Client) -> dict[str, ImportRecord]:
+    def page(after: str | None) -> tuple[list[ImportRecord], str | None]:
+        got = c.typed("qledge.import.list", task_tools.ImportListArgs(after=after), task_tools.ImportPage)
+        return got.imports, got.next
+
+    return {r.key: r for r in all_pages(page)}
+
+
+def _task_ids(c: Client) -> set[str]:
+    def page(after: str | None) -> tuple[list[str], str | None]:
+        got = c.typed("qledge.task.list", task_tools.ListArgs(after=after), task_tools.TaskPage)
+        return [t.id for t in got.tasks], got.next
+
+    return set(all_pages(page))
+
+
+def _apply_tasks(c: Client, report: Report, entries: list[Entry], records: dict[str, ImportRecord],
+                 dry_run: bool) -> list[Entry]:
+    """Create the entries not imported before (ids free among the daemon's tasks); returns
+    the entries that are in qledge now, created or from an earlier import."""
+    problems = {id(e): p for e in entries if (p := unrepresentable(e)) is not None}
+    report.not_imported += problems.values()
+    entries = [e for e in entries if id(e) not in problems]
+    fresh = [e for e in entries if e.task.key not in records]
+    assign_ids(fresh, _task_ids(c))
+    for entry in entries:
+        triggers = [t.expression for t in entry.task.triggers]
+        done = records.get(entry.task.key)
+        if done is not None:
+            status, task_id = "exists", done.target
+        elif dry_run:
+            status, task_id = "create", entry.task.task_id
+        else:
+            made = c.typed("qledge.import.task", entry.task, ImportedTask)
+            status, task_id = made.status, made.task_id
+        report.tasks.append(PlannedTask(where=entry.where, status=status, task_id=task_id, command=_command(entry),
+                                        triggers=triggers, enabled=entry.task.enabled, notes=entry.notes))
+    return entries
+
+
+def _order(where: str) -> tuple[str, int]:
+    kind, _, number = where.partition(" ")
+    return (kind, int(number)) if number.isdigit() else (kind, 0)
+
+
+def _print(report: Report) -> None:
+    verb = {"create": "would create", "created": "created", "exists": "already imported as"}
+    lines: list[tuple[tuple[str, int], list[str]]] = []
+    for t in report.tasks:
+        state = "" if t.enabled else " (disabled)"
+        text = [f"{t.where}: {verb[t.status]} task {t.task_id}{state}: {' | '.join(t.triggers)}  {t.command}"]
+        lines.append((_order(t.where), text + [f"  note: {note}" for note in t.notes]))
+    for p in report.not_imported:
+        lines.append((_order(p.where), [f"{p.where}: not imported: {p.reason}", f"  {p.text}"]))
+    for s in report.secrets:
+        what = {"create": "would store", "created": "stored", "exists": "already imported:",
+                "taken": "not stored (a secret of that name exists and is not replaced):"}[s.status]
+        lines.append((("env", 0), [f"env {s.env}: {what} secret {s.name}"]))
+    for _, text in sorted(lines, key=lambda item: item[0]):
+        print("\n".join(text))
+    for notice in report.notices:
+        print(notice)
+    print(_summary(report))
+
+
+def _summary(report: Report) -> str:
+    def count(items: list[PlannedTask] | list[PlannedSecret], *states: str) -> int:
+        return sum(1 for x in items if x.status in states)
+
+    new = ("create",) if report.dry_run else ("created",)
+    triggers = sum(len(t.triggers) for t in report.tasks if t.status in new)
+    done = "to create" if report.dry_run else "created"
+    parts = [f"{count(report.tasks, *new)} tasks with {triggers} triggers {done}",
+             f"{count(report.tasks, 'exists')} already imported"]
+    if report.secrets:
+        parts.append(f"{count(report.secrets, *new)} secrets {'to store' if report.dry_run else 'stored'}"
+                     f" ({count(report.secrets, 'exists')} already imported, {count(report.secrets, 'taken')} taken)")
+    reasons: dict[str, int] = {}
+    for p in report.not_imported:
+        reasons[p.kind or "other"] = reasons.get(p.kind or "other", 0) + 1
+    skipped = f"{len(report.not_imported)} not imported"
+    if reasons:
+        skipped += " (" + ", ".join(f"{n} {r}" for r, n in sorted(reasons.items(), key=lambda x: (-x[1], x[0]))) + ")"
+    parts.append(skipped)
+    return ("dry run, nothing changed: " if report.dry_run else "summary: ") + ", ".join(parts)
+
+
+def _done(a: argparse.Namespace, report: Report) -> int:
+    if a.json:
+        render.json_out(report)
+    else:
+        _print(report)
+    return OK
+
+
+def _timeout_ms(a: argparse.Namespace) -> int:
+    if a.timeout is None:
+        return DEFAULT_TIMEOUT_MS
+    ms = int(a.timeout * 1000)
+    if not 1000 <= ms <= MAX_TIMEOUT_MS:
+        raise UsageError(f"--timeout must be 1..{MAX_TIMEOUT_MS // 1000} seconds")
+    return ms
+
+
+# -- crontab ------------------------------------------------------------------------
+
+
+def _crontab_user(path: str) -> CrontabUser:
+    """busybox keeps one crontab per user, named after the user; anything else runs as you."""
+    import pwd
+
+    try:
+        entry = pwd.getpwnam(os.path.basename(path)) if path != "-" else pwd.getpwuid(os.getuid())
+    except KeyError:
+        entry = pwd.getpwuid(os.getuid())
+    return CrontabUser(name=entry.pw_name, home=entry.pw_dir or None)
+
+
+def _read(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        with open(path, encoding="utf-8", errors="surrogateescape") as f:
+            return f.read()
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def import_crontab(c: Client, a: argparse.Namespace) -> int:
+    path = a.file or DEFAULT_CRONTAB
+    if a.disable_source and path == "-":
+        raise UsageError("--disable-source needs a crontab file, not standard input")
+    text = _read(path)
+    plan = parse_crontab(text, _crontab_user(path), _timeout_ms(a))
+    report = Report(source=path, dry_run=a.dry_run, not_imported=list(plan.problems))
+    entries = _apply_tasks(c, report, plan.entries, _records(c), a.dry_run)
+    for line, first in plan.duplicates:
+        report.notices.append(f"line {line}: the same entry as line {first}: imported once")
+    if a.disable_source:
+        lines = [int(e.where.split()[1]) for e in entries] + [line for line, _ in plan.duplicates]
+        report.notices.append(_disable_source(path, text, lines, a.dry_run))
+    return _done(a, report)
+
+
+def _disable_source(path: str, text: str, lines: list[int], dry_run: bool) -> str:
+    """Comment the imported lines out, after a backup, by replacing the file whole: busybox
+    crond notices its directory changed and reloads the crontab."""
+    if not lines:
+        return f"{path}: no line to comment out"
+    if dry_run:
+        return f"{path}: would comment out {len(lines)} imported lines (after a backup)"
+    backup = f"{path}.qledge-{time.strftime('%Y%m%d%H%M%S')}.bak"
+    try:
+        shutil.copy2(path, backup)
+        info = os.stat(path)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".qledge-")
+        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as f:
+            f.write(disable_lines(text, lines))
+        os.chmod(tmp, info.st_mode & 0o7777)
+        with contextlib.suppress(PermissionError):
+            os.chown(tmp, info.st_uid, info.st_gid)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise UsageError(f"the tasks are imported, but {path} could not be changed: {exc.strerror or exc}") from None
+    return (f"{path}: {len(lines)} imported lines commented out (backup {backup}); busybox crond re-reads its"
+            " crontabs when their directory changes (on OpenWrt, /etc/init.d/cron restart applies it at once)")
+
+
+# -- qinglong -------------------------------------------------------------------------
+
+
+class QlSource(msgspec.Struct):
+    """A qinglong install as found on disk: its data directory (None: a bare database file)."""
+
+    data_dir: str | None
+    db_path: str
+    label: str
+    unpacked: bool = False  # from a backup, in a temporary directory
+
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def _is_sqlite(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(16) == _SQLITE_MAGIC
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def qinglong_source(path: str) -> Iterator[QlSource]:
+    """A data directory, its db/database.sqlite, or a data.tgz backup (unpacked to a
+    private temporary directory: db, config and scripts only, no links, nothing outside)."""
+    if os.path.isdir(path):
+        for data in (path, os.path.join(path, "data")):
+            db = os.path.join(data, "db", "database.sqlite")
+            if os.path.isfile(db):
+                yield QlSource(data_dir=os.path.abspath(data), db_path=db, label=path)
+                return
+        raise UsageError(f"{path} is not a qinglong data directory (it has no db/database.sqlite)")
+    if not os.path.isfile(path):
+        raise UsageError(f"{path} does not exist")
+    if _is_sqlite(path):
+        parent = os.path.dirname(os.path.abspath(path))
+        beside = os.path.dirname(parent) if os.path.basename(parent) == "db" else None
+        yield QlSource(data_dir=beside, db_path=path, label=path)
+        return
+    import tarfile
+
+    if not tarfile.is_tarfile(path):
+        raise UsageError(f"{path} is neither a qinglong data directory, its database.sqlite, nor a data.tgz backup")
+    with tempfile.TemporaryDirectory(prefix="qledge-ql-") as tmp:
+        yield _unpack(path, tmp)
+
+
+def _unpack(path: str, into: str) -> QlSource:
+    import tarfile
+
+    try:
+        with tarfile.open(path, "r:*") as tar:
+            members = tar.getmembers()
+            db = next((m.name for m in members if m.name.endswith("db/database.sqlite") and m.isfile()), None)
+            if db is None:
+                raise UsageError(f"{path}: no db/database.sqlite in this archive")
+            root = db[: -len("db/database.sqlite")]
+            wanted = tuple(root + part for part in ("db/", "config/", "scripts/"))
+            safe = [m for m in members if m.name.startswith(wanted) and (m.isfile() or m.isdir())
+                    and not os.path.isabs(m.name) and ".." not in m.name.split("/")]
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(into, members=safe, filter="data")
+            else:  # pragma: no cover - Pythons before the extraction filters
+                tar.extractall(into, members=safe)  # noqa: S202 (members checked above)
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise UsageError(f"cannot unpack {path}: {exc}") from None
+    data = os.path.join(into, root)
+    return QlSource(data_dir=data, db_path=os.path.join(data, "db", "database.sqlite"), label=path, unpacked=True)
+
+
+def _rows(conn: object, table: str) -> list[dict[str, object]]:
+    """Every row of a table as column → value: an older install's missing columns are
+    simply absent (PRAGMA table_info says which there are); a missing table gives none."""
+    import apsw
+
+    assert isinstance(conn, apsw.Connection)
+    columns = [r[1] for r in conn.execute(f"PRAGMA table_info(`{table}`)")]
+    if not columns:
+        return []
+    sql = f"SELECT {', '.join(f'`{c}`' for c in columns)} FROM `{table}` ORDER BY `id`" if "id" in columns else \
+        f"SELECT {', '.join(f'`{c}`' for c in columns)} FROM `{table}`"
+    return [dict(zip(columns, row, strict=True)) for row in conn.execute(sql)]
+
+
+class QlData(msgspec.Struct):
+    crons: list[dict[str, object]]
+    envs: list[dict[str, object]]
+    auths: list[dict[str, object]]
+    apps: list[dict[str, object]]
+    subscriptions: list[dict[str, object]]
+
+
+def read_qinglong_db(db_path: str) -> QlData:
+    """The tables the import reads, from a private copy (qinglong may be writing it)."""
+    import apsw
+
+    with tempfile.TemporaryDirectory(prefix="qledge-qldb-") as tmp:
+        copy = os.path.join(tmp, "database.sqlite")
+        try:
+            shutil.copyfile(db_path, copy)
+            if os.path.exists(db_path + "-wal"):
+                shutil.copyfile(db_path + "-wal", copy + "-wal")
+            conn = apsw.Connection(copy)
+            try:
+                return QlData(crons=_rows(conn, "Crontabs"), envs=_rows(conn, "Envs"), auths=_rows(conn, "Auths"),
+                              apps=_rows(conn, "Apps"), subscriptions=_rows(conn, "Subscriptions"))
+            finally:
+                conn.close()
+        except (OSError, apsw.Error) as exc:
+            raise UsageError(f"cannot read the qinglong database {db_path}: {exc}") from None
+
+
+def _json_obj(value: object) -> dict[str, object]:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _secret_name(env: str) -> str:
+    """The secret an env becomes: its own name when that is a valid secret name."""
+    return env if env[0].isalnum() else "ql" + env
+
+
+def _ql_notices(data: QlData, source: QlSource, held: list[str], config_keys: list[str], other_config: int,
+                with_notifications: bool) -> list[str]:
+    """What is there and is not imported (never silently): notification settings, app
+    secrets, subscription credentials, the panel's login."""
+    notices: list[str] = []
+    if held:
+        notices.append(f"notification keys in qinglong's environment, not imported: {', '.join(held)}"
+                       " (--with-notifications imports them as secrets, for the scripts that read them)")
+    if config_keys:
+        verb = "imported as secrets" if with_notifications else "not imported (--with-notifications imports them)"
+        notices.append(f"config.sh notification keys, {verb}: {', '.join(config_keys)}")
+    if other_config:
+        notices.append(f"config.sh: {other_config} other settings not imported (qinglong's own, such as"
+                       " RandomDelay; set what your scripts need with qledge secret set)")
+    for auth in data.auths:
+        info = _json_obj(auth.get("info"))
+        if auth.get("type") == "notification" and info.get("type"):
+            fields = ", ".join(sorted(k for k in info if k != "type"))
+            notices.append(f"qinglong's own failure notification ({info['type']}: {fields}): not imported;"
+                           " this qledge has no notification channels to take it over")
+        elif auth.get("type") in ("authConfig", "authToken"):
+            notices.append(f"qinglong's panel login ({auth.get('type')}): not imported")
+    if data.apps:
+        notices.append(f"{len(data.apps)} qinglong open-API apps (client ids and secrets): not imported")
+    credentials = sum(1 for s in data.subscriptions if _json_obj(s.get("pull_option")))
+    if data.subscriptions:
+        notices.append(f"{len(data.subscriptions)} subscriptions (repository pulls): not imported"
+                       + (f"; {credentials} of them carry credentials" if credentials else ""))
+    if source.data_dir and os.path.exists(os.path.join(source.data_dir, "config", "auth.json")):
+        notices.append("config/auth.json (qinglong's panel login): not imported")
+    return notices
+
+
+def _ql_zone(data: QlData, report: Report) -> str | None:
+    """qinglong's own zone setting, when it has one this machine knows (else the daemon's)."""
+    for auth in data.auths:
+        if auth.get("type") == "systemConfig":
+            zone = _json_obj(auth.get("info")).get("timezone")
+            if isinstance(zone, str) and zone:
+                try:
+                    load_zone(zone)
+                except ScheduleError as exc:
+                    report.notices.append(f"qinglong's time zone is not used: {exc}; triggers get the daemon's")
+                    return None
+                return zone
+    return None
+
+
+def _config_exports(source: QlSource) -> list[tuple[int, str, str]]:
+    if source.data_dir is None:
+        return []
+    path = os.path.join(source.data_dir, "config", "config.sh")
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return parse_shell_exports(f.read())
+    except OSError:
+        return []
+
+
+def _plan_secrets(data: QlData, source: QlSource, with_notifications: bool) -> tuple[dict[str, str], list[str],
+                                                                                   list[str], int]:
+    """(env name → value to store, notification envs held back, config.sh notification
+    keys, how many other config.sh settings)."""
+    envs = join_envs(ql_env(row) for row in data.envs)
+    exports = _config_exports(source)
+    config_keys = sorted({name for _, name, _ in exports if is_notification_key(name)})
+    other = len({name for _, name, _ in exports if not is_notification_key(name)})
+    held = sorted(name for name in envs if is_notification_key(name)) if not with_notifications else []
+    wanted = {name: value for name, value in envs.items() if name not in held}
+    if with_notifications:  # qinglong sources config.sh first: its Envs win
+        for _, name, value in exports:
+            if is_notification_key(name):
+                wanted.setdefault(name, value)
+    return wanted, held, config_keys, other
+
+
+def _store_secrets(c: Client, report: Report, wanted: dict[str, str], records: dict[str, ImportRecord],
+                   dry_run: bool) -> dict[str, str]:
+    """Store the envs as secrets; returns env name → secret name for those in qledge now."""
+    usable: dict[str, str] = {}
+    for env, value in sorted(wanted.items()):
+        if not _ENV_NAME.match(env):
+            report.not_imported.append(Problem(f"env {env}", env, "not an environment variable name", "bad env name"))
+            continue
+        name = _secret_name(env)
+        key = import_key("qinglong-env", env)
+        if len(value) > 16384 or "\x00" in value:
+            report.not_imported.append(Problem(f"env {env}", env, "the value is longer than 16384 characters"
+                                               " or holds a NUL byte", "value too long"))
+            continue
+        if key in records:
+            status = "exists"
+        elif dry_run:
+            status = "create"
+        else:
+            try:
+                status = c.typed("qledge.import.secret", secret_tools.ImportArgs(key=key, name=name, value=value),
+                                 secret_tools.Imported).status
+            except CallFailed as exc:
+                if exc.code == "permission_denied":
+                    raise CallFailed(exc.code, exc.message + " (qinglong's environment becomes secrets: import as an"
+                                     " owner)") from None
+                raise
+        report.secrets.append(PlannedSecret(name=name, env=env, status=status))
+        if status != "taken":
+            usable[env] = name
+    return usable
+
+
+def _copy_scripts(source_dir: str, dest: str, state_dir: str, dry_run: bool) -> str:
+    """Copy the scripts tree: files that are not there yet; a file that differs is kept
+    as it is in qledge (it may have been edited since); links are not followed."""
+    plan: list[tuple[str, str]] = []
+    kept = links = size = 0
+    for dirpath, dirnames, filenames in os.walk(source_dir):
+        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+        for name in filenames:
+            src = os.path.join(dirpath, name)
+            dst = os.path.join(dest, os.path.relpath(src, source_dir))
+            if os.path.islink(src) or not os.path.isfile(src):
+                links += 1
+            elif not os.path.exists(dst):
+                plan.append((src, dst))
+                size += os.path.getsize(src)
+            elif not _same_file(src, dst):
+                kept += 1
+    extra = "".join([f"; {kept} changed files kept as they are in qledge" if kept else "",
+                     f"; {links} links and special files not copied" if links else ""])
+    if dry_run:
+        return f"scripts: would copy {len(plan)} files ({size} bytes) to {dest}{extra}"
+    os.makedirs(dest, mode=0o755, exist_ok=True)
+    free = shutil.disk_usage(dest).free
+    if size + DISK_RESERVE > free:
+        raise UsageError(f"scripts need {size} bytes in {dest}, {free} are free (and {DISK_RESERVE} stay reserved);"
+                         " free some space or use --scripts-in-place")
+    # The daemon's user owns its state directory: the copies become its own, so scripts can
+    # write beside themselves as they did under qinglong (when this runs as root).
+    owner = os.stat(state_dir)
+    for src, dst in plan:
+        os.makedirs(os.path.dirname(dst), mode=0o755, exist_ok=True)
+        shutil.copy2(src, dst)
+    for dirpath, _, filenames in os.walk(os.path.dirname(dest)):
+        for path in [dirpath, *(os.path.join(dirpath, n) for n in filenames)]:
+            with contextlib.suppress(OSError):
+                os.lchown(path, owner.st_uid, owner.st_gid)
+    return f"scripts: {len(plan)} files ({size} bytes) copied to {dest}{extra}"
+
+
+def _same_file(a: str, b: str) -> bool:
+    if os.path.getsize(a) != os.path.getsize(b):
+        return False
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        return fa.read() == fb.read()
+
+
+def _interpreters(entries: list[Entry]) -> list[str]:
+    needed = set()
+    for entry in entries:
+        command = entry.task.spec.command
+        if isinstance(command, ArgvCommand) and "/" not in command.file:
+            needed.add(command.file)
+        elif isinstance(command, ShellCommand):
+            needed.update(w for w in ("node", "python3", "bash") if command.command.startswith(w + " ")
+                          or f"\n{w} " in command.command)
+    missing = sorted(n for n in needed if shutil.which(n) is None)
+    return [f"{n} is not on PATH here: install it before the tasks that use it run" for n in missing]
+
+
+def import_qinglong(c: Client, a: argparse.Namespace) -> int:
+    with qinglong_source(a.path) as source:
+        if a.scripts_in_place and (source.data_dir is None or source.unpacked):
+            raise UsageError("--scripts-in-place needs a qinglong data directory (not a backup or a bare database)")
+        data = read_qinglong_db(source.db_path)
+        report = Report(source=source.label, dry_run=a.dry_run)
+        scripts_src = os.path.join(source.data_dir, "scripts") if source.data_dir else None
+        if a.scripts_in_place and scripts_src:
+            scripts_dir = scripts_src
+        else:
+            status = c.typed("qledge.status", status_tools.StatusArgs(), status_tools.Status)
+            scripts_dir = os.path.join(os.path.dirname(status.db_path), "scripts", "qinglong")
+        place = QlPlace(scripts_dir=scripts_dir, data_dir=source.data_dir or scripts_dir, zone=_ql_zone(data, report))
+        wanted, held, config_keys, other = _plan_secrets(data, source, a.with_notifications)
+        records = _records(c)
+        usable = _store_secrets(c, report, wanted, records, a.dry_run)
+        if len(usable) > 128:
+            raise UsageError(f"qinglong's environment has {len(usable)} variables; a task takes at most 128")
+        entries: list[Entry] = []
+        for row in data.crons:
+            planned = ql_entry(ql_cron(row), place, usable)
+            if isinstance(planned, Entry):
+                entries.append(planned)
+            else:
+                report.not_imported.append(planned)
+        if scripts_src and os.path.isdir(scripts_src) and not a.scripts_in_place:
+            report.notices.append(_copy_scripts(scripts_src, scripts_dir, os.path.dirname(os.path.dirname(scripts_dir)),
+                                                a.dry_run))
+        elif scripts_src is None:
+            report.notices.append("no scripts directory beside this database: the tasks expect their scripts in"
+                                  f" {scripts_dir}")
+        _apply_tasks(c, report, entries, records, a.dry_run)
+        report.notices += _ql_notices(data, source, held, config_keys, other, a.with_notifications)
+        report.notices += _interpreters(entries)
+    return _done(a, report)
+
+
+# -- argparse -------------------------------------------------------------------------
+
+
+def add_import_sources(imports: Subcommands, verb: Verb) -> None:
+    """`qledge import crontab …` and `qledge import qinglong …`, beside `qledge import FILE`."""
+    cron = verb(imports, "crontab", import_crontab,
+                "import a crontab: each entry becomes a shell task with a trigger (run it again: nothing new)")
+    cron.add_argument("file", nargs="?", metavar="FILE|-", help=f"the crontab (default {DEFAULT_CRONTAB}; - for stdin)")
+    cron.add_argument("--disable-source", action="store_true",
+                      help="comment the imported lines out of the crontab (after a backup), so nothing runs twice")
+    cron.add_argument("--timeout", type=float, metavar="S", help="kill a run after S seconds (default 3600)")
+    ql = verb(imports, "qinglong", import_qinglong,
+              "import a qinglong install: its crons, environment (as secrets) and scripts")
+    ql.add_argument("path", metavar="PATH", help="qinglong's data directory, its db/database.sqlite, or a data.tgz")
+    ql.add_argument("--scripts-in-place", action="store_true",
+                    help="run the scripts where they are instead of copying them under qledge's state directory")
+    ql.add_argument("--with-notifications", action="store_true",
+                    help="also import notification keys (BARK_PUSH, TG_BOT_TOKEN, …) as secrets")
+    for parser in (cron, ql):
+        parser.add_argument("--dry-run", action="store_true", help="print the plan; change nothing")
