@@ -4,6 +4,7 @@ local, the logs of any run from any node, and what the default daemon never load
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -48,6 +49,35 @@ def test_two_nodes_share_everything_but_their_sockets(daemon_factory, pg_dsn):
     status = b.call("qledge.status")
     assert "node n2" in status["extra"]["cluster"] and "2 nodes alive" in status["extra"]["cluster"]
     assert status["dbPath"].startswith("postgresql socket ")
+
+
+def test_reboot_fires_once_per_boot_of_each_node_on_that_node(daemon_factory, pg_dsn):
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot_id = f.read().strip()
+    except OSError:
+        pytest.skip("no kernel boot id here: every daemon start would count as a boot")
+    a, b = start_nodes(daemon_factory, pg_dsn, 2)
+    a.call("qledge.task.create", task("boot", ["sh", "-c", "echo up"]))
+    a.call("qledge.trigger.create", {"taskId": "boot", "expression": "@reboot", "timezone": "UTC"})
+    for d in (a, b):  # restarts within the boot of this machine fire nothing
+        d.stop()
+        d.start()
+    # A new node's first start is a boot of that node: one fire, run by that node alone.
+    c = daemon_factory(config=node_config(pg_dsn, "n3")).start()
+    (run,) = wait_for(lambda: a.call("qledge.run.list")["runs"])
+    done = b.call("qledge.run.wait", {"runId": run["id"], "timeoutMs": 20_000})
+    assert done["run"]["status"] == "succeeded"
+    assert done["run"]["idempotencyKey"] == f"boot:boot-1:{boot_id}"
+    claimed = [e["detail"] for e in a.call("qledge.run.events", {"runId": run["id"]})["events"]
+               if e["type"] == "run.claimed"]
+    assert claimed == ["node n3"]
+    c.stop()
+    c.start()
+    time.sleep(1.5)  # its scheduler ticked at start: a restart within the boot stays quiet
+    assert len(a.call("qledge.run.list")["runs"]) == 1
+    assert rows(pg_dsn, "SELECT node_id, boot_id FROM node_boots ORDER BY node_id") == [
+        ("n1", boot_id), ("n2", boot_id), ("n3", boot_id)]
 
 
 def test_cancel_and_wait_reach_a_run_held_by_another_node(daemon_factory, pg_dsn):

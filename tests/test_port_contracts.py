@@ -13,7 +13,7 @@ from edge.app.graph import Cluster, Stores, build_stores
 from edge.core.auth import AuditRecord, Credential
 from edge.core.errors import ToolError
 from edge.core.runs import Run, RunCursor, RunUpdate
-from edge.core.tasks import ArgvCommand, TaskSpec
+from edge.core.tasks import ArgvCommand, ImportedTask, ImportRecord, ImportTask, ImportTrigger, TaskSpec
 from edge.core.triggers import CronSpec
 from edge.storage.sqlite.db import Database
 
@@ -306,6 +306,161 @@ async def test_clock_mark_is_the_newest_time_on_record(stores: Stores):
     await s.audit.append(AuditRecord(at_ms=T0 + 77, project_id=P, principal="uid:0", tool="qledge.status",
                                      outcome="allowed", reasons=["tool_invocation_allowed"], transport="socket"))
     assert await s.admission.newest_time(P) == T0 + 77
+
+
+REBOOT = CronSpec(expression="@reboot", timezone="UTC")
+ONCE = CronSpec(expression="@once", timezone="UTC")
+
+
+async def test_once_fires_once_then_disables_itself(stores: Stores):
+    s = stores
+    await s.admission.save_time(T0)
+    await s.tasks.create(P, "t", "T", spec(overlap="allow"), T0)
+    trig = await s.triggers.create(P, "o", "t", None, ONCE, T0 - 5)
+    assert trig.next_fire_at_ms == T0  # due at once: at the newest time on record
+    assert (T0, "o") in await s.admission.armed(P)
+    early = await s.admission.admit_fires(P, "o", T0 - 1, 30_000, _rng)
+    assert (early.runs, early.cursor) == ([], T0)
+    fired = await s.admission.admit_fires(P, "o", T0 + 10, 30_000, _rng)
+    [run] = fired.runs
+    assert (run.idempotency_key, run.scheduled_for_ms, run.origin, fired.cursor) == (
+        "once:o:1", T0 + 10, "scheduled", None)
+    head = await s.triggers.get(P, "o")
+    assert head is not None and (head.enabled, head.revision, head.next_fire_at_ms) == (False, 2, None)
+    assert "o" not in [t for _, t in await s.admission.armed(P)]
+    assert (await s.admission.admit_fires(P, "o", T0 + 20, 30_000, _rng)).runs == []
+    on = await s.triggers.set_enabled(P, "o", True, None, T0 + 30)  # enabling it again: one more shot
+    assert (on.revision, on.next_fire_at_ms) == (3, T0 + 30)
+    [again] = (await s.admission.admit_fires(P, "o", T0 + 40, 30_000, _rng)).runs
+    assert again.idempotency_key == "once:o:3"
+    assert len(await s.runs.page(P, "t", None, 10)) == 2
+    # A fire the task cannot take spends the shot too, and is recorded.
+    await s.tasks.create(P, "off", "Off", spec(), T0)
+    await s.tasks.set_enabled(P, "off", False, None, T0)
+    await s.triggers.create(P, "o2", "off", None, ONCE, T0 + 50)
+    assert (await s.admission.admit_fires(P, "o2", T0 + 60, 30_000, _rng)).runs == []
+    [event] = await s.triggers.events(P, "o2", None, 10)
+    assert (event.type, event.reason, event.scheduled_for_ms) == ("skipped", "task_disabled", T0 + 60)
+    spent = await s.triggers.get(P, "o2")
+    assert spent is not None and not spent.enabled
+
+
+async def test_reboot_is_armed_once_per_boot_and_fires_once(stores: Stores):
+    s = stores
+    await s.tasks.create(P, "t", "T", spec(overlap="allow"), T0)
+    await s.tasks.create(P, "f", "F", spec(), T0)
+    trig = await s.triggers.create(P, "r", "t", None, REBOOT, T0)
+    assert trig.next_fire_at_ms is None and await s.admission.armed(P) == []  # waits for the next boot
+    assert (await s.triggers.set_enabled(P, "r", True, None, T0 + 1)).revision == 1  # enabled, armed or not
+    await s.triggers.create(P, "off", "t", None, REBOOT, T0)
+    await s.triggers.set_enabled(P, "off", False, None, T0)
+    await s.triggers.create(P, "busy", "f", None, REBOOT, T0)
+    await s.triggers.create(P, "h", "t", None, HOURLY, T0)
+    assert await s.admission.arm_boot(P, "boot-1", T0 + 5) == 2  # r and busy; never a disabled one
+    assert await s.admission.arm_boot(P, "boot-1", T0 + 6) == 0  # a daemon restart within the boot
+    armed = await s.admission.armed(P)
+    assert [a for a in armed if a[1] != "h"] == [(T0 + 5, "busy"), (T0 + 5, "r")]
+    early = await s.admission.admit_fires(P, "r", T0 + 4, 30_000, _rng)
+    assert (early.runs, early.cursor) == ([], T0 + 5)
+    fired = await s.admission.admit_fires(P, "r", T0 + 7, 30_000, _rng)
+    [run] = fired.runs
+    assert (run.idempotency_key, run.scheduled_for_ms, run.trigger_id, fired.cursor) == (
+        "boot:r:boot-1", T0 + 7, "r", None)
+    assert (await s.admission.admit_fires(P, "r", T0 + 8, 30_000, _rng)).runs == []
+    # Through the gates like any fire: a forbid task with a run active skips it.
+    ftask = await s.tasks.get(P, "f")
+    assert ftask is not None
+    await s.admission.admit_manual(ftask, "user", T0 + 6)
+    assert (await s.admission.admit_fires(P, "busy", T0 + 9, 30_000, _rng)).runs == []
+    [event] = await s.triggers.events(P, "busy", None, 10)
+    assert (event.type, event.reason) == ("skipped", "overlap")
+    assert [t for _, t in await s.admission.armed(P)] == ["h"]
+    # The next boot fires once more; a trigger disabled after its boot armed it does not.
+    assert await s.admission.arm_boot(P, "boot-2", T0 + 100) == 2
+    [second] = (await s.admission.admit_fires(P, "r", T0 + 100, 30_000, _rng)).runs
+    assert second.idempotency_key == "boot:r:boot-2"
+    assert await s.admission.arm_boot(P, "boot-3", T0 + 200) == 2
+    await s.triggers.set_enabled(P, "r", False, None, T0 + 201)
+    assert (await s.admission.admit_fires(P, "r", T0 + 202, 30_000, _rng)).runs == []
+    assert "r" not in [t for _, t in await s.admission.armed(P)]
+    await s.triggers.set_enabled(P, "r", True, None, T0 + 203)  # enabled during a boot: the next one
+    assert (await s.admission.admit_fires(P, "r", T0 + 204, 30_000, _rng)).runs == []
+    assert [r.idempotency_key for r in await s.runs.page(P, "t", None, 10)] == ["boot:r:boot-2", "boot:r:boot-1"]
+
+
+# -- imports --------------------------------------------------------------------------
+
+
+def imported(key: str, task_id: str, *triggers: ImportTrigger, enabled: bool = True, file: str = "true",
+             name: str | None = None) -> ImportTask:
+    return ImportTask(key=key, task_id=task_id, spec=spec(file=file), name=name, enabled=enabled,
+                      triggers=list(triggers))
+
+
+def crons(item: ImportTask) -> list[CronSpec]:
+    return [CronSpec(expression=t.expression, timezone=t.timezone or "UTC", misfire=t.misfire) for t in item.triggers]
+
+
+async def test_import_task_creates_once_per_key_at_a_free_id(stores: Stores):
+    s = stores
+    await s.tasks.create(P, "backup", "mine", spec(), T0)
+    item = imported("crontab:root:3", "backup", ImportTrigger(expression="0 3 * * *"),
+                    ImportTrigger(expression="@once", enabled=False), file="backup.sh", name="Backup")
+    made = await s.tasks.import_task(P, item, crons(item), T0 + 1)
+    assert made == ImportedTask(key="crontab:root:3", status="created", task_id="backup-2",
+                                trigger_ids=["backup-2-1", "backup-2-2"])
+    task = await s.tasks.get(P, "backup-2")
+    assert task is not None and isinstance(task.spec.command, ArgvCommand)
+    assert (task.name, task.enabled, task.revision, task.spec.command.file) == ("Backup", True, 1, "backup.sh")
+    daily, once = [await s.triggers.get(P, t) for t in made.trigger_ids]
+    assert daily is not None and (daily.enabled, daily.next_fire_at_ms) == (True, T0 + 19 * 3_600_000)
+    assert once is not None and (once.enabled, once.next_fire_at_ms, once.spec.expression) == (False, None, "@once")
+    # The same key again creates nothing, whatever it now says.
+    changed = imported("crontab:root:3", "other", file="changed.sh")
+    assert await s.tasks.import_task(P, changed, [], T0 + 2) == ImportedTask(
+        key="crontab:root:3", status="exists", task_id="backup-2", trigger_ids=["backup-2-1", "backup-2-2"])
+    assert [t.id for t in await s.tasks.page(P, None, 10)] == ["backup", "backup-2"]
+    off = imported("ql:cron:7", "off", enabled=False)
+    assert (await s.tasks.import_task(P, off, [], T0 + 3)).trigger_ids == []
+    assert (await s.tasks.get(P, "off")).enabled is False  # type: ignore[union-attr]
+    # A spec that cannot be scheduled: nothing at all, record included.
+    bad = imported("ql:cron:8", "bad", ImportTrigger(expression="61 * * * *"))
+    assert await code_of(s.tasks.import_task(P, bad, crons(bad), T0 + 4)) == "invalid_argument"
+    assert await s.tasks.get(P, "bad") is None
+    assert await s.tasks.imports(P, None, 10) == [
+        ImportRecord(key="crontab:root:3", kind="task", target="backup-2", created_at_ms=T0 + 1),
+        ImportRecord(key="ql:cron:7", kind="task", target="off", created_at_ms=T0 + 3)]
+    assert [r.key for r in await s.tasks.imports(P, "crontab:root:3", 10)] == ["ql:cron:7"]
+    assert [r.key for r in await s.tasks.imports(P, None, 1)] == ["crontab:root:3"]
+    assert await s.tasks.imports("other", None, 10) == []
+    # The record goes with its task: importing again creates it again.
+    await s.tasks.delete(P, "backup-2", None)
+    assert [r.key for r in await s.tasks.imports(P, None, 10)] == ["ql:cron:7"]
+    assert await s.triggers.get(P, "backup-2-1") is None
+    again = await s.tasks.import_task(P, item, crons(item), T0 + 5)
+    assert (again.status, again.task_id) == ("created", "backup-2")
+    other = await s.tasks.import_task("other", item, crons(item), T0 + 6)
+    assert (other.status, other.task_id) == ("created", "backup")  # per project
+
+
+async def test_import_secret_never_replaces_a_value(stores: Stores):
+    s = stores
+    await s.secrets.set(P, "TOKEN", "mine", T0)
+    assert await s.secrets.import_secret(P, "ql:env:TOKEN", "TOKEN", "theirs", T0 + 1) == "taken"
+    assert await s.secrets.resolve(P, ["TOKEN"]) == {"TOKEN": "mine"}
+    assert await s.tasks.imports(P, None, 10) == []  # taken: no record, so a later import may try again
+    assert await s.secrets.import_secret(P, "ql:env:A", "A", "one", T0 + 2) == "created"
+    assert await s.secrets.import_secret(P, "ql:env:A", "A", "two", T0 + 3) == "exists"
+    assert await s.secrets.resolve(P, ["A"]) == {"A": "one"}
+    [info] = [i for i in await s.secrets.for_project(P) if i.name == "A"]
+    assert (info.created_at_ms, info.updated_at_ms) == (T0 + 2, T0 + 2)
+    assert await s.tasks.imports(P, None, 10) == [
+        ImportRecord(key="ql:env:A", kind="secret", target="A", created_at_ms=T0 + 2)]
+    assert await s.secrets.import_secret("other", "ql:env:A", "A", "theirs", T0) == "created"
+    assert await s.secrets.delete(P, "A")
+    assert await s.tasks.imports(P, None, 10) == []  # the record goes with its secret
+    assert await s.secrets.import_secret(P, "ql:env:A", "A", "three", T0 + 4) == "created"
+    assert await s.secrets.resolve(P, ["A"]) == {"A": "three"}
 
 
 # -- credentials, secrets -------------------------------------------------------------

@@ -1,6 +1,7 @@
-"""The real PostgreSQL planner on the hot queries of cluster mode: with 100,000 runs and
-2,000 triggers (statistics gathered), each query walks its intended index, with no
-sequential scan of a big table and no sort."""
+"""The real PostgreSQL planner on the hot queries of cluster mode: with 100,000 runs,
+2,000 triggers, their @reboot fires on three nodes and 5,000 import records (statistics
+gathered), each query walks its intended index, with no sequential scan of a big table and
+no sort."""
 
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ INSERT INTO triggers SELECT 'default', 'g-' || lpad(i::text, 5, '0'), 1, 'task-'
        true, 0, 0, CASE WHEN i % 2 = 0 THEN 1790000000000 + i * 60000 END, NULL FROM generate_series(1, 2000) i;
 INSERT INTO trigger_revisions SELECT project_id, id, 1, task_id, 1, true, 'qinglong/cron@v1',
        '{"expression":"0 * * * *","timezone":"UTC"}', 'sha256:00', 0 FROM triggers;
+INSERT INTO boot_fires SELECT 'default', id, 'n' || n, 'boot', 0 FROM triggers, generate_series(1, 3) n;
+INSERT INTO imports SELECT 'default', 'crontab:root:' || i, 'task', 'task-000', 0 FROM generate_series(1, 5000) i;
 ANALYZE;
 """
 
@@ -107,6 +110,19 @@ def test_admission_queries_use_their_indexes(filled):
 
 
 def test_claim_renew_and_reap_use_the_lease_indexes(filled):
-    assert_index(filled, runs.SQL_CLAIM, ("default", 2, "n2", 30.0), "runs_claimable_idx")
-    assert_index(filled, runs.SQL_RENEW, (30.0, "n1", ["000000020001"]), ("runs_leased_idx", "runs_pkey"))
+    assert_index(filled, runs.SQL_CLAIM, ("default", "n2", 2, "n2", 30.0), "runs_claimable_idx")
+    # Any of these reads only active runs (bounded by the queue) or the ids given.
+    assert_index(filled, runs.SQL_RENEW, (30.0, "n1", ["000000020001"]),
+                 ("runs_leased_idx", "runs_pkey", "runs_active_idx"))
     assert_index(filled, runs.SQL_EXPIRED, (64,), "runs_leased_idx")
+    # a node's new boot: its queued runs it never took
+    assert_index(filled, runs.SQL_UNTAKEN, ("default", "n2"), "runs_claimable_idx")
+
+
+def test_boot_fires_and_import_records_are_read_by_their_keys(filled):
+    assert_index(filled, admission.SQL_BOOT_FIRE, ("default", "n1", "g-00042"), "boot_fires_pkey",
+                 big=("runs", "triggers", "boot_fires"))
+    assert_index(filled, catalog.SQL_IMPORTED, ("default", "crontab:root:1"), "imports_pkey",
+                 big=("runs", "triggers", "imports"))
+    assert_index(filled, catalog.SQL_IMPORTS, ("default", "crontab:root:100", 33), "imports_pkey",
+                 big=("runs", "triggers", "imports"))

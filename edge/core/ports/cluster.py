@@ -18,12 +18,13 @@ class RunClaims(Protocol):
 
     async def claim(self, limit: int, now_ms: int) -> list[Run]:
         """Claim at most `limit` of the project's queued, unclaimed runs whose jitter has
-        passed, oldest first, in one statement that skips rows other nodes are claiming:
-        each gets this node, a new fence and a lease, and a `run.claimed` event; it stays
-        `queued` until the runner starts it. Later transitions of a claimed run through
-        this node's RunStore are fenced: once the run is no longer this claim's (the lease
-        expired and it was recorded `lost`) they change nothing but a `run.fence_refused`
-        event, and raise conflict. Raises unavailable."""
+        passed and that are for any node or for this one (a `@reboot` fire), oldest
+        first, in one statement that skips rows other nodes are claiming: each gets this
+        node, a new fence and a lease, and a `run.claimed` event; it stays `queued` until
+        the runner starts it. Later transitions of a claimed run through this node's
+        RunStore are fenced: once the run is no longer this claim's (the lease expired
+        and it was recorded `lost`) they change nothing but a `run.fence_refused` event,
+        and raise conflict. Raises unavailable."""
         ...
 
     async def renew(self, run_ids: list[str]) -> list[str]:
@@ -34,7 +35,8 @@ class RunClaims(Protocol):
 
     async def reap(self) -> list[str]:
         """Record `lost` (error code `lease_expired`, a `run.lost` event) every active run
-        whose lease has expired, at most a bounded batch; returns their ids. Never re-runs."""
+        whose lease has expired (a claimed run, or one for a single node that did not claim
+        it in time), at most a bounded batch; returns their ids. Never re-runs."""
         ...
 
     async def request_cancel(self, project: str, run_id: str, reason: str) -> bool:

@@ -187,7 +187,9 @@ class RunAdmission(Protocol):
     async def arm_boot(self, project: str, boot_id: str, at_ms: int) -> int:
         """If `boot_id` (the kernel's, for this boot) differs from the one on record, record
         it and arm every enabled `@reboot` trigger at `at_ms`, in one transaction; returns
-        how many were armed (0 on a daemon restart within the same boot)."""
+        how many were armed (0 on a daemon restart within the same boot). On a cluster the
+        record and the armed fires are the calling node's: each node's boot fires once,
+        for that node to run (the other nodes neither see nor claim it)."""
         ...
 
     async def admit_manual(self, task: Task, actor: ActorType, now_ms: int) -> ManualAdmission:

@@ -8,6 +8,13 @@ cursor; the winner's `run` hint wakes the nodes that may claim it. The overlap p
 the queue bound are checked under one transaction-scoped advisory lock, so they hold across
 nodes; the partial unique index on a `forbid` task's active run backs the policy up.
 Misfires, grace and clock marks follow the single-node rules (edge.core.schedule.plan).
+
+`@once` is a shared cursor like any fire (key `once:<trigger>:<revision>`, the trigger
+disabled by a new revision in the same transaction). `@reboot` is per node: "once per
+boot of the device" means once per boot of each node's machine, on that machine. A node
+starting in a new boot (its kernel boot id differs from the one `node_boots` holds for
+it) arms a `boot_fires` row per enabled `@reboot` trigger; only that node sees and admits
+it (key `boot:<trigger>:<boot id>`), and the run is for that node alone (`for_node`).
 """
 
 from __future__ import annotations
@@ -17,19 +24,39 @@ from collections.abc import Callable
 from edge.core.errors import ToolError, conflict, not_found
 from edge.core.ids import uuid7
 from edge.core.runs import ActorType, Run
-from edge.core.schedule import ScheduleError, plan
+from edge.core.schedule import ONCE, REBOOT, ScheduleError, plan
 from edge.core.tasks import Task
 from edge.core.triggers import Admission, ManualAdmission, Trigger
 from edge.storage.postgres import catalog
 from edge.storage.postgres.db import PgDatabase, Tx
-from edge.storage.postgres.runs import get_run, insert_run
+from edge.storage.postgres.runs import get_run, insert_run, lose_untaken
 
 GATE_LOCK = 0x71_6C_65_67  # serializes the overlap and queue checks of every node, per transaction
 
-SQL_ARMED = (
-    "SELECT next_fire_at_ms, id FROM triggers WHERE project_id = %s AND next_fire_at_ms IS NOT NULL"
-    " ORDER BY next_fire_at_ms, id"
+# The shared cursors, and the @reboot fires this node's boot armed.
+SQL_ARMED = """
+SELECT next_fire_at_ms, id FROM triggers WHERE project_id = %s AND next_fire_at_ms IS NOT NULL
+UNION ALL
+SELECT due_ms, trigger_id FROM boot_fires WHERE project_id = %s AND node_id = %s
+ORDER BY 1, 2
+"""
+SQL_NEW_BOOT = """
+INSERT INTO node_boots (project_id, node_id, boot_id, booted_at_ms) VALUES (%s, %s, %s, %s)
+ON CONFLICT (project_id, node_id) DO UPDATE SET boot_id = excluded.boot_id, booted_at_ms = excluded.booted_at_ms
+    WHERE node_boots.boot_id <> excluded.boot_id
+RETURNING 1
+"""
+SQL_ARM_REBOOTS = """
+INSERT INTO boot_fires (project_id, trigger_id, node_id, boot_id, due_ms)
+SELECT h.project_id, h.id, %s, %s, %s FROM triggers AS h
+JOIN trigger_revisions AS r ON r.project_id = h.project_id AND r.trigger_id = h.id AND r.revision = h.revision
+WHERE h.project_id = %s AND h.enabled AND r.spec::jsonb ->> 'expression' = %s
+ON CONFLICT (project_id, node_id, trigger_id) DO UPDATE SET boot_id = excluded.boot_id, due_ms = excluded.due_ms
+"""
+SQL_BOOT_FIRE = (
+    "SELECT boot_id, due_ms FROM boot_fires WHERE project_id = %s AND node_id = %s AND trigger_id = %s FOR UPDATE"
 )
+SQL_DROP_BOOT_FIRE = "DELETE FROM boot_fires WHERE project_id = %s AND node_id = %s AND trigger_id = %s"
 SQL_PINNED_TASK = """
 SELECT t.enabled, coalesce(r.spec::jsonb ->> 'overlap', 'forbid')
 FROM tasks AS t JOIN task_revisions AS r ON r.project_id = t.project_id AND r.task_id = t.id
@@ -80,21 +107,32 @@ async def _gate(tx: Tx, project: str, task_id: str, overlap: str, bound: Bound,
     return None, None
 
 
-def _scheduled_run(trig: Trigger, fire: int, origin: str, now: int, jitter: int | None) -> Run:
+def _scheduled_run(trig: Trigger, fire: int, origin: str, now: int, jitter: int | None, key: str | None = None) -> Run:
     return Run(
         id=uuid7(now), project_id=trig.project_id, task_id=trig.task_id, task_revision=trig.task_revision,
         origin=origin, status="queued", version=1, event_seq=1, created_at_ms=now,  # type: ignore[arg-type]
         trigger_id=trig.id, trigger_revision=trig.revision, queued_at_ms=now, scheduled_for_ms=fire,
-        idempotency_key=f"cron:{trig.id}:{trig.revision}:{fire}", jitter_ms=jitter,
+        idempotency_key=key or f"cron:{trig.id}:{trig.revision}:{fire}", jitter_ms=jitter,
     )
+
+
+class NodeLease:
+    """Who admits: the node's id (for its own `@reboot` fires) and its lease."""
+
+    def __init__(self, node_id: str, lease_s: float) -> None:
+        self.node_id = node_id
+        self.lease_s = lease_s
 
 
 async def _admit_fires(
     tx: Tx, project: str, trigger_id: str, now: int, grace_ms: int, bound: Bound, rng: Callable[[], float],
+    node: NodeLease,
 ) -> Admission:
     trig = await catalog.get_trigger(tx, project, trigger_id, lock=True)
     if trig is None:
         return Admission(gone=True)
+    if trig.spec.expression == REBOOT:
+        return await _admit_boot(tx, trig, now, bound, rng, node)
     if not trig.enabled or trig.next_fire_at_ms is None:
         return Admission(cursor=None)
     try:
@@ -103,6 +141,10 @@ async def _admit_fires(
         await catalog.record_event(tx, project, trig.id, "refused", "timezone_unavailable", trig.next_fire_at_ms,
                                    trig.next_fire_at_ms, 1, now, trig.last_scheduled_at_ms)
         return Admission(cursor=trig.next_fire_at_ms, retry=True)
+    if schedule.event == ONCE:
+        if now < trig.next_fire_at_ms:
+            return Admission(cursor=trig.next_fire_at_ms)  # not due yet (the clock went back)
+        return await _admit_event(tx, trig, f"once:{trig.id}:{trig.revision}", now, bound, rng, None)
     todo = plan(schedule, trig.next_fire_at_ms, now, trig.spec.misfire, grace_ms)
     if not todo.admit and todo.missed is None:
         if todo.cursor != trig.next_fire_at_ms:
@@ -142,6 +184,73 @@ async def _admit_fires(
     return Admission(runs=admitted, cancel=replacing, cursor=todo.cursor)
 
 
+async def _admit_boot(tx: Tx, trig: Trigger, now: int, bound: Bound, rng: Callable[[], float],
+                      node: NodeLease) -> Admission:
+    """This node's fire of a `@reboot` trigger, armed by its boot; other nodes' are theirs."""
+    armed = await tx.row(SQL_BOOT_FIRE, (trig.project_id, node.node_id, trig.id))
+    if armed is None:
+        return Admission(cursor=None)
+    boot_id, due = armed
+    if not trig.enabled:
+        await tx.execute(SQL_DROP_BOOT_FIRE, (trig.project_id, node.node_id, trig.id))
+        return Admission(cursor=None)
+    try:
+        trig.spec.schedule()
+    except ScheduleError:
+        await catalog.record_event(tx, trig.project_id, trig.id, "refused", "timezone_unavailable", due, due, 1, now,
+                                   trig.last_scheduled_at_ms)
+        return Admission(cursor=due, retry=True)
+    if now < due:
+        return Admission(cursor=due)  # not due yet (the clock went back)
+    await tx.execute(SQL_DROP_BOOT_FIRE, (trig.project_id, node.node_id, trig.id))
+    return await _admit_event(tx, trig, f"boot:{trig.id}:{boot_id}", now, bound, rng, node)
+
+
+async def _admit_event(tx: Tx, trig: Trigger, key: str, now: int, bound: Bound, rng: Callable[[], float],
+                       node: NodeLease | None) -> Admission:
+    """`@reboot` (for `node` alone) and `@once` (no node): one fire, now, under the same
+    gates as any fire; then the shared cursor is cleared, and a one-shot disables itself."""
+    project = trig.project_id
+    await tx.execute("SELECT pg_advisory_xact_lock(%s)", (GATE_LOCK,))
+    enabled, overlap = await tx.one(SQL_PINNED_TASK, (project, trig.task_id, trig.task_revision))
+    replacing: list[str] = []
+    reason = "task_disabled" if not enabled else (await _gate(tx, project, trig.task_id, overlap, bound, replacing))[0]
+    admitted: list[Run] = []
+    last_admitted = trig.last_scheduled_at_ms
+    if reason is not None:
+        kind = "refused" if reason == "queue_full" else "skipped"
+        await catalog.record_event(tx, project, trig.id, kind, reason, now, now, 1, now, last_admitted)
+    elif await tx.row(SQL_BY_KEY, (key,)) is None:
+        jitter = int(rng() * trig.spec.jitter_s * 1000) if trig.spec.jitter_s else None
+        run = _scheduled_run(trig, now, "scheduled", now, jitter, key)
+        if await insert_run(tx, run, "scheduler", overlap == "forbid", now + (jitter or 0),
+                            node.node_id if node else None, node.lease_s if node else 0.0):
+            created = await get_run(tx, project, run.id)
+            assert created is not None
+            admitted.append(created)
+            last_admitted = now
+    await tx.execute(SQL_MOVE_CURSOR, (None, last_admitted, project, trig.id))
+    if node is None:  # @once
+        current = await catalog.get_trigger(tx, project, trig.id)
+        assert current is not None
+        await catalog.disable_fired(tx, current, now)
+    await tx.execute(SQL_SAVE_TIME, (catalog.CLOCK_KEY, now))
+    if admitted:
+        await tx.notify("run")
+    return Admission(runs=admitted, cancel=replacing, cursor=None)
+
+
+async def _arm_boot(tx: Tx, project: str, node: NodeLease, boot_id: str, at: int) -> int:
+    if not await tx.rows(SQL_NEW_BOOT, (project, node.node_id, boot_id, at)):
+        return 0  # a restart of this node within the same boot
+    # Arming first: it waits (on the triggers' rows) only for admissions, before this
+    # transaction holds any run an admission could wait for.
+    armed = await tx.execute(SQL_ARM_REBOOTS, (node.node_id, boot_id, at, project, REBOOT))
+    if await lose_untaken(tx, project, node.node_id):
+        await tx.notify("run")
+    return armed
+
+
 async def _admit_manual(tx: Tx, task: Task, actor: ActorType, now: int, bound: Bound) -> ManualAdmission:
     await tx.execute("SELECT pg_advisory_xact_lock(%s)", (GATE_LOCK,))
     row = await tx.row(SQL_PINNED_TASK, (task.project_id, task.id, task.revision))
@@ -165,8 +274,8 @@ async def _admit_manual(tx: Tx, task: Task, actor: ActorType, now: int, bound: B
     return ManualAdmission(run=created, replaces=replacing)
 
 
-async def _armed(tx: Tx, project: str) -> list[tuple[int, str]]:
-    return [(int(n), t) for n, t in await tx.rows(SQL_ARMED, (project,))]
+async def _armed(tx: Tx, project: str, node: str) -> list[tuple[int, str]]:
+    return [(int(n), t) for n, t in await tx.rows(SQL_ARMED, (project, project, node))]
 
 
 async def _newest_time(tx: Tx, project: str) -> int:
@@ -180,26 +289,32 @@ async def _save_time(tx: Tx, now: int) -> None:
 
 
 class PgAdmission:
-    """RunAdmission (edge.core.ports.stores) on PostgreSQL. `own_slots` > 0 (a cluster node):
-    the queue bound counts the slots of every live node instead of this node's alone."""
+    """RunAdmission (edge.core.ports.stores) on PostgreSQL, for node `node_id`. `own_slots`
+    > 0 (a cluster node): the queue bound counts the slots of every live node instead of
+    this node's alone."""
 
-    def __init__(self, db: PgDatabase, capacity: int, own_slots: int = 0, lease_s: float = 30.0) -> None:
+    def __init__(self, db: PgDatabase, capacity: int, node_id: str, own_slots: int = 0, lease_s: float = 30.0) -> None:
         self._db = db
         self._bound = Bound(capacity, own_slots, lease_s)
+        self._node = NodeLease(node_id, lease_s)
 
     def set_capacity(self, capacity: int) -> None:
         self._bound.capacity = capacity
 
     async def armed(self, project: str) -> list[tuple[int, str]]:
-        return await self._db.tx(_armed, project)
+        return await self._db.tx(_armed, project, self._node.node_id)
 
     async def admit_fires(
         self, project: str, trigger_id: str, now_ms: int, grace_ms: int, rng: Callable[[], float]
     ) -> Admission:
-        return await self._db.tx(_admit_fires, project, trigger_id, now_ms, grace_ms, self._bound, rng)
+        return await self._db.tx(_admit_fires, project, trigger_id, now_ms, grace_ms, self._bound, rng, self._node)
 
     async def admit_manual(self, task: Task, actor: ActorType, now_ms: int) -> ManualAdmission:
         return await self._db.tx(_admit_manual, task, actor, now_ms, self._bound)
+
+    async def arm_boot(self, project: str, boot_id: str, at_ms: int) -> int:
+        """Per node: the boot on record is this node's, and so are the fires it arms."""
+        return await self._db.tx(_arm_boot, project, self._node, boot_id, at_ms)
 
     async def newest_time(self, project: str) -> int:
         return await self._db.tx(_newest_time, project)

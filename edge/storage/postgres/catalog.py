@@ -11,9 +11,9 @@ import msgspec
 
 from edge.core.errors import conflict, invalid, not_found
 from edge.core.ports.stores import RunLogFiles
-from edge.core.schedule import Schedule, ScheduleError
+from edge.core.schedule import ONCE, REBOOT, Schedule, ScheduleError
 from edge.core.tasks import SPEC_SCHEMA as TASK_SCHEMA
-from edge.core.tasks import Task, TaskSpec, content_digest
+from edge.core.tasks import ImportedTask, ImportRecord, ImportTask, Task, TaskSpec, content_digest
 from edge.core.triggers import SPEC_SCHEMA, CronSpec, Trigger, TriggerEvent
 from edge.storage.postgres.db import PgDatabase, Row, Tx
 
@@ -66,15 +66,23 @@ async def _insert_task_revision(
     )
 
 
-async def _create_task(tx: Tx, project: str, task_id: str, name: str, spec: TaskSpec, now: int) -> Task:
+async def _insert_task(
+    tx: Tx, project: str, task_id: str, name: str, spec: TaskSpec, now: int, enabled: bool = True
+) -> bool:
+    """The task at revision 1; False (nothing written) when the id is taken."""
     inserted = await tx.execute(
         "INSERT INTO tasks (project_id, id, name, revision, enabled, created_at_ms, updated_at_ms)"
-        " VALUES (%s, %s, %s, 1, true, %s, %s) ON CONFLICT DO NOTHING",
-        (project, task_id, name, now, now),
+        " VALUES (%s, %s, %s, 1, %s, %s, %s) ON CONFLICT DO NOTHING",
+        (project, task_id, name, enabled, now, now),
     )
-    if not inserted:
+    if inserted:
+        await _insert_task_revision(tx, project, task_id, 1, spec, enabled, now)
+    return inserted > 0
+
+
+async def _create_task(tx: Tx, project: str, task_id: str, name: str, spec: TaskSpec, now: int) -> Task:
+    if not await _insert_task(tx, project, task_id, name, spec, now):
         raise conflict(f"task {task_id!r} already exists")
-    await _insert_task_revision(tx, project, task_id, 1, spec, True, now)
     task = await get_task(tx, project, task_id)
     assert task is not None
     return task
@@ -117,6 +125,47 @@ async def _delete_task(tx: Tx, project: str, task_id: str, expected: int | None)
     return removed
 
 
+SQL_CLAIM_IMPORT = (
+    "INSERT INTO imports (project_id, key, kind, target, created_at_ms) VALUES (%s, %s, %s, %s, %s)"
+    " ON CONFLICT DO NOTHING"
+)
+SQL_IMPORTED = "SELECT target FROM imports WHERE project_id = %s AND key = %s"
+SQL_IMPORTS = (
+    "SELECT key, kind, target, created_at_ms FROM imports WHERE project_id = %s AND key > %s ORDER BY key LIMIT %s"
+)
+SQL_TASK_TRIGGERS = "SELECT id FROM triggers WHERE project_id = %s AND task_id = %s ORDER BY id"
+
+
+async def _import_task(tx: Tx, project: str, item: ImportTask, triggers: list[CronSpec], now: int) -> ImportedTask:
+    # The record first: a second node importing the same key waits on its primary key
+    # until this transaction ends, then finds it (or, after a rollback, takes it).
+    if not await tx.execute(SQL_CLAIM_IMPORT, (project, item.key, "task", item.task_id, now)):
+        (target,) = await tx.one(SQL_IMPORTED, (project, item.key))
+        ids = [tid for (tid,) in await tx.rows(SQL_TASK_TRIGGERS, (project, target))]
+        return ImportedTask(key=item.key, status="exists", task_id=target, trigger_ids=ids)
+    task_id = await _insert_free_task(tx, project, item, now)
+    ids = [(await insert_trigger(tx, project, None, task_id, None, spec, now, wanted.enabled)).id
+           for spec, wanted in zip(triggers, item.triggers, strict=True)]
+    await tx.execute("UPDATE imports SET target = %s WHERE project_id = %s AND key = %s", (task_id, project, item.key))
+    return ImportedTask(key=item.key, status="created", task_id=task_id, trigger_ids=ids)
+
+
+async def _insert_free_task(tx: Tx, project: str, item: ImportTask, now: int) -> str:
+    """The task at `item.task_id`, else `-2`, `-3`…: the first id no task has (an insert
+    that loses a race to another node's tries the next)."""
+    for n in range(1, 10_000):
+        suffix = "" if n == 1 else f"-{n}"
+        candidate = item.task_id[: 128 - len(suffix)] + suffix
+        if await _insert_task(tx, project, candidate, item.name or candidate, item.spec, now, item.enabled):
+            return candidate
+    raise conflict(f"too many tasks are named {item.task_id!r}")
+
+
+async def _imports(tx: Tx, project: str, after: str, limit: int) -> list[ImportRecord]:
+    return [ImportRecord(key=k, kind=kind, target=t, created_at_ms=c)
+            for k, kind, t, c in await tx.rows(SQL_IMPORTS, (project, after, limit))]
+
+
 class PgTaskStore:
     """TaskStore (edge.core.ports.stores) on PostgreSQL."""
 
@@ -142,6 +191,12 @@ class PgTaskStore:
 
     async def page(self, project: str, after: str | None, limit: int) -> list[Task]:
         return [_task(r) for r in await self._db.tx(_rows, SQL_TASK_LIST, (project, after or "", limit))]
+
+    async def import_task(self, project: str, item: ImportTask, triggers: list[CronSpec], now_ms: int) -> ImportedTask:
+        return await self._db.tx(_import_task, project, item, triggers, now_ms)
+
+    async def imports(self, project: str, after: str | None, limit: int) -> list[ImportRecord]:
+        return await self._db.tx(_imports, project, after or "", limit)
 
     async def delete(self, project: str, task_id: str, expected_revision: int | None) -> int:
         removed = await self._db.tx(_delete_task, project, task_id, expected_revision)
@@ -201,7 +256,12 @@ async def clock_mark(tx: Tx) -> int:
 
 
 async def _arm(tx: Tx, schedule: Schedule, now: int) -> int | None:
-    return schedule.next_after(max(now, await clock_mark(tx)))
+    if schedule.event == REBOOT:
+        return None  # armed per node by its next boot (boot_fires), never by a shared cursor
+    mark = max(now, await clock_mark(tx))
+    if schedule.event == ONCE:
+        return mark  # due at once: whichever node admits it first fires it
+    return schedule.next_after(mark)
 
 
 async def _task_revision(tx: Tx, project: str, task_id: str, wanted: int | None) -> int:
@@ -234,21 +294,23 @@ async def _free_id(tx: Tx, project: str, task_id: str) -> str:
     raise conflict(f"task {task_id!r} has too many triggers")
 
 
-async def _create_trigger(
+async def insert_trigger(
     tx: Tx, project: str, trigger_id: str | None, task_id: str, task_revision: int | None, spec: CronSpec, now: int,
+    enabled: bool = True,
 ) -> Trigger:
+    """A new trigger, inside the caller's transaction (its hint is sent on commit)."""
     schedule = _schedule(spec)
     pin = await _task_revision(tx, project, task_id, task_revision)
     tid = trigger_id or await _free_id(tx, project, task_id)
     first = Trigger(
-        id=tid, project_id=project, revision=1, task_id=task_id, task_revision=pin, enabled=True,
+        id=tid, project_id=project, revision=1, task_id=task_id, task_revision=pin, enabled=enabled,
         spec_schema=SPEC_SCHEMA, spec=spec, content_digest=content_digest(spec), created_at_ms=now,
-        updated_at_ms=now, next_fire_at_ms=await _arm(tx, schedule, now),
+        updated_at_ms=now, next_fire_at_ms=await _arm(tx, schedule, now) if enabled else None,
     )
     inserted = await tx.execute(
         "INSERT INTO triggers (project_id, id, revision, task_id, task_revision, enabled, created_at_ms,"
-        " updated_at_ms, next_fire_at_ms) VALUES (%s, %s, 1, %s, %s, true, %s, %s, %s) ON CONFLICT DO NOTHING",
-        (project, tid, task_id, pin, now, now, first.next_fire_at_ms),
+        " updated_at_ms, next_fire_at_ms) VALUES (%s, %s, 1, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+        (project, tid, task_id, pin, enabled, now, now, first.next_fire_at_ms),
     )
     if not inserted:
         raise conflict(f"trigger {tid!r} already exists")
@@ -257,6 +319,12 @@ async def _create_trigger(
     trigger = await get_trigger(tx, project, tid)
     assert trigger is not None
     return trigger
+
+
+async def _create_trigger(
+    tx: Tx, project: str, trigger_id: str | None, task_id: str, task_revision: int | None, spec: CronSpec, now: int,
+) -> Trigger:
+    return await insert_trigger(tx, project, trigger_id, task_id, task_revision, spec, now)
 
 
 async def _head(tx: Tx, project: str, trigger_id: str, expected: int | None) -> Trigger:
@@ -272,6 +340,9 @@ async def _revise(tx: Tx, current: Trigger, now: int, enabled: bool, task_revisi
     nxt = current.next_fire_at_ms
     if not enabled:
         nxt = None
+        # a disabled @reboot trigger drops the fires that boots armed and no node admitted
+        await tx.execute("DELETE FROM boot_fires WHERE project_id = %s AND trigger_id = %s",
+                         (current.project_id, current.id))
     elif not current.enabled or nxt is None:
         nxt = await _arm(tx, _schedule(current.spec), now)
     revision = current.revision + 1
@@ -292,7 +363,8 @@ async def _set_trigger_enabled(
     tx: Tx, project: str, trigger_id: str, enabled: bool, expected: int | None, now: int
 ) -> Trigger:
     current = await _head(tx, project, trigger_id, expected)
-    if current.enabled == enabled and (not enabled or current.next_fire_at_ms is not None):
+    armed = current.next_fire_at_ms is not None or current.spec.expression == REBOOT
+    if current.enabled == enabled and (not enabled or armed):
         return current
     return await _revise(tx, current, now, enabled, current.task_revision)
 
@@ -305,6 +377,11 @@ async def _repin(
     if pin == current.task_revision:
         return current
     return await _revise(tx, current, now, current.enabled, pin)
+
+
+async def disable_fired(tx: Tx, trigger: Trigger, now: int) -> None:
+    """A one-shot (`@once`) that has fired disables itself, by a new revision."""
+    await _revise(tx, trigger, now, False, trigger.task_revision)
 
 
 async def follow_task(tx: Tx, project: str, task_id: str, old: int, new: int, now: int) -> None:

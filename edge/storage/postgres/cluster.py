@@ -49,7 +49,7 @@ class PgCluster:
         self.tasks = PgTaskStore(db, files)
         self.runs = PgRunStore(db, policy, files, node.node_id, fences, options.write_retry_s)
         self.triggers = PgTriggerStore(db)
-        self.admission = PgAdmission(db, options.capacity, node.slots, node.lease_s)
+        self.admission = PgAdmission(db, options.capacity, node.node_id, node.slots, node.lease_s)
         self.credentials = PgCredentialStore(db)
         self.secrets = PgSecretStore(db)
         self.audit = PgAuditLog(db, node.node_id, options.audit_max_rows, options.audit_max_age_days,

@@ -7,6 +7,10 @@ that fence on every later transition: when another node has meanwhile recorded i
 (the lease expired), the transition changes nothing, a `run.fence_refused` event records
 what was refused, and the caller gets `conflict`. Nothing is ever re-run.
 
+A run only one node may run (`for_node`: the fire of that node's `@reboot`) is claimable by
+that node alone, and holds a lease from its admission: a node that never takes it (it died,
+or was stopped longer than a lease) leaves it `lost` like a run it held.
+
 A finished run's log goes into `run_logs` in the transaction that finishes it, so every
 node can read it; the local file is removed after the commit.
 """
@@ -73,6 +77,7 @@ SQL_CLAIM = f"""
 WITH picked AS (
     SELECT id FROM runs
     WHERE project_id = %s AND status = 'queued' AND node_id IS NULL AND coalesce(not_before_ms, 0) <= {NOW_MS}
+        AND (for_node IS NULL OR for_node = %s)
     ORDER BY created_at_ms, id LIMIT %s FOR UPDATE SKIP LOCKED
 )
 UPDATE runs AS r SET node_id = %s, fence = nextval('run_fence'), lease_until = now() + make_interval(secs => %s),
@@ -85,11 +90,17 @@ UPDATE runs SET lease_until = now() + make_interval(secs => %s)
 WHERE node_id = %s AND id = ANY(%s) AND status IN ('queued', 'running') AND lease_until > now()
 RETURNING id
 """
+# Claimed runs and runs for one node it has not claimed yet: both hold a lease.
 SQL_EXPIRED = """
-SELECT id, node_id, status, version, event_seq FROM runs
-WHERE status IN ('queued', 'running') AND node_id IS NOT NULL AND lease_until < now()
+SELECT id, coalesce(node_id, for_node), status, node_id IS NULL, event_seq FROM runs
+WHERE status IN ('queued', 'running') AND lease_until < now()
 ORDER BY lease_until LIMIT %s FOR UPDATE SKIP LOCKED
 """
+# A node's runs of a boot that is over: queued for it, never taken.
+SQL_UNTAKEN = (
+    "SELECT id, event_seq FROM runs WHERE project_id = %s AND for_node = %s AND status = 'queued'"
+    " AND node_id IS NULL FOR UPDATE"
+)
 SQL_EXCESS = (
     f"SELECT id FROM runs WHERE project_id = %s AND task_id = %s AND {_FINISHED}"
     " ORDER BY created_at_ms DESC, id DESC LIMIT %s OFFSET %s"
@@ -120,15 +131,22 @@ async def get_run(tx: Tx, project: str, run_id: str) -> Run | None:
 
 
 async def insert_run(
-    tx: Tx, run: Run, actor: ActorType, forbid: bool = False, not_before_ms: int | None = None
+    tx: Tx, run: Run, actor: ActorType, forbid: bool = False, not_before_ms: int | None = None,
+    for_node: str | None = None, lease_s: float = 0.0,
 ) -> bool:
     """Insert a queued run with its first event; False when its idempotency key (or the
-    one active run a `forbid` task may have) already exists."""
+    one active run a `forbid` task may have) already exists. With `for_node` only that
+    node may claim it, within `lease_s` of when it may start."""
     values = [getattr(run, f) for f in FIELDS]
     values[FIELDS.index("event_seq")] = 1
+    lease = (
+        "greatest(now(), to_timestamp(%s / 1000.0)) + make_interval(secs => %s)" if for_node is not None else "%s"
+    )
+    lease_params = (not_before_ms or 0, lease_s) if for_node is not None else (None,)
     added = await tx.execute(
-        f"INSERT INTO runs ({COLUMNS}, forbid, not_before_ms) VALUES ({', '.join(['%s'] * (len(FIELDS) + 2))})"
-        " ON CONFLICT DO NOTHING", (*values, forbid, not_before_ms))
+        f"INSERT INTO runs ({COLUMNS}, forbid, not_before_ms, for_node, lease_until)"
+        f" VALUES ({', '.join(['%s'] * (len(FIELDS) + 3))}, {lease}) ON CONFLICT DO NOTHING",
+        (*values, forbid, not_before_ms, for_node, *lease_params))
     if not added:
         return False
     await tx.execute(SQL_EVENT, (run.id, 1, event_type(run.status), actor, run.created_at_ms, None))
@@ -310,25 +328,44 @@ class PgRunStore:
 
 async def _claim(tx: Tx, project: str, node: str, limit: int, lease_s: float, now: int) -> list[tuple[Run, int]]:
     claimed = []
-    for row in await tx.rows(SQL_CLAIM, (project, limit, node, lease_s)):
+    for row in await tx.rows(SQL_CLAIM, (project, node, limit, node, lease_s)):
         run, fence = to_run(row[:-1]), int(row[-1])
         await tx.execute(SQL_EVENT, (run.id, run.event_seq, "run.claimed", "runner", now, f"node {node}"))
         claimed.append((run, fence))
     return claimed
 
 
+async def _lose(tx: Tx, run_id: str, seq: int, code: str, summary: str, detail: str) -> None:
+    (now,) = await tx.one(f"SELECT {NOW_MS}")
+    await tx.execute(
+        "UPDATE runs SET status = 'lost', version = version + 1, event_seq = event_seq + 1, finished_at_ms = %s,"
+        " error_code = %s, error_summary = %s, cancel_reason = NULL WHERE id = %s",
+        (now, code, summary, run_id))
+    await tx.execute(SQL_EVENT, (run_id, seq + 1, "run.lost", "system", now, detail))
+
+
 async def _reap(tx: Tx, limit: int) -> list[str]:
     reaped = []
-    for rid, node, status, _version, seq in await tx.rows(SQL_EXPIRED, (limit,)):
-        (now,) = await tx.one(f"SELECT {NOW_MS}")
-        summary = f"node {node} stopped renewing its lease while this run was {status}; it is not run again"
-        await tx.execute(
-            "UPDATE runs SET status = 'lost', version = version + 1, event_seq = event_seq + 1, finished_at_ms = %s,"
-            " error_code = 'lease_expired', error_summary = %s, cancel_reason = NULL WHERE id = %s",
-            (now, summary, rid))
-        await tx.execute(SQL_EVENT, (rid, seq + 1, "run.lost", "system", now, f"lease of node {node} expired"))
+    for rid, node, status, untaken, seq in await tx.rows(SQL_EXPIRED, (limit,)):
+        if untaken:
+            summary = f"only node {node} may run this run and it did not take it within its lease; it is not run"
+        else:
+            summary = f"node {node} stopped renewing its lease while this run was {status}; it is not run again"
+        await _lose(tx, rid, seq, "lease_expired", summary, f"lease of node {node} expired")
         reaped.append(rid)
     return reaped
+
+
+async def lose_untaken(tx: Tx, project: str, node: str) -> list[str]:
+    """The runs queued for `node` alone that it never took, recorded `lost`: called when
+    the node starts in a new boot, since they belong to a boot that is over."""
+    lost = []
+    for rid, seq in await tx.rows(SQL_UNTAKEN, (project, node)):
+        await _lose(tx, rid, seq, "node_rebooted",
+                    f"node {node} booted again before it took this run; it is not run",
+                    f"node {node} booted again")
+        lost.append(rid)
+    return lost
 
 
 async def _ask_cancel(tx: Tx, project: str, run_id: str, reason: str) -> bool:

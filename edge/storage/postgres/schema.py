@@ -216,7 +216,58 @@ CREATE TABLE nodes (
 );
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1,)
+# Imports from crond and qinglong (as SQLite's version 5): each imported entry's key and
+# what it became; a record goes with its task or secret. @reboot per node: the kernel boot
+# id each node last started in, the fires its boot armed and it has not admitted yet, and
+# the run such a fire made, which only that node may claim (`for_node`; it holds a lease
+# from admission, so it is lost if its node never takes it).
+_V2 = """
+CREATE TABLE imports (
+    project_id text COLLATE "C" NOT NULL,
+    key text COLLATE "C" NOT NULL,
+    kind text NOT NULL,
+    target text COLLATE "C" NOT NULL,
+    created_at_ms bigint NOT NULL,
+    PRIMARY KEY (project_id, key)
+);
+CREATE INDEX imports_target_idx ON imports (project_id, kind, target);
+CREATE FUNCTION imports_follow_task() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM imports WHERE project_id = OLD.project_id AND kind = 'task' AND target = OLD.id;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER imports_follow_task AFTER DELETE ON tasks FOR EACH ROW EXECUTE FUNCTION imports_follow_task();
+CREATE FUNCTION imports_follow_secret() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM imports WHERE project_id = OLD.project_id AND kind = 'secret' AND target = OLD.name;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER imports_follow_secret AFTER DELETE ON secrets FOR EACH ROW EXECUTE FUNCTION imports_follow_secret();
+
+CREATE TABLE node_boots (
+    project_id text COLLATE "C" NOT NULL,
+    node_id text COLLATE "C" NOT NULL,
+    boot_id text NOT NULL,
+    booted_at_ms bigint NOT NULL,
+    PRIMARY KEY (project_id, node_id)
+);
+CREATE TABLE boot_fires (
+    project_id text COLLATE "C" NOT NULL,
+    trigger_id text COLLATE "C" NOT NULL,
+    node_id text COLLATE "C" NOT NULL,
+    boot_id text NOT NULL,
+    due_ms bigint NOT NULL,
+    PRIMARY KEY (project_id, node_id, trigger_id),
+    FOREIGN KEY (project_id, trigger_id) REFERENCES triggers (project_id, id) ON DELETE CASCADE
+);
+CREATE INDEX boot_fires_trigger_idx ON boot_fires (project_id, trigger_id);
+ALTER TABLE runs ADD COLUMN for_node text COLLATE "C";
+-- The reaper also finds a node's own queued runs it never took: any run with a lease.
+DROP INDEX runs_leased_idx;
+CREATE INDEX runs_leased_idx ON runs (lease_until) WHERE status IN ('queued', 'running') AND lease_until IS NOT NULL;
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2)
 
 SQL_VERSION_TABLE = (
     "CREATE TABLE IF NOT EXISTS qledge_schema (version integer PRIMARY KEY, applied_at timestamptz NOT NULL)"

@@ -15,6 +15,7 @@ import msgspec
 
 from edge.core.auth import AuditRecord, Credential, SecretInfo
 from edge.core.errors import ToolError, conflict, unavailable
+from edge.core.tasks import SecretImport
 from edge.storage.postgres.db import PgDatabase, Row, Tx
 
 _perm_encoder = msgspec.json.Encoder()
@@ -91,6 +92,20 @@ async def _list_secrets(tx: Tx, project: str) -> list[SecretInfo]:
         "SELECT name, created_at_ms, updated_at_ms FROM secrets WHERE project_id = %s ORDER BY name", (project,))]
 
 
+async def _import_secret(tx: Tx, project: str, key: str, name: str, value: str, now: int) -> SecretImport:
+    # The record first: a second node importing the same key waits on its primary key.
+    if not await tx.execute(
+            "INSERT INTO imports (project_id, key, kind, target, created_at_ms) VALUES (%s, %s, 'secret', %s, %s)"
+            " ON CONFLICT DO NOTHING", (project, key, name, now)):
+        return "exists"
+    if not await tx.execute(
+            "INSERT INTO secrets (project_id, name, value, created_at_ms, updated_at_ms) VALUES (%s, %s, %s, %s, %s)"
+            " ON CONFLICT DO NOTHING", (project, name, value, now, now)):
+        await tx.execute("DELETE FROM imports WHERE project_id = %s AND key = %s", (project, key))
+        return "taken"  # an import never replaces a value
+    return "created"
+
+
 async def _delete_secret(tx: Tx, project: str, name: str) -> bool:
     return await tx.execute("DELETE FROM secrets WHERE project_id = %s AND name = %s", (project, name)) > 0
 
@@ -110,6 +125,9 @@ class PgSecretStore:
 
     async def set(self, project: str, name: str, value: str, now_ms: int) -> SecretInfo:
         return await self._db.tx(_set_secret, project, name, value, now_ms)
+
+    async def import_secret(self, project: str, key: str, name: str, value: str, now_ms: int) -> SecretImport:
+        return await self._db.tx(_import_secret, project, key, name, value, now_ms)
 
     async def for_project(self, project: str) -> list[SecretInfo]:
         return await self._db.tx(_list_secrets, project)
