@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import msgspec
@@ -10,7 +11,7 @@ from edge.core.errors import conflict
 from edge.core.text import Millis, ReadId
 
 RunStatus = Literal["queued", "running", "succeeded", "failed", "cancelled", "timed_out", "lost"]
-Origin = Literal["scheduled", "manual", "fire_once", "agent"]
+Origin = Literal["scheduled", "manual", "fire_once", "agent", "retry"]
 ActorType = Literal["user", "scheduler", "runner", "system"]
 
 ACTIVE: frozenset[str] = frozenset({"queued", "running"})
@@ -49,6 +50,9 @@ class Run(msgspec.Struct, rename="camel"):
     idempotency_key: str | None = None
     jitter_ms: int | None = None
     log_dropped_at_ms: int | None = None  # the log quota removed the log (log_bytes is what it had)
+    retry_of: str | None = None  # the run this one retries (origin `retry`)
+    attempt: int = 1  # 1 for a first run, n + 1 for the n-th retry
+    retry_due_at_ms: int | None = None  # this run failed and its retry is admitted then
 
     @property
     def terminal(self) -> bool:
@@ -91,6 +95,35 @@ class RunEvent(msgspec.Struct, rename="camel"):
     actor_type: ActorType
     created_at_ms: int
     detail: str | None = None
+
+
+# A retry runs again what failed or timed out; a run that never got to start for want of
+# its task, or that someone cancelled, or that a dead daemon lost, is not retried.
+RETRIED: frozenset[str] = frozenset({"failed", "timed_out"})
+NOT_RETRIED_CODES: frozenset[str] = frozenset({"task_missing"})
+
+
+def retry_delay_ms(delay_s: float, backoff: float, max_delay_s: float | None, attempt: int) -> int:
+    """How long after run `attempt` ended its retry is due: delay_s * backoff**(attempt-1),
+    at most max_delay_s."""
+    delay = delay_s * backoff ** max(0, min(attempt - 1, 64))
+    if max_delay_s is not None:
+        delay = min(delay, max_delay_s)
+    return int(min(delay, 86_400.0) * 1000)
+
+
+def _ignore(*_: object) -> None:
+    return None
+
+
+class Followers:
+    """Who hears, once its transaction has committed, what a write set in motion: a retry
+    falling due (the scheduler arms it) and notifications queued (the notifier wakes).
+    Composition fills it in; the stores call it. Callbacks never raise into the store."""
+
+    def __init__(self) -> None:
+        self.retry: Callable[[str, int], None] = _ignore  # (run id, due at ms)
+        self.notify: Callable[[], None] = _ignore
 
 
 def check_transition(current: str, target: str) -> None:

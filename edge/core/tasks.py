@@ -39,6 +39,65 @@ class SecretRef(msgspec.Struct, forbid_unknown_fields=True):
 
 EnvValue = Annotated[str, msgspec.Meta(max_length=16384, pattern=r"^[^\x00]*$")] | SecretRef
 
+MAX_RETRIES = 10
+MAX_RETRY_DELAY_S = 86_400  # a day: a retry further off is a new schedule, not a retry
+
+
+class RetryPolicy(msgspec.Struct, rename="camel", forbid_unknown_fields=True, omit_defaults=True):
+    """A failed or timed-out run is run again, up to `count` times: the n-th retry
+    `delay_s * backoff**(n-1)` seconds after the run it retries ended, at most `max_delay_s`."""
+
+    count: Annotated[int, msgspec.Meta(ge=1, le=MAX_RETRIES)]
+    delay_s: Annotated[float, msgspec.Meta(ge=0, le=MAX_RETRY_DELAY_S)] = 60.0
+    backoff: Annotated[float, msgspec.Meta(ge=1, le=10)] = 1.0
+    max_delay_s: Annotated[float, msgspec.Meta(ge=0, le=MAX_RETRY_DELAY_S)] | None = None
+
+
+# What a notification rule reacts to: `failure` (a failed or timed-out run that is not
+# retried), `recovery` (the first success after a failure), `success`, `lost` (the daemon
+# stopped while the run was active), `skipped` (a fire or retry that did not become a run),
+# `every` (every run that ends).
+NotifyEvent = Literal["failure", "recovery", "success", "lost", "skipped", "every"]
+DEFAULT_NOTIFY_ON: tuple[NotifyEvent, ...] = ("failure", "recovery")
+
+
+class NotifyRule(msgspec.Struct, rename="camel", forbid_unknown_fields=True, omit_defaults=True):
+    """Send a message to each of `channels` when one of `on` happens."""
+
+    channels: Annotated[list[Name], msgspec.Meta(min_length=1, max_length=16)]
+    on: Annotated[list[NotifyEvent], msgspec.Meta(min_length=1, max_length=6)] = msgspec.field(
+        default_factory=lambda: list(DEFAULT_NOTIFY_ON))
+
+
+# The most telling event first: a channel two rules name gets one message, labelled so.
+_NOTICE_ORDER: tuple[NotifyEvent, ...] = ("recovery", "failure", "lost", "skipped", "success", "every")
+
+
+def run_notices(status: str, retrying: bool, was_failing: bool) -> frozenset[NotifyEvent]:
+    """What the end of a run is, for notification rules: a failure only when no retry
+    follows it; a success after a final failure is also a recovery."""
+    kinds: set[NotifyEvent] = {"every"}
+    if status == "succeeded":
+        kinds.add("success")
+        if was_failing:
+            kinds.add("recovery")
+    elif status in ("failed", "timed_out") and not retrying:
+        kinds.add("failure")
+    elif status == "lost":
+        kinds.add("lost")
+    return frozenset(kinds)
+
+
+def notice_targets(rules: list[NotifyRule], kinds: frozenset[NotifyEvent] | set[NotifyEvent]) -> dict[str, str]:
+    """Channel → the event its one message is about (`finished` when only `every` matched)."""
+    chosen: dict[str, int] = {}
+    for rule in rules:
+        matched = [i for i, kind in enumerate(_NOTICE_ORDER) if kind in kinds and kind in rule.on]
+        if matched:
+            for channel in rule.channels:
+                chosen[channel] = min(chosen.get(channel, len(_NOTICE_ORDER)), matched[0])
+    return {ch: "finished" if _NOTICE_ORDER[i] == "every" else _NOTICE_ORDER[i] for ch, i in chosen.items()}
+
 
 class TaskSpec(msgspec.Struct, rename="camel", forbid_unknown_fields=True, omit_defaults=True):
     command: Command
@@ -47,6 +106,9 @@ class TaskSpec(msgspec.Struct, rename="camel", forbid_unknown_fields=True, omit_
     timeout_ms: Annotated[int, msgspec.Meta(ge=1000, le=MAX_TIMEOUT_MS)] = DEFAULT_TIMEOUT_MS
     overlap: Overlap = "forbid"
     log_cap_bytes: Annotated[int, msgspec.Meta(ge=4096, le=1 << 30)] | None = None
+    retry: RetryPolicy | None = None
+    # None: the project's default rules; []: no notifications for this task.
+    notify: Annotated[list[NotifyRule], msgspec.Meta(max_length=8)] | None = None
 
 
 class Task(msgspec.Struct, rename="camel"):

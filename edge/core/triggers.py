@@ -68,6 +68,7 @@ class Admission(msgspec.Struct):
     cursor: int | None = None  # the trigger's next fire; None: not armed any more
     gone: bool = False  # the trigger was deleted
     retry: bool = False  # could not be planned (zone data missing): try again later
+    notified: int = 0  # notifications queued for fires that did not run
 
 
 class ManualAdmission(msgspec.Struct, frozen=True):

@@ -35,6 +35,7 @@ MAX_SLEEP_S = 60.0
 RETRY_MS = 60_000  # storage unavailable or zone data missing: try that trigger again later
 SAVE_EVERY_MS = 3_600_000  # idle: persist the clock mark hourly (admissions persist it anyway)
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"  # the kernel's id of this boot
+RETRY_KEY = "retry:"  # heap entries of pending retries: no trigger id contains a colon
 
 
 def read_boot_id(path: str) -> str | None:
@@ -187,7 +188,11 @@ class Scheduler:
         now = self._clock.now_ms()
         if self._reload:
             self._reload = False
+            retries = [(due, RETRY_KEY + rid) for due, rid in await self._store.armed_retries(self._project)]
             self._heap = await self._store.armed(self._project)  # sorted by cursor: already a heap
+            if retries:
+                self._heap += retries
+                heapq.heapify(self._heap)
         if now < self._newest:
             if self._held_at is None:
                 log.warning("clock is behind the newest time seen (%s); scheduling holds", _utc(self._newest))
@@ -210,13 +215,21 @@ class Scheduler:
         # A millisecond over, so the timer never ends just before the fire is due.
         return min(MAX_SLEEP_S, (self._heap[0][0] - now) / 1000 + 0.001)
 
-    async def _admit(self, trigger_id: str, now: int) -> None:
+    def retry_due(self, run_id: str, due_ms: int) -> None:
+        """A failed run's retry falls due at `due_ms` (it is in the database already)."""
+        heapq.heappush(self._heap, (due_ms, RETRY_KEY + run_id))
+        self._sleeper.wake()
+
+    async def _admit(self, key: str, now: int) -> None:
         try:
-            admission = await self._store.admit_fires(self._project, trigger_id, now, self._grace_ms, self._rng)
+            if key.startswith(RETRY_KEY):
+                admission = await self._store.admit_retry(self._project, key[len(RETRY_KEY):], now)
+            else:
+                admission = await self._store.admit_fires(self._project, key, now, self._grace_ms, self._rng)
         except ToolError as exc:
-            log.error("admission of trigger %s failed: %s", trigger_id, exc.message)
+            log.error("admission of %s failed: %s", key, exc.message)
             admission = Admission(cursor=now, retry=True)
-        self._apply(trigger_id, admission, now)
+        self._apply(key, admission, now)
 
     def _apply(self, trigger_id: str, admission: Admission, now: int) -> None:
         if admission.gone:
@@ -265,7 +278,8 @@ class Scheduler:
                 f"waiting for sync (wall clock {_utc(self._held_at)} is behind {_utc(self._newest)},"
                 " the newest time seen; scheduling resumes when it catches up)"
             )
-        armed = f"{len(self._heap)} triggers armed"
+        retries = sum(1 for _, key in self._heap if key.startswith(RETRY_KEY))
+        armed = f"{len(self._heap) - retries} triggers armed" + (f", {retries} retries waiting" if retries else "")
         lines["scheduler"] = armed + (f", next fire {_utc(self._heap[0][0])}" if self._heap else "")
         return lines
 

@@ -20,7 +20,7 @@ from edge.core.auth import AuditRecord, Credential, SecretInfo
 from edge.core.tasks import ImportedTask, ImportRecord, ImportTask, SecretImport
 from edge.core.reads import Counts, OutcomeRow, RunEventSummary, RunSummary, TaskDetail, TaskHead, TriggerHead
 from edge.core.runs import ActorType, Run, RunCursor, RunEvent, RunProcess, RunStatus, RunUpdate
-from edge.core.tasks import Task, TaskSpec
+from edge.core.tasks import NotifyRule, Task, TaskSpec
 from edge.core.triggers import Admission, CronSpec, ManualAdmission, Trigger, TriggerEvent
 
 # -- tasks, runs, triggers ----------------------------------------------------------
@@ -192,6 +192,19 @@ class RunAdmission(Protocol):
         for that node to run (the other nodes neither see nor claim it)."""
         ...
 
+    async def armed_retries(self, project: str) -> list[tuple[int, str]]:
+        """(due_at_ms, run_id) of every failed run whose retry is pending, by time."""
+        ...
+
+    async def admit_retry(self, project: str, run_id: str, now_ms: int) -> Admission:
+        """Admit the retry of `run_id` once it is due, under the task's overlap policy and
+        the queue bound: a run with origin `retry`, `retry_of` the failed run, `attempt`
+        one more, key `retry:<run id>`; or, refused, a trigger event (when the run had a
+        trigger) and a `run.retry_skipped` event on the failed run. Either way the pending
+        retry is cleared. Not due yet: nothing changes and `cursor` says when. No pending
+        retry (retention removed the run, or it was admitted): `gone`."""
+        ...
+
     async def admit_manual(self, task: Task, actor: ActorType, now_ms: int) -> ManualAdmission:
         """Admit a manual run of `task`'s revision. Raises not_found, conflict (the task is
         disabled, or `forbid` and a run is active) or resource_exhausted (the queue is full)."""
@@ -207,6 +220,151 @@ class RunAdmission(Protocol):
 
     async def save_time(self, now_ms: int) -> None:
         """Raise the clock mark to `now_ms` (never lowers it)."""
+        ...
+
+
+# -- notifications ------------------------------------------------------------------
+
+
+class ChannelRow(msgspec.Struct, rename="camel"):
+    """A notification channel as stored: its spec is JSON that names secrets, never holds them."""
+
+    name: str
+    kind: str
+    spec: str
+    created_at_ms: int
+    updated_at_ms: int
+
+
+class PendingNotice(msgspec.Struct, kw_only=True):
+    """A queued message due for delivery, with what it is about and its channel (kind and
+    spec None: the channel was deleted since)."""
+
+    id: int
+    channel: str
+    event: str  # failure, recovery, success, lost, skipped, finished, test, summary
+    task_id: str | None
+    task_name: str | None
+    run_id: str | None
+    status: str | None
+    exit_code: int | None
+    duration_ms: int | None
+    detail: str | None  # an error summary, a skip reason, or a summary's lines
+    count: int  # events coalesced into this message
+    first_at_ms: int
+    created_at_ms: int
+    attempts: int
+    kind: str | None
+    spec: str | None
+
+
+class NoticeOutcome(msgspec.Struct, frozen=True):
+    """One delivery attempt: ok; or failed, with `retry_at_ms` when it is tried again."""
+
+    id: int
+    ok: bool
+    detail: str | None
+    elapsed_ms: int
+    retry_at_ms: int | None = None
+
+
+class NoticeAttempt(msgspec.Struct, rename="camel"):
+    at_ms: int
+    ok: bool
+    detail: str | None
+    elapsed_ms: int | None
+
+
+class NoticeRecord(msgspec.Struct, rename="camel"):
+    """A message of the delivery log: `state` pending, sent, failed (gave up), dropped (no
+    such channel) or merged (into the summary `merged_into`)."""
+
+    id: int
+    channel: str
+    event: str
+    task_id: str | None
+    run_id: str | None
+    status: str | None
+    count: int
+    state: str
+    attempts: int
+    created_at_ms: int
+    done_at_ms: int | None
+    last_error: str | None
+    merged_into: int | None
+    tries: list[NoticeAttempt]
+
+
+class ChannelHealth(msgspec.Struct, rename="camel"):
+    """A channel's recent attempts: how many failed in a row (0: the last one went through)."""
+
+    channel: str
+    failures: int
+    last_error: str | None
+    failing_since_ms: int | None
+    last_ok_at_ms: int | None
+
+
+class NotifyStore(Protocol):
+    """Channels, the project's default rules and the delivery queue. Messages are queued by
+    the writes that finish runs and admit fires (RunStore.transition, RunAdmission), in
+    their transactions; this port is the notifier's and the notify tools' side."""
+
+    async def set_channel(self, project: str, name: str, kind: str, spec: str, now_ms: int,
+                          create_only: bool = False) -> tuple[ChannelRow, str]:
+        """Create or replace a channel; returns it and `created`, `updated` or (create_only
+        and it exists: nothing changed) `exists`."""
+        ...
+
+    async def channels(self, project: str) -> list[ChannelRow]:
+        """Every channel, by name."""
+        ...
+
+    async def delete_channel(self, project: str, name: str) -> bool:
+        """False when there was none. Its queued messages fail when their turn comes."""
+        ...
+
+    async def rules(self, project: str) -> list[NotifyRule] | None:
+        """The project's default rules (for tasks without their own); None when never set."""
+        ...
+
+    async def set_rules(self, project: str, rules: list[NotifyRule] | None, now_ms: int) -> None:
+        """Replace the default rules (None: none)."""
+        ...
+
+    async def enqueue_test(self, project: str, channel: str, now_ms: int) -> int:
+        """Queue a test message to `channel`, due now; its id. Raises not_found."""
+        ...
+
+    async def due(self, project: str, now_ms: int, limit: int) -> list[PendingNotice]:
+        """Pending messages due at `now_ms`, oldest due first."""
+        ...
+
+    async def next_due(self, project: str) -> int | None:
+        """When the earliest pending message is due; None when none is pending."""
+        ...
+
+    async def record(self, project: str, outcomes: list[NoticeOutcome], now_ms: int) -> None:
+        """Record attempts in one transaction: each one's row in the attempts log, and its
+        message sent, pending again (`retry_at_ms`) or failed; trims old rows, bounded."""
+        ...
+
+    async def merge(self, project: str, ids: list[int], channel: str, detail: str, count: int,
+                    now_ms: int) -> int:
+        """Replace pending messages by one summary (due now, `detail` its lines, `count` the
+        events it stands for); the others become `merged`. Returns the summary's id."""
+        ...
+
+    async def log(self, project: str, before_id: int | None, limit: int) -> list[NoticeRecord]:
+        """Messages with id < before_id, newest first, each with its latest attempts."""
+        ...
+
+    async def health(self, project: str) -> list[ChannelHealth]:
+        """Per channel with attempts on record: its failures in a row and the last error."""
+        ...
+
+    async def recent_attempts(self, project: str, since_ms: int) -> list[tuple[str, int]]:
+        """(channel, at_ms) of the attempts since `since_ms` (to rebuild rate windows)."""
         ...
 
 

@@ -312,6 +312,12 @@ class PgAdmission:
     async def admit_manual(self, task: Task, actor: ActorType, now_ms: int) -> ManualAdmission:
         return await self._db.tx(_admit_manual, task, actor, now_ms, self._bound)
 
+    async def armed_retries(self, project: str) -> list[tuple[int, str]]:
+        return []  # retries are a single-node feature: a cluster never schedules one
+
+    async def admit_retry(self, project: str, run_id: str, now_ms: int) -> Admission:
+        return Admission(gone=True)
+
     async def arm_boot(self, project: str, boot_id: str, at_ms: int) -> int:
         """Per node: the boot on record is this node's, and so are the fires it arms."""
         return await self._db.tx(_arm_boot, project, self._node, boot_id, at_ms)

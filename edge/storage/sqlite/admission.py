@@ -10,10 +10,11 @@ import apsw
 
 from edge.core.errors import ToolError, conflict, not_found
 from edge.core.ids import uuid7
-from edge.core.runs import ActorType, Run
+from edge.core.runs import ActorType, Followers, Run
 from edge.core.schedule import ONCE, REBOOT, ScheduleError, plan
 from edge.core.tasks import Task
 from edge.core.triggers import Admission, ManualAdmission, Trigger
+from edge.storage.sqlite import notify
 from edge.storage.sqlite import runs as run_sql
 from edge.storage.sqlite import triggers as trigger_sql
 from edge.storage.sqlite.db import Database, immediate, one
@@ -46,8 +47,17 @@ SQL_SAVE_TIME = (
 )
 
 
+SQL_ARMED_RETRIES = (
+    "SELECT retry_due_at_ms, id FROM runs WHERE project_id = ? AND retry_due_at_ms IS NOT NULL ORDER BY retry_due_at_ms"
+)
+
+
 def armed(conn: apsw.Connection, project: str) -> list[tuple[int, str]]:
     return [(nxt, tid) for nxt, tid in conn.execute(SQL_ARMED, (project,))]
+
+
+def armed_retries(conn: apsw.Connection, project: str) -> list[tuple[int, str]]:
+    return [(due, rid) for due, rid in conn.execute(SQL_ARMED_RETRIES, (project,))]
 
 
 def newest_time(conn: apsw.Connection, project: str) -> int:
@@ -134,9 +144,11 @@ def _admit_event(
     reason = "task_disabled" if not enabled else _gate(conn, project, trig.task_id, overlap, capacity, replacing)[0]
     admitted: list[Run] = []
     last_admitted = trig.last_scheduled_at_ms
+    notified = 0
     if reason is not None:
         kind = "refused" if reason == "queue_full" else "skipped"
-        trigger_sql.record_event(conn, project, trig.id, kind, reason, now, now, 1, now, last_admitted)
+        if trigger_sql.record_event(conn, project, trig.id, kind, reason, now, now, 1, now, last_admitted):
+            notified = notify.queue_skip(conn, project, trig.task_id, trig.task_revision, reason, now)
     elif conn.execute(SQL_BY_KEY, (key,)).fetchone() is None:
         jitter = int(rng() * trig.spec.jitter_s * 1000) if trig.spec.jitter_s else None
         admitted.append(run_sql.insert(conn, _scheduled_run(trig, now, "scheduled", now, jitter, key), "scheduler"))
@@ -147,7 +159,7 @@ def _admit_event(
         assert current is not None
         trigger_sql.disable_fired(conn, current, now)
     save_time(conn, now)
-    return Admission(runs=admitted, cancel=replacing, cursor=None)
+    return Admission(runs=admitted, cancel=replacing, cursor=None, notified=notified)
 
 
 def admit_fires(
@@ -178,10 +190,12 @@ def admit_fires(
                 conn.execute(SQL_MOVE_CURSOR, (todo.cursor, trig.last_scheduled_at_ms, project, trig.id))
             return Admission(cursor=todo.cursor)  # nothing due yet
         last_admitted = trig.last_scheduled_at_ms
+        notified = 0
         if todo.missed is not None:
             m = todo.missed
-            trigger_sql.record_event(conn, project, trig.id, "skipped", "misfire", m.first_ms, m.last_ms, m.fires,
-                                     now, last_admitted)
+            if trigger_sql.record_event(conn, project, trig.id, "skipped", "misfire", m.first_ms, m.last_ms, m.fires,
+                                        now, last_admitted):
+                notified += notify.queue_skip(conn, project, trig.task_id, trig.task_revision, "misfire", now)
         enabled, overlap = one(conn, SQL_PINNED_TASK, (project, trig.task_id, trig.task_revision))
         admitted: list[Run] = []
         replacing: list[str] = []
@@ -190,7 +204,8 @@ def admit_fires(
                 conn, project, trig.task_id, overlap, capacity, replacing)[0]
             if reason is not None:
                 kind = "refused" if reason == "queue_full" else "skipped"
-                trigger_sql.record_event(conn, project, trig.id, kind, reason, fire, fire, 1, now, last_admitted)
+                if trigger_sql.record_event(conn, project, trig.id, kind, reason, fire, fire, 1, now, last_admitted):
+                    notified += notify.queue_skip(conn, project, trig.task_id, trig.task_revision, reason, now)
                 continue
             if conn.execute(SQL_BY_KEY, (f"cron:{trig.id}:{trig.revision}:{fire}",)).fetchone() is not None:
                 continue  # admitted before: the key makes a repeat impossible
@@ -199,7 +214,46 @@ def admit_fires(
             last_admitted = fire
         conn.execute(SQL_MOVE_CURSOR, (todo.cursor, last_admitted, project, trig.id))
         save_time(conn, now)
-    return Admission(runs=admitted, cancel=replacing, cursor=todo.cursor)
+    return Admission(runs=admitted, cancel=replacing, cursor=todo.cursor, notified=notified)
+
+
+def admit_retry(conn: apsw.Connection, project: str, run_id: str, now: int, capacity: int) -> Admission:
+    """The retry of a failed run, once due: a new run under the same gates as any fire, or
+    the refusal on record (a trigger event when the run came from a trigger, and an event
+    on the failed run). The pending retry is cleared either way."""
+    with immediate(conn):
+        failed = run_sql.get(conn, project, run_id)
+        if failed is None or failed.retry_due_at_ms is None:
+            return Admission(gone=True)
+        if now < failed.retry_due_at_ms:
+            return Admission(cursor=failed.retry_due_at_ms)
+        conn.execute("UPDATE runs SET retry_due_at_ms = NULL WHERE id = ?", (run_id,))
+        pinned = conn.execute(SQL_PINNED_TASK, (project, failed.task_id, failed.task_revision)).fetchone()
+        replacing: list[str] = []
+        if pinned is None:
+            reason: str | None = "task_disabled"
+        elif not pinned[0]:
+            reason = "task_disabled"
+        else:
+            reason = _gate(conn, project, failed.task_id, pinned[1], capacity, replacing)[0]
+        key = f"retry:{failed.id}"
+        if reason is not None:
+            kind = "refused" if reason == "queue_full" else "skipped"
+            if failed.trigger_id is not None and trigger_sql.get(conn, project, failed.trigger_id) is not None:
+                trigger_sql.record_event(conn, project, failed.trigger_id, kind, reason, now, now, 1, now, None)
+            run_sql.append_event(conn, failed.id, f"run.retry_{kind}", "scheduler", now, reason)
+            notified = notify.queue_skip(conn, project, failed.task_id, failed.task_revision, reason, now)
+            return Admission(cursor=None, notified=notified)
+        if conn.execute(SQL_BY_KEY, (key,)).fetchone() is not None:
+            return Admission(cursor=None)  # admitted before
+        retry = Run(
+            id=uuid7(now), project_id=project, task_id=failed.task_id, task_revision=failed.task_revision,
+            origin="retry", status="queued", version=1, event_seq=1, created_at_ms=now, queued_at_ms=now,
+            trigger_id=failed.trigger_id, trigger_revision=failed.trigger_revision, scheduled_for_ms=now,
+            idempotency_key=key, retry_of=failed.id, attempt=failed.attempt + 1,
+        )
+        admitted = run_sql.insert(conn, retry, "scheduler")
+    return Admission(runs=[admitted], cancel=replacing, cursor=None)
 
 
 def admit_manual(conn: apsw.Connection, task: Task, actor: ActorType, now: int, capacity: int) -> ManualAdmission:
@@ -228,9 +282,10 @@ class SqliteAdmission:
     """RunAdmission on the daemon's database. `capacity`: how many runs may be queued or
     running at once, the runner's slots plus its queue."""
 
-    def __init__(self, db: Database, capacity: int) -> None:
+    def __init__(self, db: Database, capacity: int, followers: Followers | None = None) -> None:
         self._db = db
         self._capacity = capacity
+        self._followers = followers or Followers()
 
     def set_capacity(self, capacity: int) -> None:
         self._capacity = capacity
@@ -241,7 +296,19 @@ class SqliteAdmission:
     async def admit_fires(
         self, project: str, trigger_id: str, now_ms: int, grace_ms: int, rng: Callable[[], float]
     ) -> Admission:
-        return await self._db.run(admit_fires, project, trigger_id, now_ms, grace_ms, self._capacity, rng)
+        return self._followed(await self._db.run(admit_fires, project, trigger_id, now_ms, grace_ms, self._capacity,
+                                                 rng))
+
+    async def armed_retries(self, project: str) -> list[tuple[int, str]]:
+        return await self._db.run(armed_retries, project)
+
+    async def admit_retry(self, project: str, run_id: str, now_ms: int) -> Admission:
+        return self._followed(await self._db.run(admit_retry, project, run_id, now_ms, self._capacity))
+
+    def _followed(self, admission: Admission) -> Admission:
+        if admission.notified:
+            self._followers.notify()
+        return admission
 
     async def admit_manual(self, task: Task, actor: ActorType, now_ms: int) -> ManualAdmission:
         return await self._db.run(admit_manual, task, actor, now_ms, self._capacity)

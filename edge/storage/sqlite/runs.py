@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import apsw
+import msgspec
 
 from edge.core.errors import conflict, not_found
 from edge.core.ports.stores import RunLogFiles
 from edge.core.runs import (
+    NOT_RETRIED_CODES,
+    RETRIED,
     TERMINAL,
     ActorType,
+    Followers,
     Run,
     RunCursor,
     RunEvent,
@@ -17,15 +21,17 @@ from edge.core.runs import (
     RunUpdate,
     check_transition,
     event_type,
+    retry_delay_ms,
 )
-from edge.storage.sqlite import retention
-from edge.storage.sqlite.db import Database, immediate
+from edge.core.tasks import RetryPolicy
+from edge.storage.sqlite import notify, retention
+from edge.storage.sqlite.db import Database, immediate, one
 
 COLUMNS = (
     "id, project_id, task_id, task_revision, origin, status, version, event_seq, created_at_ms,"
     " trigger_id, trigger_revision, queued_at_ms, started_at_ms, finished_at_ms, scheduled_for_ms,"
     " exit_code, error_code, error_summary, log_bytes, log_truncated, idempotency_key, jitter_ms,"
-    " log_dropped_at_ms"
+    " log_dropped_at_ms, retry_of, attempt, retry_due_at_ms"
 )
 _FIELDS = [c.strip() for c in COLUMNS.split(",")]
 
@@ -53,6 +59,7 @@ _BEFORE_EVERY_RUN = RunCursor(1 << 62, "\U0010ffff")  # ahead of every real (cre
 def _run(row: tuple) -> Run:
     values = dict(zip(_FIELDS, row, strict=True))
     values["log_truncated"] = bool(values["log_truncated"])
+    values["attempt"] = values["attempt"] or 1
     return Run(**values)
 
 
@@ -75,6 +82,7 @@ def insert(conn: apsw.Connection, run: Run, actor: ActorType) -> Run:
     values = [getattr(run, f) for f in _FIELDS]
     values[_FIELDS.index("event_seq")] = 1
     values[_FIELDS.index("log_truncated")] = int(run.log_truncated)
+    values[_FIELDS.index("attempt")] = run.attempt if run.attempt != 1 else None
     try:
         conn.execute(f"INSERT INTO runs ({COLUMNS}) VALUES ({', '.join('?' * len(_FIELDS))})", values)
     except apsw.ConstraintError:
@@ -90,19 +98,55 @@ def _create(conn: apsw.Connection, run: Run, actor: ActorType) -> Run:
         return insert(conn, run, actor)
 
 
+_retry_policy = msgspec.json.Decoder(RetryPolicy)
+SQL_RETRY_POLICY = (
+    "SELECT json_extract(spec, '$.retry') FROM task_revisions WHERE project_id = ? AND task_id = ? AND revision = ?"
+)
+
+
+def append_event(conn: apsw.Connection, run_id: str, kind: str, actor: ActorType, now: int, detail: str | None) -> None:
+    """An event on a run without a status change (a retry scheduled or refused)."""
+    (seq,) = one(conn, "UPDATE runs SET event_seq = event_seq + 1 WHERE id = ? RETURNING event_seq", (run_id,))
+    _append_event(conn, run_id, seq, kind, actor, now, detail)
+
+
+def _schedule_retry(conn: apsw.Connection, run: Run, now: int) -> Run:
+    """A failed or timed-out run whose task asks for retries, and has some left, gets its
+    retry's due time (the scheduler admits it then, also after a restart)."""
+    if run.status not in RETRIED or run.error_code in NOT_RETRIED_CODES:
+        return run
+    row = conn.execute(SQL_RETRY_POLICY, (run.project_id, run.task_id, run.task_revision)).fetchone()
+    if row is None or row[0] is None:
+        return run
+    policy = _retry_policy.decode(row[0])
+    if run.attempt > policy.count:
+        return run
+    due = now + retry_delay_ms(policy.delay_s, policy.backoff, policy.max_delay_s, run.attempt)
+    conn.execute("UPDATE runs SET retry_due_at_ms = ? WHERE id = ?", (due, run.id))
+    append_event(conn, run.id, "run.retry_scheduled", "system", now, f"retry {run.attempt} of {policy.count}")
+    updated = get(conn, run.project_id, run.id)
+    assert updated is not None
+    return updated
+
+
 def transition(
     conn: apsw.Connection, run_id: str, expected_version: int, status: RunStatus, now: int,
     actor: ActorType, update: RunUpdate, detail: str | None, policy: retention.Policy,
-) -> tuple[Run, list[str]]:
+) -> tuple[Run, list[str], int]:
     """Compare-and-set on `version`; the event is appended in the same transaction. A run
-    that finishes also applies retention in it. Returns the run and the ids of the runs
-    whose logs must go once this has committed."""
+    that finishes also, in it: gets its retry's due time when its task retries it, queues
+    the notifications its rules ask for, and applies retention. Returns the run, the ids
+    of the runs whose logs must go once this has committed, and how many notifications
+    were queued."""
     removed: list[str] = []
+    queued = 0
     with immediate(conn):
         run = apply_transition(conn, run_id, expected_version, status, now, actor, update, detail)
         if status in TERMINAL:
+            run = _schedule_retry(conn, run, now)
+            queued = notify.queue_run(conn, run, now, run.retry_due_at_ms is not None)
             removed = retention.enforce(conn, run.project_id, run.task_id, now, policy)
-    return run, removed
+    return run, removed, queued
 
 
 def apply_transition(
@@ -160,10 +204,12 @@ class SqliteRunStore:
     through it applies `policy`, and the logs of the runs retention removed go after the
     commit."""
 
-    def __init__(self, db: Database, policy: retention.Policy, logs: RunLogFiles) -> None:
+    def __init__(self, db: Database, policy: retention.Policy, logs: RunLogFiles,
+                 followers: Followers | None = None) -> None:
         self._db = db
         self._policy = policy
         self._logs = logs
+        self._followers = followers or Followers()
 
     async def create(self, run: Run, actor: ActorType) -> Run:
         return await self._db.run(_create, run, actor)
@@ -172,9 +218,13 @@ class SqliteRunStore:
         self, run_id: str, expected_version: int, status: RunStatus, now_ms: int,
         actor: ActorType, update: RunUpdate, detail: str | None = None,
     ) -> Run:
-        run, removed = await self._db.run(
+        run, removed, queued = await self._db.run(
             transition, run_id, expected_version, status, now_ms, actor, update, detail, self._policy)
         self._logs.remove(removed)
+        if run.retry_due_at_ms is not None and run.terminal:
+            self._followers.retry(run.id, run.retry_due_at_ms)
+        if queued:
+            self._followers.notify()
         return run
 
     async def get(self, project: str, run_id: str) -> Run | None:

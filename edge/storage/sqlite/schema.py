@@ -226,7 +226,72 @@ CREATE TRIGGER imports_follow_secret_delete AFTER DELETE ON secrets BEGIN
 END;
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)
+# Retries and notifications. A failed run whose retry is pending carries its due time (a
+# small partial index: the scheduler reads it at start); a retry names the run it retries.
+# `tasks.failing`: the task's last final outcome was a failure, so its next success is a
+# recovery. Channels (their spec JSON names secrets, never holds them), the project's
+# default rules, the delivery queue (one row per message, coalesced while untried) and
+# every attempt's outcome. Queue rows and attempts are trimmed on write.
+_V6 = """
+ALTER TABLE runs ADD COLUMN retry_of TEXT;
+ALTER TABLE runs ADD COLUMN attempt INTEGER;
+ALTER TABLE runs ADD COLUMN retry_due_at_ms INTEGER;
+CREATE INDEX runs_retry_due_idx ON runs (project_id, retry_due_at_ms) WHERE retry_due_at_ms IS NOT NULL;
+ALTER TABLE tasks ADD COLUMN failing INTEGER NOT NULL DEFAULT 0;
+CREATE TABLE notify_channels (
+    project_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    spec TEXT NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    updated_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (project_id, name)
+) STRICT, WITHOUT ROWID;
+CREATE TABLE notify_rules (
+    project_id TEXT PRIMARY KEY,
+    rules TEXT NOT NULL,
+    updated_at_ms INTEGER NOT NULL
+) STRICT, WITHOUT ROWID;
+CREATE TABLE notifications (
+    id INTEGER PRIMARY KEY,
+    project_id TEXT NOT NULL,
+    channel TEXT NOT NULL,
+    event TEXT NOT NULL,
+    task_id TEXT,
+    run_id TEXT,
+    status TEXT,
+    exit_code INTEGER,
+    duration_ms INTEGER,
+    detail TEXT,
+    count INTEGER NOT NULL DEFAULT 1,
+    first_at_ms INTEGER NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    due_at_ms INTEGER,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    last_error TEXT,
+    done_at_ms INTEGER,
+    merged_into INTEGER
+) STRICT;
+CREATE INDEX notifications_pending_idx ON notifications (due_at_ms) WHERE state = 'pending';
+CREATE INDEX notifications_join_idx ON notifications (project_id, channel, event, task_id)
+    WHERE state = 'pending' AND attempts = 0;
+CREATE INDEX notifications_project_idx ON notifications (project_id, id);
+CREATE TABLE notify_attempts (
+    id INTEGER PRIMARY KEY,
+    notification_id INTEGER NOT NULL,
+    project_id TEXT NOT NULL,
+    channel TEXT NOT NULL,
+    at_ms INTEGER NOT NULL,
+    ok INTEGER NOT NULL,
+    detail TEXT,
+    elapsed_ms INTEGER
+) STRICT;
+CREATE INDEX notify_attempts_channel_idx ON notify_attempts (project_id, channel, id);
+CREATE INDEX notify_attempts_notification_idx ON notify_attempts (notification_id);
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
 
 
 def migrate(conn: apsw.Connection) -> int:

@@ -251,24 +251,26 @@ def delete(conn: apsw.Connection, project: str, trigger_id: str, expected: int |
 def record_event(
     conn: apsw.Connection, project: str, trigger_id: str, kind: str, reason: str,
     first: int, last: int | None, fires: int | None, now: int, last_admitted: int | None,
-) -> None:
+) -> bool:
     """Record fires that did not run, merged into the newest event when that one has the
     same outcome and no run was admitted since (a disabled task skips quietly, once).
-    Call inside the admission transaction; prunes the trigger's oldest events, bounded."""
+    Call inside the admission transaction; prunes the trigger's oldest events, bounded.
+    True when a new event was recorded (not merged into the newest)."""
     newest = conn.execute(SQL_NEWEST_EVENT, (project, trigger_id)).fetchone()
     if newest and newest[1:3] == (kind, reason) and (last_admitted is None or (newest[3] or 0) > last_admitted):
         if newest[3] is not None and newest[3] >= first:
-            return  # the same fire again (a retry): already on record
+            return False  # the same fire again (a retry): already on record
         count = None if newest[4] is None or fires is None else newest[4] + fires
         conn.execute("UPDATE trigger_events SET fires = ?, last_scheduled_for_ms = ? WHERE id = ?",
                      (count, last, newest[0]))
-        return
+        return False
     conn.execute(
         "INSERT INTO trigger_events (project_id, trigger_id, type, reason, scheduled_for_ms, last_scheduled_for_ms,"
         " fires, created_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
         (project, trigger_id, kind, reason, first, last, fires, now),
     )
     conn.execute(SQL_PRUNE_EVENTS, (project, trigger_id, PRUNE_BATCH, EVENTS_PER_TRIGGER))
+    return True
 
 
 class SqliteTriggerStore:

@@ -1,0 +1,341 @@
+"""Notification channels and messages: what a channel is (one Struct per kind, secrets
+named, never held), what a message says (English and Chinese templates, or the channel's
+own), and the job the sender child is given. Pure: no I/O. Both the daemon (tools,
+notifier) and the sender child (edge.notify.send) load it; it imports nothing heavier
+than msgspec and the core shapes.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from edge.core.tasks import SecretRef
+from edge.core.text import Name
+
+Language = Literal["en", "zh"]
+_Url = Annotated[str, msgspec.Meta(min_length=1, max_length=2048, pattern=r"^https?://[^\s/?#@]+(/[^\s]*)?$")]
+_Proxy = Annotated[str, msgspec.Meta(max_length=512, pattern=r"^http://[^\s/?#@]+/?$")]
+_Path = Annotated[str, msgspec.Meta(min_length=1, max_length=4096, pattern=r"^/[^\x00]*$")]
+_Text = Annotated[str, msgspec.Meta(max_length=256, pattern=r"^[^\x00-\x1f\x7f]*$")]
+_Template = Annotated[str, msgspec.Meta(min_length=1, max_length=4096, pattern=r"^[^\x00]*$")]
+_Header = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")]
+_HeaderValue = Annotated[str, msgspec.Meta(max_length=4096, pattern=r"^[^\x00-\x1f\x7f]*$")]
+_Address = Annotated[str, msgspec.Meta(min_length=3, max_length=320, pattern=r"^[^\s<>@,;]+@[^\s<>@,;]+$")]
+_Host = Annotated[str, msgspec.Meta(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9.:_\[\]-]+$")]
+
+LOG_MAX_BYTES = 1024  # of a run's log in a message, after redaction
+TEXT_MAX_CHARS = 3500  # a message's text: under every channel's limit (Telegram's is 4096)
+
+
+class _Channel(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=True, rename="camel"):
+    """What every channel may set: its language and its own title and text templates
+    (`{task}`, `{status}`, `{log}`, … see FIELDS)."""
+
+    language: Language | None = None  # None: [notify] language
+    title: _Template | None = None
+    text: _Template | None = None
+
+
+class _Http(_Channel, kw_only=True):
+    """An HTTP API: its base URL can be replaced (a self-hosted server, a mirror, a test),
+    requests can go through an HTTP proxy, and TLS is verified against the system's trust
+    store or `ca_file`."""
+
+    base_url: _Url | None = None
+    proxy: _Proxy | None = None
+    ca_file: _Path | None = None
+
+
+class Webhook(_Http, tag="webhook", tag_field="kind"):
+    url: _Url | SecretRef
+    method: Literal["POST", "PUT", "PATCH"] = "POST"
+    headers: Annotated[dict[_Header, _HeaderValue | SecretRef], msgspec.Meta(max_length=32)] = {}
+    body: Any = None  # a JSON template: every string's {field}s filled in; None: every field
+
+
+class Ntfy(_Http, tag="ntfy", tag_field="kind"):
+    topic: Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[-_A-Za-z0-9]+$")] | SecretRef
+    token: SecretRef | None = None  # an access token (Authorization: Bearer)
+    priority: Annotated[int, msgspec.Meta(ge=1, le=5)] | None = None
+    tags: Annotated[list[_Text], msgspec.Meta(max_length=8)] = []
+
+
+class Telegram(_Http, tag="telegram", tag_field="kind"):
+    token: SecretRef  # the bot token
+    chat_id: Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^(-?[0-9]+|@[A-Za-z0-9_]+)$")]
+
+
+class Bark(_Http, tag="bark", tag_field="kind"):
+    device_key: SecretRef  # the key, or the whole push URL qinglong's BARK_PUSH holds
+    group: _Text | None = "qledge"
+    sound: _Text | None = None
+    level: Literal["active", "timeSensitive", "passive", "critical"] | None = None
+    icon: _Url | None = None
+
+
+class WeCom(_Http, tag="wecom", tag_field="kind"):
+    key: SecretRef  # the group bot's webhook key
+
+
+class WeComApp(_Http, tag="wecom_app", tag_field="kind"):
+    corp_id: Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+    corp_secret: SecretRef
+    agent_id: Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]
+    to_user: _Text = "@all"
+
+
+class PushPlus(_Http, tag="pushplus", tag_field="kind"):
+    token: SecretRef
+    topic: _Text | None = None
+    template: Literal["txt", "html", "markdown"] = "txt"
+
+
+class ServerChan(_Http, tag="serverchan", tag_field="kind"):
+    send_key: SecretRef  # SCT… (sctapi.ftqq.com) or sctp<uid>t… (Server酱³)
+
+
+class DingTalk(_Http, tag="dingtalk", tag_field="kind"):
+    access_token: SecretRef
+    sign_secret: SecretRef | None = None  # the bot's "加签" secret (SEC…)
+
+
+class Feishu(_Http, tag="feishu", tag_field="kind"):
+    hook: SecretRef  # the token at the end of the bot's webhook URL
+    sign_secret: SecretRef | None = None
+
+
+class Gotify(_Http, tag="gotify", tag_field="kind"):
+    token: SecretRef  # an application token
+    priority: Annotated[int, msgspec.Meta(ge=0, le=10)] = 5
+
+
+class Smtp(_Channel, tag="smtp", tag_field="kind"):
+    host: _Host
+    to: Annotated[list[_Address], msgspec.Meta(min_length=1, max_length=16)]
+    sender: _Address
+    port: Annotated[int, msgspec.Meta(ge=1, le=65535)] | None = None  # None: 465 (ssl), 587 (starttls), 25
+    security: Literal["ssl", "starttls", "none"] = "ssl"
+    username: _Text | None = None
+    password: SecretRef | None = None
+    ca_file: _Path | None = None
+
+
+ChannelSpec = (Webhook | Ntfy | Telegram | Bark | WeCom | WeComApp | PushPlus | ServerChan | DingTalk | Feishu
+               | Gotify | Smtp)
+KINDS: tuple[str, ...] = tuple(t.__struct_config__.tag for t in ChannelSpec.__args__)  # type: ignore[attr-defined,misc]
+DEFAULT_BASE: dict[str, str] = {
+    "ntfy": "https://ntfy.sh", "telegram": "https://api.telegram.org", "bark": "https://api.day.app",
+    "wecom": "https://qyapi.weixin.qq.com", "wecom_app": "https://qyapi.weixin.qq.com",
+    "pushplus": "https://www.pushplus.plus", "dingtalk": "https://oapi.dingtalk.com",
+    "feishu": "https://open.feishu.cn",
+}
+
+spec_decoder = msgspec.json.Decoder(ChannelSpec)
+spec_encoder = msgspec.json.Encoder(order="deterministic")
+
+
+def secret_names(spec: ChannelSpec) -> list[str]:
+    """Every secret a channel names (to resolve them for the sender, and to check them)."""
+    found: list[str] = []
+    for name in spec.__struct_fields__:
+        value = getattr(spec, name)
+        values = value.values() if isinstance(value, dict) else (value,)
+        found += [v.secret for v in values if isinstance(v, SecretRef)]
+    return sorted(set(found))
+
+
+def problems(spec: ChannelSpec) -> list[str]:
+    """What a decoded spec still gets wrong (one line each)."""
+    found = []
+    if isinstance(spec, Gotify) and spec.base_url is None:
+        found.append("gotify needs baseUrl: the address of your Gotify server")
+    if isinstance(spec, Smtp) and spec.security == "none" and spec.password is not None:
+        found.append("smtp: a password is never sent over security = none")
+    for name in ("title", "text"):
+        template = getattr(spec, name)
+        unknown = sorted({m for m in _PLACEHOLDER.findall(template or "") if m not in FIELDS})
+        if unknown:
+            found.append(f"{name} template: unknown field {{{unknown[0]}}} (fields: {', '.join(FIELDS)})")
+    return found
+
+
+# -- messages -----------------------------------------------------------------------
+
+FIELDS = ("task", "taskId", "event", "status", "exitCode", "duration", "durationMs", "runId", "device", "count",
+          "since", "detail", "log", "title", "text", "channel")
+_PLACEHOLDER = re.compile(r"\{([A-Za-z]+)\}")
+
+_WORDS: dict[str, dict[str, str]] = {
+    "en": {"failure": "failed", "recovery": "recovered", "success": "succeeded", "lost": "was lost",
+           "skipped": "was skipped", "finished": "finished", "test": "test message", "summary": "held back",
+           "failed": "failed", "timed_out": "timed out", "succeeded": "succeeded", "cancelled": "cancelled",
+           "task": "Task", "status": "Status", "exit": "exit", "duration": "Duration", "run": "Run",
+           "device": "Device", "times": "{count} times since {since}", "log": "Last lines of the log:",
+           "nolog": "(no log kept)", "reason": "Reason",
+           "test_text": "A test message from qledge on {device} through channel {channel}. If you can read"
+                        " this, the channel works.",
+           "summary_title": "{count} notifications held back by the rate limit"},
+    "zh": {"failure": "执行失败", "recovery": "已恢复", "success": "执行成功", "lost": "运行中断",
+           "skipped": "被跳过", "finished": "已结束", "test": "测试消息", "summary": "已合并",
+           "failed": "失败", "timed_out": "超时", "succeeded": "成功", "cancelled": "已取消",
+           "task": "任务", "status": "状态", "exit": "退出码", "duration": "耗时", "run": "运行",
+           "device": "设备", "times": "自 {since} 起共 {count} 次", "log": "日志末尾：",
+           "nolog": "（没有保留日志）", "reason": "原因",
+           "test_text": "这是 qledge（{device}）通过渠道 {channel} 发送的测试消息。收到即表示渠道可用。",
+           "summary_title": "{count} 条通知因频率限制合并"},
+}
+
+
+class Facts(msgspec.Struct, kw_only=True):
+    """What one message is about, as the notifier read it."""
+
+    channel: str
+    event: str
+    device: str
+    task: str | None = None
+    task_id: str | None = None
+    run_id: str | None = None
+    status: str | None = None
+    exit_code: int | None = None
+    duration_ms: int | None = None
+    detail: str | None = None
+    count: int = 1
+    first_at_ms: int | None = None
+    log: str | None = None  # the redacted end of the log; None: none kept
+
+
+class Message(msgspec.Struct, kw_only=True):
+    title: str
+    text: str
+    fields: dict[str, str | int | None]
+
+
+def _utc(ms: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms / 1000))
+
+
+def _duration(ms: int | None) -> str:
+    if ms is None:
+        return ""
+    return f"{ms / 1000:.1f}s" if ms < 600_000 else f"{ms / 60_000:.1f}min"
+
+
+def fill(template: str, fields: dict[str, str | int | None]) -> str:
+    """`{name}` replaced by the field's value (empty when None); nothing else is expanded."""
+    return _PLACEHOLDER.sub(lambda m: "" if m.group(1) not in fields or fields[m.group(1)] is None
+                            else str(fields[m.group(1)]) if m.group(1) in fields else m.group(0), template)
+
+
+def _status_line(f: Facts, w: dict[str, str]) -> str:
+    status = w.get(f.status or "", f.status or "")
+    if f.exit_code is not None:
+        status += f" ({w['exit']} {f.exit_code})"
+    return status
+
+
+def render(f: Facts, language: Language, title: str | None = None, text: str | None = None) -> Message:
+    """The message for `f`: the channel's templates when it has them, else the language's."""
+    w = _WORDS[language]
+    fields: dict[str, str | int | None] = {
+        "task": f.task or f.task_id, "taskId": f.task_id, "event": f.event, "status": f.status,
+        "exitCode": f.exit_code, "duration": _duration(f.duration_ms), "durationMs": f.duration_ms,
+        "runId": f.run_id[:13] if f.run_id else None, "device": f.device, "count": f.count,
+        "since": _utc(f.first_at_ms) if f.first_at_ms else None, "detail": f.detail, "log": f.log,
+        "channel": f.channel,
+    }
+    if f.event == "test":
+        default_title, lines = f"[qledge] {w['test']}", [fill(w["test_text"], fields)]
+    elif f.event == "summary":
+        default_title = "[qledge] " + fill(w["summary_title"], fields)
+        lines = [f.detail or "", f"{w['device']}: {f.device}"]
+    else:
+        default_title = f"[qledge] {fields['task']} {w.get(f.event, f.event)}"
+        lines = [f"{w['task']}: {fields['task']}"]
+        if f.status:
+            lines.append(f"{w['status']}: {_status_line(f, w)}")
+        if f.detail and f.event == "skipped":
+            lines.append(f"{w['reason']}: {f.detail}")
+        elif f.detail and f.status not in ("succeeded", None):
+            lines.append(f.detail)
+        if f.duration_ms is not None:
+            lines.append(f"{w['duration']}: {fields['duration']}")
+        if f.run_id:
+            lines.append(f"{w['run']}: {fields['runId']}")
+        lines.append(f"{w['device']}: {f.device}")
+        if f.count > 1:
+            lines.append(fill(w["times"], fields))
+        if f.run_id:
+            lines += ["", w["log"], f.log if f.log is not None else w["nolog"]]
+    fields["title"] = fill(title, fields) if title else default_title
+    body = fill(text, fields) if text else "\n".join(lines)
+    fields["text"] = body[:TEXT_MAX_CHARS]
+    return Message(title=str(fields["title"])[:256], text=str(fields["text"]), fields=fields)
+
+
+def webhook_body(template: Any, fields: dict[str, str | int | None]) -> Any:
+    """The webhook's JSON template with its strings filled in; a string that is exactly one
+    `{field}` becomes the field's value with its type (a number, null)."""
+    if template is None:
+        return dict(fields)
+    if isinstance(template, str):
+        whole = _PLACEHOLDER.fullmatch(template)
+        if whole and whole.group(1) in fields:
+            return fields[whole.group(1)]
+        return fill(template, fields)
+    if isinstance(template, list):
+        return [webhook_body(item, fields) for item in template]
+    if isinstance(template, dict):
+        return {key: webhook_body(value, fields) for key, value in template.items()}
+    return template
+
+
+def log_tail(text: str, limit: int = LOG_MAX_BYTES) -> str:
+    """The last whole lines of (already redacted) `text` within `limit` UTF-8 bytes."""
+    text = text.rstrip("\n")
+    data = text.encode()
+    if len(data) <= limit:
+        return text
+    cut = data[-limit:].decode("utf-8", "ignore")
+    newline = cut.find("\n")
+    return cut[newline + 1:] if 0 <= newline < len(cut) - 1 else cut
+
+
+# -- the sender's job -------------------------------------------------------------------
+
+
+class Delivery(msgspec.Struct, kw_only=True):
+    """One message for the sender: the channel, the values of the secrets it names, and
+    the rendered message."""
+
+    id: int
+    channel: Name
+    spec: ChannelSpec
+    secrets: dict[str, str]
+    message: Message
+    now_ms: int
+
+
+class Job(msgspec.Struct, kw_only=True):
+    timeout_s: float
+    deliveries: list[Delivery]
+
+
+class Result(msgspec.Struct, kw_only=True):
+    """What the sender reports per delivery: ok, or why not; `permanent` when trying the
+    same request again cannot help (a 4xx other than 408/429, a configuration error)."""
+
+    id: int
+    ok: bool
+    detail: str | None = None
+    permanent: bool = False
+    elapsed_ms: int = 0
+
+
+job_encoder = msgspec.json.Encoder()
+job_decoder = msgspec.json.Decoder(Job)
+result_encoder = msgspec.json.Encoder()
+result_decoder = msgspec.json.Decoder(Result)
