@@ -10,7 +10,7 @@ import msgspec
 
 from edge import default_home
 from edge.core.schedule import UTC_NAMES, ScheduleError, load_zone
-from edge.core.text import Name
+from edge.core.text import Label, Name
 
 _Positive = Annotated[int, msgspec.Meta(ge=1)]
 
@@ -60,6 +60,19 @@ class ClusterConfig(msgspec.Struct, forbid_unknown_fields=True):
     write_retry_s: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 30.0
 
 
+class NotifyConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """Delivery of notifications; channels and rules are in the database (qledge notify)."""
+
+    device: Label | None = None  # the name messages give this device; None: its host name
+    language: Literal["en", "zh"] = "en"  # of the built-in message templates
+    max_attempts: Annotated[int, msgspec.Meta(ge=1, le=20)] = 5
+    backoff_s: Annotated[float, msgspec.Meta(ge=1, le=3600)] = 30.0  # doubles per attempt
+    max_backoff_s: Annotated[float, msgspec.Meta(ge=1, le=86_400)] = 3600.0
+    per_minute: Annotated[int, msgspec.Meta(ge=1, le=600)] = 5  # requests per channel per minute
+    timeout_s: Annotated[float, msgspec.Meta(ge=1, le=120)] = 10.0  # per request
+    python: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)] | None = None  # the sender's interpreter
+
+
 class Config(msgspec.Struct, forbid_unknown_fields=True):
     home: str | None = None
     socket: str | None = None
@@ -74,6 +87,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True):
     retention: RetentionConfig = msgspec.field(default_factory=RetentionConfig)
     mcp: McpConfig = msgspec.field(default_factory=McpConfig)
     cluster: ClusterConfig = msgspec.field(default_factory=ClusterConfig)
+    notify: NotifyConfig = msgspec.field(default_factory=NotifyConfig)
 
 
 class ConfigError(Exception):

@@ -108,6 +108,8 @@ class Daemon:
         self._graph = g
         # Before anything is served: nothing a dead daemon left may stay `running`.
         await g.runner.recover()
+        if g.notifier is not None:  # what is queued (a lost run's message too) goes out now
+            await g.notifier.start()
         node = cluster.node if cluster is not None else None
         if node is not None:
             await node.start(g.scheduler.changed)
@@ -125,6 +127,8 @@ class Daemon:
                 await node.stop()
                 await g.runner.shutdown()
                 await node.close()
+            if g.notifier is not None:
+                await g.notifier.stop()
             raise
         self._install_signals()
         log.info("qledge serving on %s (loop %s, pid %d)", self.socket_path, self.loop_name, os.getpid())
@@ -149,6 +153,8 @@ class Daemon:
             await g.runner.shutdown()
             if node is not None:
                 await node.close()
+            if g.notifier is not None:  # a batch in flight is finished; the rest waits for the next start
+                await g.notifier.stop()
 
     def stop(self) -> None:
         """The first call stops gracefully; a second one forces: no more waiting for calls

@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from edge.app.config import Config, default_zone
-from edge.core.clock import SystemClock
+from edge.core.clock import LoopTimers, SystemClock
 from edge.core.ports.runtime import Clock, RunController
 from edge.core.ports.stores import (
     AuditLog,
     CountsReader,
     CredentialStore,
+    NotifyStore,
     Readers,
     RunAdmission,
     RunLogReader,
@@ -31,6 +32,7 @@ from edge.core.ports.stores import (
     TriggerStore,
 )
 from edge.core.reads import Counts
+from edge.core.runs import Followers
 from edge.core.schedule import ScheduleError, load_zone
 from edge.runner.supervisor import Runner, RunnerSettings
 from edge.scheduler.loop import Scheduler, Triggers
@@ -39,6 +41,7 @@ from edge.storage.sqlite.admission import SqliteAdmission
 from edge.storage.sqlite.audit import SqliteAuditLog
 from edge.storage.sqlite.credentials import SqliteCredentialStore
 from edge.storage.sqlite.db import Database
+from edge.storage.sqlite.notify import SqliteNotifyStore
 from edge.storage.sqlite.reads import SqliteCountsReader, sqlite_readers
 from edge.storage.sqlite.retention import Policy
 from edge.storage.sqlite.runs import SqliteRunStore
@@ -48,12 +51,13 @@ from edge.storage.sqlite.triggers import SqliteTriggerStore
 from edge.tools.catalog import ai_tools, builtin_tools
 from edge.tools.chain import Authenticator, Chain
 from edge.tools.context import Services
-from edge.tools.definition import Registry
+from edge.tools.definition import Registry, Tool
 from edge.transports.tool_socket import ToolServer
 from edge.transports.unix import UnixListener
 
-if TYPE_CHECKING:  # cluster ports are loaded only by a cluster node
+if TYPE_CHECKING:  # cluster ports are loaded only by a cluster node; edge.notify where it is shipped
     from edge.core.ports.cluster import ClusterNode
+    from edge.notify.dispatch import Notifier
 
 log = logging.getLogger("qledge")
 
@@ -114,6 +118,8 @@ class Stores(msgspec.Struct, frozen=True, kw_only=True):
     audit: AuditLog
     readers: Readers
     counts: CountsReader
+    followers: Followers = msgspec.field(default_factory=Followers)  # told what a finished run set in motion
+    notify: NotifyStore | None = None  # None: no notifications (a cluster)
 
 
 def capacity(config: Config) -> int:
@@ -130,13 +136,15 @@ def build_stores(db: Database, config: Config, home: str) -> Stores:
     logs = run_logs(home)
     policy = Policy(runs_per_task=keep.runs_per_task, max_age_ms=keep.run_max_age_days * 86_400_000,
                     log_quota_bytes=keep.log_quota_bytes)
+    followers = Followers()
     return Stores(
         location=db.path, logs=logs, log_reader=LocalLogReader(logs),
-        tasks=SqliteTaskStore(db, logs), runs=SqliteRunStore(db, policy, logs),
-        triggers=SqliteTriggerStore(db), admission=SqliteAdmission(db, capacity(config)),
+        tasks=SqliteTaskStore(db, logs), runs=SqliteRunStore(db, policy, logs, followers),
+        triggers=SqliteTriggerStore(db), admission=SqliteAdmission(db, capacity(config), followers),
         credentials=SqliteCredentialStore(db), secrets=SqliteSecretStore(db),
         audit=SqliteAuditLog(db, keep.audit_max_rows, keep.audit_max_age_days),
-        readers=sqlite_readers(db), counts=SqliteCountsReader(db),
+        readers=sqlite_readers(db), counts=SqliteCountsReader(db), followers=followers,
+        notify=SqliteNotifyStore(db),
     )
 
 
@@ -168,7 +176,35 @@ def build_workers(
                     logs=stores.logs, clock=clock, settings=settings)
     controller = runner if distribute is None else distribute(runner)
     scheduler = Scheduler(stores.admission, stores.runs, controller, clock, config.project)
+    stores.followers.retry = scheduler.retry_due
     return Workers(runner=runner, scheduler=scheduler, settings=settings, controller=controller)
+
+
+def build_notifier(config: Config, stores: Stores, clock: Clock) -> tuple[Notifier | None, list[Tool]]:
+    """The notifier and its tools, when this build ships them (edge.notify is imported here
+    and only here) and the storage keeps a queue."""
+    if stores.notify is None:
+        return None, []
+    try:
+        from edge.notify.dispatch import Notifier, NotifySettings
+        from edge.notify.tools import notify_tools
+    except ImportError as exc:
+        if exc.name is not None and (exc.name == "edge.notify" or exc.name.startswith("edge.notify.")):
+            log.info("notifications are not included in this build: messages stay queued")
+            return None, []
+        raise
+    import socket
+    import sys
+
+    n = config.notify
+    settings = NotifySettings(
+        device=n.device or socket.gethostname() or "qledge", language=n.language, max_attempts=n.max_attempts,
+        backoff_s=n.backoff_s, max_backoff_s=n.max_backoff_s, per_minute=n.per_minute, timeout_s=n.timeout_s,
+        python=n.python or sys.executable)
+    notifier = Notifier(store=stores.notify, secrets=stores.secrets, logs=stores.logs, clock=clock,
+                        timers=LoopTimers(), project=config.project, settings=settings)
+    stores.followers.notify = notifier.wake
+    return notifier, notify_tools(notifier, stores.notify, stores.secrets)
 
 
 def trigger_zone(configured: str | None) -> str:
@@ -325,7 +361,10 @@ class Graph:
         self.facts.add_extra(self.workers.scheduler.status)
         if cluster is not None and cluster.node is not None:
             self.facts.add_extra(cluster.node.status)
-        registry = Registry([*builtin_tools(), *ai_tools()])
+        self.notifier, notify_tools = build_notifier(config, self.stores, clock)
+        if self.notifier is not None:
+            self.facts.add_extra(self.notifier.status)
+        registry = Registry([*builtin_tools(), *ai_tools(), *notify_tools])
         services = build_services(config, self.stores, self.workers, self.facts, registry, pepper, clock)
         self.chain = build_chain(config, services, registry)
         self.listeners = build_listeners(config, home, socket_path, self.chain, self.facts)

@@ -31,6 +31,8 @@ DOMAIN_PERMISSIONS: tuple[str, ...] = (
     "secret.export",  # secret values, for an export made with secrets
     "credential.admin",
     "status.read",
+    "notify.read",  # notification channels (never the secrets they name), rules and the delivery log
+    "notify.write",  # default rules, test messages, deleting channels (setting one also needs secret.export)
 )
 
 _VIEWER = frozenset({"task.read", "trigger.read", "run.read", "status.read"})

@@ -126,7 +126,7 @@ class Smtp(_Channel, tag="smtp", tag_field="kind"):
 
 ChannelSpec = (Webhook | Ntfy | Telegram | Bark | WeCom | WeComApp | PushPlus | ServerChan | DingTalk | Feishu
                | Gotify | Smtp)
-KINDS: tuple[str, ...] = tuple(t.__struct_config__.tag for t in ChannelSpec.__args__)  # type: ignore[attr-defined,misc]
+KINDS: tuple[str, ...] = tuple(t.__struct_config__.tag for t in ChannelSpec.__args__)
 DEFAULT_BASE: dict[str, str] = {
     "ntfy": "https://ntfy.sh", "telegram": "https://api.telegram.org", "bark": "https://api.day.app",
     "wecom": "https://qyapi.weixin.qq.com", "wecom_app": "https://qyapi.weixin.qq.com",
@@ -226,8 +226,14 @@ def _duration(ms: int | None) -> str:
 
 def fill(template: str, fields: dict[str, str | int | None]) -> str:
     """`{name}` replaced by the field's value (empty when None); nothing else is expanded."""
-    return _PLACEHOLDER.sub(lambda m: "" if m.group(1) not in fields or fields[m.group(1)] is None
-                            else str(fields[m.group(1)]) if m.group(1) in fields else m.group(0), template)
+    def one(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in fields:
+            return match.group(0)
+        value = fields[name]
+        return "" if value is None else str(value)
+
+    return _PLACEHOLDER.sub(one, template)
 
 
 def _status_line(f: Facts, w: dict[str, str]) -> str:

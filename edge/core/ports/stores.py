@@ -340,8 +340,8 @@ class NotifyStore(Protocol):
         """Pending messages due at `now_ms`, oldest due first."""
         ...
 
-    async def next_due(self, project: str) -> int | None:
-        """When the earliest pending message is due; None when none is pending."""
+    async def next_due(self, project: str, after_ms: int) -> int | None:
+        """The earliest due time after `after_ms` of a pending message; None when none."""
         ...
 
     async def record(self, project: str, outcomes: list[NoticeOutcome], now_ms: int) -> None:

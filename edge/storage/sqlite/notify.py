@@ -56,7 +56,9 @@ SQL_PRUNE_MESSAGES = (
     "DELETE FROM notifications WHERE id IN (SELECT id FROM notifications WHERE state != 'pending' AND id <= ?"
     " ORDER BY id LIMIT ?)"
 )
-SQL_PRUNE_ATTEMPTS = "DELETE FROM notify_attempts WHERE id IN (SELECT id FROM notify_attempts WHERE id <= ? ORDER BY id LIMIT ?)"
+SQL_PRUNE_ATTEMPTS = (
+    "DELETE FROM notify_attempts WHERE id IN (SELECT id FROM notify_attempts WHERE id <= ? ORDER BY id LIMIT ?)"
+)
 _PENDING = """
 SELECT n.id, n.channel, n.event, n.task_id, t.name, n.run_id, n.status, n.exit_code, n.duration_ms, n.detail,
        n.count, n.first_at_ms, n.created_at_ms, n.attempts, c.kind, c.spec
@@ -64,8 +66,9 @@ FROM notifications AS n
 LEFT JOIN tasks AS t ON t.project_id = n.project_id AND t.id = n.task_id
 LEFT JOIN notify_channels AS c ON c.project_id = n.project_id AND c.name = n.channel
 """
-SQL_DUE = _PENDING + "WHERE n.state = 'pending' AND n.due_at_ms <= ? AND n.project_id = ? ORDER BY n.due_at_ms, n.id LIMIT ?"
-SQL_NEXT_DUE = "SELECT min(due_at_ms) FROM notifications WHERE state = 'pending' AND project_id = ?"
+SQL_DUE = _PENDING + (
+    "WHERE n.state = 'pending' AND n.due_at_ms <= ? AND n.project_id = ? ORDER BY n.due_at_ms, n.id LIMIT ?")
+SQL_NEXT_DUE = "SELECT min(due_at_ms) FROM notifications WHERE state = 'pending' AND due_at_ms > ? AND project_id = ?"
 SQL_LOG = (
     "SELECT id, channel, event, task_id, run_id, status, count, state, attempts, created_at_ms, done_at_ms,"
     " last_error, merged_into FROM notifications WHERE project_id = ? AND id < ? ORDER BY id DESC LIMIT ?"
@@ -114,7 +117,8 @@ def queue_run(conn: apsw.Connection, run: Run, now: int, retrying: bool) -> int:
     kinds = run_notices(run.status, retrying, bool(failing))
     mark = 1 if "failure" in kinds else 0 if run.status == "succeeded" else failing
     if mark != failing:
-        conn.execute("UPDATE tasks SET failing = ? WHERE project_id = ? AND id = ?", (mark, run.project_id, run.task_id))
+        conn.execute("UPDATE tasks SET failing = ? WHERE project_id = ? AND id = ?",
+                     (mark, run.project_id, run.task_id))
     if conn.execute(SQL_ANY_CHANNEL, (run.project_id,)).fetchone() is None:
         return 0  # the common case without channels: one point read, nothing to decode
     targets = notice_targets(_applicable(conn, run.project_id, own), kinds)
@@ -148,7 +152,8 @@ def _channel(row: tuple) -> ChannelRow:
 
 def set_channel(conn: apsw.Connection, project: str, name: str, kind: str, spec: str, now: int,
                 create_only: bool) -> tuple[ChannelRow, str]:
-    select = "SELECT name, kind, spec, created_at_ms, updated_at_ms FROM notify_channels WHERE project_id = ? AND name = ?"
+    select = ("SELECT name, kind, spec, created_at_ms, updated_at_ms FROM notify_channels"
+              " WHERE project_id = ? AND name = ?")
     with immediate(conn):
         found = conn.execute(select, (project, name)).fetchone()
         if found is not None and create_only:
@@ -207,15 +212,15 @@ def due(conn: apsw.Connection, project: str, now: int, limit: int) -> list[Pendi
         kind=r[14], spec=r[15]) for r in conn.execute(SQL_DUE, (now, project, limit))]
 
 
-def next_due(conn: apsw.Connection, project: str) -> int | None:
-    return one(conn, SQL_NEXT_DUE, (project,))[0]
+def next_due(conn: apsw.Connection, project: str, after: int) -> int | None:
+    return one(conn, SQL_NEXT_DUE, (after, project))[0]
 
 
 def record(conn: apsw.Connection, project: str, outcomes: list[NoticeOutcome], now: int) -> None:
     with immediate(conn):
         for o in outcomes:
-            row = conn.execute("SELECT channel FROM notifications WHERE id = ? AND project_id = ? AND state = 'pending'",
-                               (o.id, project)).fetchone()
+            row = conn.execute("SELECT channel FROM notifications WHERE id = ? AND project_id = ?"
+                               " AND state = 'pending'", (o.id, project)).fetchone()
             if row is None:
                 continue  # trimmed or recorded meanwhile
             conn.execute("INSERT INTO notify_attempts (notification_id, project_id, channel, at_ms, ok, detail,"
@@ -310,8 +315,8 @@ class SqliteNotifyStore:
     async def due(self, project: str, now_ms: int, limit: int) -> list[PendingNotice]:
         return await self._db.run(due, project, now_ms, limit)
 
-    async def next_due(self, project: str) -> int | None:
-        return await self._db.run(next_due, project)
+    async def next_due(self, project: str, after_ms: int) -> int | None:
+        return await self._db.run(next_due, project, after_ms)
 
     async def record(self, project: str, outcomes: list[NoticeOutcome], now_ms: int) -> None:
         await self._db.run(record, project, outcomes, now_ms)
