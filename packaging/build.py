@@ -21,11 +21,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = "edge"
 
 # Optional capabilities (a folder each), shipped only by the profiles that include them.
-OPTIONAL = {"mcp": "edge/mcp/", "postgres": "edge/storage/postgres/"}
+# Notifications: the notifier, its tools and the sender child (the one part that loads HTTP,
+# TLS and SMTP); without them the daemon still queues messages.
+OPTIONAL = {"mcp": "edge/mcp/", "postgres": "edge/storage/postgres/", "notify": "edge/notify/"}
 # The profiles one may ask for, and the capabilities each adds to the edge core.
 WANTED: dict[str, tuple[str, ...]] = {
     "edge": (),
     "edge-mcp": ("mcp",),
+    "edge-notify": ("notify",),
     "full": tuple(OPTIONAL),  # every optional capability
 }
 

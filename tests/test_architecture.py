@@ -19,8 +19,10 @@ ALLOWED = {
     "tools": {"core"},
     "transports": {"core", "tools"},
     "mcp": {"core", "tools", "transports"},
-    "app": {"core", "storage", "runner", "scheduler", "tools", "transports", "mcp"},
-    "cli": {"core", "tools", "transports", "app"},
+    # Notifications: the notifier and its tools in the daemon, the sender child, their commands.
+    "notify": {"core", "tools", "cli"},
+    "app": {"core", "storage", "runner", "scheduler", "tools", "transports", "mcp", "notify"},
+    "cli": {"core", "tools", "transports", "app", "notify"},
 }
 
 
@@ -59,6 +61,8 @@ def test_optional_capabilities_are_imported_only_by_composition():
     cluster = os.path.join("storage", "postgres") + os.sep
     importers = {rel for rel, _, module in _imports() if module.startswith("edge.storage.postgres")}
     assert importers <= {"app/graph.py"} | {r for r in importers if r.startswith(cluster)}
+    importers = {rel for rel, _, module in _imports() if module.startswith("edge.notify")}
+    assert importers <= {"app/graph.py", "cli/main.py"} | {r for r in importers if r.startswith("notify" + os.sep)}
     importers = {rel for rel, _, module in _imports() if module == "edge.core.ports.cluster"}
     assert importers <= {"app/graph.py"} | {r for r in importers if r.startswith(cluster)}
 

@@ -15,7 +15,18 @@ from edge.cli import render
 from edge.cli.client import CallFailed, Client
 from edge.core.auth import Credential, SecretInfo
 from edge.core.runs import Run
-from edge.core.tasks import DEFAULT_TIMEOUT_MS, ArgvCommand, Command, SecretRef, ShellCommand, Task, TaskSpec
+from edge.core.tasks import (
+    DEFAULT_NOTIFY_ON,
+    DEFAULT_TIMEOUT_MS,
+    ArgvCommand,
+    Command,
+    NotifyRule,
+    RetryPolicy,
+    SecretRef,
+    ShellCommand,
+    Task,
+    TaskSpec,
+)
 from edge.tools.builtin import backup as backup_tools
 from edge.tools.builtin import credentials as credential_tools
 from edge.tools.builtin import runs as run_tools
@@ -60,10 +71,44 @@ def task_spec(a: argparse.Namespace) -> TaskSpec:
         command = ShellCommand(command=" ".join(a.command))
     else:
         command = ArgvCommand(file=a.command[0], args=a.command[1:])
-    return TaskSpec(
+    spec = TaskSpec(
         command=command, env=_env(a.env, a.secret_env), overlap=a.overlap, working_dir=a.cwd or None,
         timeout_ms=DEFAULT_TIMEOUT_MS if a.timeout is None else int(a.timeout * 1000), log_cap_bytes=a.log_cap,
+        retry=retry_policy(a), notify=notify_rules(a),
     )
+    try:  # the daemon checks this too; here the message can name the flag
+        return msgspec.convert(msgspec.to_builtins(spec), TaskSpec)
+    except msgspec.ValidationError as exc:
+        raise UsageError(f"task spec: {exc}") from None
+
+
+def retry_policy(a: argparse.Namespace) -> RetryPolicy | None:
+    """--retries N [--retry-delay S] [--retry-backoff F] [--retry-max-delay S]."""
+    retries = getattr(a, "retries", None)
+    if not retries:
+        if any(getattr(a, name, None) is not None for name in ("retry_delay", "retry_backoff", "retry_max_delay")):
+            raise UsageError("--retry-delay, --retry-backoff and --retry-max-delay need --retries N")
+        return None
+    return RetryPolicy(count=retries, delay_s=60.0 if a.retry_delay is None else a.retry_delay,
+                       backoff=a.retry_backoff or 1.0, max_delay_s=a.retry_max_delay)
+
+
+def notify_rules(a: argparse.Namespace) -> list[NotifyRule] | None:
+    """--notify CHANNEL,… [--notify-on EVENT,…], or --no-notify; neither: the project's rules."""
+    channels = [c for value in getattr(a, "notify", None) or [] for c in value.split(",") if c]
+    on = [e for e in (getattr(a, "notify_on", None) or "").split(",") if e]
+    if getattr(a, "no_notify", False):
+        if channels or on:
+            raise UsageError("--no-notify cannot be combined with --notify or --notify-on")
+        return []
+    if on and not channels:
+        raise UsageError("--notify-on needs --notify CHANNEL")
+    if not channels:
+        return None
+    try:
+        return [msgspec.convert({"channels": channels, "on": on or list(DEFAULT_NOTIFY_ON)}, NotifyRule)]
+    except msgspec.ValidationError as exc:
+        raise UsageError(f"--notify/--notify-on: {exc}") from None
 
 
 def show(a: argparse.Namespace, value: T, human: Callable[[T], None]) -> int:
@@ -106,10 +151,26 @@ def _task_fields(t: Task) -> None:
         ("task", t.id), ("name", t.name), ("revision", t.revision),
         ("enabled", _yes(t.enabled)), ("command", render.command_text(spec)),
         ("kind", t.kind), ("timeout", f"{spec.timeout_ms / 1000:g}s"),
-        ("overlap", spec.overlap), ("working dir", spec.working_dir),
+        ("overlap", spec.overlap), ("working dir", spec.working_dir), ("retries", _retry_text(spec.retry)),
+        ("notify", _notify_text(spec.notify)),
         ("env", ", ".join(sorted(spec.env)) or None), ("digest", t.content_digest),
         ("updated", render.when(t.updated_at_ms)),
     ])
+
+
+def _retry_text(policy: RetryPolicy | None) -> str | None:
+    if policy is None:
+        return None
+    text = f"{policy.count} after {policy.delay_s:g}s"
+    if policy.backoff != 1:
+        text += f", ×{policy.backoff:g} each time"
+    return text + (f", at most {policy.max_delay_s:g}s" if policy.max_delay_s is not None else "")
+
+
+def _notify_text(rules: list[NotifyRule] | None) -> str | None:
+    if rules is None:
+        return None  # the project's rules
+    return "; ".join(f"{','.join(r.on)} → {','.join(r.channels)}" for r in rules) or "none"
 
 
 def task_add(c: Client, a: argparse.Namespace) -> int:
@@ -180,7 +241,10 @@ def run_list(c: Client, a: argparse.Namespace) -> int:
 def _run_fields(r: Run) -> None:
     render.fields([
         ("run", r.id), ("task", f"{r.task_id} (revision {r.task_revision})"), ("status", r.status),
-        ("origin", r.origin), ("trigger", r.trigger_id), ("created", render.when(r.created_at_ms)),
+        ("origin", r.origin), ("trigger", r.trigger_id),
+        ("retry of", f"{r.retry_of} (attempt {r.attempt})" if r.retry_of else None),
+        ("retry due", render.when(r.retry_due_at_ms) if r.retry_due_at_ms else None),
+        ("created", render.when(r.created_at_ms)),
         ("started", render.when(r.started_at_ms)), ("finished", render.when(r.finished_at_ms)),
         ("took", render.duration(r.started_at_ms, r.finished_at_ms)), ("exit code", r.exit_code),
         ("error", r.error_code), ("summary", r.error_summary),

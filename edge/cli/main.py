@@ -79,6 +79,15 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--overlap", choices=("forbid", "allow", "replace"), default="forbid",
                      help="what a new run does while one is active (default forbid)")
     add.add_argument("--log-cap", type=int, metavar="BYTES", help="log cap for this task's runs")
+    add.add_argument("--retries", type=int, metavar="N", help="run a failed or timed-out run again, up to N times")
+    add.add_argument("--retry-delay", type=float, metavar="S", help="seconds before a retry (default 60)")
+    add.add_argument("--retry-backoff", type=float, metavar="F", help="multiply the delay by F for each next retry")
+    add.add_argument("--retry-max-delay", type=float, metavar="S", help="never wait longer than S seconds")
+    add.add_argument("--notify", action="append", metavar="CHANNEL[,…]",
+                     help="notify these channels (instead of the project's rules)")
+    add.add_argument("--notify-on", metavar="EVENT[,…]",
+                     help="failure, recovery, success, lost, skipped, every (default failure,recovery)")
+    add.add_argument("--no-notify", action="store_true", help="no notifications for this task")
     verb(task, "list", c.task_list, "list tasks")
     for action in ("get", "enable", "disable", "rm"):
         handler = {"get": c.task_get, "rm": c.task_rm}.get(action, c.task_toggle)
@@ -99,6 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     _schedule_verbs(verbs, verb)
     _backup_verbs(verbs, verb)
+    try:  # a build without notifications has no `qledge notify`
+        from edge.notify.cli import add_notify_verbs
+    except ImportError:
+        pass
+    else:
+        add_notify_verbs(verbs, verb)
 
     token = verbs.add_parser("token", help="API credentials").add_subparsers(
         dest="action", metavar="ACTION", required=True)
