@@ -26,6 +26,7 @@ from edge.cli.commands import UsageError, all_pages
 from edge.core.imports import (
     CrontabUser,
     Entry,
+    PlannedChannel,
     Problem,
     QlPlace,
     assign_ids,
@@ -38,6 +39,9 @@ from edge.core.imports import (
     ql_cron,
     ql_entry,
     ql_env,
+    ql_env_channels,
+    ql_panel_channel,
+    ql_panel_plan,
     unrepresentable,
 )
 from edge.core.schedule import ScheduleError, load_zone
@@ -76,12 +80,21 @@ class PlannedSecret(msgspec.Struct, rename="camel"):
     status: str  # create (dry run), created, exists, taken
 
 
+class ImportedChannel(msgspec.Struct, rename="camel"):
+    name: str
+    kind: str
+    keys: list[str]  # the qinglong settings it comes from
+    status: str  # create (dry run), created, exists, failed
+    note: str | None = None
+
+
 class Report(msgspec.Struct, rename="camel", omit_defaults=True):
     source: str
     dry_run: bool
     tasks: list[PlannedTask] = []
     secrets: list[PlannedSecret] = []
     not_imported: list[Problem] = []
+    channels: list[ImportedChannel] = []
     notices: list[str] = []
 
 
@@ -147,6 +160,10 @@ def _print(report: Report) -> None:
         what = {"create": "would store", "created": "stored", "exists": "already imported:",
                 "taken": "not stored (a secret of that name exists and is not replaced):"}[s.status]
         lines.append((("env", 0), [f"env {s.env}: {what} secret {s.name}"]))
+    for ch in report.channels:
+        made = {"create": "would create", "created": "created", "exists": "already there:", "failed": "not created:"}
+        lines.append((("env", 1), [f"notifications: {made[ch.status]} channel {ch.name} ({ch.kind}) from"
+                                   f" {', '.join(ch.keys)}" + (f": {ch.note}" if ch.note else "")]))
     for _, text in sorted(lines, key=lambda item: item[0]):
         print("\n".join(text))
     for notice in report.notices:
@@ -401,10 +418,11 @@ def _ql_notices(data: QlData, source: QlSource, held: list[str], config_keys: li
                        " RandomDelay; set what your scripts need with qledge secret set)")
     for auth in data.auths:
         info = _json_obj(auth.get("info"))
-        if auth.get("type") == "notification" and info.get("type"):
+        if auth.get("type") == "notification" and info.get("type") and not with_notifications:
             fields = ", ".join(sorted(k for k in info if k != "type"))
-            notices.append(f"qinglong's own failure notification ({info['type']}: {fields}): not imported;"
-                           " this qledge has no notification channels to take it over")
+            how = ("--with-notifications makes it a qledge channel" if ql_panel_channel(info)
+                   else "qledge has no channel for this service")
+            notices.append(f"qinglong's own failure notification ({info['type']}: {fields}): not imported; {how}")
         elif auth.get("type") in ("authConfig", "authToken"):
             notices.append(f"qinglong's panel login ({auth.get('type')}): not imported")
     if data.apps:
@@ -492,6 +510,91 @@ def _store_secrets(c: Client, report: Report, wanted: dict[str, str], records: d
         if status != "taken":
             usable[env] = name
     return usable
+
+
+def _set_channel(c: Client, report: Report, plan: PlannedChannel, dry_run: bool) -> bool:
+    """Create the channel unless one of that name exists; False when this daemon has no
+    notification channels (a build without them)."""
+    kind = str(plan.spec["kind"])
+    if dry_run:
+        report.channels.append(ImportedChannel(name=plan.name, kind=kind, keys=plan.keys, status="create"))
+        return True
+    try:
+        got = c.call("qledge.notify.channel.set", {"name": plan.name, "spec": plan.spec, "createOnly": True})
+    except CallFailed as exc:
+        if exc.code == "invalid_argument" and exc.message.startswith("unknown tool"):
+            return False
+        report.channels.append(ImportedChannel(name=plan.name, kind=kind, keys=plan.keys, status="failed",
+                                               note=f"{exc.code}: {exc.message}"))
+        return True
+    report.channels.append(ImportedChannel(name=plan.name, kind=kind, keys=plan.keys, status=str(got["status"])))
+    return True
+
+
+def _panel_secrets(c: Client, report: Report, info: dict[str, object], records: dict[str, ImportRecord],
+                   dry_run: bool) -> dict[str, str]:
+    """The credentials of qinglong's own notification setting, stored as secrets
+    (`ql_panel_<field>`); field → secret name."""
+    mapped = ql_panel_channel(info)
+    stored: dict[str, str] = {}
+    for field, (_, how) in (mapped[1].items() if mapped else ()):
+        value = info.get(field)
+        if how != "secret" or not isinstance(value, str | int) or not str(value):
+            continue
+        name, key = f"ql_panel_{field}", import_key("qinglong-panel", field)
+        if key in records:
+            status = "exists"
+        elif dry_run:
+            status = "create"
+        else:
+            status = c.typed("qledge.import.secret", secret_tools.ImportArgs(key=key, name=name, value=str(value)),
+                             secret_tools.Imported).status
+        report.secrets.append(PlannedSecret(name=name, env=f"panel {field}", status=status))
+        if status != "taken":
+            stored[field] = name
+    return stored
+
+
+def _ql_channels(c: Client, report: Report, data: QlData, wanted: dict[str, str], usable: dict[str, str],
+                 records: dict[str, ImportRecord], dry_run: bool) -> None:
+    """--with-notifications: qinglong's notification settings become qledge channels that
+    reference the imported secrets, and, when the project has no default rules yet, its
+    default rule (failure and recovery, to every channel made here)."""
+    values = {k: v for k, v in wanted.items() if is_notification_key(k)}
+    planned, unmapped = ql_env_channels(values, usable)
+    for auth in data.auths:
+        info = _json_obj(auth.get("info"))
+        if auth.get("type") != "notification" or not info.get("type"):
+            continue
+        plan = ql_panel_plan(f"ql-panel-{info.get('type')}".lower(), info,
+                             _panel_secrets(c, report, info, records, dry_run))
+        if plan is None:
+            report.notices.append(f"qinglong's own failure notification ({info['type']}): qledge has no channel for"
+                                  " this service; set one up with qledge notify add")
+        else:
+            planned.append(plan)
+    if unmapped:
+        report.notices.append(f"notification keys without a qledge channel: {', '.join(unmapped)} (still imported as"
+                              " secrets, for the scripts that send their own messages)")
+    for plan in planned:
+        if not _set_channel(c, report, plan, dry_run):
+            report.notices.append("qinglong's notification settings are imported as secrets only: this qledge has"
+                                  " no notification channels to take them over (a build without edge/notify)")
+            return
+    made = [ch.name for ch in report.channels if ch.status in ("create", "created", "exists")]
+    if not made:
+        return
+    if dry_run:
+        report.notices.append(f"notifications: would send failures and recoveries to {', '.join(made)} unless the"
+                              " project has default rules (qledge notify rules)")
+        return
+    if c.call("qledge.notify.rules.get", {}).get("rules") is None:
+        c.call("qledge.notify.rules.set", {"rules": [{"channels": made, "on": ["failure", "recovery"]}]})
+        report.notices.append(f"notifications: failures and recoveries of every task now go to {', '.join(made)}"
+                              " (qledge notify rules; qledge notify test CHANNEL tries one)")
+    else:
+        report.notices.append("notifications: the project's default rules were kept; add the new channels with"
+                              " qledge notify rules --channel …")
 
 
 def _copy_scripts(source_dir: str, dest: str, state_dir: str, dry_run: bool) -> str:
@@ -585,6 +688,8 @@ def import_qinglong(c: Client, a: argparse.Namespace) -> int:
             report.notices.append("no scripts directory beside this database: the tasks expect their scripts in"
                                   f" {scripts_dir}")
         _apply_tasks(c, report, entries, records, a.dry_run)
+        if a.with_notifications:
+            _ql_channels(c, report, data, wanted, usable, records, a.dry_run)
         report.notices += _ql_notices(data, source, held, config_keys, other, a.with_notifications)
         report.notices += _interpreters(entries)
     return _done(a, report)

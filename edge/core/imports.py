@@ -536,3 +536,129 @@ def parse_shell_exports(text: str) -> list[tuple[int, str, str]]:
         if len(words) == 1 and words[0] and "$" not in value:
             found.append((number, m.group(1), words[0]))
     return found
+
+
+# -- qinglong's notification settings, as qledge channels ---------------------------------
+
+# (what it becomes, the keys it needs, key → (channel field, how the value is used)). A
+# `secret` field names the secret the key was imported as; `text`, `url` and `int` carry
+# the value itself (settings, not credentials).
+_FieldMap = dict[str, tuple[str, str]]
+_ENV_CHANNELS: tuple[tuple[str, tuple[str, ...], _FieldMap], ...] = (
+    ("bark", ("BARK_PUSH",), {"BARK_PUSH": ("deviceKey", "secret"), "BARK_SOUND": ("sound", "text"),
+                              "BARK_GROUP": ("group", "text"), "BARK_ICON": ("icon", "url")}),
+    ("telegram", ("TG_BOT_TOKEN", "TG_USER_ID"), {"TG_BOT_TOKEN": ("token", "secret"), "TG_USER_ID": ("chatId", "text"),
+                                                  "TG_API_HOST": ("baseUrl", "url")}),
+    ("dingtalk", ("DD_BOT_TOKEN",), {"DD_BOT_TOKEN": ("accessToken", "secret"),
+                                     "DD_BOT_SECRET": ("signSecret", "secret")}),
+    ("wecom", ("QYWX_KEY",), {"QYWX_KEY": ("key", "secret"), "QYWX_ORIGIN": ("baseUrl", "url")}),
+    ("pushplus", ("PUSH_PLUS_TOKEN",), {"PUSH_PLUS_TOKEN": ("token", "secret"), "PUSH_PLUS_USER": ("topic", "text")}),
+    ("serverchan", ("PUSH_KEY",), {"PUSH_KEY": ("sendKey", "secret")}),
+    ("feishu", ("FSKEY",), {"FSKEY": ("hook", "secret"), "FSSECRET": ("signSecret", "secret")}),
+    ("gotify", ("GOTIFY_URL", "GOTIFY_TOKEN"), {"GOTIFY_URL": ("baseUrl", "url"), "GOTIFY_TOKEN": ("token", "secret"),
+                                                "GOTIFY_PRIORITY": ("priority", "int")}),
+    ("ntfy", ("NTFY_TOPIC",), {"NTFY_TOPIC": ("topic", "secret"), "NTFY_URL": ("baseUrl", "url"),
+                               "NTFY_PRIORITY": ("priority", "int"), "NTFY_TOKEN": ("token", "secret")}),
+)
+# The panel's own failure notification (Auths, type "notification"): its `info.type` and fields.
+_PANEL_CHANNELS: dict[str, tuple[str, tuple[str, ...], _FieldMap]] = {
+    "telegramBot": ("telegram", ("telegramBotToken", "telegramBotUserId"), {
+        "telegramBotToken": ("token", "secret"), "telegramBotUserId": ("chatId", "text"),
+        "telegramBotApiHost": ("baseUrl", "url")}),
+    "bark": ("bark", ("barkPush",), {"barkPush": ("deviceKey", "secret"), "barkSound": ("sound", "text"),
+                                     "barkGroup": ("group", "text"), "barkIcon": ("icon", "url")}),
+    "dingtalkBot": ("dingtalk", ("dingtalkBotToken",), {"dingtalkBotToken": ("accessToken", "secret"),
+                                                        "dingtalkBotSecret": ("signSecret", "secret")}),
+    "weWorkBot": ("wecom", ("weWorkBotKey",), {"weWorkBotKey": ("key", "secret"), "weWorkOrigin": ("baseUrl", "url")}),
+    "pushPlus": ("pushplus", ("pushPlusToken",), {"pushPlusToken": ("token", "secret"),
+                                                  "pushPlusUser": ("topic", "text")}),
+    "serverChan": ("serverchan", ("serverChanKey",), {"serverChanKey": ("sendKey", "secret")}),
+    "gotify": ("gotify", ("gotifyUrl", "gotifyToken"), {"gotifyUrl": ("baseUrl", "url"),
+                                                         "gotifyToken": ("token", "secret"),
+                                                         "gotifyPriority": ("priority", "int")}),
+    "ntfy": ("ntfy", ("ntfyTopic",), {"ntfyTopic": ("topic", "secret"), "ntfyUrl": ("baseUrl", "url"),
+                                      "ntfyPriority": ("priority", "int")}),
+}
+
+
+class PlannedChannel(msgspec.Struct, rename="camel"):
+    """A channel an import would create: its name, its spec as the tool takes it (secrets
+    by name), and the qinglong keys it comes from."""
+
+    name: str
+    spec: dict[str, object]
+    keys: list[str]
+
+
+def _setting(value: str, how: str) -> object | None:
+    value = value.strip()
+    if how == "int":
+        return int(value) if value.isdigit() else None
+    if how == "url":
+        url = value if value.startswith(("http://", "https://")) else f"https://{value}"
+        return url.rstrip("/") if re.match(r"^https?://[^\s/?#@]+(/[^\s]*)?$", url) else None
+    return value or None
+
+
+def _channel(name: str, kind: str, fields: _FieldMap, values: Mapping[str, str],
+             secret_of: Mapping[str, str]) -> PlannedChannel:
+    spec: dict[str, object] = {"kind": kind}
+    used = []
+    for key, (field, how) in fields.items():
+        if key not in values:
+            continue
+        if how == "secret":
+            if key in secret_of:
+                spec[field] = {"secret": secret_of[key]}
+                used.append(key)
+            continue
+        setting = _setting(values[key], how)
+        if setting is not None:
+            spec[field] = setting
+            used.append(key)
+    return PlannedChannel(name=name, spec=spec, keys=used)
+
+
+def ql_env_channels(values: Mapping[str, str], secret_of: Mapping[str, str]) -> tuple[list[PlannedChannel], list[str]]:
+    """Channels for the notification keys of qinglong's environment (what its notify.js and
+    notify.py read), each credential referencing the secret its key became; and the keys
+    of services qledge has no channel for."""
+    planned = []
+    mapped: set[str] = set()
+    for kind, needed, fields in _ENV_CHANNELS:
+        mapped.update(fields)
+        if all(key in values and (fields[key][1] != "secret" or key in secret_of) for key in needed):
+            planned.append(_channel(f"ql-{kind}", kind, fields, values, secret_of))
+    if "SMTP_SERVER" in values and "SMTP_EMAIL" in values:
+        host, _, port = values["SMTP_SERVER"].strip().partition(":")
+        email = values["SMTP_EMAIL"].strip()
+        spec: dict[str, object] = {"kind": "smtp", "host": host, "sender": email, "to": [email], "username": email,
+                                   "security": "ssl" if values.get("SMTP_SSL", "").lower() == "true" else "starttls"}
+        if port.isdigit():
+            spec["port"] = int(port)
+        if "SMTP_PASSWORD" in secret_of:
+            spec["password"] = {"secret": secret_of["SMTP_PASSWORD"]}
+        planned.append(PlannedChannel(name="ql-smtp", spec=spec, keys=["SMTP_SERVER", "SMTP_EMAIL", "SMTP_PASSWORD"]))
+    mapped.update({"SMTP_SERVER", "SMTP_EMAIL", "SMTP_PASSWORD", "SMTP_SSL", "SMTP_NAME"} | NOTIFY_NAMES)
+    unmapped = sorted(key for key in values if is_notification_key(key) and key not in mapped)
+    return planned, unmapped
+
+
+def ql_panel_channel(info: Mapping[str, object]) -> tuple[str, _FieldMap, tuple[str, ...]] | None:
+    """What qinglong's own failure notification (its Auths `info`) maps to: the channel kind,
+    its fields and the ones it needs; None for a service qledge has no channel for."""
+    found = _PANEL_CHANNELS.get(str(info.get("type")))
+    return (found[0], found[2], found[1]) if found else None
+
+
+def ql_panel_plan(name: str, info: Mapping[str, object], secret_of: Mapping[str, str]) -> PlannedChannel | None:
+    """The channel for the panel's notification, its credentials by the secret names in
+    `secret_of` (field → secret)."""
+    mapped = ql_panel_channel(info)
+    if mapped is None:
+        return None
+    kind, fields, needed = mapped
+    values = {k: str(v) for k, v in info.items() if isinstance(v, str | int) and str(v)}
+    if not all(key in values for key in needed):
+        return None
+    return _channel(name, kind, fields, values, secret_of)
