@@ -203,11 +203,25 @@ def test_qinglong_backup_with_notifications_and_scripts_in_place(daemon, workdir
     assert refused.returncode == 2 and "--scripts-in-place needs a qinglong data directory" in refused.stderr
     report = as_json(daemon.cli("import", "qinglong", backup, "--with-notifications", "--json"))
     assert {s["env"]: s["status"] for s in report["secrets"]} == {
-        "BARK_PUSH": "created", "JD_COOKIE": "created", "PUSH_KEY": "created", "_PRIVATE_TOKEN": "created"}
+        "BARK_PUSH": "created", "JD_COOKIE": "created", "PUSH_KEY": "created", "_PRIVATE_TOKEN": "created",
+        "panel telegramBotToken": "created"}
     assert not any("notification keys in qinglong's environment" in n for n in report["notices"])
     assert any(n.startswith("config.sh notification keys, imported as secrets: PUSH_KEY") for n in report["notices"])
-    assert any("telegramBot" in n and "not imported" in n for n in report["notices"])  # no channels to take it yet
-    assert sorted(secret_names(daemon)) == ["BARK_PUSH", "JD_COOKIE", "PUSH_KEY", "ql_PRIVATE_TOKEN"]
+    assert sorted(secret_names(daemon)) == ["BARK_PUSH", "JD_COOKIE", "PUSH_KEY", "ql_PRIVATE_TOKEN",
+                                            "ql_panel_telegramBotToken"]
+    # The settings qinglong notified through became channels, referencing those secrets, and the default rule.
+    assert {c["name"]: (c["kind"], c["status"]) for c in report["channels"]} == {
+        "ql-bark": ("bark", "created"), "ql-serverchan": ("serverchan", "created"),
+        "ql-panel-telegrambot": ("telegram", "created")}
+    channels = {c["name"]: c["spec"] for c in daemon.call("qledge.notify.channel.list")["channels"]}
+    assert channels["ql-bark"] == {"kind": "bark", "deviceKey": {"secret": "BARK_PUSH"}}
+    assert channels["ql-serverchan"] == {"kind": "serverchan", "sendKey": {"secret": "PUSH_KEY"}}
+    assert channels["ql-panel-telegrambot"] == {"kind": "telegram", "token": {"secret": "ql_panel_telegramBotToken"},
+                                                "chatId": "42"}
+    assert daemon.call("qledge.notify.rules.get")["rules"] == [
+        {"channels": ["ql-bark", "ql-serverchan", "ql-panel-telegrambot"], "on": ["failure", "recovery"]}]
+    assert any("failures and recoveries of every task now go to" in n for n in report["notices"])
+    assert "TELEGRAMSECRET" not in json.dumps(report) and "SECRETDEVICEKEY" not in json.dumps(report)
 
     # The database file alone, with the scripts where they are: the same entries are already imported.
     again = as_json(daemon.cli("import", "qinglong", os.path.join(data, "db", "database.sqlite"), "--json"))

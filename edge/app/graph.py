@@ -190,7 +190,7 @@ def build_notifier(config: Config, stores: Stores, clock: Clock) -> tuple[Notifi
         from edge.notify.tools import notify_tools
     except ImportError as exc:
         if exc.name is not None and (exc.name == "edge.notify" or exc.name.startswith("edge.notify.")):
-            log.info("notifications are not included in this build: messages stay queued")
+            log.debug("notifications are not included in this build: messages stay queued")
             return None, []
         raise
     import socket

@@ -31,10 +31,9 @@ _rules = msgspec.json.Decoder(list[NotifyRule])
 _rules_out = msgspec.json.Encoder()
 
 SQL_TASK_RULES = (
-    "SELECT json_extract(r.spec, '$.notify'), t.failing FROM tasks AS t"
-    " JOIN task_revisions AS r ON r.project_id = t.project_id AND r.task_id = t.id"
-    " WHERE t.project_id = ? AND t.id = ? AND r.revision = ?"
+    "SELECT json_extract(spec, '$.notify') FROM task_revisions WHERE project_id = ? AND task_id = ? AND revision = ?"
 )
+SQL_FAILING = "SELECT 1 FROM failing_tasks WHERE project_id = ? AND task_id = ?"
 SQL_ANY_CHANNEL = "SELECT 1 FROM notify_channels WHERE project_id = ? LIMIT 1"
 SQL_CHANNEL_EXISTS = "SELECT 1 FROM notify_channels WHERE project_id = ? AND name = ?"
 SQL_PROJECT_RULES = "SELECT rules FROM notify_rules WHERE project_id = ?"
@@ -113,12 +112,14 @@ def queue_run(conn: apsw.Connection, run: Run, now: int, retrying: bool) -> int:
     row = conn.execute(SQL_TASK_RULES, (run.project_id, run.task_id, run.task_revision)).fetchone()
     if row is None:
         return 0
-    own, failing = row
-    kinds = run_notices(run.status, retrying, bool(failing))
-    mark = 1 if "failure" in kinds else 0 if run.status == "succeeded" else failing
-    if mark != failing:
-        conn.execute("UPDATE tasks SET failing = ? WHERE project_id = ? AND id = ?",
-                     (mark, run.project_id, run.task_id))
+    own = row[0]
+    failing = conn.execute(SQL_FAILING, (run.project_id, run.task_id)).fetchone() is not None
+    kinds = run_notices(run.status, retrying, failing)
+    if "failure" in kinds and not failing:
+        conn.execute("INSERT INTO failing_tasks (project_id, task_id, since_ms) VALUES (?, ?, ?)",
+                     (run.project_id, run.task_id, now))
+    elif run.status == "succeeded" and failing:
+        conn.execute("DELETE FROM failing_tasks WHERE project_id = ? AND task_id = ?", (run.project_id, run.task_id))
     if conn.execute(SQL_ANY_CHANNEL, (run.project_id,)).fetchone() is None:
         return 0  # the common case without channels: one point read, nothing to decode
     targets = notice_targets(_applicable(conn, run.project_id, own), kinds)

@@ -228,8 +228,8 @@ END;
 
 # Retries and notifications. A failed run whose retry is pending carries its due time (a
 # small partial index: the scheduler reads it at start); a retry names the run it retries.
-# `tasks.failing`: the task's last final outcome was a failure, so its next success is a
-# recovery. Channels (their spec JSON names secrets, never holds them), the project's
+# `failing_tasks`: tasks whose last final outcome was a failure, so their next success is a
+# recovery (a row is written when that changes, not per run). Channels (their spec JSON names secrets, never holds them), the project's
 # default rules, the delivery queue (one row per message, coalesced while untried) and
 # every attempt's outcome. Queue rows and attempts are trimmed on write.
 _V6 = """
@@ -237,7 +237,15 @@ ALTER TABLE runs ADD COLUMN retry_of TEXT;
 ALTER TABLE runs ADD COLUMN attempt INTEGER;
 ALTER TABLE runs ADD COLUMN retry_due_at_ms INTEGER;
 CREATE INDEX runs_retry_due_idx ON runs (project_id, retry_due_at_ms) WHERE retry_due_at_ms IS NOT NULL;
-ALTER TABLE tasks ADD COLUMN failing INTEGER NOT NULL DEFAULT 0;
+CREATE TABLE failing_tasks (
+    project_id TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    since_ms INTEGER NOT NULL,
+    PRIMARY KEY (project_id, task_id)
+) STRICT, WITHOUT ROWID;
+CREATE TRIGGER failing_tasks_follow_delete AFTER DELETE ON tasks BEGIN
+    DELETE FROM failing_tasks WHERE project_id = old.project_id AND task_id = old.id;
+END;
 CREATE TABLE notify_channels (
     project_id TEXT NOT NULL,
     name TEXT NOT NULL,
