@@ -18,7 +18,7 @@ from edge.core.tasks import NotifyRule, ShellCommand, TaskSpec
 from edge.notify.dispatch import Notifier, NotifySettings
 from edge.storage.sqlite.db import Database
 from notify_support import Loopback
-from support import DaemonProcess, ManualTimers
+from support import ManualTimers
 
 T0 = 1_800_000_000_000
 
@@ -299,7 +299,8 @@ def test_who_may_configure_channels(daemon, server):
         assert c.call("qledge.notify.test", {"channel": "x"})["ok"]
         assert [ch["name"] for ch in c.call("qledge.notify.channel.list")["channels"]] == ["x"]
     with pytest.raises(Exception, match="secret 'NOPE' is not set"):
-        daemon.call("qledge.notify.channel.set", {"name": "y", "spec": {"kind": "pushplus", "token": {"secret": "NOPE"}}})
+        daemon.call("qledge.notify.channel.set",
+                    {"name": "y", "spec": {"kind": "pushplus", "token": {"secret": "NOPE"}}})
 
 
 @pytest.mark.e2e
