@@ -229,9 +229,9 @@ END;
 # Retries and notifications. A failed run whose retry is pending carries its due time (a
 # small partial index: the scheduler reads it at start); a retry names the run it retries.
 # `failing_tasks`: tasks whose last final outcome was a failure, so their next success is a
-# recovery (a row is written when that changes, not per run). Channels (their spec JSON names secrets, never holds them), the project's
-# default rules, the delivery queue (one row per message, coalesced while untried) and
-# every attempt's outcome. Queue rows and attempts are trimmed on write.
+# recovery (a row is written when that changes, not per run). Channels (their spec JSON
+# names secrets, never holds them), the project's default rules, the delivery queue (one
+# row per message, coalesced while untried) and every attempt's outcome. Queue rows and attempts are trimmed on write.
 _V6 = """
 ALTER TABLE runs ADD COLUMN retry_of TEXT;
 ALTER TABLE runs ADD COLUMN attempt INTEGER;
