@@ -1,0 +1,151 @@
+"""Retries: a failed or timed-out run is run again through admission, linked to the run it
+retries, after its delay; the due time is in the database, so a restarted scheduler admits
+it too. In-process with an injected clock and a real SQLite file; then on a real daemon."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+
+import msgspec
+import pytest
+
+from edge.core.runs import Run, RunUpdate, retry_delay_ms
+from edge.core.tasks import ArgvCommand, RetryPolicy, TaskSpec, content_digest
+from edge.scheduler.loop import Scheduler
+from edge.storage.sqlite.db import Database
+from test_scheduler import Env, FakeClock, at
+
+
+@pytest.fixture
+async def renv(home):
+    db = await Database.open(os.path.join(home, "q.db"))
+    e = Env(db, home, FakeClock(at("10:00:00")))
+    e.made_followers()
+    await e.scheduler.load()
+    yield e
+    await e.scheduler.stop()
+    await db.close()
+
+
+def _followers(self: Env) -> None:
+    """What composition does: a retry scheduled by a finishing run lands on the heap."""
+    self.runs._followers.retry = self.scheduler.retry_due  # type: ignore[attr-defined]
+
+
+Env.made_followers = _followers  # type: ignore[attr-defined]
+
+
+async def retry_task(e: Env, task_id: str = "r", **policy) -> None:
+    spec = TaskSpec(command=ArgvCommand(file="false"), retry=RetryPolicy(**policy))
+    await e.tasks.create("default", task_id, task_id, spec, e.clock.ms)
+
+
+async def start(e: Env, task_id: str = "r") -> Run:
+    task = await e.tasks.get("default", task_id)
+    return (await e.admission.admit_manual(task, "user", e.clock.ms)).run
+
+
+async def end(e: Env, run: Run, status: str = "failed") -> Run:
+    run = await e.runs.get("default", run.id)
+    running = await e.runs.transition(run.id, run.version, "running", e.clock.ms, "runner", RunUpdate())
+    return await e.runs.transition(running.id, running.version, status, e.clock.ms, "runner",
+                                   RunUpdate(finished_at_ms=e.clock.ms, exit_code=1))
+
+
+def test_delay_grows_by_the_backoff_up_to_the_cap():
+    assert [retry_delay_ms(10, 2, 50, n) for n in (1, 2, 3, 4)] == [10_000, 20_000, 40_000, 50_000]
+    assert retry_delay_ms(30, 1, None, 5) == 30_000
+
+
+def test_specs_without_retries_keep_their_stored_json_and_digest():
+    spec = TaskSpec(command=ArgvCommand(file="true"))
+    assert msgspec.json.encode(spec) == b'{"command":{"kind":"argv","file":"true","args":[]}}'
+    assert content_digest(spec) == "sha256:" + __import__("hashlib").sha256(
+        b'{"command":{"args":[],"file":"true","kind":"argv"}}').hexdigest()
+
+
+async def test_a_failed_run_is_retried_after_its_delay_until_the_retries_are_spent(renv):
+    e = renv
+    await retry_task(e, count=2, delay_s=30, backoff=2)
+    first = await end(e, await start(e))
+    assert first.retry_due_at_ms == e.clock.ms + 30_000
+    events = [ev.type for ev in await e.runs.events("default", first.id, 0, 10)]
+    assert events[-1] == "run.retry_scheduled"
+    assert await e.tick(e.clock.ms + 29_000) > 0 and e.executor.submitted == []
+    await e.tick(first.retry_due_at_ms)
+    (second,) = e.executor.submitted
+    assert (second.origin, second.retry_of, second.attempt, second.status) == ("retry", first.id, 2, "queued")
+    assert (await e.runs.get("default", first.id)).retry_due_at_ms is None
+    second = await end(e, second, "timed_out")
+    assert second.retry_due_at_ms == e.clock.ms + 60_000  # the backoff doubled it
+    await e.tick(second.retry_due_at_ms)
+    third = e.executor.submitted[-1]
+    assert (third.retry_of, third.attempt) == (second.id, 3)
+    third = await end(e, third)
+    assert third.retry_due_at_ms is None  # two retries, both spent
+    assert "1 retries waiting" not in e.scheduler.status()["scheduler"]
+
+
+async def test_cancelled_lost_and_succeeded_runs_are_not_retried(renv):
+    e = renv
+    await retry_task(e, count=3, delay_s=1)
+    for status in ("cancelled", "lost", "succeeded"):
+        run = await end(e, await start(e), status)
+        assert run.retry_due_at_ms is None, status
+
+
+async def test_a_retry_goes_through_admission_and_a_refusal_is_on_record(renv):
+    e = renv
+    await retry_task(e, count=1, delay_s=10)
+    await e.trigger("0 * * * *", task_id="r", trigger_id="hourly")
+    first = await end(e, await start(e))
+    blocker = await start(e)  # forbid: an active run of the task blocks the retry
+    await e.tick(first.retry_due_at_ms)
+    assert e.executor.submitted == []
+    events = [(ev.type, ev.detail) for ev in await e.runs.events("default", first.id, 0, 10)]
+    assert events[-1] == ("run.retry_skipped", "overlap")
+    assert (await e.runs.get("default", first.id)).retry_due_at_ms is None
+    await end(e, blocker, "succeeded")
+
+
+async def test_a_pending_retry_survives_a_restart(renv):
+    e = renv
+    await retry_task(e, count=1, delay_s=120)
+    first = await end(e, await start(e))
+    await e.scheduler.stop()
+    # A new scheduler (a restarted daemon) finds the due time in the database.
+    e.scheduler = Scheduler(e.admission, e.runs, e.executor, e.clock, "default", rng=lambda: 0.25, timers=e.timers)
+    await e.scheduler.load()
+    assert await e.tick(e.clock.ms + 1000) <= 60
+    assert "1 retries waiting" in e.scheduler.status()["scheduler"]
+    await e.tick(first.retry_due_at_ms + 5000)  # the daemon was down when it fell due: admitted now
+    (retry,) = e.executor.submitted
+    assert (retry.origin, retry.retry_of) == ("retry", first.id)
+    await e.tick(first.retry_due_at_ms + 10_000)
+    assert len(e.executor.submitted) == 1  # once
+
+
+def test_retries_on_a_real_daemon(daemon):
+    added = daemon.cli("task", "add", "flaky", "--retries", "2", "--retry-delay", "0", "--", "false")
+    assert added.returncode == 0, added.stderr
+    assert "retries:     2 after 0s" in daemon.cli("task", "get", "flaky").stdout
+    daemon.cli("run", "start", "flaky", "--wait")
+    deadline = time.monotonic() + 20
+    runs: list = []
+    while time.monotonic() < deadline:
+        runs = daemon.call("qledge.run.list", {"taskId": "flaky"})["runs"]
+        if len(runs) == 3 and all(r["status"] == "failed" for r in runs):
+            break
+        time.sleep(0.1)
+    runs.reverse()
+    assert [(r["origin"], r["attempt"]) for r in runs] == [("manual", 1), ("retry", 2), ("retry", 3)]
+    assert [r["retryOf"] for r in runs] == [None, runs[0]["id"], runs[1]["id"]]
+    shown = daemon.cli("run", "get", runs[2]["id"]).stdout
+    assert re.search(rf"^retry of: +{runs[1]['id']} \(attempt 3\)$", shown, re.M), shown
+    ai = daemon.call("qinglong.run.get", {"runId": runs[1]["id"]})
+    assert ai["run"]["origin"] == "retry" and "retryOf" not in json.dumps(ai)  # the AI projection is unchanged
+    bad = daemon.cli("task", "add", "x", "--retry-delay", "5", "--", "true")
+    assert bad.returncode == 2 and "need --retries" in bad.stderr
