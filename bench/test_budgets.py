@@ -131,8 +131,9 @@ def test_default_daemon_modules(idle):
     modules = idle["default"]["modules"]
     REPORT["default_modules"] = modules
     # edge.core.imports: the import planner runs in the CLI; the daemon needs only its shapes (core.tasks)
+    # http, smtplib, email, edge.notify.send: notifications are delivered by a child process
     for absent in ("edge.mcp", "edge.storage.postgres", "edge.core.ports.cluster", "psycopg", "ssl", "_ssl",
-                   "_hashlib", "argparse", "edge.core.imports"):
+                   "_hashlib", "argparse", "edge.core.imports", "http", "smtplib", "email", "edge.notify.send"):
         assert not [m for m in modules if m == absent or m.startswith(absent + ".")], absent
 
 

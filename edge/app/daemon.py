@@ -147,14 +147,14 @@ class Daemon:
             log.info("qledge stopping: answering the calls in flight (a second signal stops at once)")
             # Listeners first: no new calls; those in flight are answered within the grace.
             await asyncio.gather(*(listener.stop(forced=self._forced) for listener in g.listeners))
+            if g.notifier is not None:  # a batch in flight is finished; what is queued goes after the next start
+                await g.notifier.stop()
             await g.scheduler.stop()
             if node is not None:
                 await node.stop()  # claim nothing more; what this node holds is recorded below
             await g.runner.shutdown()
             if node is not None:
                 await node.close()
-            if g.notifier is not None:  # a batch in flight is finished; the rest waits for the next start
-                await g.notifier.stop()
 
     def stop(self) -> None:
         """The first call stops gracefully; a second one forces: no more waiting for calls

@@ -92,6 +92,7 @@ class Notifier:
         self._timer: TimerHandle | None = None
         self._running: asyncio.Task[None] | None = None
         self._again = False
+        self._started = False  # wakes before start (a lost run recorded at start-up) wait for it
         self._closing = False
         self._waiters: dict[int, asyncio.Future[TestOutcome]] = {}
         self._background = Background(log)
@@ -106,6 +107,7 @@ class Notifier:
         for channel, at in await self._store.recent_attempts(self._project, now - WINDOW_MS):
             self._windows.setdefault(channel, deque()).append(at)
         self._health = {h.channel: h for h in await self._store.health(self._project)}
+        self._started = True
         self.wake()
 
     async def stop(self) -> None:
@@ -126,7 +128,7 @@ class Notifier:
 
     def wake(self) -> None:
         """Messages may be due: look now (or right after the pass in progress)."""
-        if self._closing:
+        if self._closing or not self._started:
             return
         if self._running is not None and not self._running.done():
             self._again = True
@@ -188,7 +190,8 @@ class Notifier:
         held: dict[str, int] = {}
         while not self._closing:
             now = self._clock.now_ms()
-            due = [n for n in await self._store.due(self._project, now, 4 * BATCH) if n.channel not in held]
+            due = [n for n in await self._store.due(self._project, now, 4 * BATCH)
+                   if n.channel not in held or n.event == "test"]
             if not due:
                 break
             batch = await self._plan(due, now, held)
