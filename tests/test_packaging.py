@@ -166,6 +166,36 @@ def test_mcp_enabled_in_a_build_without_it_is_one_clear_line(pyz_dir, home):
     assert result.stderr.strip().splitlines() == ["qledge: MCP is not included in this build"]
 
 
+def test_a_build_without_notifications_still_queues_them(pyz_dir):
+    """The edge profile ships no edge/notify/: no channel tools, no `qledge notify`, but a
+    finished run still queues its message (in its transaction) for a build that delivers."""
+    import json as _json
+
+    from support import DaemonProcess
+
+    pyz = os.path.join(pyz_dir, "qledge-edge.pyz")
+    d = DaemonProcess(argv=system_python(pyz)).start()
+    try:
+        from edge.cli.client import CallFailed
+
+        with pytest.raises(CallFailed, match="unknown tool"):
+            d.call("qledge.notify.channel.set", {"name": "w", "spec": {"kind": "webhook", "url": "http://x.invalid/"}})
+        conn = d.db()
+        conn.execute("INSERT INTO notify_channels VALUES ('default', 'w', 'webhook', ?, 0, 0)",
+                     (_json.dumps({"kind": "webhook", "url": "http://x.invalid/"}),))
+        conn.execute("INSERT INTO notify_rules VALUES ('default', ?, 0)", (_json.dumps([{"channels": ["w"]}]),))
+        d.call("qledge.task.create", {"taskId": "t", "spec": {"command": {"kind": "argv", "file": "false"}}})
+        run = d.call("qledge.run.start", {"taskId": "t"})
+        d.call("qledge.run.wait", {"runId": run["id"], "timeoutMs": 10_000})
+        rows = conn.execute("SELECT channel, event, run_id, state FROM notifications").fetchall()
+        assert rows == [("w", "failure", run["id"], "pending")]
+        cli = subprocess.run([*system_python(pyz), "notify", "log"], env=d.env, capture_output=True, text=True,
+                             timeout=60)
+        assert cli.returncode == 2 and "invalid choice: 'notify'" in cli.stderr
+    finally:
+        d.cleanup()
+
+
 # -- OpenWrt package -------------------------------------------------------------------
 
 

@@ -13,9 +13,10 @@ import msgspec
 import pytest
 
 from edge.core.runs import Run, RunUpdate, retry_delay_ms
-from edge.core.tasks import ArgvCommand, RetryPolicy, TaskSpec, content_digest
+from edge.core.tasks import ArgvCommand, NotifyRule, RetryPolicy, TaskSpec, content_digest
 from edge.scheduler.loop import Scheduler
 from edge.storage.sqlite.db import Database
+from edge.storage.sqlite.notify import SqliteNotifyStore
 from test_scheduler import Env, FakeClock, at
 
 
@@ -108,7 +109,22 @@ async def test_a_retry_goes_through_admission_and_a_refusal_is_on_record(renv):
     events = [(ev.type, ev.detail) for ev in await e.runs.events("default", first.id, 0, 10)]
     assert events[-1] == ("run.retry_skipped", "overlap")
     assert (await e.runs.get("default", first.id)).retry_due_at_ms is None
+    assert await e.events("hourly") == []  # a manual run's retry: no trigger to record it on
     await end(e, blocker, "succeeded")
+
+
+async def test_a_skipped_retry_queues_a_skipped_notification(renv):
+    e = renv
+    store = SqliteNotifyStore(e.db)
+    await store.set_channel("default", "a", "webhook", '{"kind": "webhook", "url": "http://127.0.0.1:9/"}', e.clock.ms)
+    spec = TaskSpec(command=ArgvCommand(file="false"), retry=RetryPolicy(count=1, delay_s=10),
+                    notify=[NotifyRule(channels=["a"], on=["skipped"])])
+    await e.tasks.create("default", "s", "s", spec, e.clock.ms)
+    first = await end(e, await start(e, "s"))
+    await start(e, "s")
+    await e.tick(first.retry_due_at_ms)
+    (pending,) = await store.due("default", e.clock.ms, 10)
+    assert (pending.event, pending.task_id, pending.detail) == ("skipped", "s", "overlap")
 
 
 async def test_a_pending_retry_survives_a_restart(renv):
