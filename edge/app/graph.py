@@ -15,18 +15,20 @@ from collections.abc import Callable
 import msgspec
 
 from edge.app.config import Config, default_zone
+from edge.app.home import StartupError, private_dir
 from edge.core.clock import SystemClock
 from edge.core.ports.runtime import Clock
 from edge.core.ports.stores import AuditLog, CountsReader, CredentialStore, Readers, SecretStore
 from edge.core.reads import Counts
 from edge.core.schedule import ScheduleError, load_zone
+from edge.runner.process import SystemUsers
 from edge.runner.supervisor import Runner, RunnerSettings
 from edge.scheduler.loop import Scheduler, Triggers
 from edge.storage.run_logs import RunLogs
 from edge.storage.sqlite.admission import SqliteAdmission
 from edge.storage.sqlite.audit import SqliteAuditLog
 from edge.storage.sqlite.credentials import SqliteCredentialStore
-from edge.storage.sqlite.db import Database
+from edge.storage.sqlite.db import Ballast, Database
 from edge.storage.sqlite.reads import SqliteCountsReader, sqlite_readers
 from edge.storage.sqlite.retention import Policy
 from edge.storage.sqlite.runs import SqliteRunStore
@@ -48,13 +50,7 @@ LIVE_KEYS = frozenset({
 })
 
 
-class StartupError(Exception):
-    """One clear line; the daemon exits non-zero without a traceback."""
-
-
-def private_dir(path: str) -> str:
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    return path
+__all__ = ["LIVE_KEYS", "Graph", "StartupError", "private_dir"]
 
 
 class DaemonFacts:
@@ -121,9 +117,14 @@ def build_stores(db: Database, config: Config, home: str) -> Stores:
 def runner_settings(config: Config, home: str) -> RunnerSettings:
     r = config.runner
     return RunnerSettings(
-        work_dir=private_dir(os.path.join(home, "work")), state_dir=home, concurrency=r.concurrency,
+        state_dir=home, concurrency=r.concurrency,
         kill_grace_s=r.kill_grace_s, log_cap_bytes=r.log_cap_bytes, disk_reserve_bytes=r.disk_reserve_bytes,
     )
+
+
+def task_users(config: Config, home: str) -> SystemUsers:
+    r = config.runner
+    return SystemUsers(r.task_users, r.default_user, home, r.work_dir)
 
 
 class Workers(msgspec.Struct, frozen=True, kw_only=True):
@@ -132,14 +133,16 @@ class Workers(msgspec.Struct, frozen=True, kw_only=True):
     runner: Runner
     scheduler: Scheduler
     settings: RunnerSettings
+    users: SystemUsers
 
 
 def build_workers(config: Config, home: str, stores: Stores, clock: Clock) -> Workers:
     settings = runner_settings(config, home)
+    users = task_users(config, home)
     runner = Runner(runs=stores.runs, tasks=stores.tasks, admission=stores.admission, secrets=stores.secrets,
-                    logs=stores.logs, clock=clock, settings=settings)
+                    logs=stores.logs, clock=clock, settings=settings, users=users)
     scheduler = Scheduler(stores.admission, stores.runs, runner, clock, config.project)
-    return Workers(runner=runner, scheduler=scheduler, settings=settings)
+    return Workers(runner=runner, scheduler=scheduler, settings=settings, users=users)
 
 
 def trigger_zone(configured: str | None) -> str:
@@ -159,7 +162,7 @@ def build_services(
         project=config.project, clock=clock, pepper=pepper, tasks=stores.tasks, runs=stores.runs,
         triggers=Triggers(stores.triggers, workers.scheduler, trigger_zone(config.timezone)),
         credentials=stores.credentials, secrets=stores.secrets, audit=stores.audit, logs=stores.logs,
-        readers=stores.readers, runner=workers.runner, facts=facts, catalog=registry.infos(),
+        readers=stores.readers, runner=workers.runner, users=workers.users, facts=facts, catalog=registry.infos(),
     )
 
 
@@ -195,6 +198,14 @@ def mcp_server(config: Config, home: str, chain: Chain, facts: DaemonFacts) -> U
     return server
 
 
+def _disk_line(ballast: Ballast) -> str:
+    ballast.poll()
+    try:
+        return ballast.describe()
+    except OSError as exc:
+        return f"cannot check free space: {exc.strerror}"
+
+
 # -- the daemon's graph -------------------------------------------------------------
 
 
@@ -210,6 +221,11 @@ class Graph:
         self.workers = build_workers(config, home, self.stores, clock)
         self.facts = DaemonFacts(db.path, loop, clock, self.stores.counts)
         self.facts.add_extra(self.workers.scheduler.status)
+        users = self.workers.users
+        self.facts.add_extra(lambda: {"task users": users.describe()})
+        ballast = db.ballast
+        if ballast is not None:
+            self.facts.add_extra(lambda: {"disk": _disk_line(ballast)})
         registry = Registry([*builtin_tools(), *ai_tools()])
         services = build_services(config, self.stores, self.workers, self.facts, registry, pepper, clock)
         self.chain = build_chain(config, services, registry)

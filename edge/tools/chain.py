@@ -17,9 +17,9 @@ import msgspec
 
 from edge.core.auth import (
     AuditRecord,
+    Grant,
     Outcome,
     Principal,
-    allows,
     digest_matches,
     missing_permission,
     parse_token,
@@ -54,13 +54,15 @@ class Authenticator:
         self._pepper = pepper
         self._owner_uids = frozenset(owner_uids)
         self._project = project
-        self._roles = {role: role_permissions(role, read_tools) for role in ("owner", "operator", "viewer")}
+        names = list(read_tools)
+        self._roles = {role: role_permissions(role, names) for role in ("owner", "operator", "viewer")}
+        self._ceilings = {role: role_permissions(role, names, ceiling=True) for role in ("owner", "operator", "viewer")}
 
     async def authenticate(self, caller: Caller) -> Principal:
         if caller.token is not None:
             return await self._from_token(caller.token)
         if caller.peer_uid is not None and caller.peer_uid in self._owner_uids:
-            return Principal(subject=f"uid:{caller.peer_uid}", role="owner", permissions=self._roles["owner"])
+            return Principal(subject=f"uid:{caller.peer_uid}", role="owner", permissions=Grant(self._roles["owner"]))
         subject = f"uid:{caller.peer_uid}" if caller.peer_uid is not None else "anonymous"
         raise AuthFailure("credential_missing", subject)
 
@@ -80,11 +82,12 @@ class Authenticator:
             raise AuthFailure("credential_revoked", subject)
         if cred.project_id != self._project:
             raise AuthFailure("credential_other_project", subject)
-        granted = self._roles.get(cred.role, frozenset())
-        if cred.permissions is not None:
-            # An explicit list narrows the role; it can never widen it.
-            granted = frozenset(p for p in cred.permissions if allows(granted, p))
-        return Principal(subject=subject, role=cred.role, permissions=granted, credential_id=cid)
+        if cred.permissions is None:
+            grant = Grant(self._roles.get(cred.role, frozenset()))
+        else:
+            # An explicit list narrows what the role may hold; it can never widen it.
+            grant = Grant(self._ceilings.get(cred.role, frozenset()), frozenset(cred.permissions))
+        return Principal(subject=subject, role=cred.role, permissions=grant, credential_id=cid)
 
     async def still_valid(self, principal: Principal) -> bool:
         """The chain's last step: a credential revoked since authentication fails here."""
