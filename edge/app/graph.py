@@ -102,7 +102,7 @@ def capacity(config: Config) -> int:
 
 def build_stores(db: Database, config: Config, home: str) -> Stores:
     keep = config.retention
-    logs = RunLogs(private_dir(os.path.join(home, "logs")))
+    logs = RunLogs(private_dir(os.path.join(home, "logs")), db.ballast.release if db.ballast else None)
     policy = Policy(runs_per_task=keep.runs_per_task, max_age_ms=keep.run_max_age_days * 86_400_000,
                     log_quota_bytes=keep.log_quota_bytes)
     return Stores(

@@ -18,7 +18,7 @@ import os
 import re
 import stat
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from edge.core.errors import unavailable
 from edge.core.ports.stores import LogRange
@@ -93,8 +93,10 @@ class LogSink:
     running and its pipe keeps being drained.
     """
 
-    def __init__(self, path: str, cap: int, secrets: Iterable[bytes] = ()) -> None:
+    def __init__(self, path: str, cap: int, secrets: Iterable[bytes] = (),
+                 on_full: Callable[[], bool] | None = None) -> None:
         self.path = path
+        self._on_full = on_full  # gives space back (the ballast) for the last line of an incomplete log
         self._cap = cap
         self._head = head_size(cap)
         self._tail = cap - self._head
@@ -174,7 +176,7 @@ class LogSink:
         try:
             if self.failed is not None:
                 with contextlib.suppress(OSError):
-                    self.size = _mark_incomplete(self._fd, self.failed, self.total, self._cap)
+                    self.size = _mark_incomplete(self._fd, self.failed, self.total, self._cap, self._on_full)
         finally:
             os.close(self._fd)
             _remove_spool(self._spool)
@@ -191,13 +193,18 @@ def _write_all(fd: int, data: memoryview) -> None:
         data = data[os.write(fd, data):]
 
 
-def _mark_incomplete(fd: int, failed: OSError, total: int, cap: int) -> int:
+def _mark_incomplete(fd: int, failed: OSError, total: int, cap: int, on_full: Callable[[], bool] | None) -> int:
     """End a log that could not be written completely with a line saying so; returns its
-    size. On a full disk there may be no room even for that line: then the last bytes
-    written make room for it (an overwrite within blocks the file already has)."""
+    size. On a full disk there may be no room even for that line: then `on_full` gives
+    space back (the ballast; the run has ended, nothing else takes it), or else the last
+    bytes written make room for it (an overwrite within blocks the file already has)."""
     size = os.fstat(fd).st_size
     reason = failed.strerror or str(failed)
-    for room in (0, 4096, 65536):
+    for room in (0, -1, 4096, 65536):  # -1: append, once space was given back
+        if room < 0:
+            if on_full is None or not on_full():
+                continue
+            room = 0
         keep = max(0, min(size - room, cap - len(incomplete_marker(reason, total))))
         note = incomplete_marker(reason, total - keep)
         try:
@@ -327,8 +334,9 @@ class RunLogs:
     a link), never through a link, and used only when it is a regular file of ours.
     """
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, on_full: Callable[[], bool] | None = None) -> None:
         self.directory = directory
+        self._on_full = on_full  # the ballast's release: room for the last line of an incomplete log
 
     def _name(self, run_id: str) -> str:
         # A run id is a UUID the store made; refuse anything that could leave the directory.
@@ -343,7 +351,7 @@ class RunLogs:
         path = self._path(run_id)
         if not stat.S_ISDIR(os.lstat(self.directory).st_mode):
             raise OSError(errno.ENOTDIR, "the log directory is not a directory", self.directory)
-        return LogSink(path, cap, secrets)
+        return LogSink(path, cap, secrets, self._on_full)
 
     def recover(self, run_id: str, cap: int) -> tuple[int, bool]:
         return recover(self._path(run_id), cap)

@@ -87,7 +87,7 @@ class Ballast:
     of space: the audit row of a call (and what it records) can still be written on a
     full disk, so reads keep working. It is made again once twice its size is free."""
 
-    RETRY_S = 30.0  # while released, how often free space is looked at again
+    RETRY_S = 5.0  # while released, how often free space is looked at again (one statvfs)
 
     def __init__(self, path: str, size: int, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.path = path
@@ -132,8 +132,8 @@ class Ballast:
             os.unlink(self.path)
         except FileNotFoundError:
             return False
-        log.warning("the disk is full: released the %s ballast in %s; runs wait for space", _mib(self.size),
-                    self._directory)
+        log.warning("the disk is full: released the %s ballast in %s so that audited calls keep working",
+                    _mib(self.size), self._directory)
         return True
 
     def poll(self) -> None:
@@ -187,6 +187,9 @@ def _fill(fd: int, size: int) -> None:
         written += os.write(fd, chunk[: size - written])
 
 
+_NEARLY_FULL = 256 * 1024
+
+
 class OpenError(Exception):
     """The database cannot be opened; the message is one line naming the cause."""
 
@@ -199,12 +202,15 @@ def _why_not(path: str, exc: Exception) -> str:
         return f"{name} is not a SQLite database: {exc}; move it away (or restore a backup) to start afresh"
     if isinstance(exc, apsw.CorruptError):
         return f"{name} is damaged: {exc}; restore a backup"
-    if isinstance(exc, apsw.FullError) or (isinstance(exc, OSError) and exc.errno == errno.ENOSPC):
-        try:
-            free = f" ({_mib(free_bytes(os.path.dirname(path)))} free)"
-        except OSError:
-            free = ""
-        return f"the disk holding {path} is full{free}: free some space"
+    try:
+        free: int | None = free_bytes(os.path.dirname(path))
+    except OSError:
+        free = None
+    full = isinstance(exc, apsw.FullError) or (isinstance(exc, OSError) and exc.errno == errno.ENOSPC)
+    # SQLite reports a full disk met while mapping the WAL index as an I/O error.
+    if full or (isinstance(exc, apsw.IOError) and free is not None and free < _NEARLY_FULL):
+        where = f" ({_mib(free)} free)" if free is not None else ""
+        return f"the disk holding {path} is full{where}: free some space"
     if isinstance(exc, apsw.CantOpenError):
         return f"cannot open {path}: {exc} (a link, a directory or no permission in its place?)"
     return f"cannot open {path}: {exc}"
