@@ -284,7 +284,9 @@ def _remove_spool(spool: str) -> None:
 def recover(path: str, cap: int) -> tuple[int, bool]:
     """Assemble the log of a run whose daemon died; returns (size, truncated).
 
-    The file holds the stream's first bytes; the segments carry their own offsets.
+    The file holds the stream's first bytes; the segments carry their own offsets. What is
+    in the log's place but is not a log of ours (a link, a FIFO, a directory) counts as no
+    log and is left alone.
     """
     spool = spool_dir(path)
     try:
@@ -293,12 +295,12 @@ def recover(path: str, cap: int) -> tuple[int, bool]:
         names = []
     try:
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
+    except OSError:  # missing, or a link (ELOOP) or a directory (EISDIR) in its place
         _remove_spool(spool)
         return 0, False
     try:
         if not _ours(os.fstat(fd)):
-            raise OSError(errno.EPERM, "not a regular file of ours", path)
+            return 0, False
         on_file = os.fstat(fd).st_size
         segments = sorted((int(n), size) for n in names if (size := _segment_size(os.path.join(spool, n))) >= 0)
         total = segments[-1][0] + segments[-1][1] if segments else on_file
@@ -370,6 +372,8 @@ class RunLogs:
         except FileNotFoundError:
             return None
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise unavailable("the run's log is not a regular file of this daemon's (a link)") from None
             raise unavailable(f"the run's log cannot be opened ({exc.strerror})") from None
         finally:
             os.close(directory)

@@ -287,8 +287,8 @@ class RunLogFiles(Protocol):
         ...
 
     def recover(self, run_id: str, cap: int) -> tuple[int, bool]:
-        """Assemble the log of a run whose daemon died; (size, truncated). Raises OSError
-        when what is there is not a log of ours."""
+        """Assemble the log of a run whose daemon died; (size, truncated). What is in its
+        place but is not a log of ours counts as no log, (0, False), and is left alone."""
         ...
 
     def read(self, run_id: str, offset: int, length: int) -> LogRange | None:
