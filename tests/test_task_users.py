@@ -5,6 +5,7 @@ processes as real users (a root daemon switches to `nobody`, as CI runs)."""
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import json
 import os
@@ -137,6 +138,10 @@ def test_an_operator_writes_tasks_only_for_task_users(daemon):
     create = daemon.call
     assert "runs as root" in _denied(create, "qledge.task.create", {"taskId": "r", "spec": _spec(user="root")},
                                      token=operator)
+    with contextlib.closing(daemon.db()) as db:  # the refusal is in the audit log, after the allowed entry
+        rows = db.execute("SELECT outcome, reasons FROM security_audit ORDER BY id DESC LIMIT 2").fetchall()
+    assert [(o, json.loads(r)[0]) for o, r in rows] == [("denied", "domain_permission_denied"),
+                                                        ("allowed", "tool_invocation_allowed")]
     message = _denied(create, "qledge.task.create",
                       {"taskId": "g", "spec": _spec(user="nobody", group="root")}, token=operator)
     assert "runs with group root" in message and "task.privileged" in message
@@ -213,6 +218,13 @@ def test_task_users_that_own_the_state_directory_are_refused_at_start(daemon_fac
     with pytest.raises(RuntimeError, match="did not become ready"):
         d.start()
     assert "qledge: [runner] task_users lists root, which owns the state directory" in d.stderr()
+
+
+def test_a_default_working_directory_inside_the_state_directory_is_refused_at_start(daemon_factory, home):
+    d = daemon_factory(home=home, config=f"[runner]\nwork_dir = \"{home}/logs\"\n")
+    with pytest.raises(RuntimeError, match="did not become ready"):
+        d.start()
+    assert f"qledge: [runner] work_dir: working directory {home}/logs is inside the state directory" in d.stderr()
 
 
 def test_the_working_directory_is_never_inside_the_state_directory(daemon, scratch):

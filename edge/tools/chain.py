@@ -128,7 +128,12 @@ class Chain:
         if not await self._auth.still_valid(principal):
             await self._audit(principal.subject, name, "unauthenticated", ["credential_revoked", reason], caller)
             raise ToolError("unauthenticated", "credential was revoked")
-        return await self._execute(entry, raw_args, fmt, ToolContext(self._services, principal, caller))
+        try:
+            return await self._execute(entry, raw_args, fmt, ToolContext(self._services, principal, caller))
+        except ToolError as exc:
+            if exc.code == "permission_denied":  # refused by what the call would do (ToolContext.may_run)
+                await self._audit(principal.subject, name, "denied", ["domain_permission_denied", reason], caller)
+            raise
 
     async def authenticate(self, caller: Caller, target: str, reason: str) -> Principal:
         """The chain's first step alone (a transport's session check uses it too); failures are audited.
