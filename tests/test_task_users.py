@@ -10,6 +10,7 @@ import grp
 import json
 import os
 import pwd
+import shutil
 import sys
 
 import pytest
@@ -218,6 +219,31 @@ def test_task_users_that_own_the_state_directory_are_refused_at_start(daemon_fac
     with pytest.raises(RuntimeError, match="did not become ready"):
         d.start()
     assert "qledge: [runner] task_users lists root, which owns the state directory" in d.stderr()
+
+
+@needs_root
+def test_a_task_user_never_starts_where_it_could_not_go_itself(daemon, home):
+    """The child enters its working directory before it switches users: a directory the
+    user could not reach (an open one inside a closed one) would let it read what is there."""
+    closed = os.path.join(home + "-closed")
+    os.makedirs(os.path.join(closed, "open"), mode=0o755)
+    os.chmod(closed, 0o700)
+    try:
+        with open(os.path.join(closed, "open", "notes"), "w") as f:
+            f.write("for root's eyes")
+        bad = daemon.cli("task", "add", "t", "--cwd", os.path.join(closed, "open"), "--", "cat", "notes")
+        assert bad.returncode == 1 and bad.stderr == (
+            f"qledge: invalid_argument: working directory {closed}/open: user nobody may not enter {closed}\n")
+        # Closed after the task was written: refused before the run, nothing read.
+        os.chmod(closed, 0o755)
+        assert daemon.cli("task", "add", "t", "--cwd", os.path.join(closed, "open"), "--", "cat", "notes"
+                          ).returncode == 0
+        os.chmod(closed, 0o700)
+        run, log = _run(daemon, "t")
+        assert (run["status"], run["errorCode"]) == ("failed", "spawn_failed") and log == ""
+        assert "user nobody may not enter" in run["errorSummary"]
+    finally:
+        shutil.rmtree(closed)
 
 
 def test_a_default_working_directory_inside_the_state_directory_is_refused_at_start(daemon_factory, home):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import grp
 import os
 import pwd
 import signal
@@ -26,6 +25,8 @@ def _name(uid: int) -> str:
 
 
 def _group_name(gid: int) -> str:
+    import grp  # only for tasks that name a group, or messages about one: a module fewer idle
+
     try:
         return grp.getgrgid(gid).gr_name
     except KeyError:
@@ -91,6 +92,8 @@ class SystemUsers:
         member_of = tuple(os.getgrouplist(pw.pw_name, pw.pw_gid))
         gid = pw.pw_gid
         if group is not None:
+            import grp
+
             try:
                 gid = grp.getgrnam(group).gr_gid
             except KeyError:
@@ -123,7 +126,7 @@ class SystemUsers:
             return f"user {user} is not a member of group {group}"
         return None
 
-    def working_dir(self, path: str | None) -> str:
+    def working_dir(self, path: str | None, run_as: RunAs | None = None) -> str:
         where = path or self._work_dir
         if not os.path.isabs(where):
             raise invalid(f"working directory {where!r} is not an absolute path")
@@ -131,6 +134,11 @@ class SystemUsers:
         if real == self._state_dir or real.startswith(self._state_dir.rstrip(os.sep) + os.sep):
             raise invalid(f"working directory {where} is inside the state directory {self._state_dir};"
                           " runs never start there")
+        # The child enters it before it switches users: it must be somewhere the user could go.
+        if run_as is not None and run_as.switch and run_as.uid != 0:
+            blocked = _unreachable(real, run_as)
+            if blocked is not None:
+                raise invalid(f"working directory {where}: user {run_as.user} may not enter {blocked}")
         return where
 
     def describe(self) -> str:
@@ -139,6 +147,29 @@ class SystemUsers:
                     " only owners (task.privileged) may write them")
         users = ", ".join(self._task_users) or "none"
         return f"tasks run as their own users: {users} (default {self._default}); others need task.privileged"
+
+
+def _unreachable(real: str, run_as: RunAs) -> str | None:
+    """The first directory on the way to `real` (itself included) that `run_as` may not
+    search, by its mode bits as the kernel reads them; None when every one is open to it
+    (or when the path does not exist yet: entering it then fails at the start of the run)."""
+    groups = {run_as.gid, *run_as.groups}
+    path = os.sep
+    for part in [p for p in real.split(os.sep) if p] + [""]:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        if st.st_uid == run_as.uid:
+            ok = st.st_mode & 0o100
+        elif st.st_gid in groups:
+            ok = st.st_mode & 0o010
+        else:
+            ok = st.st_mode & 0o001
+        if not ok:
+            return path
+        path = os.path.join(path, part)
+    return None
 
 
 def argv(spec: TaskSpec) -> list[str]:

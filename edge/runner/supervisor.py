@@ -258,7 +258,7 @@ class Runner:
         if run_as.privileged is not None and not task.privileged:
             raise ToolError("permission_denied", f"task {task.id} revision {task.revision} {run_as.privileged}, and"
                             " it was not written with permission task.privileged")
-        return run_as, self._users.working_dir(spec.working_dir)
+        return run_as, self._users.working_dir(spec.working_dir, run_as)
 
     async def _supervise(
         self, job: _Job, task: Task, env: dict[str, str], sink: LogWriter, run_as: RunAs, cwd: str

@@ -84,7 +84,7 @@ class ToolContext:
         the first permission missing."""
         users = self.services.users
         run_as = users.resolve(spec.user, spec.group)
-        users.working_dir(spec.working_dir)
+        users.working_dir(spec.working_dir, run_as)
         grant = self.principal.permissions
         missing = first_missing(grant, task_permissions(run_as.privileged is not None, spec.secrets()))
         if missing is not None:

@@ -82,9 +82,11 @@ class TaskUsers(Protocol):
         switch to that user (it is not root)."""
         ...
 
-    def working_dir(self, path: str | None) -> str:
+    def working_dir(self, path: str | None, run_as: RunAs | None = None) -> str:
         """The directory a run starts in: `path`, or the default. Raises invalid_argument
-        when it is not absolute or lies inside the state directory (resolving links)."""
+        when it is not absolute, lies inside the state directory (resolving links), or,
+        given who the run is, lies where that user may not go (the run enters it before
+        switching users)."""
         ...
 
     def describe(self) -> str:
