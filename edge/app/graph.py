@@ -50,9 +50,6 @@ LIVE_KEYS = frozenset({
 })
 
 
-__all__ = ["LIVE_KEYS", "Graph", "StartupError", "private_dir"]
-
-
 class DaemonFacts:
     """StatusFacts (edge.core.ports.runtime): what `qledge.status` reports about the daemon."""
 

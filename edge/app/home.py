@@ -24,19 +24,15 @@ class StartupError(Exception):
     """One clear line; the daemon exits non-zero without a traceback."""
 
 
-def _fix(path: str, what: str) -> str:
-    return f"{path} {what}"
-
-
 def check_ours(path: str, info: os.stat_result) -> None:
     """Refuse what is not owned by this daemon's uid or is writable by group or others."""
     me = os.geteuid()
     if info.st_uid != me:
-        raise StartupError(_fix(path, f"is owned by uid {info.st_uid}, not by this daemon's uid {me}:"
-                                      f" chown {me} {path} (or start the daemon as its owner)"))
+        raise StartupError(f"{path} is owned by uid {info.st_uid}, not by this daemon's uid {me}:"
+                           f" chown {me} {path} (or start the daemon as its owner)")
     if info.st_mode & 0o022:
-        raise StartupError(_fix(path, f"is writable by group or others (mode {stat.S_IMODE(info.st_mode):04o}):"
-                                      f" chmod go-w {path}"))
+        raise StartupError(f"{path} is writable by group or others (mode {stat.S_IMODE(info.st_mode):04o}):"
+                           f" chmod go-w {path}")
 
 
 def private_dir(path: str) -> str:
@@ -52,9 +48,9 @@ def private_dir(path: str) -> str:
     except OSError as exc:
         raise StartupError(f"cannot use {path}: {exc.strerror}") from None
     if stat.S_ISLNK(info.st_mode):
-        raise StartupError(_fix(path, "is a symbolic link; it must be a directory of its own: remove the link"))
+        raise StartupError(f"{path} is a symbolic link; it must be a directory of its own: remove the link")
     if not stat.S_ISDIR(info.st_mode):
-        raise StartupError(_fix(path, "is not a directory"))
+        raise StartupError(f"{path} is not a directory")
     check_ours(path, info)
     return path
 
@@ -83,11 +79,11 @@ def prepare(home: str) -> str:
         except OSError as exc:
             raise StartupError(f"cannot check {path}: {exc.strerror}") from None
         if stat.S_ISLNK(entry.st_mode):
-            raise StartupError(_fix(path, "is a symbolic link; the state directory's files must be its own:"
-                                          " remove the link"))
+            raise StartupError(f"{path} is a symbolic link; the state directory's files must be its own:"
+                               " remove the link")
         want_dir = name in STATE_DIRS
         if want_dir != stat.S_ISDIR(entry.st_mode) or not (want_dir or stat.S_ISREG(entry.st_mode)):
-            raise StartupError(_fix(path, f"is not a {'directory' if want_dir else 'regular file'}: remove it"))
+            raise StartupError(f"{path} is not a {'directory' if want_dir else 'regular file'}: remove it")
         check_ours(path, entry)
     private_dir(os.path.join(real, "logs"))
     return real
