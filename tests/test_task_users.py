@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from edge.cli.client import CallFailed
-from edge.core.auth import Grant, allows, matches, valid_permission
+from edge.core.auth import Grant, allows, matches, role_permissions, valid_permission
 from edge.runner.process import SystemUsers
 from support import IS_ROOT, OWN_USER
 
@@ -69,9 +69,16 @@ def test_patterns_and_families_cover_exactly_what_they_name():
     assert matches(frozenset({"secret.use:a*"}), "secret.use:api")
     assert not matches(frozenset({"secret.use:api"}), "secret.use:apis")
     assert not matches(frozenset({"task.write"}), "task.write:x")  # only secret.use is a family
-    # A credential's list narrows its role's ceiling: never more than both allow.
+    # A credential's list narrows its role: never more than both allow.
     grant = Grant(frozenset({"tool.call:*", "run.read"}), frozenset({"tool.call:qinglong.*", "run.read", "*"}))
     assert allows(grant, "tool.call:qinglong.run.list") and not allows(grant, "artifact.read")
+    # An operator gets task.privileged or secret.use only by name, never through `*`.
+    for listed, privileged, api in ((["*"], False, False), (["*", "task.privileged"], True, False),
+                                    (["*", "secret.use:api"], False, True), (["secret.use"], False, True)):
+        grant = Grant(role_permissions("operator", [], listed), frozenset(listed))
+        assert (allows(grant, "task.privileged"), allows(grant, "secret.use:api")) == (privileged, api), listed
+    assert not allows(Grant(role_permissions("viewer", [], ["task.privileged"]), frozenset({"task.privileged"})),
+                      "task.privileged")
     for ok in ("*", "task.privileged", "secret.use", "secret.use:api", "secret.use:API_2", "tool.call:qinglong.*",
                "tool.call:*"):
         assert valid_permission(ok), ok

@@ -39,10 +39,9 @@ SECRET_USE = "secret.use"
 _FAMILIES = frozenset({SECRET_USE})
 
 _VIEWER = frozenset({"task.read", "trigger.read", "run.read", "status.read"})
-# What an operator may be given (a credential's list), and what it holds by default: a
-# task that runs privileged or reads a secret would let it act as an owner.
-_OPERATOR_CEILING = frozenset(DOMAIN_PERMISSIONS) - {"credential.admin", "secret.write"}
-_OPERATOR = _OPERATOR_CEILING - {TASK_PRIVILEGED, SECRET_USE}
+# An operator holds neither by default: a task that runs privileged, or reads a secret, would
+# let it act as an owner. A credential's list may give them by name (never through `*`).
+_OPERATOR = frozenset(DOMAIN_PERMISSIONS) - {"credential.admin", "secret.write", TASK_PRIVILEGED, SECRET_USE}
 
 
 class Grant(msgspec.Struct, frozen=True):
@@ -73,13 +72,18 @@ class Credential(msgspec.Struct, rename="camel"):
     revoked_at_ms: int | None = None
 
 
-def role_permissions(role: str, read_tools: Iterable[str], ceiling: bool = False) -> frozenset[str]:
-    """The permissions a role grants by default, given the names of the read-effect tools;
-    with `ceiling`, the most a credential of that role may be given by its own list."""
+def grantable(permission: str) -> bool:
+    """What an operator holds only when its credential's list names it."""
+    return permission in (TASK_PRIVILEGED, SECRET_USE) or permission.startswith(SECRET_USE + ":")
+
+
+def role_permissions(role: str, read_tools: Iterable[str], named: Iterable[str] = ()) -> frozenset[str]:
+    """The permissions a role grants, given the names of the read-effect tools; `named`,
+    a credential's own list, may add to an operator what is grantable to it by name."""
     if role == "owner":
         return frozenset({"*"})
     if role == "operator":
-        return (_OPERATOR_CEILING if ceiling else _OPERATOR) | {"tool.call:*"}
+        return _OPERATOR | {"tool.call:*"} | {p for p in named if grantable(p)}
     if role == "viewer":
         return _VIEWER | {f"tool.call:{name}" for name in read_tools}
     return frozenset()  # unknown role: nothing

@@ -54,9 +54,8 @@ class Authenticator:
         self._pepper = pepper
         self._owner_uids = frozenset(owner_uids)
         self._project = project
-        names = list(read_tools)
-        self._roles = {role: role_permissions(role, names) for role in ("owner", "operator", "viewer")}
-        self._ceilings = {role: role_permissions(role, names, ceiling=True) for role in ("owner", "operator", "viewer")}
+        self._read_tools = list(read_tools)
+        self._roles = {role: role_permissions(role, self._read_tools) for role in ("owner", "operator", "viewer")}
 
     async def authenticate(self, caller: Caller) -> Principal:
         if caller.token is not None:
@@ -85,8 +84,10 @@ class Authenticator:
         if cred.permissions is None:
             grant = Grant(self._roles.get(cred.role, frozenset()))
         else:
-            # An explicit list narrows what the role may hold; it can never widen it.
-            grant = Grant(self._ceilings.get(cred.role, frozenset()), frozenset(cred.permissions))
+            # An explicit list narrows the role; it widens it only by what the role may be
+            # given by name (an operator's task.privileged, secret.use[:name]).
+            role = role_permissions(cred.role, self._read_tools, cred.permissions)
+            grant = Grant(role, frozenset(cred.permissions))
         return Principal(subject=subject, role=cred.role, permissions=grant, credential_id=cid)
 
     async def still_valid(self, principal: Principal) -> bool:
