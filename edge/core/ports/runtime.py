@@ -10,7 +10,7 @@ from typing import Protocol
 from edge.core.ports.stores import TriggerStore
 from edge.core.reads import Counts
 from edge.core.runs import ActorType, Run
-from edge.core.tasks import Task
+from edge.core.tasks import RunAs, Task
 
 
 class Clock(Protocol):
@@ -65,6 +65,35 @@ class RunExecutor(Protocol):
         ...
 
 
+class TaskUsers(Protocol):
+    """Who tasks run as, and where, on this system: the facts the permission rule
+    (edge.core.auth.task_permissions) needs about a task, at write time and at run time."""
+
+    @property
+    def default_user(self) -> str:
+        """The user a new task gets when it names none."""
+        ...
+
+    def resolve(self, user: str | None, group: str | None) -> RunAs:
+        """Who a run of a task naming `user` and `group` is (user None: the daemon's own
+        user; group None: the user's own), with why running so needs task.privileged, if
+        it does. Reads the system's user and group databases each time. Raises
+        invalid_argument when the user or group does not exist, or when the daemon cannot
+        switch to that user (it is not root)."""
+        ...
+
+    def working_dir(self, path: str | None, run_as: RunAs | None = None) -> str:
+        """The directory a run starts in: `path`, or the default. Raises invalid_argument
+        when it is not absolute, lies inside the state directory (resolving links), or,
+        given who the run is, lies where that user may not go (the run enters it before
+        switching users)."""
+        ...
+
+    def describe(self) -> str:
+        """One line for `qledge status`: how tasks run here."""
+        ...
+
+
 class RunController(RunExecutor, Protocol):
     """The runner, as tools see it."""
 
@@ -75,6 +104,11 @@ class RunController(RunExecutor, Protocol):
 
     async def wait(self, project: str, run_id: str, timeout_s: float) -> Run | None:
         """The run once it has finished or `timeout_s` has passed; None when missing."""
+        ...
+
+    def disk_shortfall(self) -> str | None:
+        """Why a run could not start now for lack of free space in the state directory
+        (one line for the caller), or None when there is room."""
         ...
 
 

@@ -16,7 +16,7 @@ _spec_decoder = msgspec.json.Decoder(TaskSpec)
 
 _SELECT = """
 SELECT t.project_id, t.id, t.name, r.revision, r.enabled, r.spec, r.content_digest,
-       t.created_at_ms, t.updated_at_ms
+       t.created_at_ms, t.updated_at_ms, r.privileged
 FROM tasks AS t
 JOIN task_revisions AS r ON r.project_id = t.project_id AND r.task_id = t.id
 """
@@ -26,7 +26,7 @@ SQL_LIST = _SELECT + "WHERE t.project_id = ? AND t.id > ? AND r.revision = t.rev
 
 
 def _task(row: tuple) -> Task:
-    project, task_id, name, revision, enabled, spec, digest, created, updated = row
+    project, task_id, name, revision, enabled, spec, digest, created, updated, privileged = row
     return Task(
         id=task_id,
         project_id=project,
@@ -37,6 +37,7 @@ def _task(row: tuple) -> Task:
         content_digest=digest,
         created_at_ms=created,
         updated_at_ms=updated,
+        privileged=bool(privileged),
     )
 
 
@@ -55,19 +56,20 @@ def _head_revision(conn: apsw.Connection, project: str, task_id: str, expected: 
 
 
 def _insert_revision(
-    conn: apsw.Connection, project: str, task_id: str, revision: int, spec: TaskSpec, enabled: bool, now: int
+    conn: apsw.Connection, project: str, task_id: str, revision: int, spec: TaskSpec, enabled: bool, now: int,
+    privileged: bool,
 ) -> None:
     conn.execute(
         "INSERT INTO task_revisions (project_id, task_id, revision, spec_schema, spec, content_digest,"
-        " enabled, created_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        " enabled, created_at_ms, privileged) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (project, task_id, revision, SPEC_SCHEMA, _spec_encoder.encode(spec).decode(),
-         content_digest(spec), int(enabled), now),
+         content_digest(spec), int(enabled), now, int(privileged)),
     )
 
 
 def _new_revision(
     conn: apsw.Connection, project: str, task_id: str, expected: int | None, now: int,
-    spec: TaskSpec | None = None, enabled: bool | None = None, name: str | None = None,
+    spec: TaskSpec | None = None, enabled: bool | None = None, name: str | None = None, privileged: bool = False,
 ) -> Task:
     with immediate(conn):
         head = _head_revision(conn, project, task_id, expected)
@@ -76,10 +78,12 @@ def _new_revision(
         if spec is None and name is None and enabled == current.enabled:
             return current  # enabling an enabled task changes nothing
         revision = head + 1
+        # An unchanged spec keeps its writer's standing; a new one gets this writer's.
         _insert_revision(
             conn, project, task_id, revision,
             current.spec if spec is None else spec,
             current.enabled if enabled is None else enabled, now,
+            current.privileged if spec is None else privileged,
         )
         conn.execute(
             "UPDATE tasks SET revision = ?, enabled = ?, name = coalesce(?, name), updated_at_ms = ?"
@@ -97,7 +101,9 @@ def page(conn: apsw.Connection, project: str, after: str, limit: int) -> list[Ta
     return [_task(row) for row in conn.execute(SQL_LIST, (project, after, limit))]
 
 
-def create(conn: apsw.Connection, project: str, task_id: str, name: str, spec: TaskSpec, now: int) -> Task:
+def create(
+    conn: apsw.Connection, project: str, task_id: str, name: str, spec: TaskSpec, now: int, privileged: bool
+) -> Task:
     with immediate(conn):
         try:
             conn.execute(
@@ -107,7 +113,7 @@ def create(conn: apsw.Connection, project: str, task_id: str, name: str, spec: T
             )
         except apsw.ConstraintError:
             raise conflict(f"task {task_id!r} already exists") from None
-        _insert_revision(conn, project, task_id, 1, spec, True, now)
+        _insert_revision(conn, project, task_id, 1, spec, True, now, privileged)
         task = get(conn, project, task_id)
     assert task is not None
     return task
@@ -136,13 +142,17 @@ class SqliteTaskStore:
         self._db = db
         self._logs = logs
 
-    async def create(self, project: str, task_id: str, name: str, spec: TaskSpec, now_ms: int) -> Task:
-        return await self._db.run(create, project, task_id, name, spec, now_ms)
+    async def create(
+        self, project: str, task_id: str, name: str, spec: TaskSpec, now_ms: int, *, privileged: bool
+    ) -> Task:
+        return await self._db.run(create, project, task_id, name, spec, now_ms, privileged)
 
     async def update(
-        self, project: str, task_id: str, expected_revision: int, spec: TaskSpec, name: str | None, now_ms: int
+        self, project: str, task_id: str, expected_revision: int, spec: TaskSpec, name: str | None, now_ms: int,
+        *, privileged: bool,
     ) -> Task:
-        return await self._db.run(_new_revision, project, task_id, expected_revision, now_ms, spec, None, name)
+        return await self._db.run(
+            _new_revision, project, task_id, expected_revision, now_ms, spec, None, name, privileged)
 
     async def set_enabled(
         self, project: str, task_id: str, enabled: bool, expected_revision: int | None, now_ms: int
