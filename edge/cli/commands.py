@@ -6,6 +6,8 @@ same types the daemon decodes and encodes, so every field read here is checked b
 
 from __future__ import annotations
 
+import math
+import os
 import sys
 from typing import TYPE_CHECKING, TypeVar
 
@@ -15,7 +17,16 @@ from edge.cli import render
 from edge.cli.client import CallFailed, Client
 from edge.core.auth import Credential, SecretInfo
 from edge.core.runs import Run
-from edge.core.tasks import DEFAULT_TIMEOUT_MS, ArgvCommand, Command, SecretRef, ShellCommand, Task, TaskSpec
+from edge.core.tasks import (
+    DEFAULT_TIMEOUT_MS,
+    MAX_TIMEOUT_MS,
+    ArgvCommand,
+    Command,
+    SecretRef,
+    ShellCommand,
+    Task,
+    TaskSpec,
+)
 from edge.tools.builtin import backup as backup_tools
 from edge.tools.builtin import credentials as credential_tools
 from edge.tools.builtin import runs as run_tools
@@ -52,18 +63,36 @@ def _env(pairs: list[str], secret_pairs: list[str]) -> dict[str, str | SecretRef
     return env
 
 
+def _timeout_ms(seconds: float | None) -> int:
+    if seconds is None:
+        return DEFAULT_TIMEOUT_MS
+    top = MAX_TIMEOUT_MS // 1000
+    if not math.isfinite(seconds) or not 1 <= seconds <= top:
+        raise UsageError(f"--timeout expects seconds from 1 to {top}, got {seconds:g}")
+    return int(seconds * 1000)
+
+
 def task_spec(a: argparse.Namespace) -> TaskSpec:
     if not a.command:
         raise UsageError("give the command after `--`, e.g. qledge task add hello -- echo hi")
     command: Command
     if a.shell:
-        command = ShellCommand(command=" ".join(a.command))
+        # Joining words would re-split them in the shell: `a b` and `c;echo x` must not become
+        # `a b c;echo x`. The shell command is one argument, quoted as the shell reads it.
+        if len(a.command) != 1:
+            raise UsageError(f"--shell takes exactly one argument after `--`, the shell command, but got"
+                             f" {len(a.command)}: quote it as one, e.g. --shell -- 'echo a; echo b'")
+        command = ShellCommand(command=a.command[0])
     else:
         command = ArgvCommand(file=a.command[0], args=a.command[1:])
-    return TaskSpec(
-        command=command, env=_env(a.env, a.secret_env), overlap=a.overlap, working_dir=a.cwd or None,
-        timeout_ms=DEFAULT_TIMEOUT_MS if a.timeout is None else int(a.timeout * 1000), log_cap_bytes=a.log_cap,
-    )
+    try:
+        return TaskSpec(
+            command=command, env=_env(a.env, a.secret_env), overlap=a.overlap,
+            working_dir=os.path.abspath(a.cwd) if a.cwd else None, timeout_ms=_timeout_ms(a.timeout),
+            log_cap_bytes=a.log_cap, user=a.user or None, group=a.group or None,
+        )
+    except ValueError as exc:  # TaskSpec's own checks (e.g. a QLEDGE_ variable)
+        raise UsageError(str(exc)) from None
 
 
 def show(a: argparse.Namespace, value: T, human: Callable[[T], None]) -> int:
@@ -106,10 +135,17 @@ def _task_fields(t: Task) -> None:
         ("task", t.id), ("name", t.name), ("revision", t.revision),
         ("enabled", _yes(t.enabled)), ("command", render.command_text(spec)),
         ("kind", t.kind), ("timeout", f"{spec.timeout_ms / 1000:g}s"),
-        ("overlap", spec.overlap), ("working dir", spec.working_dir),
+        ("overlap", spec.overlap), ("user", _user(t)), ("working dir", spec.working_dir),
         ("env", ", ".join(sorted(spec.env)) or None), ("digest", t.content_digest),
         ("updated", render.when(t.updated_at_ms)),
     ])
+
+
+def _user(t: Task) -> str:
+    spec = t.spec
+    who = spec.user or "the daemon's user"
+    who += f" (group {spec.group})" if spec.group else ""
+    return who + (", written with task.privileged" if t.privileged else "")
 
 
 def task_add(c: Client, a: argparse.Namespace) -> int:
@@ -255,7 +291,12 @@ def _read_secret(name: str) -> str:
         if value != getpass.getpass("again: "):
             raise UsageError("the two values differ; nothing was stored")
     else:
-        value = sys.stdin.read()
+        raw = sys.stdin.buffer.read()
+        try:
+            value = raw.decode()
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"the value on stdin is not UTF-8 text (byte {exc.start}); nothing was stored"
+                             " (encode binary values, e.g. base64)") from None
         value = value[:-2] if value.endswith("\r\n") else value[:-1] if value.endswith("\n") else value
     if not value:
         raise UsageError("empty value; nothing was stored")
