@@ -176,7 +176,7 @@ def test_a_state_file_writable_by_others_is_refused(started, name):
     assert f"chmod go-w {path}" in err
 
 
-@pytest.mark.parametrize("name", ["qledge.db", "pepper", "qledge.db-wal", "lock"])
+@pytest.mark.parametrize("name", ["qledge.db", "pepper", "qledge.db-wal", "lock", "audit-spool.jsonl"])
 def test_a_planted_link_is_refused_not_followed(started, tmp_path, name):
     """With a home others could once write, a `qledge.db` link made a root daemon run an
     attacker's tasks, and a `pepper` link gave an attacker-known pepper."""

@@ -15,7 +15,9 @@ import os
 import stat
 
 # What the daemon keeps in its home (the socket is replaced on every start).
-STATE_FILES = ("pepper", "lock", "qledge.db", "qledge.db-wal", "qledge.db-shm", "qledge.db-journal", "ballast")
+# audit-spool.jsonl: a cluster node's audit rows while PostgreSQL is unreachable.
+STATE_FILES = ("pepper", "lock", "qledge.db", "qledge.db-wal", "qledge.db-shm", "qledge.db-journal", "ballast",
+               "audit-spool.jsonl")
 STATE_DIRS = ("logs",)
 _OPEN = os.O_NOFOLLOW | os.O_CLOEXEC
 
