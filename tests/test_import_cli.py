@@ -294,9 +294,20 @@ def test_qinglong_scripts_go_where_their_task_user_reads_them(daemon, workdir):
         " cannot read and where no run starts: choose a directory outside it\n")
     assert task_ids(daemon) == [] and secret_names(daemon) == []
 
+    import apsw
+
+    conn = apsw.Connection(os.path.join(data, "db", "database.sqlite"))  # a work_dir nobody may not enter
+    conn.execute("INSERT INTO Crontabs (name, command, schedule, isDisabled, isSystem, work_dir, createdAt,"
+                 " updatedAt) VALUES ('closed', 'task backup.sh', '0 5 * * *', 0, 0, ?, ?, ?)",
+                 (workdir, ql.STAMP, ql.STAMP))
+    conn.close()
     dest = os.path.join(daemon.scratch, "ql", "scripts")
     done = ok(daemon.cli("import", "qinglong", data, "--user", "nobody", "--scripts-dir", dest))
     assert f"copied to {dest}" in done
+    # A working directory the daemon refuses concerns its cron alone: reported, the rest imported.
+    assert f"not imported: the daemon refuses it: working directory {workdir}: user nobody may not enter" \
+        f" {workdir}" in done
+    assert "summary: 4 tasks with " in done and "1 working directory refused" in done
     task = as_json(daemon.cli("task", "get", "ql_checkin", "--json"))
     assert (task["spec"]["user"], task["spec"]["workingDir"]) == ("nobody", dest)
     nobody = pwd.getpwnam("nobody").pw_uid
