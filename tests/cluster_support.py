@@ -11,9 +11,9 @@ from support import DaemonProcess
 
 
 def node_config(dsn: str, node: str, *, concurrency: int = 2, lease_s: float = 3, heartbeat_s: float = 0.5,
-                poll_s: float = 0.5, extra: str = "") -> str:
+                poll_s: float = 0.5, extra: str = "", runner: str = "") -> str:
     return (
-        f"[runner]\nconcurrency = {concurrency}\nkill_grace_s = 1\nqueue_limit = 64\n"
+        f"[runner]\nconcurrency = {concurrency}\nkill_grace_s = 1\nqueue_limit = 64\n{runner}"
         f'[cluster]\ndsn = "{dsn}"\nnode = "{node}"\nlease_s = {lease_s}\nheartbeat_s = {heartbeat_s}\n'
         f"poll_s = {poll_s}\nwrite_retry_s = 30\n{extra}"
     )

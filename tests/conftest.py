@@ -4,12 +4,20 @@ import shutil
 
 import pytest
 
-from support import DaemonProcess, short_tmpdir
+from support import DaemonProcess, scratch_dir, short_tmpdir
 
 
 @pytest.fixture
 def home():
     path = short_tmpdir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def scratch():
+    """A 1777 directory outside the daemon's home, for files tasks write."""
+    path = scratch_dir()
     yield path
     shutil.rmtree(path, ignore_errors=True)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -20,6 +21,10 @@ from edge.cli.client import Client
 from edge.transports import tool_protocol as frames
 
 READY_TIMEOUT_S = 20.0
+# The user the test daemons run as: a task naming it runs as the daemon does (as root in
+# CI, where a task naming no user runs as nobody).
+OWN_USER = pwd.getpwuid(os.geteuid()).pw_name
+IS_ROOT = os.geteuid() == 0
 
 
 def short_tmpdir() -> str:
@@ -27,12 +32,20 @@ def short_tmpdir() -> str:
     return tempfile.mkdtemp(prefix="qle", dir="/tmp")
 
 
+def scratch_dir() -> str:
+    """A directory outside every home that any task user may write (mode 1777, like /tmp):
+    where a test's tasks leave files for the test to read."""
+    path = tempfile.mkdtemp(prefix="qlew", dir="/tmp")
+    os.chmod(path, 0o1777)
+    return path
+
+
 class DaemonProcess:
     """`python -m edge serve` in a private home, ready when it says READY=1 via sd_notify."""
 
     def __init__(
         self, home: str | None = None, config: str | None = None, env: dict[str, str] | None = None,
-        argv: list[str] | None = None,
+        argv: list[str] | None = None, user: str | None = None,
     ) -> None:
         self.argv = argv or [sys.executable, "-m", "edge"]  # what runs `serve`: e.g. a .pyz or another venv
         self.ready_s: float | None = None
@@ -49,6 +62,18 @@ class DaemonProcess:
         self.env.pop("QLEDGE_SOCKET", None)
         self.proc: subprocess.Popen | None = None
         self.stderr_path = os.path.join(self.home, "daemon.stderr")
+        self._scratch: str | None = None
+        self.user = user  # run the daemon as this user (the test must be root); its home becomes its own
+        if user is not None:
+            pw = pwd.getpwnam(user)
+            os.chown(self.home, pw.pw_uid, pw.pw_gid)
+
+    @property
+    def scratch(self) -> str:
+        """A 1777 directory outside the home (scratch_dir), removed with the daemon's home."""
+        if self._scratch is None:
+            self._scratch = scratch_dir()
+        return self._scratch
 
     def start(self, extra_args: list[str] | None = None) -> DaemonProcess:
         notify_path = os.path.join(self.home, "notify.sock")
@@ -56,6 +81,8 @@ class DaemonProcess:
             os.unlink(notify_path)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         listener.bind(notify_path)
+        if self.user is not None:
+            os.chmod(notify_path, 0o777)
         listener.settimeout(READY_TIMEOUT_S)
         args = [*self.argv, "serve"]
         if self.config_path:
@@ -63,9 +90,11 @@ class DaemonProcess:
         args += extra_args or []
         started = time.perf_counter()
         with open(self.stderr_path, "ab") as err:
+            as_user = {} if self.user is None else {"user": self.user, "group": pwd.getpwnam(self.user).pw_gid,
+                                                     "extra_groups": []}
             self.proc = subprocess.Popen(
                 args, env={**self.env, "NOTIFY_SOCKET": notify_path},
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, **as_user,
             )
         try:
             while True:
@@ -104,6 +133,8 @@ class DaemonProcess:
         self.stop()
         if self._own_home:
             shutil.rmtree(self.home, ignore_errors=True)
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
 
     @property
     def pid(self) -> int:

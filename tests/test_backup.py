@@ -169,7 +169,12 @@ def test_permissions_fail_closed_and_write_nothing(daemon_factory, tmp_path):
     refused = target.cli("import", full, token=target_operator)  # secrets need secret.write
     assert refused.returncode == 1 and "requires permission secret.write" in refused.stderr
     assert _heads(target) == ({}, {})  # the dry pass found it before anything was written
-    _ok(target.cli("import", mine, token=target_operator))
+    # Its tasks use a secret: an operator may write them only when its credential names it.
+    refused = target.cli("import", mine, token=target_operator)
+    assert refused.returncode == 1 and "requires permission secret.use:api" in refused.stderr
+    assert _heads(target) == ({}, {})
+    _, may_use = target.token("operator", ["*", "secret.use:api"])
+    _ok(target.cli("import", mine, token=may_use))
     assert len(_heads(target)[0]) == 3
 
 

@@ -48,13 +48,14 @@ def test_failing_command_is_failed_with_exit_code(daemon):
 
 
 @pytest.mark.e2e
-def test_timeout_kills_the_process_group(daemon):
+def test_timeout_kills_the_process_group(daemon, scratch):
     # The child shell spawns a grandchild; both must die when the run times out.
-    daemon.cli("task", "add", "slow", "--timeout", "1", "--shell", "--", "sleep 60 & echo $! > pidfile; wait")
+    daemon.cli("task", "add", "slow", "--timeout", "1", "--cwd", scratch, "--shell", "--",
+               "sleep 60 & echo $! > pidfile; wait")
     result = daemon.cli("run", "start", "slow", "--wait", "--json")
     run = json.loads(result.stdout)
     assert run["status"] == "timed_out" and run["errorCode"] == "timeout"
-    with open(os.path.join(daemon.home, "work", "pidfile")) as f:
+    with open(os.path.join(scratch, "pidfile")) as f:
         grandchild = int(f.read())
     assert not _alive(grandchild)
 

@@ -4,11 +4,13 @@ local, the logs of any run from any node, and what the default daemon never load
 from __future__ import annotations
 
 import os
+import shutil
 import time
 
 import pytest
 
 from cluster_support import node_config, rows, start_nodes, task, wait_for
+from support import IS_ROOT
 
 
 def _modules(d) -> list[str]:
@@ -89,6 +91,55 @@ def test_cancel_and_wait_reach_a_run_held_by_another_node(daemon_factory, pg_dsn
         cancelled = b.call("qledge.run.cancel", {"runId": run["id"]})
         assert cancelled["status"] == "cancelled", cancelled
     assert {r["status"] for r in a.call("qledge.run.list")["runs"]} == {"cancelled"}
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="switching users needs a root daemon")
+def test_task_users_and_task_privileged_hold_on_every_node(daemon_factory, pg_dsn):
+    """Each revision's writer standing is shared (PostgreSQL records it), checked when it is
+    written on any node and again by whichever node runs it; a start asked of a node short
+    of disk is refused there."""
+    import pwd
+
+    from edge.cli.client import CallFailed
+
+    nobody = pwd.getpwnam("nobody")
+    a = start_nodes(daemon_factory, pg_dsn, 1, concurrency=1)[0]
+    b = daemon_factory(config=node_config(pg_dsn, "n2", concurrency=1))
+    shutil.copy2(os.path.join(a.home, "pepper"), os.path.join(b.home, "pepper"))  # tokens work on both
+    b.start()
+    _, op = a.token("operator")
+    a.call("qledge.task.create", task("mine", ["id", "-u"]), token=op)  # names no user: the default, nobody
+    rooted = task("rooted", ["id", "-u"])
+    rooted["spec"]["user"] = "root"
+    a.call("qledge.task.create", rooted)  # the owner (root's uid)
+    with pytest.raises(CallFailed) as refused:
+        b.call("qledge.task.update", {"taskId": "rooted", "expectedRevision": 1, "spec": rooted["spec"]}, token=op)
+    assert refused.value.code == "permission_denied" and "runs as root" in refused.value.message
+    for node in (a, b):
+        seen = {t["id"]: (t["spec"]["user"], t["privileged"]) for t in node.call("qledge.task.list")["tasks"]}
+        assert seen == {"mine": ("nobody", False), "rooted": ("root", True)}
+    for name, uid in (("rooted", 0), ("mine", nobody.pw_uid)):
+        run = b.call("qledge.run.start", {"taskId": name})
+        done = b.call("qledge.run.wait", {"runId": run["id"], "timeoutMs": 20_000})["run"]
+        assert done["status"] == "succeeded" and b.cli("run", "log", run["id"]).stdout == f"{uid}\n"
+    # nobody is no longer a task user on the node left: the operator's revision is refused
+    # before it runs, the owner's still runs as root.
+    a.stop()
+    b.stop()
+    assert b.config_path is not None
+    with open(b.config_path, "w") as f:
+        f.write(node_config(pg_dsn, "n2", concurrency=1, runner="task_users = []\n"))
+    b.start()
+    run = b.call("qledge.run.start", {"taskId": "mine"})
+    done = b.call("qledge.run.wait", {"runId": run["id"], "timeoutMs": 20_000})["run"]
+    assert (done["status"], done["errorCode"], done.get("startedAtMs")) == ("failed", "permission_denied", None)
+    assert "not in [runner] task_users" in done["errorSummary"] and "task.privileged" in done["errorSummary"]
+    assert a.config_path is not None
+    with open(a.config_path, "w") as f:
+        f.write(node_config(pg_dsn, "n1", runner=f"disk_reserve_bytes = {1 << 60}\n"))
+    a.start()
+    short = a.cli("run", "start", "rooted")
+    assert short.returncode == 1 and short.stderr.startswith("qledge: resource_exhausted: disk_space_low: only ")
 
 
 def test_a_dsn_password_is_never_shown(daemon_factory, pg_server, home):

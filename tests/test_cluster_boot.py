@@ -57,7 +57,7 @@ async def _fire(pg, trigger_id: str, at: int) -> list[Run]:
 async def test_reboot_is_once_per_boot_of_each_node_and_runs_on_that_node(node):
     a, b = await node("gw-1"), await node("gw-2")
     t = now_ms()
-    await a.tasks.create(P, "t", "T", spec(), t)
+    await a.tasks.create(P, "t", "T", spec(), t, privileged=False)
     await a.triggers.create(P, "r", "t", None, REBOOT, t)
     # Each node's boot is its own: both arm, and neither start undoes the other's record.
     assert await a.admission.arm_boot(P, "boot-a1", t) == 1
@@ -86,7 +86,7 @@ async def test_reboot_is_once_per_boot_of_each_node_and_runs_on_that_node(node):
 async def test_a_node_booting_again_loses_the_boot_run_it_never_took(node):
     a, b = await node("gw-1"), await node("gw-2")
     t = now_ms()
-    await a.tasks.create(P, "t", "T", spec(), t)
+    await a.tasks.create(P, "t", "T", spec(), t, privileged=False)
     await a.triggers.create(P, "r", "t", None, REBOOT, t)
     await a.admission.arm_boot(P, "boot-1", t)
     [first] = await _fire(a, "r", t)
@@ -108,7 +108,7 @@ async def test_a_node_booting_again_loses_the_boot_run_it_never_took(node):
 async def test_a_boot_run_its_node_never_takes_is_lost_after_the_lease(node):
     a, b = await node("gw-1", lease_s=0.3), await node("gw-2", lease_s=0.3)
     t = now_ms()
-    await a.tasks.create(P, "t", "T", spec(), t)
+    await a.tasks.create(P, "t", "T", spec(), t, privileged=False)
     await a.triggers.create(P, "r", "t", None, REBOOT, t)
     await a.admission.arm_boot(P, "boot-1", t)
     [run] = await _fire(a, "r", t)
@@ -126,7 +126,7 @@ async def test_a_boot_run_its_node_never_takes_is_lost_after_the_lease(node):
 async def test_once_fires_on_one_node_only(node):
     a, b = await node("gw-1"), await node("gw-2")
     t = now_ms()
-    await a.tasks.create(P, "t", "T", spec(), t)
+    await a.tasks.create(P, "t", "T", spec(), t, privileged=False)
     await a.triggers.create(P, "o", "t", None, ONCE, t)
     assert (t, "o") in await b.admission.armed(P)
     fired = await asyncio.gather(_fire(a, "o", t + 1), _fire(b, "o", t + 1))
@@ -146,12 +146,14 @@ async def test_the_same_import_on_two_nodes_at_once_creates_one_task(node):
     item = ImportTask(key="crontab:root:1", task_id="job", spec=spec(),
                       triggers=[ImportTrigger(expression="0 3 * * *")])
     daily = [CronSpec(expression="0 3 * * *", timezone="UTC")]
-    results = await asyncio.gather(a.tasks.import_task(P, item, daily, t), b.tasks.import_task(P, item, daily, t))
+    results = await asyncio.gather(a.tasks.import_task(P, item, daily, t, privileged=False),
+                                   b.tasks.import_task(P, item, daily, t, privileged=False))
     assert sorted(r.status for r in results) == ["created", "exists"]
     assert {(r.task_id, tuple(r.trigger_ids)) for r in results} == {("job", ("job-1",))}
     # Two keys wanting one id at once: the one that loses the id takes the next.
     other = [ImportTask(key=f"crontab:root:{n}", task_id="same", spec=spec()) for n in (2, 3)]
-    made = await asyncio.gather(a.tasks.import_task(P, other[0], [], t), b.tasks.import_task(P, other[1], [], t))
+    made = await asyncio.gather(a.tasks.import_task(P, other[0], [], t, privileged=False),
+                                b.tasks.import_task(P, other[1], [], t, privileged=False))
     assert sorted(m.task_id for m in made) == ["same", "same-2"]
     secrets = await asyncio.gather(a.secrets.import_secret(P, "ql:env:K", "K", "v", t),
                                    b.secrets.import_secret(P, "ql:env:K", "K", "v", t))

@@ -138,7 +138,7 @@ async def test_a_start_cancelled_anywhere_leaves_no_run_stranded(home, yields):
     workers = build_workers(config, home, stores, clock)
     try:
         spec = TaskSpec(command=ArgvCommand(file="true"), overlap="allow")
-        await stores.tasks.create("default", "t", "t", spec, clock.now_ms())
+        await stores.tasks.create("default", "t", "t", spec, clock.now_ms(), privileged=True)
         task = await stores.tasks.get("default", "t")
         assert task is not None
         calls = [asyncio.create_task(workers.runner.start(task, "user")) for _ in range(8)]

@@ -13,7 +13,7 @@ import subprocess
 import pytest
 
 import qinglong_fixture as ql
-from support import short_tmpdir
+from support import IS_ROOT, short_tmpdir
 
 
 def read(path: str) -> str:
@@ -43,6 +43,18 @@ def workdir():
     path = short_tmpdir()
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def scripts(daemon):
+    """Where `qledge import qinglong` copies scripts by default: beside the daemon's state
+    directory (`<home>-scripts/qinglong`), never inside it."""
+    beside = daemon.home + "-scripts"
+    yield os.path.join(beside, "qinglong")
+    shutil.rmtree(beside, ignore_errors=True)
+
+
+needs_root = pytest.mark.skipif(not IS_ROOT, reason="tasks run as other users only under a root daemon")
 
 
 CRONTAB = """\
@@ -89,6 +101,8 @@ def test_crontab_import_dry_run_idempotent_disable_source(daemon, workdir):
     assert task["spec"]["command"] == {"kind": "shell", "command": 'echo "$BACKUP_DIR $USER" > "$OUT"',
                                        "shell": "/bin/sh"}
     assert task["spec"]["env"]["BACKUP_DIR"] == "/mnt/usb/backup" and task["spec"]["env"]["USER"] == "root"
+    # busybox runs /etc/crontabs/root as root: so do its tasks, written by an owner.
+    assert (task["spec"]["user"], task["spec"]["workingDir"], task["privileged"]) == ("root", "/root", True)
     # The imported task runs with the crontab's environment.
     ok(daemon.cli("run", "start", "echo", "--wait"))
     assert read(out) == "/mnt/usb/backup root\n"
@@ -133,7 +147,7 @@ SECRET_VALUES = ("SECRETDEVICEKEY", "TELEGRAMSECRET", "PANELPASSWORD", "APPSECRE
 
 
 @pytest.mark.parametrize("old", [False, True], ids=["qinglong-2.21", "older-install"])
-def test_qinglong_import(daemon, workdir, old):
+def test_qinglong_import(daemon, workdir, scripts, old):
     data = ql.make_data_dir(workdir, old=old)
     dry = daemon.cli("import", "qinglong", data, "--dry-run")
     text = ok(dry)
@@ -174,12 +188,14 @@ def test_qinglong_import(daemon, workdir, old):
     assert tasks["backup"]["enabled"] is False
     assert tasks["boot_notify"]["spec"].get("overlap", "forbid") == ("forbid" if old else "allow")
     assert tasks["ql_checkin"]["name"] == "每日签到" and tasks["ql_checkin"]["spec"]["timeoutMs"] == 600_000
-    scripts = os.path.join(daemon.home, "scripts", "qinglong")
+    assert scripts == os.path.join(os.path.realpath(daemon.home) + "-scripts", "qinglong")
     assert tasks["jd_bean_change"]["spec"]["command"] == {
         "kind": "argv", "file": "node", "args": [os.path.join(scripts, "jd_bean_change.js")]}
     assert tasks["jd_bean_change"]["spec"]["env"] == {"JD_COOKIE": {"secret": "JD_COOKIE"},
                                                        "_PRIVATE_TOKEN": {"secret": "ql_PRIVATE_TOKEN"}}
     assert sorted(os.listdir(scripts)) == ["backup.sh", "boot_notify.sh", "jd_bean_change.js", "lib", "ql_checkin.py"]
+    assert {t["spec"]["user"] for t in tasks.values()} == {"root"}  # qinglong ran every script as root
+    assert tasks["ql_checkin"]["spec"]["workingDir"] == scripts
 
     # The script runs from the copied scripts directory with qinglong's environment.
     ok(daemon.cli("run", "start", "ql_checkin", "--wait"))
@@ -196,7 +212,7 @@ def test_qinglong_import(daemon, workdir, old):
     assert len(task_ids(daemon)) == 4
 
 
-def test_qinglong_backup_with_notifications_and_scripts_in_place(daemon, workdir):
+def test_qinglong_backup_with_notifications_and_scripts_in_place(daemon, workdir, scripts):
     data = ql.make_data_dir(workdir)
     backup = ql.make_backup(workdir, data)
     refused = daemon.cli("import", "qinglong", backup, "--scripts-in-place")
@@ -250,6 +266,73 @@ def test_qinglong_import_needs_secret_write_and_creates_nothing_without_it(daemo
     assert refused.returncode == 1
     assert refused.stderr.startswith("qledge: permission_denied: ") and "import as an owner" in refused.stderr
     assert task_ids(daemon) == []
+
+
+@needs_root
+def test_an_operator_imports_a_root_crontab_only_for_a_task_user(daemon, workdir):
+    """/etc/crontabs/root runs as root: writing such a task needs task.privileged, which an
+    operator lacks. The refusal is one line saying what to do, and nothing is created;
+    `--user` with one of the task users imports it for that user."""
+    out = os.path.join(daemon.scratch, "out.txt")
+    path = os.path.join(workdir, "root")
+    with open(path, "w") as f:
+        f.write(f"0 3 * * * id -un > {out}\n@daily /usr/bin/rotate-logs\n")
+    _, operator = daemon.token("operator")
+    refused = daemon.cli("import", "crontab", path, token=operator)
+    assert refused.returncode == 1 and refused.stderr == (
+        "qledge: permission_denied: task id: runs as root; that requires permission task.privileged (the entries"
+        " run as root, the crontab's user: import as an owner, or name one of the daemon's [runner] task_users"
+        " with --user)\n")
+    assert task_ids(daemon) == [] and daemon.call("qledge.import.list")["imports"] == []
+    missing = daemon.cli("import", "crontab", path, "--user", "no-such-user-here", token=operator)
+    assert missing.returncode == 2 and missing.stderr == "qledge: --user no-such-user-here: there is no such user on" \
+        " this system\n"
+
+    done = ok(daemon.cli("import", "crontab", path, "--user", "nobody", token=operator))
+    assert "summary: 2 tasks with 2 triggers created" in done
+    task = as_json(daemon.cli("task", "get", "id", "--json"))
+    assert (task["spec"]["user"], task["spec"]["env"]["USER"], task["privileged"]) == ("nobody", "nobody", False)
+    run = as_json(daemon.cli("run", "start", "id", "--wait", "--json", token=operator))
+    assert run["status"] == "succeeded" and read(out) == "nobody\n"
+
+
+@needs_root
+def test_qinglong_scripts_go_where_their_task_user_reads_them(daemon, workdir):
+    import pwd
+
+    data = ql.make_data_dir(workdir)
+    home = os.path.realpath(daemon.home)
+    inside = daemon.cli("import", "qinglong", data, "--scripts-dir", os.path.join(home, "scripts"))
+    assert inside.returncode == 2 and inside.stderr == (
+        f"qledge: --scripts-dir {home}/scripts is inside the daemon's state directory {home}, which task users"
+        " cannot read and where no run starts: choose a directory outside it\n")
+    assert task_ids(daemon) == [] and secret_names(daemon) == []
+
+    import apsw
+
+    conn = apsw.Connection(os.path.join(data, "db", "database.sqlite"))  # a work_dir nobody may not enter
+    conn.execute("INSERT INTO Crontabs (name, command, schedule, isDisabled, isSystem, work_dir, createdAt,"
+                 " updatedAt) VALUES ('closed', 'task backup.sh', '0 5 * * *', 0, 0, ?, ?, ?)",
+                 (workdir, ql.STAMP, ql.STAMP))
+    conn.close()
+    dest = os.path.join(daemon.scratch, "ql", "scripts")
+    done = ok(daemon.cli("import", "qinglong", data, "--user", "nobody", "--scripts-dir", dest))
+    assert f"copied to {dest}" in done
+    # A working directory the daemon refuses concerns its cron alone: reported, the rest imported.
+    assert f"not imported: the daemon refuses it: working directory {workdir}: user nobody may not enter" \
+        f" {workdir}" in done
+    assert "summary: 4 tasks with " in done and "1 working directory refused" in done
+    task = as_json(daemon.cli("task", "get", "ql_checkin", "--json"))
+    assert (task["spec"]["user"], task["spec"]["workingDir"]) == ("nobody", dest)
+    nobody = pwd.getpwnam("nobody").pw_uid
+    # What was made for the scripts is the task user's (so they write beside themselves as
+    # under qinglong); what was there before is not touched.
+    for made in ("ql", "ql/scripts", "ql/scripts/ql_checkin.py", "ql/scripts/lib"):
+        assert os.stat(os.path.join(daemon.scratch, made)).st_uid == nobody, made
+    assert os.stat(daemon.scratch).st_uid == os.geteuid()
+    run = as_json(daemon.cli("run", "start", "ql_checkin", "--wait", "--json"))
+    assert run["status"] == "succeeded", run
+    assert os.stat(os.path.join(dest, "seen.txt")).st_uid == nobody
 
 
 def test_qinglong_bad_paths_are_one_line(daemon, workdir):

@@ -26,7 +26,7 @@ from edge.core.imports import (
 )
 from edge.core.tasks import ArgvCommand, SecretRef, ShellCommand
 
-ROOT = CrontabUser(name="root", home="/root")
+ROOT = CrontabUser(name="root", home="/root", work_dir="/root")
 
 CRONTAB = """\
 # m h dom mon dow command
@@ -69,6 +69,7 @@ def test_crontab_entries_env_and_nicknames():
     assert isinstance(backup.task.spec.command, ShellCommand) and backup.task.spec.command.shell == "/bin/ash"
     assert (backup.task.spec.working_dir, backup.task.spec.timeout_ms, backup.task.spec.overlap) == (
         "/root", 7_200_000, "forbid")
+    assert {e.task.spec.user for e in plan.entries} == {"root"}  # the crontab's user
     assert backup.task.name == "/usr/bin/backup.sh --full"
     assert plan.entries[4].notes == ["`%` is kept as it is, as busybox crond does (Vixie cron would make it a newline)"]
     problems = [(p.where, p.kind) for p in plan.problems]
@@ -87,6 +88,7 @@ def test_crontab_keys_are_stable_and_follow_what_runs():
     other_user = parse_crontab(CRONTAB, CrontabUser(name="nobody")).entries
     assert other_user[0].task.key != first[0].task.key
     assert other_user[0].task.spec.working_dir is None and "HOME" not in other_user[0].task.spec.env
+    assert other_user[0].task.spec.user == "nobody"
 
 
 @pytest.mark.parametrize("command,name", [
@@ -120,7 +122,7 @@ def test_disable_lines_comments_exactly_those_lines():
 
 # -- qinglong -----------------------------------------------------------------------
 
-PLACE = QlPlace(scripts_dir="/state/scripts/qinglong", data_dir="/ql/data", zone="Asia/Shanghai")
+PLACE = QlPlace(scripts_dir="/state/scripts/qinglong", data_dir="/ql/data", zone="Asia/Shanghai", user="root")
 SECRETS = {"JD_COOKIE": "JD_COOKIE"}
 
 
@@ -163,8 +165,8 @@ def test_a_qinglong_cron_with_everything():
         ("0 0 9 * * *", "Asia/Shanghai", True), ("0 30 21 * * *", "Asia/Shanghai", True)]
     assert task.spec.command == ShellCommand(command=(
         "export STAGE=before\npython3 /state/scripts/qinglong/ql_checkin.py\nstatus=$?\necho after-ran\nexit $status"))
-    assert (task.spec.timeout_ms, task.spec.overlap, task.spec.working_dir) == (
-        600_000, "allow", "/ql/data/scripts/repo")
+    assert (task.spec.timeout_ms, task.spec.overlap, task.spec.working_dir, task.spec.user) == (
+        600_000, "allow", "/state/scripts/qinglong/repo", "root")  # in the imported copy
     assert task.spec.env == {"JD_COOKIE": SecretRef(secret="JD_COOKIE")}
 
 

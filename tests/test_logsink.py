@@ -211,3 +211,60 @@ def test_read_and_remove(tmp_path):
     assert logs.read("r", 50, 10).data == b""
     logs.remove(["r", "never"])
     assert not (tmp_path / "r.log").exists()
+
+
+def test_read_recover_and_remove_never_follow_what_is_planted(tmp_path):
+    """A link, a hard link or a FIFO where a log belongs is never read, assembled or
+    emptied through; removing it removes the planted name only."""
+    logs_dir = tmp_path / "logs"
+    logs_dir.mkdir()
+    logs = RunLogs(str(logs_dir))
+    precious = tmp_path / "pepper"
+    precious.write_bytes(b"p" * 32)
+    os.symlink(precious, logs_dir / "sym.log")
+    os.link(precious, logs_dir / "hard.log")
+    os.mkfifo(logs_dir / "fifo.log")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "keep").write_bytes(b"k")
+    os.symlink(tmp_path / "elsewhere", logs_dir / "sym.log.tail")  # a planted spool directory
+    for run_id in ("sym", "hard", "fifo"):
+        with pytest.raises(ToolError) as err:
+            logs.read(run_id, 0, 100)
+        assert err.value.code == "unavailable" and "not a regular file" in err.value.message
+        assert logs.recover(run_id, 1 << 20) == (0, False)
+    assert precious.read_bytes() == b"p" * 32 and (tmp_path / "elsewhere" / "keep").exists()
+    assert not os.path.lexists(logs_dir / "sym.log.tail")  # the link went, what it named stayed
+    logs.remove(["sym", "hard"])
+    assert precious.read_bytes() == b"p" * 32 and not os.path.lexists(logs_dir / "sym.log")
+
+
+def test_a_sink_never_spools_through_a_planted_link(tmp_path):
+    (tmp_path / "target").mkdir()
+    path = str(tmp_path / "r.log")
+    os.symlink(tmp_path / "target", path + ".tail")
+    sink = LogSink(path, 8192)
+    sink.write(b"x" * 50_000)  # beyond the cap: the tail would be spooled
+    assert sink.failed is not None and os.listdir(tmp_path / "target") == []
+    size = sink.close()
+    with open(path, "rb") as f:
+        body = f.read()
+    assert size == len(body) <= 8192 and body.startswith(b"x" * 4096)
+    assert body.endswith(b" bytes of output are missing from here on]\n") and b"log incomplete:" in body
+
+
+def test_a_log_that_could_not_be_written_says_so_even_on_a_full_disk(tmp_path):
+    """The last line is written after the space is given back (the ballast), or over the
+    log's own last bytes when there is none to give."""
+    path = str(tmp_path / "r.log")
+    released = []
+    sink = LogSink(path, 1 << 20, on_full=lambda: released.append(1) or True)
+    sink.write(b"y" * 10_000)
+    sink.failed = OSError(28, "No space left on device")  # what the next write met
+    sink.write(b"z" * 5_000)
+    size = sink.close()
+    with open(path, "rb") as f:
+        body = f.read()
+    assert size == len(body) and body.startswith(b"y" * 10_000)
+    assert body.endswith(b"\n[qledge: log incomplete: No space left on device; 5000 bytes of output are missing"
+                         b" from here on]\n")
+    assert released == []  # there was room: nothing given back

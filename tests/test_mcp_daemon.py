@@ -238,10 +238,11 @@ def test_bridge_exits_when_the_daemon_goes_away(mcp_daemon):
 
 def _real_data(d: DaemonProcess) -> dict[str, str]:
     """A task with a succeeded and a failed run, another with only a success, and two triggers."""
-    assert d.cli("task", "add", "flaky", "--shell", "--", "test ! -f broken").returncode == 0
+    work = d.scratch  # outside the home: no run starts inside it
+    assert d.cli("task", "add", "flaky", "--cwd", work, "--shell", "--", "test ! -f broken").returncode == 0
     assert d.cli("task", "add", "steady", "--", "true").returncode == 0
     ok = json.loads(d.cli("run", "start", "flaky", "--wait", "--json").stdout)
-    with open(os.path.join(d.home, "work", "broken"), "w"):
+    with open(os.path.join(work, "broken"), "w"):
         pass
     bad = json.loads(d.cli("run", "start", "flaky", "--wait", "--json").stdout)
     steady = json.loads(d.cli("run", "start", "steady", "--wait", "--json").stdout)

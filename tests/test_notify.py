@@ -53,7 +53,7 @@ class Env:
 
     async def task(self, task_id: str, rules: list[NotifyRule] | None = None, command: str = "false") -> None:
         spec = TaskSpec(command=ShellCommand(command=command), notify=rules)
-        await self.stores.tasks.create("default", task_id, task_id, spec, self.clock.ms)
+        await self.stores.tasks.create("default", task_id, task_id, spec, self.clock.ms, privileged=True)
 
     async def finish(self, task_id: str, status: str = "failed", log: bytes = b"", exit_code: int = 1) -> Run:
         """A run of the task that ends with `status` (and a log), through the real store."""
@@ -226,7 +226,7 @@ async def test_retried_failures_notify_once_when_final(env):
     await env.channel("a")
     spec = TaskSpec(command=ShellCommand(command="false"), retry=RetryPolicy(count=1, delay_s=5),
                     notify=[NotifyRule(channels=["a"])])
-    await env.stores.tasks.create("default", "r", "r", spec, env.clock.ms)
+    await env.stores.tasks.create("default", "r", "r", spec, env.clock.ms, privileged=True)
     first = await env.finish("r")
     assert first.retry_due_at_ms == first.finished_at_ms + 5000 if first.finished_at_ms else False
     await env.deliver()

@@ -196,6 +196,18 @@ def test_a_build_without_notifications_still_queues_them(pyz_dir):
         d.cleanup()
 
 
+def test_the_zipapp_without_its_packages_says_what_to_install(pyz_dir, home):
+    """`python3 qledge-edge.pyz` on a Python that lacks msgspec: one line naming the package
+    (-S: no site-packages, as on a router where python3-msgspec is not installed)."""
+    pyz = os.path.join(pyz_dir, "qledge-edge.pyz")
+    for args in (["status"], ["serve"], ["cron", "next", "@daily"], ["task", "list"]):
+        result = subprocess.run([sys.executable, "-I", "-S", pyz, *args], env={**os.environ, "QLEDGE_HOME": home},
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2, (args, result.stderr)
+        assert result.stderr == ("qledge: the Python package msgspec is not installed: pip install msgspec"
+                                 " (OpenWrt: opkg install python3-msgspec)\n"), args
+
+
 # -- OpenWrt package -------------------------------------------------------------------
 
 

@@ -66,13 +66,13 @@ async def code_of(awaitable) -> str:
 
 async def test_tasks_create_get_page_and_project_scope(stores: Stores):
     s = stores
-    first = await s.tasks.create(P, "b", "Bee", spec(), T0)
+    first = await s.tasks.create(P, "b", "Bee", spec(), T0, privileged=False)
     assert (first.revision, first.enabled, first.name, first.created_at_ms) == (1, True, "Bee", T0)
     assert first.content_digest.startswith("sha256:")
-    await s.tasks.create(P, "a", "A", spec(), T0)
-    await s.tasks.create(P, "c", "C", spec(), T0)
-    await s.tasks.create("other", "a0", "other's", spec(), T0)
-    assert await code_of(s.tasks.create(P, "a", "again", spec(), T0)) == "conflict"
+    await s.tasks.create(P, "a", "A", spec(), T0, privileged=False)
+    await s.tasks.create(P, "c", "C", spec(), T0, privileged=False)
+    await s.tasks.create("other", "a0", "other's", spec(), T0, privileged=False)
+    assert await code_of(s.tasks.create(P, "a", "again", spec(), T0, privileged=False)) == "conflict"
     assert [t.id for t in await s.tasks.page(P, None, 10)] == ["a", "b", "c"]
     assert [t.id for t in await s.tasks.page(P, "a", 1)] == ["b"]
     assert await s.tasks.get(P, "zz") is None
@@ -82,10 +82,10 @@ async def test_tasks_create_get_page_and_project_scope(stores: Stores):
 
 async def test_tasks_update_is_compare_and_set_and_keeps_revisions(stores: Stores):
     s = stores
-    await s.tasks.create(P, "t", "T", spec(file="one"), T0)
-    assert await code_of(s.tasks.update(P, "t", 7, spec(file="two"), None, T0 + 1)) == "conflict"
-    assert await code_of(s.tasks.update(P, "nope", 1, spec(), None, T0 + 1)) == "not_found"
-    second = await s.tasks.update(P, "t", 1, spec(file="two"), "Renamed", T0 + 1)
+    await s.tasks.create(P, "t", "T", spec(file="one"), T0, privileged=False)
+    assert await code_of(s.tasks.update(P, "t", 7, spec(file="two"), None, T0 + 1, privileged=False)) == "conflict"
+    assert await code_of(s.tasks.update(P, "nope", 1, spec(), None, T0 + 1, privileged=False)) == "not_found"
+    second = await s.tasks.update(P, "t", 1, spec(file="two"), "Renamed", T0 + 1, privileged=False)
     assert (second.revision, second.name, second.updated_at_ms) == (2, "Renamed", T0 + 1)
     old = await s.tasks.get(P, "t", 1)
     assert old is not None and isinstance(old.spec.command, ArgvCommand)
@@ -95,7 +95,7 @@ async def test_tasks_update_is_compare_and_set_and_keeps_revisions(stores: Store
 
 async def test_tasks_set_enabled_moves_following_triggers(stores: Stores):
     s = stores
-    await s.tasks.create(P, "t", "T", spec(), T0)
+    await s.tasks.create(P, "t", "T", spec(), T0, privileged=False)
     trig = await s.triggers.create(P, "tr", "t", None, CronSpec(expression="0 * * * *", timezone="UTC"), T0)
     pinned = await s.triggers.create(P, "old", "t", 1, CronSpec(expression="0 * * * *", timezone="UTC"), T0)
     same = await s.tasks.set_enabled(P, "t", True, None, T0 + 1)
@@ -109,9 +109,93 @@ async def test_tasks_set_enabled_moves_following_triggers(stores: Stores):
     assert pinned.task_revision == 1
 
 
+async def test_each_revision_records_whether_its_writer_held_task_privileged(stores: Stores):
+    """Task.privileged: what the runner checks again before each run (a revision whose
+    writer lacked task.privileged never runs privileged)."""
+    s = stores
+    made = await s.tasks.create(P, "p", "P", spec(), T0, privileged=True)
+    plain = await s.tasks.create(P, "n", "N", spec(), T0, privileged=False)
+    assert (made.privileged, plain.privileged) == (True, False)
+    assert {t.id: t.privileged for t in await s.tasks.page(P, None, 10)} == {"n": False, "p": True}
+    # A new spec gets its writer's standing; the revision before keeps its own.
+    second = await s.tasks.update(P, "p", 1, spec(file="two"), None, T0 + 1, privileged=False)
+    assert (second.revision, second.privileged) == (2, False)
+    first = await s.tasks.get(P, "p", 1)
+    assert first is not None and first.privileged is True
+    third = await s.tasks.update(P, "p", 2, spec(file="three"), "renamed", T0 + 2, privileged=True)
+    assert (third.revision, third.privileged) == (3, True)
+    # Disabling and enabling keep the spec, and with it its writer's standing.
+    off = await s.tasks.set_enabled(P, "p", False, None, T0 + 3)
+    on = await s.tasks.set_enabled(P, "p", True, 4, T0 + 4)
+    assert [(t.revision, t.enabled, t.privileged) for t in (off, on)] == [(4, False, True), (5, True, True)]
+    assert (await s.tasks.set_enabled(P, "n", False, None, T0 + 3)).privileged is False
+    head = await s.tasks.get(P, "p")
+    assert head is not None and (head.revision, head.privileged) == (5, True)
+    # An import records it too; one whose key is on record changes nothing, whoever asks.
+    ours = ImportTask(key="crontab:root:p", task_id="imp", spec=spec())
+    theirs = ImportTask(key="crontab:nobody:p", task_id="imp", spec=spec())
+    await s.tasks.import_task(P, ours, [], T0 + 5, privileged=True)
+    assert (await s.tasks.import_task(P, theirs, [], T0 + 6, privileged=False)).task_id == "imp-2"
+    assert (await s.tasks.import_task(P, theirs, [], T0 + 7, privileged=True)).status == "exists"
+    imported = {t.id: t.privileged for t in await s.tasks.page(P, "imp", 10) if t.id.startswith("imp")}
+    assert imported == {"imp-2": False} and (await s.tasks.get(P, "imp")).privileged is True  # type: ignore[union-attr]
+
+
+OLD_SPEC = '{"command":{"kind":"shell","command":"echo $K"},"env":{"QLEDGE_RUN_ID":"fake","K":"kept"}}'
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+async def test_revisions_written_before_task_users_run_as_they_did(backend, request, home):
+    """The migration that records task.privileged, on each backend: a revision written
+    before it ran as the daemon's user by design and still may (privileged); its QLEDGE_*
+    variables, the runner's own, are gone (a spec with them would not even decode)."""
+    if backend == "sqlite":
+        import apsw
+
+        from edge.storage.sqlite.schema import MIGRATIONS as SQLITE
+
+        path = os.path.join(home, "old.db")
+        conn = apsw.Connection(path)
+        for number, sql in enumerate(SQLITE[:5], start=1):
+            conn.execute(sql)
+            conn.pragma("user_version", number)
+        conn.execute("INSERT INTO tasks VALUES ('default', 'old', 'old', 1, 1, 1, 1)")
+        conn.execute("INSERT INTO task_revisions VALUES ('default', 'old', 1, 'qinglong/command@v1', ?, 'sha256:0',"
+                     " 1, 1)", (OLD_SPEC,))
+        conn.close()
+        db = await Database.open(path)
+        s, close = build_stores(db, Config(), home), db.close
+    else:
+        import psycopg
+
+        from edge.storage.postgres.schema import MIGRATIONS as PG
+        from edge.storage.postgres.schema import SQL_VERSION_TABLE
+
+        dsn = request.getfixturevalue("pg_dsn")
+        with psycopg.connect(dsn, autocommit=True) as pg:
+            pg.execute(SQL_VERSION_TABLE)
+            for number, sql in enumerate(PG[:2], start=1):
+                pg.execute(sql)
+                pg.execute("INSERT INTO qledge_schema VALUES (%s, now())", (number,))
+            pg.execute("INSERT INTO tasks VALUES ('default', 'old', 'old', 1, true, 1, 1)")
+            pg.execute("INSERT INTO task_revisions VALUES ('default', 'old', 1, 'qinglong/command@v1', %s,"
+                       " 'sha256:0', true, 1)", (OLD_SPEC,))
+        cluster = Cluster(Config(cluster=ClusterConfig(dsn=dsn, node="contract")), home)
+        await cluster.open()
+        assert cluster.stores is not None
+        s, close = cluster.stores, cluster.close
+    try:
+        old = await s.tasks.get(P, "old")
+        assert old is not None and (old.privileged, old.spec.user, old.spec.env) == (True, None, {"K": "kept"})
+        newer = await s.tasks.update(P, "old", 1, old.spec, None, T0, privileged=False)
+        assert newer.privileged is False
+    finally:
+        await close()
+
+
 async def test_tasks_delete_refuses_active_runs_and_takes_finished_ones(stores: Stores):
     s = stores
-    await s.tasks.create(P, "t", "T", spec(), T0)
+    await s.tasks.create(P, "t", "T", spec(), T0, privileged=False)
     await finished(s, run_of("t", "r-done", T0))
     await s.runs.create(run_of("t", "r-active", T0 + 100), "user")
     assert await code_of(s.tasks.delete(P, "t", None)) == "conflict"
@@ -129,7 +213,7 @@ async def test_tasks_delete_refuses_active_runs_and_takes_finished_ones(stores: 
 
 async def test_runs_transitions_are_compare_and_set_with_events(stores: Stores):
     s = stores
-    await s.tasks.create(P, "t", "T", spec(), T0)
+    await s.tasks.create(P, "t", "T", spec(), T0, privileged=False)
     run = await s.runs.create(run_of("t", "r1", T0, idempotency_key="k1"), "user")
     assert (run.status, run.version, run.event_seq) == ("queued", 1, 1)
     assert await code_of(s.runs.create(run_of("t", "r1", T0), "user")) == "conflict"
@@ -156,7 +240,7 @@ async def test_runs_transitions_are_compare_and_set_with_events(stores: Stores):
 async def test_runs_pages_are_keysets_newest_first(stores: Stores):
     s = stores
     for task in ("a", "b"):
-        await s.tasks.create(P, task, task, spec(overlap="allow"), T0)
+        await s.tasks.create(P, task, task, spec(overlap="allow"), T0, privileged=False)
     ids = []
     for i in range(6):
         rid = f"r{i}"
@@ -175,7 +259,7 @@ async def test_runs_pages_are_keysets_newest_first(stores: Stores):
 
 async def test_runs_retention_applies_when_a_run_finishes(stores: Stores):
     s = stores
-    await s.tasks.create(P, "t", "T", spec(overlap="allow"), T0)
+    await s.tasks.create(P, "t", "T", spec(overlap="allow"), T0, privileged=False)
     await finished(s, run_of("t", "ancient", T0 - 40 * DAY))
     await s.runs.create(run_of("t", "waiting", T0 - 40 * DAY + 1), "user")  # active: never retention's
     await finished(s, run_of("t", "fresh", T0))
@@ -185,7 +269,7 @@ async def test_runs_retention_applies_when_a_run_finishes(stores: Stores):
 
 async def test_finished_logs_are_readable_through_the_log_reader(stores: Stores):
     s = stores
-    await s.tasks.create(P, "t", "T", spec(), T0)
+    await s.tasks.create(P, "t", "T", spec(), T0, privileged=False)
     run = await s.runs.create(run_of("t", "logged", T0), "user")
     assert await s.log_reader.read("logged", 0, 100) is None and await s.log_reader.tail("logged", 10) is None
     running = await s.runs.transition(run.id, 1, "running", T0 + 1, "runner", RunUpdate(started_at_ms=T0 + 1))
@@ -202,6 +286,31 @@ async def test_finished_logs_are_readable_through_the_log_reader(stores: Stores)
     assert tail is not None and (tail.data, tail.start, tail.total) == (b"o *** world\n", size - 12, size)
 
 
+async def test_a_link_in_place_of_a_log_is_never_followed_and_the_run_is_still_recorded(stores: Stores, home):
+    """A privileged task can replace its own log with a link (to the pepper, say): the run
+    is recorded all the same (on a cluster, its log is then not copied), and the log tools
+    answer unavailable rather than show what the link names."""
+    s = stores
+    await s.tasks.create(P, "t", "T", spec(), T0, privileged=True)
+    run = await s.runs.create(run_of("t", "linked", T0), "user")
+    running = await s.runs.transition(run.id, 1, "running", T0 + 1, "runner", RunUpdate(started_at_ms=T0 + 1))
+    sink = s.logs.create("linked", 1 << 20, [])
+    sink.write(b"out\n")
+    size = sink.close()
+    target = os.path.join(home, "not-a-log")
+    with open(target, "wb") as f:
+        f.write(b"what the link names\n")
+    path = os.path.join(s.logs.directory, "linked.log")
+    os.unlink(path)
+    os.symlink(target, path)
+    done = await s.runs.transition(running.id, running.version, "succeeded", T0 + 2, "runner",
+                                   RunUpdate(finished_at_ms=T0 + 2, exit_code=0, log_bytes=size))
+    assert done.status == "succeeded"
+    assert await code_of(s.log_reader.read("linked", 0, 100)) == "unavailable"
+    assert await code_of(s.log_reader.tail("linked", 100)) == "unavailable"
+    assert os.path.islink(path) and os.path.getsize(target) == 20
+
+
 # -- TriggerStore ---------------------------------------------------------------------
 
 HOURLY = CronSpec(expression="0 * * * *", timezone="UTC")
@@ -209,7 +318,7 @@ HOURLY = CronSpec(expression="0 * * * *", timezone="UTC")
 
 async def test_triggers_create_page_revise_and_delete(stores: Stores):
     s = stores
-    await s.tasks.create(P, "t", "T", spec(), T0)
+    await s.tasks.create(P, "t", "T", spec(), T0, privileged=False)
     made = await s.triggers.create(P, None, "t", None, HOURLY, T0 + 1)
     assert (made.id, made.revision, made.task_revision, made.enabled, made.next_fire_at_ms) == (
         "t-1", 1, 1, True, T0 + 3_600_000)
@@ -245,7 +354,7 @@ def _rng() -> float:
 
 async def test_admission_admits_a_due_fire_once(stores: Stores):
     s = stores
-    await s.tasks.create(P, "t", "T", spec(overlap="allow"), T0)
+    await s.tasks.create(P, "t", "T", spec(overlap="allow"), T0, privileged=False)
     trig = await s.triggers.create(P, "m", "t", None, EVERY_MINUTE, T0)
     assert await s.admission.armed(P) == [(T0 + 60_000, "m")]
     early = await s.admission.admit_fires(P, "m", T0 + 59_000, 30_000, _rng)
@@ -264,7 +373,7 @@ async def test_admission_admits_a_due_fire_once(stores: Stores):
 
 async def test_admission_misfires_overlap_disabled_and_queue_bound(stores: Stores):
     s = stores
-    await s.tasks.create(P, "f", "F", spec(), T0)
+    await s.tasks.create(P, "f", "F", spec(), T0, privileged=False)
     await s.triggers.create(P, "late", "f", None, EVERY_MINUTE, T0)
     late = await s.admission.admit_fires(P, "late", T0 + 10 * 60_000 + 1000, 30_000, _rng)
     assert [r.scheduled_for_ms for r in late.runs] == [T0 + 10 * 60_000]  # within the grace; nine missed
@@ -280,7 +389,7 @@ async def test_admission_misfires_overlap_disabled_and_queue_bound(stores: Store
     await s.runs.transition(blocking.id, blocking.version, "cancelled", T0 + 11 * 60_000, "user", RunUpdate())
     manual = await s.admission.admit_manual(task, "user", T0 + 11 * 60_000 + 5)
     assert (manual.run.origin, manual.run.status, manual.replaces) == ("manual", "queued", [])
-    await s.tasks.create(P, "q", "Q", spec(overlap="allow"), T0)
+    await s.tasks.create(P, "q", "Q", spec(overlap="allow"), T0, privileged=False)
     qtask = await s.tasks.get(P, "q")
     assert qtask is not None
     s.admission.set_capacity(1)
@@ -292,7 +401,7 @@ async def test_admission_misfires_overlap_disabled_and_queue_bound(stores: Store
 
 async def test_admission_replace_names_the_runs_it_replaces(stores: Stores):
     s = stores
-    task = await s.tasks.create(P, "r", "R", spec(overlap="replace"), T0)
+    task = await s.tasks.create(P, "r", "R", spec(overlap="replace"), T0, privileged=False)
     first = await s.admission.admit_manual(task, "user", T0)
     second = await s.admission.admit_manual(task, "user", T0 + 1)
     assert second.replaces == [first.run.id]
@@ -315,7 +424,7 @@ ONCE = CronSpec(expression="@once", timezone="UTC")
 async def test_once_fires_once_then_disables_itself(stores: Stores):
     s = stores
     await s.admission.save_time(T0)
-    await s.tasks.create(P, "t", "T", spec(overlap="allow"), T0)
+    await s.tasks.create(P, "t", "T", spec(overlap="allow"), T0, privileged=False)
     trig = await s.triggers.create(P, "o", "t", None, ONCE, T0 - 5)
     assert trig.next_fire_at_ms == T0  # due at once: at the newest time on record
     assert (T0, "o") in await s.admission.armed(P)
@@ -335,7 +444,7 @@ async def test_once_fires_once_then_disables_itself(stores: Stores):
     assert again.idempotency_key == "once:o:3"
     assert len(await s.runs.page(P, "t", None, 10)) == 2
     # A fire the task cannot take spends the shot too, and is recorded.
-    await s.tasks.create(P, "off", "Off", spec(), T0)
+    await s.tasks.create(P, "off", "Off", spec(), T0, privileged=False)
     await s.tasks.set_enabled(P, "off", False, None, T0)
     await s.triggers.create(P, "o2", "off", None, ONCE, T0 + 50)
     assert (await s.admission.admit_fires(P, "o2", T0 + 60, 30_000, _rng)).runs == []
@@ -347,8 +456,8 @@ async def test_once_fires_once_then_disables_itself(stores: Stores):
 
 async def test_reboot_is_armed_once_per_boot_and_fires_once(stores: Stores):
     s = stores
-    await s.tasks.create(P, "t", "T", spec(overlap="allow"), T0)
-    await s.tasks.create(P, "f", "F", spec(), T0)
+    await s.tasks.create(P, "t", "T", spec(overlap="allow"), T0, privileged=False)
+    await s.tasks.create(P, "f", "F", spec(), T0, privileged=False)
     trig = await s.triggers.create(P, "r", "t", None, REBOOT, T0)
     assert trig.next_fire_at_ms is None and await s.admission.armed(P) == []  # waits for the next boot
     assert (await s.triggers.set_enabled(P, "r", True, None, T0 + 1)).revision == 1  # enabled, armed or not
@@ -403,10 +512,10 @@ def crons(item: ImportTask) -> list[CronSpec]:
 
 async def test_import_task_creates_once_per_key_at_a_free_id(stores: Stores):
     s = stores
-    await s.tasks.create(P, "backup", "mine", spec(), T0)
+    await s.tasks.create(P, "backup", "mine", spec(), T0, privileged=False)
     item = imported("crontab:root:3", "backup", ImportTrigger(expression="0 3 * * *"),
                     ImportTrigger(expression="@once", enabled=False), file="backup.sh", name="Backup")
-    made = await s.tasks.import_task(P, item, crons(item), T0 + 1)
+    made = await s.tasks.import_task(P, item, crons(item), T0 + 1, privileged=False)
     assert made == ImportedTask(key="crontab:root:3", status="created", task_id="backup-2",
                                 trigger_ids=["backup-2-1", "backup-2-2"])
     task = await s.tasks.get(P, "backup-2")
@@ -417,15 +526,15 @@ async def test_import_task_creates_once_per_key_at_a_free_id(stores: Stores):
     assert once is not None and (once.enabled, once.next_fire_at_ms, once.spec.expression) == (False, None, "@once")
     # The same key again creates nothing, whatever it now says.
     changed = imported("crontab:root:3", "other", file="changed.sh")
-    assert await s.tasks.import_task(P, changed, [], T0 + 2) == ImportedTask(
+    assert await s.tasks.import_task(P, changed, [], T0 + 2, privileged=False) == ImportedTask(
         key="crontab:root:3", status="exists", task_id="backup-2", trigger_ids=["backup-2-1", "backup-2-2"])
     assert [t.id for t in await s.tasks.page(P, None, 10)] == ["backup", "backup-2"]
     off = imported("ql:cron:7", "off", enabled=False)
-    assert (await s.tasks.import_task(P, off, [], T0 + 3)).trigger_ids == []
+    assert (await s.tasks.import_task(P, off, [], T0 + 3, privileged=False)).trigger_ids == []
     assert (await s.tasks.get(P, "off")).enabled is False  # type: ignore[union-attr]
     # A spec that cannot be scheduled: nothing at all, record included.
     bad = imported("ql:cron:8", "bad", ImportTrigger(expression="61 * * * *"))
-    assert await code_of(s.tasks.import_task(P, bad, crons(bad), T0 + 4)) == "invalid_argument"
+    assert await code_of(s.tasks.import_task(P, bad, crons(bad), T0 + 4, privileged=False)) == "invalid_argument"
     assert await s.tasks.get(P, "bad") is None
     assert await s.tasks.imports(P, None, 10) == [
         ImportRecord(key="crontab:root:3", kind="task", target="backup-2", created_at_ms=T0 + 1),
@@ -437,9 +546,9 @@ async def test_import_task_creates_once_per_key_at_a_free_id(stores: Stores):
     await s.tasks.delete(P, "backup-2", None)
     assert [r.key for r in await s.tasks.imports(P, None, 10)] == ["ql:cron:7"]
     assert await s.triggers.get(P, "backup-2-1") is None
-    again = await s.tasks.import_task(P, item, crons(item), T0 + 5)
+    again = await s.tasks.import_task(P, item, crons(item), T0 + 5, privileged=False)
     assert (again.status, again.task_id) == ("created", "backup-2")
-    other = await s.tasks.import_task("other", item, crons(item), T0 + 6)
+    other = await s.tasks.import_task("other", item, crons(item), T0 + 6, privileged=False)
     assert (other.status, other.task_id) == ("created", "backup")  # per project
 
 
@@ -505,8 +614,8 @@ async def test_secrets_are_write_only_outside_the_runner(stores: Stores):
 async def test_readers_are_narrow_ordered_and_scoped(stores: Stores):
     s = stores
     for tid in ("t2", "t1"):
-        await s.tasks.create(P, tid, f"name {tid}", spec(overlap="allow"), T0)
-    await s.tasks.create("other", "t0", "theirs", spec(), T0)
+        await s.tasks.create(P, tid, f"name {tid}", spec(overlap="allow"), T0, privileged=False)
+    await s.tasks.create("other", "t0", "theirs", spec(), T0, privileged=False)
     await s.triggers.create(P, "g2", "t1", None, HOURLY, T0)
     await s.triggers.create(P, "g1", "t1", None, HOURLY, T0)
     await s.triggers.set_enabled(P, "g2", False, None, T0 + 1)

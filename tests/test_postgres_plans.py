@@ -19,7 +19,7 @@ psycopg = pytest.importorskip("psycopg")
 FILL = """
 INSERT INTO tasks SELECT 'default', 'task-' || lpad(i::text, 3, '0'), 'n', 1, true, 0, 0 FROM generate_series(0, 99) i;
 INSERT INTO task_revisions SELECT 'default', id, 1, 'qinglong/command@v1',
-    '{"command":{"kind":"argv","file":"true"},"overlap":"allow"}', 'sha256:00', true, 0 FROM tasks;
+    '{"command":{"kind":"argv","file":"true"},"overlap":"allow"}', 'sha256:00', true, 0, false FROM tasks;
 INSERT INTO runs (id, project_id, task_id, task_revision, origin, status, version, event_seq, created_at_ms,
                   idempotency_key, node_id, fence, lease_until)
 SELECT lpad(i::text, 12, '0'), CASE WHEN i % 10 = 9 THEN 'other' ELSE 'default' END,

@@ -41,7 +41,7 @@ Env.made_followers = _followers  # type: ignore[attr-defined]
 
 async def retry_task(e: Env, task_id: str = "r", **policy) -> None:
     spec = TaskSpec(command=ArgvCommand(file="false"), retry=RetryPolicy(**policy))
-    await e.tasks.create("default", task_id, task_id, spec, e.clock.ms)
+    await e.tasks.create("default", task_id, task_id, spec, e.clock.ms, privileged=True)
 
 
 async def start(e: Env, task_id: str = "r") -> Run:
@@ -119,7 +119,7 @@ async def test_a_skipped_retry_queues_a_skipped_notification(renv):
     await store.set_channel("default", "a", "webhook", '{"kind": "webhook", "url": "http://127.0.0.1:9/"}', e.clock.ms)
     spec = TaskSpec(command=ArgvCommand(file="false"), retry=RetryPolicy(count=1, delay_s=10),
                     notify=[NotifyRule(channels=["a"], on=["skipped"])])
-    await e.tasks.create("default", "s", "s", spec, e.clock.ms)
+    await e.tasks.create("default", "s", "s", spec, e.clock.ms, privileged=True)
     first = await end(e, await start(e, "s"))
     await start(e, "s")
     await e.tick(first.retry_due_at_ms)

@@ -16,6 +16,7 @@ import pytest
 
 from edge.storage.run_logs import HEAD_MAX
 from edge.runner.process import alive, start_ticks
+from support import OWN_USER
 
 FIFTY_MIB = 50 << 20
 
@@ -99,7 +100,9 @@ def test_secret_output_is_redacted_even_across_pipe_reads(daemon):
               "v = os.environ['PW']\n"
               "sys.stdout.write('a=' + v[:7]); sys.stdout.flush(); time.sleep(0.3)\n"
               "print(v[7:] + '!'); print('b=' + v, 'abc'); print('c=unrelated-secret-42')\n")
-    added = daemon.cli("task", "add", "leaky", "--secret-env", "PW=pw", "--", sys.executable, "-c", script)
+    # As the daemon's user: the test's interpreter need not be one every user may run.
+    added = daemon.cli("task", "add", "leaky", "--user", OWN_USER, "--secret-env", "PW=pw", "--",
+                       sys.executable, "-c", script)
     assert added.returncode == 0
     run = _start_and_wait(daemon, "leaky")
     assert run["status"] == "succeeded", run
@@ -139,14 +142,20 @@ def test_disk_reserve_refuses_to_start_runs_and_the_daemon_keeps_serving(daemon_
     st = os.statvfs(home)
     reserve = st.f_bavail * st.f_frsize + (1 << 30)  # more than this filesystem has free
     d = daemon_factory(config=f"[runner]\ndisk_reserve_bytes = {reserve}\n").start()
-    d.cli("task", "add", "t", "--", "touch", "ran")
-    run = _start_and_wait(d, "t")
-    assert (run["status"], run["errorCode"]) == ("failed", "disk_space_low")
+    d.cli("task", "add", "t", "--cwd", d.scratch, "--", "touch", "ran")
+    # A manual start is refused, like one beyond the queue: nothing is admitted.
+    refused = d.cli("run", "start", "t", "--wait")
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert refused.stderr.startswith("qledge: resource_exhausted: disk_space_low: only ")
+    assert "disk_reserve_bytes" in refused.stderr and d.call("qledge.status")["counts"]["runs"] == 0
+    # A scheduled fire is recorded: failed, disk_space_low, never started.
+    d.cli("trigger", "add", "t", "--cron", "* * * * * *", "--tz", "UTC")
+    run = _until(lambda: next(iter(d.call("qledge.run.list", {})["runs"]), None), what="a scheduled run")
+    run = d.call("qledge.run.wait", {"runId": run["id"], "timeoutMs": 10_000})["run"]
+    assert (run["status"], run["errorCode"], run["origin"]) == ("failed", "disk_space_low", "scheduled")
     assert "free in" in run["errorSummary"] and "disk_reserve_bytes" in run["errorSummary"]
-    assert run["startedAtMs"] is None and not os.path.exists(os.path.join(d.home, "work", "ran"))
-    assert d.call("qledge.status")["counts"]["runs"] == 1  # still serving
-    again = d.cli("run", "start", "t", "--wait")
-    assert again.returncode == 1 and "failed" in again.stdout
+    assert run["startedAtMs"] is None and not os.path.exists(os.path.join(d.scratch, "ran"))
+    assert d.call("qledge.status")["counts"]["runs"] >= 1  # still serving
 
 
 def _db_process(d, run_id: str) -> tuple[int, int]:
@@ -169,10 +178,10 @@ def _kill_all(pids) -> None:
 def _napping(daemon_factory):
     """A daemon running a shell (the group leader) with a background child in its group."""
     d = daemon_factory().start()
-    d.cli("task", "add", "nap", "--shell", "--", "sleep 300 & echo $! > bg.pid; sleep 301")
+    d.cli("task", "add", "nap", "--cwd", d.scratch, "--shell", "--", "sleep 300 & echo $! > bg.pid; sleep 301")
     run = _running(d, "nap")
     pid, ticks = _db_process(d, run["id"])
-    bg_file = os.path.join(d.home, "work", "bg.pid")
+    bg_file = os.path.join(d.scratch, "bg.pid")
     _until(lambda: os.path.exists(bg_file) and os.path.getsize(bg_file), what="bg.pid")
     with open(bg_file) as f:
         return d, run, pid, ticks, int(f.read())

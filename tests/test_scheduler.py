@@ -92,7 +92,7 @@ class Env:
 
     async def task(self, task_id: str = "t", overlap: str = "forbid") -> None:
         spec = TaskSpec(command=ArgvCommand(file="true"), overlap=overlap)  # type: ignore[arg-type]
-        await self.tasks.create("default", task_id, task_id, spec, self.clock.ms)
+        await self.tasks.create("default", task_id, task_id, spec, self.clock.ms, privileged=True)
 
     async def trigger(self, expression: str, task_id: str = "t", trigger_id: str | None = None, **spec):
         cron = CronSpec(expression=expression, timezone=spec.pop("timezone", "UTC"), **spec)
@@ -359,7 +359,7 @@ async def test_disabled_task_skips_once_per_stretch(env):
 async def test_task_update_repins_following_triggers_with_a_new_revision(env):
     trig = await env.trigger("* * * * *")
     spec = TaskSpec(command=ArgvCommand(file="echo", args=["v2"]))
-    await env.tasks.update("default", "t", 1, spec, None, env.clock.ms)
+    await env.tasks.update("default", "t", 1, spec, None, env.clock.ms, privileged=True)
     moved = await env.store.get("default", trig.id)
     assert (moved.revision, moved.task_revision) == (2, 2)
     revisions = await env.db.run(lambda c: c.execute(
@@ -375,9 +375,10 @@ async def test_task_update_repins_following_triggers_with_a_new_revision(env):
 async def test_a_trigger_pinned_elsewhere_keeps_its_pin_until_repinned(env):
     trig = await env.trigger("* * * * *")
     spec = TaskSpec(command=ArgvCommand(file="echo", args=["v2"]))
-    await env.tasks.update("default", "t", 1, spec, None, env.clock.ms)  # trigger follows to 2
+    await env.tasks.update("default", "t", 1, spec, None, env.clock.ms, privileged=True)  # trigger follows to 2
     pinned = await env.store.repin("default", trig.id, 1, None, env.clock.ms)  # back to 1 on purpose
-    await env.tasks.update("default", "t", 2, spec, None, env.clock.ms)  # head 3: the trigger stays at 1
+    # head 3: the trigger stays at 1
+    await env.tasks.update("default", "t", 2, spec, None, env.clock.ms, privileged=True)
     assert (await env.store.get("default", trig.id)).task_revision == 1
     await env.tick(at("10:00:00"))
     assert [r.task_revision for r in await env.all_runs()] == [1]  # exactly what it names
@@ -481,8 +482,9 @@ async def test_replace_and_manual_starts_with_the_real_runner(home):
     runner, scheduler = workers.runner, workers.scheduler
     workers.settings.kill_grace_s = 1
     sleepy = TaskSpec(command=ArgvCommand(file="sleep", args=["60"]), overlap="replace")
-    await tasks.create("default", "r", "r", sleepy, clock.ms)
-    await tasks.create("default", "f", "f", TaskSpec(command=ArgvCommand(file="sleep", args=["60"])), clock.ms)
+    await tasks.create("default", "r", "r", sleepy, clock.ms, privileged=True)
+    await tasks.create("default", "f", "f", TaskSpec(command=ArgvCommand(file="sleep", args=["60"])), clock.ms,
+                       privileged=True)
     await store.create("default", "r1", "r", None, CronSpec(expression="* * * * *", timezone="UTC"), clock.ms)
     await scheduler.load()
     try:
@@ -506,7 +508,7 @@ async def test_replace_and_manual_starts_with_the_real_runner(home):
             await runner.start(f_task, "user")
         assert busy.value.code == "conflict" and "overlap policy is forbid" in busy.value.message
         await tasks.update("default", "f", 1, TaskSpec(command=ArgvCommand(file="sleep", args=["60"]),
-                                                       overlap="allow"), None, clock.ms)
+                                                       overlap="allow"), None, clock.ms, privileged=True)
         await runner.start(await tasks.get("default", "f"), "user")  # third active run: at capacity
         with pytest.raises(ToolError) as full:
             await runner.start(await tasks.get("default", "f"), "user")

@@ -10,7 +10,7 @@ import msgspec
 
 from edge import default_home
 from edge.core.schedule import UTC_NAMES, ScheduleError, load_zone
-from edge.core.text import Label, Name
+from edge.core.text import Account, Label, Name
 
 _Positive = Annotated[int, msgspec.Meta(ge=1)]
 
@@ -22,6 +22,8 @@ class AuthConfig(msgspec.Struct, forbid_unknown_fields=True):
 class StoreConfig(msgspec.Struct, forbid_unknown_fields=True):
     synchronous: Literal["OFF", "NORMAL", "FULL", "EXTRA"] = "NORMAL"
     cache_kib: Annotated[int, msgspec.Meta(ge=64, le=1 << 20)] = 512
+    # Space given back when the disk fills up, so audited calls keep working (0: none).
+    ballast_bytes: Annotated[int, msgspec.Meta(ge=0, le=64 << 20)] = 1 << 20
 
 
 class RunnerConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -30,6 +32,12 @@ class RunnerConfig(msgspec.Struct, forbid_unknown_fields=True):
     log_cap_bytes: Annotated[int, msgspec.Meta(ge=4096, le=1 << 30)] = 1 << 20
     kill_grace_s: Annotated[float, msgspec.Meta(ge=0, le=600)] = 5.0
     disk_reserve_bytes: Annotated[int, msgspec.Meta(ge=0)] = 8 << 20
+    # Users a task may run as without task.privileged; a task naming none gets default_user
+    # (None: the first of these). Neither applies when the daemon is not root.
+    task_users: Annotated[list[Account], msgspec.Meta(max_length=64)] = msgspec.field(
+        default_factory=lambda: ["nobody"])
+    default_user: Account | None = None
+    work_dir: Annotated[str, msgspec.Meta(min_length=1, max_length=4096, pattern=r"^/[^\x00]*$")] = "/"
 
 
 class RetentionConfig(msgspec.Struct, forbid_unknown_fields=True):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import logging
 import os
 import signal
@@ -11,49 +10,17 @@ import sys
 import time
 
 from edge.app import config as config_file
+from edge.app import home as state_dir
 from edge.app.config import Config
-from edge.app.graph import LIVE_KEYS, Cluster, Graph, StartupError, private_dir
+from edge.app.graph import LIVE_KEYS, Cluster, Graph
+from edge.app.home import StartupError
+from edge.app.lean import defer_hangups, hangups_deferred
 from edge.app.sdnotify import Notifier, start_watchdog
 from edge.core.ports.runtime import Clock
-from edge.storage.sqlite.db import Database
+from edge.storage.sqlite.db import Ballast, Database, OpenError
 from edge.transports.unix import UnixListener
 
 log = logging.getLogger("qledge")
-
-
-def load_pepper(path: str) -> bytes:
-    """32 random bytes in a 0600 file; the HMAC key for credential digests."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        st = os.stat(path)
-        if st.st_mode & 0o077:
-            raise StartupError(f"{path} has mode {st.st_mode & 0o777:04o}; it must be 0600") from None
-        with open(path, "rb") as f:
-            pepper = f.read()
-        if len(pepper) < 32:
-            raise StartupError(f"{path} is damaged (expected 32 bytes)") from None
-        return pepper
-    pepper = os.urandom(32)
-    os.write(fd, pepper)
-    os.fsync(fd)
-    os.close(fd)
-    return pepper
-
-
-def lock_home(home: str) -> int:
-    """Hold an exclusive lock on `<home>/lock` for the daemon's lifetime: only one daemon
-    may reconcile and run the runs of a home. The kernel drops it when we die, however we
-    die; the descriptor is not inherited by runs."""
-    fd = os.open(os.path.join(home, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise StartupError(f"another qledge daemon is already running in {home}") from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
-    return fd
 
 
 class Daemon:
@@ -76,35 +43,43 @@ class Daemon:
         self._reload_wanted = asyncio.Event()
 
     async def run(self) -> None:
-        private_dir(self.home)
-        lock = lock_home(self.home)
+        real = state_dir.prepare(self.home)  # StrictModes: ours, not writable by others, no links
+        lock = state_dir.lock_home(real)
         try:
-            await self._run_locked()
+            await self._run_locked(real)
         finally:
             os.close(lock)
 
-    async def _run_locked(self) -> None:
+    async def _run_locked(self, home: str) -> None:
         cfg = self.config
-        pepper = load_pepper(os.path.join(self.home, "pepper"))
+        pepper = state_dir.load_pepper(os.path.join(home, "pepper"))
         if cfg.cluster.dsn is not None:  # a cluster node: PostgreSQL instead of the SQLite file
-            cluster = Cluster(cfg, self.home)
+            cluster = Cluster(cfg, home)
             await cluster.open()
             try:
-                await self._serve(None, pepper, cluster)
+                await self._serve(None, pepper, home, cluster)
             finally:
                 await cluster.close()
             return
+        ballast = Ballast(os.path.join(home, "ballast"), cfg.store.ballast_bytes)
         try:
-            db = await Database.open(os.path.join(self.home, "qledge.db"), cfg.store.synchronous, cfg.store.cache_kib)
-        except Exception as exc:
-            raise StartupError(f"cannot open the database in {self.home}: {exc}") from None
+            ballast.ensure()
+        except OSError as exc:
+            raise StartupError(f"cannot check free space in {home}: {exc.strerror}") from None
         try:
-            await self._serve(db, pepper)
+            db = await Database.open(os.path.join(home, "qledge.db"), cfg.store.synchronous, cfg.store.cache_kib,
+                                     ballast=ballast)
+        except OpenError as exc:
+            raise StartupError(str(exc)) from None
+        try:
+            await self._serve(db, pepper, home)
         finally:
             await db.close()
 
-    async def _serve(self, db: Database | None, pepper: bytes, cluster: Cluster | None = None) -> None:
-        g = Graph(self.config, self.home, self.socket_path, self.loop_name, db, pepper, self.clock, cluster)
+    async def _serve(self, db: Database | None, pepper: bytes, home: str, cluster: Cluster | None = None) -> None:
+        g = Graph(self.config, home, self.socket_path, self.loop_name, db, pepper, self.clock, cluster)
+        for problem in g.workers.users.problems():
+            raise StartupError(problem)
         self._graph = g
         # Before anything is served: nothing a dead daemon left may stay `running`.
         await g.runner.recover()
@@ -205,6 +180,8 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop)
         loop.add_signal_handler(signal.SIGHUP, self.request_reload)
+        if hangups_deferred():  # one arrived while starting: honour it now
+            self.request_reload()
 
 
 async def _listen(listener: UnixListener) -> None:
@@ -215,6 +192,7 @@ async def _listen(listener: UnixListener) -> None:
 
 
 def run_daemon(config: Config, home: str, socket_path: str, loop_name: str, config_path: str | None = None) -> int:
+    defer_hangups()
     logging.basicConfig(
         level=config.log_level.upper(), stream=sys.stderr, format="qledge: %(levelname)s %(name)s: %(message)s"
     )
@@ -232,6 +210,10 @@ def run_daemon(config: Config, home: str, socket_path: str, loop_name: str, conf
             asyncio.run(daemon.run())
     except StartupError as exc:
         print(f"qledge: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # anything else the start-up could not do: one line, not a traceback
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"qledge: cannot start: {exc.strerror or exc}{where}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         pass

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from edge.app.config import Config, default_zone
+from edge.app.home import StartupError, private_dir
 from edge.core.clock import LoopTimers, SystemClock
 from edge.core.ports.runtime import Clock, RunController
 from edge.core.ports.stores import (
@@ -34,13 +35,14 @@ from edge.core.ports.stores import (
 from edge.core.reads import Counts
 from edge.core.runs import Followers
 from edge.core.schedule import ScheduleError, load_zone
+from edge.runner.process import SystemUsers
 from edge.runner.supervisor import Runner, RunnerSettings
 from edge.scheduler.loop import Scheduler, Triggers
 from edge.storage.run_logs import LocalLogReader, RunLogs
 from edge.storage.sqlite.admission import SqliteAdmission
 from edge.storage.sqlite.audit import SqliteAuditLog
 from edge.storage.sqlite.credentials import SqliteCredentialStore
-from edge.storage.sqlite.db import Database
+from edge.storage.sqlite.db import Ballast, Database
 from edge.storage.sqlite.notify import SqliteNotifyStore
 from edge.storage.sqlite.reads import SqliteCountsReader, sqlite_readers
 from edge.storage.sqlite.retention import Policy
@@ -65,15 +67,6 @@ log = logging.getLogger("qledge")
 LIVE_KEYS = frozenset({
     "log_level", "runner.queue_limit", "runner.kill_grace_s", "runner.log_cap_bytes", "runner.disk_reserve_bytes",
 })
-
-
-class StartupError(Exception):
-    """One clear line; the daemon exits non-zero without a traceback."""
-
-
-def private_dir(path: str) -> str:
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    return path
 
 
 class DaemonFacts:
@@ -127,13 +120,13 @@ def capacity(config: Config) -> int:
     return config.runner.concurrency + config.runner.queue_limit
 
 
-def run_logs(home: str) -> RunLogs:
-    return RunLogs(private_dir(os.path.join(home, "logs")))
+def run_logs(home: str, on_full: Callable[[], bool] | None = None) -> RunLogs:
+    return RunLogs(private_dir(os.path.join(home, "logs")), on_full)
 
 
 def build_stores(db: Database, config: Config, home: str) -> Stores:
     keep = config.retention
-    logs = run_logs(home)
+    logs = run_logs(home, db.ballast.release if db.ballast else None)
     policy = Policy(runs_per_task=keep.runs_per_task, max_age_ms=keep.run_max_age_days * 86_400_000,
                     log_quota_bytes=keep.log_quota_bytes)
     followers = Followers()
@@ -151,9 +144,14 @@ def build_stores(db: Database, config: Config, home: str) -> Stores:
 def runner_settings(config: Config, home: str) -> RunnerSettings:
     r = config.runner
     return RunnerSettings(
-        work_dir=private_dir(os.path.join(home, "work")), state_dir=home, concurrency=r.concurrency,
+        state_dir=home, concurrency=r.concurrency,
         kill_grace_s=r.kill_grace_s, log_cap_bytes=r.log_cap_bytes, disk_reserve_bytes=r.disk_reserve_bytes,
     )
+
+
+def task_users(config: Config, home: str) -> SystemUsers:
+    r = config.runner
+    return SystemUsers(r.task_users, r.default_user, home, r.work_dir)
 
 
 class Workers(msgspec.Struct, frozen=True, kw_only=True):
@@ -165,6 +163,7 @@ class Workers(msgspec.Struct, frozen=True, kw_only=True):
     scheduler: Scheduler
     settings: RunnerSettings
     controller: RunController
+    users: SystemUsers
 
 
 def build_workers(
@@ -172,12 +171,13 @@ def build_workers(
     distribute: Callable[[Runner], RunController] | None = None,
 ) -> Workers:
     settings = runner_settings(config, home)
+    users = task_users(config, home)
     runner = Runner(runs=stores.runs, tasks=stores.tasks, admission=stores.admission, secrets=stores.secrets,
-                    logs=stores.logs, clock=clock, settings=settings)
+                    logs=stores.logs, clock=clock, settings=settings, users=users)
     controller = runner if distribute is None else distribute(runner)
     scheduler = Scheduler(stores.admission, stores.runs, controller, clock, config.project)
     stores.followers.retry = scheduler.retry_due
-    return Workers(runner=runner, scheduler=scheduler, settings=settings, controller=controller)
+    return Workers(runner=runner, scheduler=scheduler, settings=settings, controller=controller, users=users)
 
 
 def build_notifier(config: Config, stores: Stores, clock: Clock) -> tuple[Notifier | None, list[Tool]]:
@@ -224,8 +224,8 @@ def build_services(
         project=config.project, clock=clock, pepper=pepper, tasks=stores.tasks, runs=stores.runs,
         triggers=Triggers(stores.triggers, workers.scheduler, trigger_zone(config.timezone), stores.tasks),
         credentials=stores.credentials, secrets=stores.secrets, audit=stores.audit, logs=stores.logs,
-        log_reader=stores.log_reader, readers=stores.readers, runner=workers.controller, facts=facts,
-        catalog=registry.infos(),
+        log_reader=stores.log_reader, readers=stores.readers, runner=workers.controller, users=workers.users,
+        facts=facts, catalog=registry.infos(),
     )
 
 
@@ -259,6 +259,14 @@ def mcp_server(config: Config, home: str, chain: Chain, facts: DaemonFacts) -> U
         raise StartupError(f"MCP: {exc}") from None
     facts.add_extra(lambda: {"mcp": path})
     return server
+
+
+def _disk_line(ballast: Ballast) -> str:
+    ballast.poll()
+    try:
+        return ballast.describe()
+    except OSError as exc:
+        return f"cannot check free space: {exc.strerror}"
 
 
 # -- cluster mode (edge.storage.postgres is imported here and only here) ---------------
@@ -361,6 +369,11 @@ class Graph:
         self.facts.add_extra(self.workers.scheduler.status)
         if cluster is not None and cluster.node is not None:
             self.facts.add_extra(cluster.node.status)
+        users = self.workers.users
+        self.facts.add_extra(lambda: {"task users": users.describe()})
+        ballast = db.ballast if db is not None else None
+        if ballast is not None:
+            self.facts.add_extra(lambda: {"disk": _disk_line(ballast)})
         self.notifier, notify_tools = build_notifier(config, self.stores, clock)
         if self.notifier is not None:
             self.facts.add_extra(self.notifier.status)

@@ -1,4 +1,5 @@
-"""Keep optional heavyweights out of the daemon before asyncio is imported.
+"""What `qledge serve` does first, before asyncio is imported: keep optional heavyweights
+out of the daemon, and keep an early SIGHUP from killing it.
 
 asyncio imports `ssl` only opportunistically; blocking it saves ~4.5 MiB RSS. Blocking
 `_hashlib` makes hashlib/hmac use CPython's builtin SHA-256 instead of mapping
@@ -9,7 +10,10 @@ OpenSSL's libcrypto (~3.5 MiB). uvloop needs `ssl`, so it is only used when inst
 from __future__ import annotations
 
 import importlib.util
+import signal
 import sys
+
+_hangups: list[int] = []
 
 
 def choose_loop(setting: str) -> str:
@@ -29,3 +33,18 @@ def restrict_imports(loop: str) -> None:
         sys.modules.setdefault("_hashlib", None)  # type: ignore[arg-type]
     if loop == "asyncio" and "asyncio" not in sys.modules:
         sys.modules.setdefault("ssl", None)  # type: ignore[arg-type]
+
+
+def defer_hangups() -> None:
+    """Until the daemon is ready, a SIGHUP is remembered instead of ending the process
+    (OpenWrt's `reload` sends one right after `start`); the daemon reloads once ready."""
+    if signal.getsignal(signal.SIGHUP) is not _remember:
+        signal.signal(signal.SIGHUP, _remember)
+
+
+def _remember(signum: int, frame: object) -> None:
+    _hangups.append(signum)
+
+
+def hangups_deferred() -> bool:
+    return bool(_hangups)

@@ -8,6 +8,7 @@ of another version) is one clear line, never a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import socket
 from typing import Any, TypeVar
@@ -51,9 +52,13 @@ def _one_line(text: str) -> str:
 
 
 class Client:
-    def __init__(self, path: str, token: str | None = None, timeout_s: float = 90.0) -> None:
+    def __init__(
+        self, path: str, token: str | None = None, timeout_s: float = 90.0,
+        max_frame_bytes: int = frames.DEFAULT_MAX_FRAME,
+    ) -> None:
         self.path = path
         self.token = token
+        self.max_frame_bytes = max_frame_bytes
         self._ids = itertools.count(1)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.settimeout(timeout_s)
@@ -102,8 +107,14 @@ class Client:
         body = frames.encoder.encode(
             frames.Request(id=next(self._ids), tool=tool, token=self.token, args=msgspec.Raw(args))
         )
+        # The daemon would refuse it and hang up mid-send: say so before sending.
+        if len(body) > self.max_frame_bytes:
+            raise CallFailed("resource_exhausted",
+                             f"request of {len(body)} bytes exceeds the {self.max_frame_bytes}-byte limit")
         try:
-            self._sock.sendall(frames.frame(body))
+            # A daemon that refused the frame and hung up left its answer to read.
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                self._sock.sendall(frames.frame(body))
             response = frames.response_decoder.decode(self._read_frame())
         except (OSError, msgspec.DecodeError) as exc:
             raise Unreachable(f"lost the connection to the daemon at {self.path}: {exc}") from None

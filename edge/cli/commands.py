@@ -6,6 +6,8 @@ same types the daemon decodes and encodes, so every field read here is checked b
 
 from __future__ import annotations
 
+import math
+import os
 import sys
 from typing import TYPE_CHECKING, TypeVar
 
@@ -18,6 +20,7 @@ from edge.core.runs import Run
 from edge.core.tasks import (
     DEFAULT_NOTIFY_ON,
     DEFAULT_TIMEOUT_MS,
+    MAX_TIMEOUT_MS,
     ArgvCommand,
     Command,
     NotifyRule,
@@ -63,19 +66,37 @@ def _env(pairs: list[str], secret_pairs: list[str]) -> dict[str, str | SecretRef
     return env
 
 
+def _timeout_ms(seconds: float | None) -> int:
+    if seconds is None:
+        return DEFAULT_TIMEOUT_MS
+    top = MAX_TIMEOUT_MS // 1000
+    if not math.isfinite(seconds) or not 1 <= seconds <= top:
+        raise UsageError(f"--timeout expects seconds from 1 to {top}, got {seconds:g}")
+    return int(seconds * 1000)
+
+
 def task_spec(a: argparse.Namespace) -> TaskSpec:
     if not a.command:
         raise UsageError("give the command after `--`, e.g. qledge task add hello -- echo hi")
     command: Command
     if a.shell:
-        command = ShellCommand(command=" ".join(a.command))
+        # Joining words would re-split them in the shell: `a b` and `c;echo x` must not become
+        # `a b c;echo x`. The shell command is one argument, quoted as the shell reads it.
+        if len(a.command) != 1:
+            raise UsageError(f"--shell takes exactly one argument after `--`, the shell command, but got"
+                             f" {len(a.command)}: quote it as one, e.g. --shell -- 'echo a; echo b'")
+        command = ShellCommand(command=a.command[0])
     else:
         command = ArgvCommand(file=a.command[0], args=a.command[1:])
-    spec = TaskSpec(
-        command=command, env=_env(a.env, a.secret_env), overlap=a.overlap, working_dir=a.cwd or None,
-        timeout_ms=DEFAULT_TIMEOUT_MS if a.timeout is None else int(a.timeout * 1000), log_cap_bytes=a.log_cap,
-        retry=retry_policy(a), notify=notify_rules(a),
-    )
+    try:
+        spec = TaskSpec(
+            command=command, env=_env(a.env, a.secret_env), overlap=a.overlap,
+            working_dir=os.path.abspath(a.cwd) if a.cwd else None, timeout_ms=_timeout_ms(a.timeout),
+            log_cap_bytes=a.log_cap, user=a.user or None, group=a.group or None,
+            retry=retry_policy(a), notify=notify_rules(a),
+        )
+    except ValueError as exc:  # TaskSpec's own checks (e.g. a QLEDGE_ variable)
+        raise UsageError(str(exc)) from None
     try:  # the daemon checks this too; here the message can name the flag
         return msgspec.convert(msgspec.to_builtins(spec), TaskSpec)
     except msgspec.ValidationError as exc:
@@ -151,8 +172,8 @@ def _task_fields(t: Task) -> None:
         ("task", t.id), ("name", t.name), ("revision", t.revision),
         ("enabled", _yes(t.enabled)), ("command", render.command_text(spec)),
         ("kind", t.kind), ("timeout", f"{spec.timeout_ms / 1000:g}s"),
-        ("overlap", spec.overlap), ("working dir", spec.working_dir), ("retries", _retry_text(spec.retry)),
-        ("notify", _notify_text(spec.notify)),
+        ("overlap", spec.overlap), ("user", _user(t)), ("working dir", spec.working_dir),
+        ("retries", _retry_text(spec.retry)), ("notify", _notify_text(spec.notify)),
         ("env", ", ".join(sorted(spec.env)) or None), ("digest", t.content_digest),
         ("updated", render.when(t.updated_at_ms)),
     ])
@@ -171,6 +192,13 @@ def _notify_text(rules: list[NotifyRule] | None) -> str | None:
     if rules is None:
         return None  # the project's rules
     return "; ".join(f"{','.join(r.on)} → {','.join(r.channels)}" for r in rules) or "none"
+
+
+def _user(t: Task) -> str:
+    spec = t.spec
+    who = spec.user or "the daemon's user"
+    who += f" (group {spec.group})" if spec.group else ""
+    return who + (", written with task.privileged" if t.privileged else "")
 
 
 def task_add(c: Client, a: argparse.Namespace) -> int:
@@ -319,7 +347,12 @@ def _read_secret(name: str) -> str:
         if value != getpass.getpass("again: "):
             raise UsageError("the two values differ; nothing was stored")
     else:
-        value = sys.stdin.read()
+        raw = sys.stdin.buffer.read()
+        try:
+            value = raw.decode()
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"the value on stdin is not UTF-8 text (byte {exc.start}); nothing was stored"
+                             " (encode binary values, e.g. base64)") from None
         value = value[:-2] if value.endswith("\r\n") else value[:-1] if value.endswith("\n") else value
     if not value:
         raise UsageError("empty value; nothing was stored")

@@ -52,6 +52,7 @@ from edge.tools.builtin import tasks as task_tools
 
 if TYPE_CHECKING:
     import argparse
+    import pwd
 
     from edge.cli.main import Subcommands, Verb
 
@@ -119,14 +120,16 @@ def _task_ids(c: Client) -> set[str]:
 
 
 def _apply_tasks(c: Client, report: Report, entries: list[Entry], records: dict[str, ImportRecord],
-                 dry_run: bool) -> list[Entry]:
+                 dry_run: bool, who: str) -> list[Entry]:
     """Create the entries not imported before (ids free among the daemon's tasks); returns
-    the entries that are in qledge now, created or from an earlier import."""
+    the entries that are in qledge now, created or from an earlier import. `who` says
+    whom the tasks run as and why, for a refusal that concerns them all."""
     problems = {id(e): p for e in entries if (p := unrepresentable(e)) is not None}
     report.not_imported += problems.values()
     entries = [e for e in entries if id(e) not in problems]
     fresh = [e for e in entries if e.task.key not in records]
     assign_ids(fresh, _task_ids(c))
+    kept: list[Entry] = []
     for entry in entries:
         triggers = [t.expression for t in entry.task.triggers]
         done = records.get(entry.task.key)
@@ -135,11 +138,32 @@ def _apply_tasks(c: Client, report: Report, entries: list[Entry], records: dict[
         elif dry_run:
             status, task_id = "create", entry.task.task_id
         else:
-            made = c.typed("qledge.import.task", entry.task, ImportedTask)
+            try:
+                made = c.typed("qledge.import.task", entry.task, ImportedTask)
+            except CallFailed as exc:
+                refused = _refused(entry, exc, who)
+                report.not_imported.append(refused)
+                continue
             status, task_id = made.status, made.task_id
+        kept.append(entry)
         report.tasks.append(PlannedTask(where=entry.where, status=status, task_id=task_id, command=_command(entry),
                                         triggers=triggers, enabled=entry.task.enabled, notes=entry.notes))
-    return entries
+    return kept
+
+
+def _refused(entry: Entry, exc: CallFailed, who: str) -> Problem:
+    """A working directory the daemon refuses concerns its entry alone: reported, and the
+    import goes on. Anything else (whom the tasks run as, the caller's permissions) would
+    refuse every entry: the import stops there, with one line saying what to do."""
+    if exc.code == "invalid_argument" and exc.message.startswith("working directory"):
+        return Problem(entry.where, entry.task.name or entry.task.task_id, f"the daemon refuses it: {exc.message}",
+                       "working directory refused")
+    if exc.code == "permission_denied" and "task.privileged" in exc.message:
+        raise CallFailed(exc.code, f"{exc.message} ({who}: import as an owner, or name one of the daemon's"
+                         " [runner] task_users with --user)") from None
+    if exc.code == "invalid_argument" and ("user" in exc.message or "group" in exc.message):
+        raise CallFailed(exc.code, f"{exc.message} ({who}; --user USER names another)") from None
+    raise exc
 
 
 def _order(where: str) -> tuple[str, int]:
@@ -213,15 +237,38 @@ def _timeout_ms(a: argparse.Namespace) -> int:
 # -- crontab ------------------------------------------------------------------------
 
 
-def _crontab_user(path: str) -> CrontabUser:
-    """busybox keeps one crontab per user, named after the user; anything else runs as you."""
+def state_dir(c: Client) -> str | None:
+    """The daemon's state directory; None for a cluster node (its state is in PostgreSQL)."""
+    status = c.typed("qledge.status", status_tools.StatusArgs(), status_tools.Status)
+    return os.path.dirname(status.db_path) if os.path.isabs(status.db_path) else None
+
+
+def _crontab_user(path: str, wanted: str | None, state: str | None) -> CrontabUser:
+    """Whom the entries run as: `--user`, else the crontab's user (busybox keeps one
+    crontab per user, named after the user), else (standard input, another name) you. Its
+    home is HOME and, when it is a directory outside the daemon's state directory (the
+    home of the daemon's own user may be that), the working directory, as under crond."""
+    import pwd
+
+    if wanted is not None:
+        entry = _account(wanted)
+    else:
+        try:
+            entry = pwd.getpwnam(os.path.basename(path)) if path != "-" else pwd.getpwuid(os.getuid())
+        except KeyError:
+            entry = pwd.getpwuid(os.getuid())
+    home = entry.pw_dir or None
+    usable = home is not None and os.path.isdir(home) and not (state is not None and _inside(home, state))
+    return CrontabUser(name=entry.pw_name, home=home, work_dir=home if usable else None)
+
+
+def _account(user: str) -> pwd.struct_passwd:
     import pwd
 
     try:
-        entry = pwd.getpwnam(os.path.basename(path)) if path != "-" else pwd.getpwuid(os.getuid())
+        return pwd.getpwnam(user)
     except KeyError:
-        entry = pwd.getpwuid(os.getuid())
-    return CrontabUser(name=entry.pw_name, home=entry.pw_dir or None)
+        raise UsageError(f"--user {user}: there is no such user on this system") from None
 
 
 def _read(path: str) -> str:
@@ -239,9 +286,11 @@ def import_crontab(c: Client, a: argparse.Namespace) -> int:
     if a.disable_source and path == "-":
         raise UsageError("--disable-source needs a crontab file, not standard input")
     text = _read(path)
-    plan = parse_crontab(text, _crontab_user(path), _timeout_ms(a))
+    user = _crontab_user(path, a.user, state_dir(c))
+    plan = parse_crontab(text, user, _timeout_ms(a))
     report = Report(source=path, dry_run=a.dry_run, not_imported=list(plan.problems))
-    entries = _apply_tasks(c, report, plan.entries, _records(c), a.dry_run)
+    who = f"the entries run as {user.name}, " + ("as --user says" if a.user else "the crontab's user")
+    entries = _apply_tasks(c, report, plan.entries, _records(c), a.dry_run, who)
     for line, first in plan.duplicates:
         report.notices.append(f"line {line}: the same entry as line {first}: imported once")
     if a.disable_source:
@@ -597,9 +646,50 @@ def _ql_channels(c: Client, report: Report, data: QlData, wanted: dict[str, str]
                               " qledge notify rules --channel …")
 
 
-def _copy_scripts(source_dir: str, dest: str, state_dir: str, dry_run: bool) -> str:
+QL_USER = "root"  # qinglong runs every script as root
+SCRIPTS_BESIDE = "-scripts"  # <state dir>-scripts/qinglong: beside the state directory, never in it
+
+
+def _inside(path: str, directory: str) -> bool:
+    real, root = os.path.realpath(path), os.path.realpath(directory)
+    return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _scripts_dir(c: Client, wanted: str | None) -> str:
+    """Where the scripts go: `--scripts-dir`, else `<state dir>-scripts/qinglong`, beside
+    the daemon's state directory (on the same storage), never inside it: task users cannot
+    read what is there, and no run starts there."""
+    state = state_dir(c)
+    if wanted is None:
+        if state is None:
+            raise UsageError("this daemon is a cluster node (its state is in PostgreSQL): say where the scripts go"
+                             " with --scripts-dir DIR, the same directory on every node")
+        return os.path.join(state.rstrip(os.sep) + SCRIPTS_BESIDE, "qinglong")
+    dest = os.path.abspath(wanted)
+    if state is not None and _inside(dest, state):
+        raise UsageError(f"--scripts-dir {wanted} is inside the daemon's state directory {state}, which task users"
+                         " cannot read and where no run starts: choose a directory outside it")
+    return dest
+
+
+def _make_dirs(path: str, made: list[str]) -> None:
+    """`path` and its missing parents, 0755 whatever the umask (the task user reads and
+    enters them); each one made is noted in `made`."""
+    missing: list[str] = []
+    while not os.path.isdir(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    for directory in reversed(missing):
+        os.mkdir(directory, 0o755)
+        os.chmod(directory, 0o755)
+        made.append(directory)
+
+
+def _copy_scripts(source_dir: str, dest: str, owner: pwd.struct_passwd, dry_run: bool) -> str:
     """Copy the scripts tree: files that are not there yet; a file that differs is kept
-    as it is in qledge (it may have been edited since); links are not followed."""
+    as it is in qledge (it may have been edited since); links are not followed. What is
+    copied (and each directory made for it) becomes the task user's, so scripts can read
+    and write beside themselves as they did under qinglong."""
     plan: list[tuple[str, str]] = []
     kept = links = size = 0
     for dirpath, dirnames, filenames in os.walk(source_dir):
@@ -618,21 +708,21 @@ def _copy_scripts(source_dir: str, dest: str, state_dir: str, dry_run: bool) -> 
                      f"; {links} links and special files not copied" if links else ""])
     if dry_run:
         return f"scripts: would copy {len(plan)} files ({size} bytes) to {dest}{extra}"
-    os.makedirs(dest, mode=0o755, exist_ok=True)
-    free = shutil.disk_usage(dest).free
-    if size + DISK_RESERVE > free:
-        raise UsageError(f"scripts need {size} bytes in {dest}, {free} are free (and {DISK_RESERVE} stay reserved);"
-                         " free some space or use --scripts-in-place")
-    # The daemon's user owns its state directory: the copies become its own, so scripts can
-    # write beside themselves as they did under qinglong (when this runs as root).
-    owner = os.stat(state_dir)
-    for src, dst in plan:
-        os.makedirs(os.path.dirname(dst), mode=0o755, exist_ok=True)
-        shutil.copy2(src, dst)
-    for dirpath, _, filenames in os.walk(os.path.dirname(dest)):
-        for path in [dirpath, *(os.path.join(dirpath, n) for n in filenames)]:
-            with contextlib.suppress(OSError):
-                os.lchown(path, owner.st_uid, owner.st_gid)
+    made: list[str] = []
+    try:
+        _make_dirs(dest, made)
+        free = shutil.disk_usage(dest).free
+        if size + DISK_RESERVE > free:
+            raise UsageError(f"scripts need {size} bytes in {dest}, {free} are free (and {DISK_RESERVE} stay"
+                             " reserved); free some space or use --scripts-in-place")
+        for src, dst in plan:
+            _make_dirs(os.path.dirname(dst), made)
+            shutil.copy2(src, dst)
+    except OSError as exc:
+        raise UsageError(f"cannot copy the scripts to {dest}: {exc.strerror or exc}") from None
+    for path in [*made, *(dst for _, dst in plan)]:
+        with contextlib.suppress(OSError):  # only root may give files away; as the user itself, they are its own
+            os.lchown(path, owner.pw_uid, owner.pw_gid)
     return f"scripts: {len(plan)} files ({size} bytes) copied to {dest}{extra}"
 
 
@@ -663,12 +753,16 @@ def import_qinglong(c: Client, a: argparse.Namespace) -> int:
         data = read_qinglong_db(source.db_path)
         report = Report(source=source.label, dry_run=a.dry_run)
         scripts_src = os.path.join(source.data_dir, "scripts") if source.data_dir else None
+        user = a.user or QL_USER
+        owner = _account(user)
         if a.scripts_in_place and scripts_src:
+            if a.scripts_dir is not None:
+                raise UsageError("--scripts-dir and --scripts-in-place exclude each other")
             scripts_dir = scripts_src
         else:
-            status = c.typed("qledge.status", status_tools.StatusArgs(), status_tools.Status)
-            scripts_dir = os.path.join(os.path.dirname(status.db_path), "scripts", "qinglong")
-        place = QlPlace(scripts_dir=scripts_dir, data_dir=source.data_dir or scripts_dir, zone=_ql_zone(data, report))
+            scripts_dir = _scripts_dir(c, a.scripts_dir)
+        place = QlPlace(scripts_dir=scripts_dir, data_dir=source.data_dir or scripts_dir, zone=_ql_zone(data, report),
+                        user=user)
         wanted, held, config_keys, other = _plan_secrets(data, source, a.with_notifications)
         records = _records(c)
         usable = _store_secrets(c, report, wanted, records, a.dry_run)
@@ -682,12 +776,12 @@ def import_qinglong(c: Client, a: argparse.Namespace) -> int:
             else:
                 report.not_imported.append(planned)
         if scripts_src and os.path.isdir(scripts_src) and not a.scripts_in_place:
-            report.notices.append(_copy_scripts(scripts_src, scripts_dir, os.path.dirname(os.path.dirname(scripts_dir)),
-                                                a.dry_run))
+            report.notices.append(_copy_scripts(scripts_src, scripts_dir, owner, a.dry_run))
         elif scripts_src is None:
             report.notices.append("no scripts directory beside this database: the tasks expect their scripts in"
                                   f" {scripts_dir}")
-        _apply_tasks(c, report, entries, records, a.dry_run)
+        who = (f"the tasks run as {user}, " + ("as --user says" if a.user else "as every script did under qinglong"))
+        _apply_tasks(c, report, entries, records, a.dry_run, who)
         if a.with_notifications:
             _ql_channels(c, report, data, wanted, usable, records, a.dry_run)
         report.notices += _ql_notices(data, source, held, config_keys, other, a.with_notifications)
@@ -706,11 +800,17 @@ def add_import_sources(imports: Subcommands, verb: Verb) -> None:
     cron.add_argument("--disable-source", action="store_true",
                       help="comment the imported lines out of the crontab (after a backup), so nothing runs twice")
     cron.add_argument("--timeout", type=float, metavar="S", help="kill a run after S seconds (default 3600)")
+    cron.add_argument("--user", metavar="USER",
+                      help="run the entries as USER (default: the crontab's user, its file name, e.g. root)")
     ql = verb(imports, "qinglong", import_qinglong,
               "import a qinglong install: its crons, environment (as secrets) and scripts")
     ql.add_argument("path", metavar="PATH", help="qinglong's data directory, its db/database.sqlite, or a data.tgz")
+    ql.add_argument("--user", metavar="USER", help=f"run the tasks as USER (default {QL_USER}, as qinglong does)")
+    ql.add_argument("--scripts-dir", metavar="DIR",
+                    help=f"copy the scripts to DIR (default <state dir>{SCRIPTS_BESIDE}/qinglong, beside the"
+                         " state directory)")
     ql.add_argument("--scripts-in-place", action="store_true",
-                    help="run the scripts where they are instead of copying them under qledge's state directory")
+                    help="run the scripts where they are instead of copying them")
     ql.add_argument("--with-notifications", action="store_true",
                     help="also import notification keys (BARK_PUSH, TG_BOT_TOKEN, …) as secrets")
     for parser in (cron, ql):

@@ -74,7 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--env", action="append", default=[], metavar="K=V", help="environment variable")
     add.add_argument("--secret-env", action="append", default=[], metavar="K=SECRET",
                      help="environment variable taken from a stored secret")
-    add.add_argument("--cwd", help="working directory (default: <home>/work)")
+    add.add_argument("--cwd", help="working directory (default /; never inside the state directory)")
+    add.add_argument("--user", help="run as this user (default: [runner] default_user, e.g. nobody)")
+    add.add_argument("--group", help="run with this group (default: the user's own)")
     add.add_argument("--shell", action="store_true", help="run COMMAND through /bin/sh -c")
     add.add_argument("--overlap", choices=("forbid", "allow", "replace"), default="forbid",
                      help="what a new run does while one is active (default forbid)")
@@ -255,8 +257,10 @@ def _serve_fast_path(argv: list[str]) -> SimpleNamespace | None:
 
 
 def _serve(args: argparse.Namespace | SimpleNamespace) -> int:
+    from edge.app.lean import choose_loop, defer_hangups, restrict_imports
+
+    defer_hangups()  # first: a SIGHUP while starting must not end the daemon
     from edge.app import config as cfg
-    from edge.app.lean import choose_loop, restrict_imports
 
     try:
         config = cfg.load(args.config)
@@ -273,8 +277,29 @@ def _serve(args: argparse.Namespace | SimpleNamespace) -> int:
     return run_daemon(config, home, socket_path, loop, config_path=config_path)
 
 
+# What the CLI and daemon import beyond the standard library, and where each comes from.
+DEPENDENCIES = {"msgspec": "python3-msgspec", "apsw": "python3-apsw", "cronsim": "python3-cronsim"}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    for arg in argv:
+        try:
+            arg.encode()
+        except UnicodeEncodeError:  # bytes that are not UTF-8 reach us as lone surrogates
+            print(f"qledge: argument {ascii(arg)} is not valid UTF-8", file=sys.stderr)
+            return EXIT_USAGE
+    try:
+        return _main(argv)
+    except ModuleNotFoundError as exc:
+        if exc.name not in DEPENDENCIES:
+            raise
+        print(f"qledge: the Python package {exc.name} is not installed: pip install {exc.name}"
+              f" (OpenWrt: opkg install {DEPENDENCIES[exc.name]})", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _main(argv: list[str]) -> int:
     if "mcp" in argv:  # the stdio bridge must not pay for argparse or msgspec
         from edge.cli.mcp_bridge import main as bridge
 

@@ -42,7 +42,12 @@ def _after_ms(text: str | None, schedule: Schedule) -> int:
         raise ScheduleError(f"--after {text!r} is not an ISO 8601 time (e.g. 2024-03-10T01:30:00-05:00)") from None
     if when.tzinfo is None:  # a local time in the schedule's zone
         when = when.replace(tzinfo=schedule.zone)
-    return int(when.timestamp() * 1000)
+    try:
+        ms = int(when.timestamp() * 1000)
+        datetime.fromtimestamp(ms // 1000, schedule.zone)  # the zone's calendar must reach it too
+        return ms
+    except (OverflowError, ValueError):
+        raise ScheduleError(f"--after {text!r} is outside the calendar this system can compute with") from None
 
 
 def cron_next(a: argparse.Namespace) -> int:
@@ -60,6 +65,8 @@ def cron_next(a: argparse.Namespace) -> int:
         print("note: day-of-month and day-of-week are both restricted, so a day matching either fires"
               " (as in busybox crond and qinglong)", file=sys.stderr)
     fires = list(islice(schedule.fires_after(after), a.count))
+    if len(fires) < a.count:  # the calendar ends in 9999
+        print(f"qledge: {'no' if not fires else 'no more'} fire times before the year 10000", file=sys.stderr)
     if a.json:
         render.json_out([
             Fire(at_ms=ms, local=local_time(ms, schedule.zone).isoformat(), timezone=schedule.zone_name)

@@ -29,14 +29,33 @@ DOMAIN_PERMISSIONS: tuple[str, ...] = (
     "secret.read",  # secret names and dates, never values
     "secret.write",
     "secret.export",  # secret values, for an export made with secrets
+    "secret.use",  # reference any secret in a task's environment (per secret: secret.use:<name>)
+    "task.privileged",  # tasks that run as root, as the daemon's user, or as a user not in task_users
     "credential.admin",
     "status.read",
     "notify.read",  # notification channels (never the secrets they name), rules and the delivery log
     "notify.write",  # default rules, test messages, deleting channels (setting one also needs secret.export)
 )
+TASK_PRIVILEGED = "task.privileged"
+SECRET_USE = "secret.use"
+# Families whose bare name grants every `<family>:<name>` (secret.use grants secret.use:api).
+_FAMILIES = frozenset({SECRET_USE})
 
 _VIEWER = frozenset({"task.read", "trigger.read", "run.read", "status.read"})
-_OPERATOR = frozenset(DOMAIN_PERMISSIONS) - {"credential.admin", "secret.write", "secret.export"}
+# An operator holds none of these by default: a task that runs privileged, or reads a secret,
+# would let it act as an owner; an export with secrets shows their values. A credential's
+# list may give them by name (never through `*`).
+_OPERATOR = frozenset(DOMAIN_PERMISSIONS) - {
+    "credential.admin", "secret.write", "secret.export", TASK_PRIVILEGED, SECRET_USE}
+
+
+class Grant(msgspec.Struct, frozen=True):
+    """What a principal may do: what its role allows and, for a credential with its own
+    list, also what that list allows (a list narrows the role; it never widens it).
+    Entries are permissions or patterns (`tool.call:qinglong.*`, `*`)."""
+
+    role: frozenset[str]
+    only: frozenset[str] | None = None
 
 
 class Principal(msgspec.Struct, frozen=True):
@@ -44,7 +63,7 @@ class Principal(msgspec.Struct, frozen=True):
 
     subject: str  # "uid:1000" or "credential:<id>"
     role: Role
-    permissions: frozenset[str]
+    permissions: Grant
     credential_id: str | None = None
 
 
@@ -58,12 +77,18 @@ class Credential(msgspec.Struct, rename="camel"):
     revoked_at_ms: int | None = None
 
 
-def role_permissions(role: str, read_tools: Iterable[str]) -> frozenset[str]:
-    """The permissions a role grants, given the names of the read-effect tools."""
+def grantable(permission: str) -> bool:
+    """What an operator holds only when its credential's list names it."""
+    return permission in (TASK_PRIVILEGED, SECRET_USE) or permission.startswith(SECRET_USE + ":")
+
+
+def role_permissions(role: str, read_tools: Iterable[str], named: Iterable[str] = ()) -> frozenset[str]:
+    """The permissions a role grants, given the names of the read-effect tools; `named`,
+    a credential's own list, may add to an operator what is grantable to it by name."""
     if role == "owner":
         return frozenset({"*"})
     if role == "operator":
-        return _OPERATOR | {"tool.call:*"}
+        return _OPERATOR | {"tool.call:*"} | {p for p in named if grantable(p)}
     if role == "viewer":
         return _VIEWER | {f"tool.call:{name}" for name in read_tools}
     return frozenset()  # unknown role: nothing
@@ -77,20 +102,55 @@ class SecretInfo(msgspec.Struct, rename="camel"):
     updated_at_ms: int
 
 
-def allows(granted: frozenset[str], needed: str) -> bool:
-    if needed in granted or "*" in granted:
+def matches(entries: frozenset[str], needed: str) -> bool:
+    """Whether a set of permissions and patterns covers one concrete permission: itself,
+    `*`, a pattern ending in `*` (`tool.call:qinglong.*`), or a family's bare name
+    (`secret.use` covers `secret.use:api`)."""
+    if needed in entries or "*" in entries:
         return True
-    return needed.startswith("tool.call:") and "tool.call:*" in granted
+    for entry in entries:
+        if entry.endswith("*") and needed.startswith(entry[:-1]):
+            return True
+    family, sep, _ = needed.partition(":")
+    return bool(sep) and family in _FAMILIES and family in entries
 
 
-def missing_permission(granted: frozenset[str], tool_name: str, permissions: Iterable[str]) -> str | None:
-    """The first permission a call of `tool_name` needs and `granted` lacks: the tool
+def allows(grant: Grant, needed: str) -> bool:
+    return matches(grant.role, needed) and (grant.only is None or matches(grant.only, needed))
+
+
+def first_missing(grant: Grant, needed: Iterable[str]) -> str | None:
+    for permission in needed:
+        if not allows(grant, permission):
+            return permission
+    return None
+
+
+def missing_permission(grant: Grant, tool_name: str, permissions: Iterable[str]) -> str | None:
+    """The first permission a call of `tool_name` needs and `grant` lacks: the tool
     policy `tool.call:<name>` first, then the tool's domain permissions. None: allowed.
     The one place the rule is written (the chain, and what tools.list discloses)."""
-    for needed in (f"tool.call:{tool_name}", *permissions):
-        if not allows(granted, needed):
-            return needed
-    return None
+    return first_missing(grant, (f"tool.call:{tool_name}", *permissions))
+
+
+def task_permissions(privileged: bool, secrets: Iterable[str]) -> list[str]:
+    """What writing a task revision, or making one runnable (enabling the task, pointing a
+    trigger at it), needs beyond task.write / trigger.write: task.privileged when it runs
+    privileged, and secret.use:<name> for each secret its environment references. A role's
+    limits hold through the tasks it can write: a task can do what its writer could."""
+    needed = [TASK_PRIVILEGED] if privileged else []
+    return needed + [f"{SECRET_USE}:{name}" for name in sorted(set(secrets))]
+
+
+def valid_permission(permission: str) -> bool:
+    """Whether a credential may list `permission`: `*`, a domain permission, `tool.call:<tool>`
+    or `secret.use:<secret>`, the last two also as a prefix pattern ending in `*`."""
+    if permission == "*" or permission in DOMAIN_PERMISSIONS:
+        return True
+    family, sep, rest = permission.partition(":")
+    if not sep or family not in ("tool.call", SECRET_USE) or not rest:
+        return False
+    return "*" not in rest[:-1]
 
 
 def parse_token(token: str) -> tuple[str, str] | None:

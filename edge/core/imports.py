@@ -143,11 +143,14 @@ _NICKNAME = re.compile(r"^\s*(@[A-Za-z]+)(?:\s+(.*?))?\s*$")
 
 
 class CrontabUser(msgspec.Struct):
-    """Whom crond runs the entries as: its environment and working directory follow."""
+    """Whom crond runs the entries as: the user each task names (busybox names a crontab
+    after its user), with its environment (HOME: `home`) and working directory (`work_dir`,
+    its home when that is a directory; None: the daemon's default)."""
 
     name: str
     home: str | None = None
     shell: str = "/bin/sh"
+    work_dir: str | None = None
 
 
 class CrontabPlan(msgspec.Struct):
@@ -256,7 +259,7 @@ def _crontab_entry(
     if "%" in command.replace("\\%", ""):
         notes.append("`%` is kept as it is, as busybox crond does (Vixie cron would make it a newline)")
     spec = TaskSpec(command=ShellCommand(command=command, shell=shell), env=dict(job_env),
-                    working_dir=user.home or None, timeout_ms=timeout_ms)
+                    working_dir=user.work_dir, timeout_ms=timeout_ms, user=user.name)
     key = import_key("crontab", user.name, expression, zone, command, sorted(job_env.items()))
     task = ImportTask(key=key, task_id=name_from_command(command), spec=spec, name=_label(command),
                       triggers=[ImportTrigger(expression=expression, timezone=zone)])
@@ -434,17 +437,21 @@ def _script_path(script: str, scripts_dir: str) -> str:
 def _work_dir(work_dir: str | None, script_path: str, scripts_dir: str, data_dir: str) -> str:
     if not work_dir:
         return posixpath.dirname(script_path)
+    for root in _QL_SCRIPT_ROOTS:  # the scripts run from where they were imported to
+        if (work_dir + "/").startswith(root):
+            return posixpath.normpath(posixpath.join(scripts_dir, work_dir[len(root):]))
     if work_dir.startswith("/ql/data/"):
         return posixpath.join(data_dir, work_dir[len("/ql/data/"):])
     return work_dir if work_dir.startswith("/") else posixpath.normpath(posixpath.join(scripts_dir, work_dir))
 
 
 class QlPlace(msgspec.Struct):
-    """Where the imported qinglong data lives for the tasks that use it."""
+    """Where the imported qinglong data lives for the tasks that use it, and whom they run as."""
 
     scripts_dir: str
     data_dir: str
     zone: str | None = None  # qinglong's own zone setting, when it has one
+    user: str | None = None  # the user every task names (qinglong runs everything as root)
 
 
 def ql_entry(cron: QlCron, place: QlPlace, secret_env: Mapping[str, str]) -> Entry | Problem:
@@ -481,7 +488,7 @@ def ql_entry(cron: QlCron, place: QlPlace, secret_env: Mapping[str, str]) -> Ent
     spec = TaskSpec(
         command=main, env=env, working_dir=_work_dir(cron.work_dir, path, place.scripts_dir, place.data_dir),
         timeout_ms=parsed.timeout_ms or DEFAULT_TIMEOUT_MS,
-        overlap="allow" if cron.allow_multiple_instances else "forbid",
+        overlap="allow" if cron.allow_multiple_instances else "forbid", user=place.user,
     )
     key = import_key("qinglong", cron.name, cron.command, cron.schedule, cron.extra_schedules, cron.task_before,
                      cron.task_after)

@@ -258,23 +258,25 @@ class Schedule:
     def next_after(self, after_ms: int) -> int | None:
         return next(self.fires_after(after_ms), None)
 
+    # Both stop where Python's calendar does (the end of year 9999, or before year 1):
+    # there are no fires there, rather than an error.
     def _real_fires(self, after_ms: int) -> Iterator[int]:
-        # An aware start: cronsim steps through UTC, so each instant is visited once.
-        start = datetime.fromtimestamp(after_ms // 1000, self.zone)
         try:
+            # An aware start: cronsim steps through UTC, so each instant is visited once.
+            start = datetime.fromtimestamp(after_ms // 1000, self.zone)
             for when in _Cron(self.expression, start):
                 yield int(when.timestamp()) * 1000
-        except StopIteration:
+        except (StopIteration, OverflowError, ValueError):
             return
 
     def _label_fires(self, after_ms: int) -> Iterator[int]:
-        # Naive local labels from the local time of `after_ms`; labels at or before it
-        # map to instants at or before it (the mapping never goes backwards).
-        start = datetime.fromtimestamp(after_ms // 1000, self.zone).replace(tzinfo=None)
         try:
+            # Naive local labels from the local time of `after_ms`; labels at or before it
+            # map to instants at or before it (the mapping never goes backwards).
+            start = datetime.fromtimestamp(after_ms // 1000, self.zone).replace(tzinfo=None)
             for label in _Cron(self.expression, start):
                 yield _label_instant(label, self.zone)
-        except StopIteration:
+        except (StopIteration, OverflowError, ValueError):
             return
 
 

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from edge.core.schedule import Misfire
-from edge.core.text import EnvName, Label, Name
+from edge.core.text import Account, EnvName, Label, Name
 
 SPEC_SCHEMA = "qinglong/command@v1"
 DEFAULT_TIMEOUT_MS = 3_600_000  # an hour: a hung job must not hold a slot forever
@@ -38,6 +38,9 @@ class SecretRef(msgspec.Struct, forbid_unknown_fields=True):
 
 
 EnvValue = Annotated[str, msgspec.Meta(max_length=16384, pattern=r"^[^\x00]*$")] | SecretRef
+# The runner sets these in every run (QLEDGE_RUN_ID is the marker crash recovery finds a
+# run's processes by); a task may not set or override them.
+RESERVED_ENV_PREFIX = "QLEDGE_"
 
 MAX_RETRIES = 10
 MAX_RETRY_DELAY_S = 86_400  # a day: a retry further off is a new schedule, not a retry
@@ -101,14 +104,39 @@ def notice_targets(rules: list[NotifyRule], kinds: frozenset[NotifyEvent] | set[
 
 class TaskSpec(msgspec.Struct, rename="camel", forbid_unknown_fields=True, omit_defaults=True):
     command: Command
-    working_dir: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)] | None = None
+    working_dir: Annotated[str, msgspec.Meta(min_length=1, max_length=4096, pattern=r"^[^\x00]*$")] | None = None
     env: Annotated[dict[EnvName, EnvValue], msgspec.Meta(max_length=128)] = {}
     timeout_ms: Annotated[int, msgspec.Meta(ge=1000, le=MAX_TIMEOUT_MS)] = DEFAULT_TIMEOUT_MS
     overlap: Overlap = "forbid"
     log_cap_bytes: Annotated[int, msgspec.Meta(ge=4096, le=1 << 30)] | None = None
+    # Who the run is: the user (and group; default the user's own) the runner switches to
+    # before exec. None only in revisions written before tasks named one: the daemon's user.
+    user: Account | None = None
+    group: Account | None = None
     retry: RetryPolicy | None = None
     # None: the project's default rules; []: no notifications for this task.
     notify: Annotated[list[NotifyRule], msgspec.Meta(max_length=8)] | None = None
+
+    def __post_init__(self) -> None:
+        for key in self.env:
+            if key.startswith(RESERVED_ENV_PREFIX):
+                raise ValueError(f"environment variable {key}: names starting with {RESERVED_ENV_PREFIX} are"
+                                 " set by qledge and cannot be given")
+
+    def secrets(self) -> list[str]:
+        """The names of the secrets its environment references."""
+        return sorted({v.secret for v in self.env.values() if isinstance(v, SecretRef)})
+
+
+class RunAs(msgspec.Struct, frozen=True, kw_only=True):
+    """Who a task's runs are, resolved from its spec on this system (edge.core.ports.runtime.TaskUsers)."""
+
+    user: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]  # supplementary groups, set before exec
+    switch: bool  # False: the run keeps the daemon's own user (a non-root daemon cannot switch)
+    privileged: str | None  # why running as this needs task.privileged ("runs as root"); None: it does not
 
 
 class Task(msgspec.Struct, rename="camel"):
@@ -121,6 +149,8 @@ class Task(msgspec.Struct, rename="camel"):
     content_digest: str
     created_at_ms: int
     updated_at_ms: int
+    # The revision was written by a holder of task.privileged: only then may it run privileged.
+    privileged: bool = False
 
     @property
     def kind(self) -> str:

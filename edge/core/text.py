@@ -19,6 +19,8 @@ Label = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=_NO_CO
 Name = Annotated[
     str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 ]
+# A user or group name as /etc/passwd and /etc/group spell them.
+Account = Annotated[str, msgspec.Meta(min_length=1, max_length=32, pattern=r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")]
 EnvName = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 Limit = Annotated[int, msgspec.Meta(ge=1, le=64)]
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]

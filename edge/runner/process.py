@@ -1,15 +1,175 @@
-"""Process-group helpers: spawning in a new session and stopping the whole group."""
+"""Process helpers: who a run is (the system's users), spawning it in a new session as
+that user, and stopping the whole process group."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
+import pwd
 import signal
+from collections.abc import Iterable
 
-from edge.core.tasks import ArgvCommand, TaskSpec
+from edge.core.errors import ToolError, invalid
+from edge.core.tasks import ArgvCommand, RunAs, TaskSpec
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+DEFAULT_WORK_DIR = "/"  # a run's working directory unless its task names one
+
+
+def _name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _group_name(gid: int) -> str:
+    import grp  # only for tasks that name a group, or messages about one: a module fewer idle
+
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+class SystemUsers:
+    """TaskUsers (edge.core.ports.runtime) from the system's passwd and group databases.
+
+    A root daemon switches each run to its task's user; a task is privileged when it would
+    run as root or the daemon's user, with group root or the daemon's group, as a user not
+    in `task_users`, or with a group its user is not a member of. A daemon that is not root
+    cannot switch: every task runs as the daemon's user, so every task is privileged.
+    """
+
+    def __init__(self, task_users: Iterable[str], default_user: str | None, state_dir: str,
+                 work_dir: str = DEFAULT_WORK_DIR) -> None:
+        self._uid = os.geteuid()
+        self._gid = os.getegid()
+        self._root = self._uid == 0
+        self._own = _name(self._uid)
+        self._task_users = tuple(task_users)
+        self._state_dir = os.path.realpath(state_dir)
+        self._work_dir = work_dir
+        if not self._root:
+            self._default = self._own
+        else:
+            self._default = default_user or (self._task_users[0] if self._task_users else self._own)
+
+    @property
+    def can_switch(self) -> bool:
+        return self._root
+
+    @property
+    def default_user(self) -> str:
+        return self._default
+
+    def problems(self) -> list[str]:
+        """What is wrong with the configuration on this system: a task user that owns the
+        state directory (root or the daemon's user), or a working directory inside it."""
+        found: list[str] = []
+        for user in self._task_users if self._root else ():
+            try:
+                uid = pwd.getpwnam(user).pw_uid
+            except KeyError:
+                continue  # a missing user only fails the tasks that name it
+            if uid in (0, self._uid):
+                found.append(f"[runner] task_users lists {user}, which owns the state directory;"
+                             " list only unprivileged users (e.g. nobody)")
+        try:
+            self.working_dir(None)
+        except ToolError as exc:
+            found.append(f"[runner] work_dir: {exc.message}")
+        return found
+
+    def resolve(self, user: str | None, group: str | None) -> RunAs:
+        if user is None or not self._root:
+            return self._self(user, group)
+        try:
+            pw = pwd.getpwnam(user)
+        except KeyError:
+            raise invalid(f"there is no user {user!r} on this system") from None
+        member_of = tuple(os.getgrouplist(pw.pw_name, pw.pw_gid))
+        gid = pw.pw_gid
+        if group is not None:
+            import grp
+
+            try:
+                gid = grp.getgrnam(group).gr_gid
+            except KeyError:
+                raise invalid(f"there is no group {group!r} on this system") from None
+        return RunAs(user=user, uid=pw.pw_uid, gid=gid, groups=member_of, switch=True,
+                     privileged=self._why(user, pw.pw_uid, gid, member_of, group))
+
+    def _self(self, user: str | None, group: str | None) -> RunAs:
+        """The daemon's own user: a revision that names none, or any task of a daemon that
+        is not root (which may name only that user)."""
+        if user is not None and user != self._own:
+            raise invalid(f"this daemon runs as {self._own} (not root) and cannot switch users:"
+                          f" name user {self._own}, or none")
+        if group is not None and group != _group_name(self._gid):
+            raise invalid(f"this daemon runs as {self._own} (not root) and cannot switch groups")
+        why = "runs as root" if self._root else f"runs as the daemon's user {self._own}"
+        return RunAs(user=self._own, uid=self._uid, gid=self._gid, groups=(), switch=False, privileged=why)
+
+    def _why(self, user: str, uid: int, gid: int, member_of: tuple[int, ...], group: str | None) -> str | None:
+        if uid == 0:
+            return "runs as root"
+        if uid == self._uid:
+            return f"runs as the daemon's user {user}"
+        for g in (gid, *member_of):
+            if g in (0, self._gid):
+                return f"runs with group {_group_name(g)}"
+        if user not in self._task_users:
+            return f"user {user} is not in [runner] task_users"
+        if group is not None and gid not in member_of:
+            return f"user {user} is not a member of group {group}"
+        return None
+
+    def working_dir(self, path: str | None, run_as: RunAs | None = None) -> str:
+        where = path or self._work_dir
+        if not os.path.isabs(where):
+            raise invalid(f"working directory {where!r} is not an absolute path")
+        real = os.path.realpath(where)
+        if real == self._state_dir or real.startswith(self._state_dir.rstrip(os.sep) + os.sep):
+            raise invalid(f"working directory {where} is inside the state directory {self._state_dir};"
+                          " runs never start there")
+        # The child enters it before it switches users: it must be somewhere the user could go.
+        if run_as is not None and run_as.switch and run_as.uid != 0:
+            blocked = _unreachable(real, run_as)
+            if blocked is not None:
+                raise invalid(f"working directory {where}: user {run_as.user} may not enter {blocked}")
+        return where
+
+    def describe(self) -> str:
+        if not self._root:
+            return (f"tasks run as the daemon's user {self._own} (the daemon is not root and cannot switch users);"
+                    " only owners (task.privileged) may write them")
+        users = ", ".join(self._task_users) or "none"
+        return f"tasks run as their own users: {users} (default {self._default}); others need task.privileged"
+
+
+def _unreachable(real: str, run_as: RunAs) -> str | None:
+    """The first directory on the way to `real` (itself included) that `run_as` may not
+    search, by its mode bits as the kernel reads them; None when every one is open to it
+    (or when the path does not exist yet: entering it then fails at the start of the run)."""
+    groups = {run_as.gid, *run_as.groups}
+    path = os.sep
+    for part in [p for p in real.split(os.sep) if p] + [""]:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        if st.st_uid == run_as.uid:
+            ok = st.st_mode & 0o100
+        elif st.st_gid in groups:
+            ok = st.st_mode & 0o010
+        else:
+            ok = st.st_mode & 0o001
+        if not ok:
+            return path
+        path = os.path.join(path, part)
+    return None
 
 
 def argv(spec: TaskSpec) -> list[str]:
@@ -19,7 +179,15 @@ def argv(spec: TaskSpec) -> list[str]:
     return [command.shell, "-c", command.command]
 
 
-async def spawn(args: list[str], cwd: str, env: dict[str, str]) -> asyncio.subprocess.Process:
+async def spawn(args: list[str], cwd: str, env: dict[str, str], run_as: RunAs) -> asyncio.subprocess.Process:
+    # The child switches (setgroups, setregid, setreuid) itself, after fork and before
+    # exec: no shell or helper runs in between with the daemon's rights.
+    if run_as.switch:
+        return await asyncio.create_subprocess_exec(
+            *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT, cwd=cwd, env=env, start_new_session=True,
+            user=run_as.uid, group=run_as.gid, extra_groups=list(run_as.groups),
+        )
     return await asyncio.create_subprocess_exec(
         *args,
         stdin=asyncio.subprocess.DEVNULL,

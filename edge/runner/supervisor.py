@@ -14,10 +14,10 @@ import msgspec
 
 from edge.core.errors import ToolError, conflict, not_found
 from edge.core.handoff import Background, shielded
-from edge.core.ports.runtime import Clock
+from edge.core.ports.runtime import Clock, TaskUsers
 from edge.core.ports.stores import LogWriter, RunAdmission, RunLogFiles, RunStore, SecretStore, TaskStore
 from edge.core.runs import ActorType, Run, RunProcess, RunStatus, RunUpdate, summary
-from edge.core.tasks import SecretRef, Task
+from edge.core.tasks import RunAs, SecretRef, Task
 from edge.runner import process
 
 log = logging.getLogger("qledge.runner")
@@ -29,7 +29,6 @@ DRAIN_AFTER_EXIT_S = 2.0  # a backgrounded grandchild may hold the pipe open
 class RunnerSettings(msgspec.Struct, kw_only=True):
     """What the runner reads at each run; the live ones change on reload (edge.app.graph)."""
 
-    work_dir: str  # a run's working directory unless its task names one
     state_dir: str  # where free space is checked before a run starts
     concurrency: int = 2
     kill_grace_s: float = 5.0
@@ -53,7 +52,7 @@ class _Job:
 class Runner:
     def __init__(
         self, *, runs: RunStore, tasks: TaskStore, admission: RunAdmission, secrets: SecretStore, logs: RunLogFiles,
-        clock: Clock, settings: RunnerSettings,
+        clock: Clock, settings: RunnerSettings, users: TaskUsers,
     ) -> None:
         self._runs = runs
         self._tasks = tasks
@@ -62,6 +61,7 @@ class Runner:
         self._logs = logs
         self._clock = clock
         self._settings = settings
+        self._users = users
         self._slots = asyncio.Semaphore(settings.concurrency)
         self._jobs: dict[str, _Job] = {}
         self._background = Background(log)  # hand-offs and process-group stops
@@ -223,9 +223,15 @@ class Runner:
             await self._finish(job, "failed", RunUpdate(
                 error_code="task_missing", error_summary=f"task {run.task_id} revision {run.task_revision} is gone"))
             return
-        short = self._disk_shortfall()
+        short = self.disk_shortfall()
         if short is not None:
             await self._finish(job, "failed", RunUpdate(error_code="disk_space_low", error_summary=short))
+            return
+        try:
+            run_as, cwd = self._identity(task)
+        except ToolError as exc:
+            code = "permission_denied" if exc.code == "permission_denied" else "spawn_failed"
+            await self._finish(job, "failed", RunUpdate(error_code=code, error_summary=summary(exc.message)))
             return
         try:
             env, secrets = await self._environment(task, run)
@@ -239,15 +245,27 @@ class Runner:
                 error_code="log_unavailable", error_summary=summary(f"cannot create the log file: {exc}")))
             return
         try:
-            await self._supervise(job, task, env, sink)
+            await self._supervise(job, task, env, sink, run_as, cwd)
         finally:
             sink.close()
 
-    async def _supervise(self, job: _Job, task: Task, env: dict[str, str], sink: LogWriter) -> None:
+    def _identity(self, task: Task) -> tuple[RunAs, str]:
+        """Who the run is and where it starts, checked again now: the system and the
+        configuration may have changed since the revision was written. A revision whose
+        writer lacked task.privileged never runs privileged."""
+        spec = task.spec
+        run_as = self._users.resolve(spec.user, spec.group)
+        if run_as.privileged is not None and not task.privileged:
+            raise ToolError("permission_denied", f"task {task.id} revision {task.revision} {run_as.privileged}, and"
+                            " it was not written with permission task.privileged")
+        return run_as, self._users.working_dir(spec.working_dir, run_as)
+
+    async def _supervise(
+        self, job: _Job, task: Task, env: dict[str, str], sink: LogWriter, run_as: RunAs, cwd: str
+    ) -> None:
         run = job.run
-        cwd = task.spec.working_dir or self._settings.work_dir
         try:
-            proc = await process.spawn(process.argv(task.spec), cwd, env)
+            proc = await process.spawn(process.argv(task.spec), cwd, env, run_as)
         except OSError as exc:
             size = sink.close()
             await self._finish(job, "failed", RunUpdate(
@@ -273,12 +291,17 @@ class Runner:
                 await asyncio.shield(pump)
         pump.cancel()
         size = sink.close()
-        await self._finish(job, *_outcome(job, proc.returncode, size, sink.truncated, task.spec.timeout_ms))
+        status, update = _outcome(job, proc.returncode, size, sink.truncated, task.spec.timeout_ms)
+        if sink.failed is not None:  # the log says so too (its last line)
+            how = update.error_summary or "succeeded"
+            update.error_code = "log_incomplete"
+            update.error_summary = summary(f"{how}; the log is incomplete: {sink.failed.strerror or sink.failed}")
+        await self._finish(job, status, update)
 
     def _log_cap(self, task: Task | None) -> int:
         return (task.spec.log_cap_bytes if task else None) or self._settings.log_cap_bytes
 
-    def _disk_shortfall(self) -> str | None:
+    def disk_shortfall(self) -> str | None:
         """Why a run may not start for lack of free space in the state directory, if so."""
         reserve = self._settings.disk_reserve_bytes
         if reserve <= 0:
@@ -297,8 +320,6 @@ class Runner:
     async def _environment(self, task: Task, run: Run) -> tuple[dict[str, str], list[bytes]]:
         """The run's environment, and every secret value its output must not show."""
         env = dict(self._settings.base_env)
-        env["QLEDGE_RUN_ID"] = run.id
-        env["QLEDGE_TASK_ID"] = task.id
         refs = {k: v.secret for k, v in task.spec.env.items() if isinstance(v, SecretRef)}
         # Every secret of the project is redacted, not only the ones this task names:
         # a script may read one some other way.
@@ -311,6 +332,9 @@ class Runner:
                 env[key] = values[value.secret]
             else:
                 env[key] = value
+        # Last, so nothing a task names can replace them (the marker recovery relies on).
+        env["QLEDGE_RUN_ID"] = run.id
+        env["QLEDGE_TASK_ID"] = task.id
         return env, [v.encode() for v in {*known, *values.values()}]
 
     async def _finish(self, job: _Job, status: RunStatus, update: RunUpdate) -> None:

@@ -309,10 +309,12 @@ class Triggers:
         self._changed()
         return trigger
 
-    async def import_task(self, project: str, item: ImportTask, triggers: list[CronSpec], now_ms: int) -> ImportedTask:
+    async def import_task(
+        self, project: str, item: ImportTask, triggers: list[CronSpec], now_ms: int, *, privileged: bool
+    ) -> ImportedTask:
         if self._tasks is None:
             raise ToolError("unavailable", "imports are not wired in this daemon")
-        imported = await self._tasks.import_task(project, item, triggers, now_ms)
+        imported = await self._tasks.import_task(project, item, triggers, now_ms, privileged=privileged)
         if imported.status == "created":
             self._changed()
         return imported

@@ -13,11 +13,12 @@ carry their offsets, the log of a run whose daemon died is assembled the same wa
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import stat
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from edge.core.errors import unavailable
 from edge.core.ports.stores import LogRange
@@ -27,7 +28,9 @@ SEGMENT_MAX = 256 * 1024  # fewer, larger files: creating and deleting them is t
 MIN_SECRET = 4  # shorter values would redact ordinary text
 MASK = b"***"
 _COPY = 64 * 1024
-_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+# Never through a link: a log or segment path that is one (or anything else) is refused.
+_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class Redactor:
@@ -75,6 +78,10 @@ def marker(dropped: int) -> bytes:
     return f"\n[qledge: log cap reached; {dropped} bytes dropped here]\n".encode()
 
 
+def incomplete_marker(reason: str, lost: int) -> bytes:
+    return f"\n[qledge: log incomplete: {reason}; {lost} bytes of output are missing from here on]\n".encode()
+
+
 def spool_dir(path: str) -> str:
     return path + ".tail"
 
@@ -86,8 +93,10 @@ class LogSink:
     running and its pipe keeps being drained.
     """
 
-    def __init__(self, path: str, cap: int, secrets: Iterable[bytes] = ()) -> None:
+    def __init__(self, path: str, cap: int, secrets: Iterable[bytes] = (),
+                 on_full: Callable[[], bool] | None = None) -> None:
         self.path = path
+        self._on_full = on_full  # gives space back (the ballast) for the last line of an incomplete log
         self._cap = cap
         self._head = head_size(cap)
         self._tail = cap - self._head
@@ -119,7 +128,7 @@ class LogSink:
         try:
             if start < self._cap:
                 n = min(len(view), self._cap - start)
-                os.write(self._fd, view[:n])
+                _write_all(self._fd, view[:n])
                 view, start = view[n:], start + n
             while view:
                 room = self._segment_max - self._segments[-1][1] if self._segments else 0
@@ -128,7 +137,7 @@ class LogSink:
                     room = self._segment_max
                 n = min(len(view), room)
                 assert self._seg_fd is not None
-                os.write(self._seg_fd, view[:n])
+                _write_all(self._seg_fd, view[:n])
                 self._segments[-1][1] += n
                 self._kept += n
                 view, start = view[n:], start + n
@@ -137,7 +146,7 @@ class LogSink:
 
     def _rotate(self, offset: int) -> None:
         if self._seg_fd is None:
-            os.makedirs(self._spool, mode=0o700, exist_ok=True)
+            _private_subdir(self._spool)
         else:
             os.close(self._seg_fd)
             self._seg_fd = None
@@ -164,6 +173,10 @@ class LogSink:
             self.size = os.fstat(self._fd).st_size
         except OSError as exc:
             self.failed = exc
+        try:
+            if self.failed is not None:
+                with contextlib.suppress(OSError):
+                    self.size = _mark_incomplete(self._fd, self.failed, self.total, self._cap, self._on_full)
         finally:
             os.close(self._fd)
             _remove_spool(self._spool)
@@ -172,6 +185,35 @@ class LogSink:
 
 def head_size(cap: int) -> int:
     return min(HEAD_MAX, cap // 2)
+
+
+def _write_all(fd: int, data: memoryview) -> None:
+    # A short write (the disk filled up mid-chunk) is followed by one that raises.
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def _mark_incomplete(fd: int, failed: OSError, total: int, cap: int, on_full: Callable[[], bool] | None) -> int:
+    """End a log that could not be written completely with a line saying so; returns its
+    size. On a full disk there may be no room even for that line: then `on_full` gives
+    space back (the ballast; the run has ended, nothing else takes it), or else the last
+    bytes written make room for it (an overwrite within blocks the file already has)."""
+    size = os.fstat(fd).st_size
+    reason = failed.strerror or str(failed)
+    for room in (0, -1, 4096, 65536):  # -1: append, once space was given back
+        if room < 0:
+            if on_full is None or not on_full():
+                continue
+            room = 0
+        keep = max(0, min(size - room, cap - len(incomplete_marker(reason, total))))
+        note = incomplete_marker(reason, total - keep)
+        try:
+            os.ftruncate(fd, keep)
+            os.pwrite(fd, note, keep)
+            return keep + len(note)
+        except OSError:
+            continue
+    return os.fstat(fd).st_size
 
 
 def _assemble(fd: int, spool: str, head: int, cap: int, total: int, on_file: int,
@@ -194,7 +236,7 @@ def _assemble(fd: int, spool: str, head: int, cap: int, total: int, on_file: int
     for offset, size in segments:
         if offset + size <= skip:
             continue
-        src = os.open(os.path.join(spool, str(offset)), os.O_RDONLY | os.O_CLOEXEC)
+        src = os.open(os.path.join(spool, str(offset)), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
             pos = _copy(src, fd, max(0, skip - offset), size, pos)
         finally:
@@ -214,31 +256,53 @@ def _copy(src: int, dst: int, start: int, end: int, pos: int) -> int:
     return pos
 
 
+def _private_subdir(path: str) -> None:
+    """Create the spool directory; one that exists must be a real directory of ours."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        info = os.lstat(path)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+            raise OSError(errno.EEXIST, "not a directory of ours", path) from None
+
+
 def _remove_spool(spool: str) -> None:
     with contextlib.suppress(FileNotFoundError):
-        for name in os.listdir(spool):
-            os.unlink(os.path.join(spool, name))
+        if not stat.S_ISDIR(os.lstat(spool).st_mode):
+            os.unlink(spool)  # a link (or a file) planted there goes; what it names stays
+            return
+        fd = os.open(spool, _DIR)
+        try:
+            for name in os.listdir(fd):
+                with contextlib.suppress(FileNotFoundError, IsADirectoryError, PermissionError):
+                    os.unlink(name, dir_fd=fd)
+        finally:
+            os.close(fd)
         os.rmdir(spool)
 
 
 def recover(path: str, cap: int) -> tuple[int, bool]:
     """Assemble the log of a run whose daemon died; returns (size, truncated).
 
-    The file holds the stream's first bytes; the segments carry their own offsets.
+    The file holds the stream's first bytes; the segments carry their own offsets. What is
+    in the log's place but is not a log of ours (a link, a FIFO, a directory) counts as no
+    log and is left alone.
     """
     spool = spool_dir(path)
     try:
-        names = [n for n in os.listdir(spool) if n.isdigit()]
+        names = [n for n in os.listdir(spool) if n.isdigit()] if stat.S_ISDIR(os.lstat(spool).st_mode) else []
     except FileNotFoundError:
         names = []
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-    except FileNotFoundError:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:  # missing, or a link (ELOOP) or a directory (EISDIR) in its place
         _remove_spool(spool)
         return 0, False
     try:
+        if not _ours(os.fstat(fd)):
+            return 0, False
         on_file = os.fstat(fd).st_size
-        segments = sorted((int(n), os.stat(os.path.join(spool, n)).st_size) for n in names)
+        segments = sorted((int(n), size) for n in names if (size := _segment_size(os.path.join(spool, n))) >= 0)
         total = segments[-1][0] + segments[-1][1] if segments else on_file
         dropped = 0
         if total > cap or (segments and segments[0][0] != on_file):
@@ -249,49 +313,98 @@ def recover(path: str, cap: int) -> tuple[int, bool]:
         _remove_spool(spool)
 
 
+def _ours(info: os.stat_result) -> bool:
+    """A log is a regular file of ours with no other name: not a link, FIFO or device, and
+    not a hard link to some other file (the pepper, say)."""
+    return stat.S_ISREG(info.st_mode) and info.st_nlink == 1 and info.st_uid == os.geteuid()
+
+
+def _segment_size(path: str) -> int:
+    """The size of a spool segment, or -1 when it is not a regular file of ours."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return -1
+    return info.st_size if _ours(info) else -1
+
+
 class RunLogs:
     """The run-log directory, `<home>/logs`: `<run id>.log` (and `<run id>.log.tail/` while
-    a long run spools). Implements RunLogFiles (edge.core.ports.stores)."""
+    a long run spools). Implements RunLogFiles (edge.core.ports.stores).
 
-    def __init__(self, directory: str) -> None:
+    Every log is opened by its name inside the directory (opened itself without following
+    a link), never through a link, and used only when it is a regular file of ours.
+    """
+
+    def __init__(self, directory: str, on_full: Callable[[], bool] | None = None) -> None:
         self.directory = directory
+        self._on_full = on_full  # the ballast's release: room for the last line of an incomplete log
 
-    def _path(self, run_id: str) -> str:
+    def _name(self, run_id: str) -> str:
         # A run id is a UUID the store made; refuse anything that could leave the directory.
         if not run_id or os.path.basename(run_id) != run_id or run_id.startswith("."):
             raise unavailable("a run id that cannot name a log file")
-        return os.path.join(self.directory, f"{run_id}.log")
+        return f"{run_id}.log"
+
+    def _path(self, run_id: str) -> str:
+        return os.path.join(self.directory, self._name(run_id))
 
     def create(self, run_id: str, cap: int, secrets: Iterable[bytes]) -> LogSink:
-        return LogSink(self._path(run_id), cap, secrets)
+        path = self._path(run_id)
+        if not stat.S_ISDIR(os.lstat(self.directory).st_mode):
+            raise OSError(errno.ENOTDIR, "the log directory is not a directory", self.directory)
+        return LogSink(path, cap, secrets, self._on_full)
 
     def recover(self, run_id: str, cap: int) -> tuple[int, bool]:
         return recover(self._path(run_id), cap)
 
-    def read(self, run_id: str, offset: int, length: int) -> LogRange | None:
+    def _open(self, run_id: str) -> int | None:
+        """A read descriptor on the run's log, None when there is none; raises unavailable
+        for anything but a regular file of ours."""
+        name = self._name(run_id)
         try:
-            fd = os.open(self._path(run_id), os.O_RDONLY | os.O_CLOEXEC)
+            directory = os.open(self.directory, _DIR)
+        except OSError as exc:
+            raise unavailable(f"the log directory cannot be opened ({exc.strerror})") from None
+        try:
+            # O_NOFOLLOW|O_NONBLOCK: never follow a planted link, never block on a FIFO.
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory)
         except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise unavailable("the run's log is not a regular file of this daemon's (a link)") from None
+            raise unavailable(f"the run's log cannot be opened ({exc.strerror})") from None
+        finally:
+            os.close(directory)
+        try:
+            ok = _ours(os.fstat(fd))
+        except OSError:
+            ok = False
+        if not ok:
+            os.close(fd)
+            raise unavailable("the run's log is not a regular file of this daemon's")
+        return fd
+
+    def read(self, run_id: str, offset: int, length: int) -> LogRange | None:
+        fd = self._open(run_id)
+        if fd is None:
             return None
         try:
             total = os.fstat(fd).st_size
             data = os.pread(fd, length, offset) if offset < total else b""
+        except OSError as exc:
+            raise unavailable(f"the run's log cannot be read ({exc.strerror})") from None
         finally:
             os.close(fd)
         return LogRange(data=data, start=offset, total=total)
 
     def tail(self, run_id: str, size: int) -> LogRange | None:
-        try:
-            # O_NOFOLLOW|O_NONBLOCK: never follow a planted link, never block on a FIFO.
-            fd = os.open(self._path(run_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except FileNotFoundError:
+        fd = self._open(run_id)
+        if fd is None:
             return None
-        except OSError as exc:
-            raise unavailable(f"the run's log cannot be opened ({exc.strerror})") from None
         try:
             info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise unavailable("the run's log is not a regular file")
             start = max(0, info.st_size - size)
             return LogRange(data=os.pread(fd, info.st_size - start, start), start=start, total=info.st_size)
         except OSError as exc:
@@ -302,7 +415,7 @@ class RunLogs:
     def remove(self, run_ids: Iterable[str]) -> None:
         for run_id in run_ids:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._path(run_id))
+                os.unlink(self._path(run_id))  # unlinks a link itself, never what it names
 
 
 class LocalLogReader:

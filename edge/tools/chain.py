@@ -17,9 +17,9 @@ import msgspec
 
 from edge.core.auth import (
     AuditRecord,
+    Grant,
     Outcome,
     Principal,
-    allows,
     digest_matches,
     missing_permission,
     parse_token,
@@ -54,13 +54,14 @@ class Authenticator:
         self._pepper = pepper
         self._owner_uids = frozenset(owner_uids)
         self._project = project
-        self._roles = {role: role_permissions(role, read_tools) for role in ("owner", "operator", "viewer")}
+        self._read_tools = list(read_tools)
+        self._roles = {role: role_permissions(role, self._read_tools) for role in ("owner", "operator", "viewer")}
 
     async def authenticate(self, caller: Caller) -> Principal:
         if caller.token is not None:
             return await self._from_token(caller.token)
         if caller.peer_uid is not None and caller.peer_uid in self._owner_uids:
-            return Principal(subject=f"uid:{caller.peer_uid}", role="owner", permissions=self._roles["owner"])
+            return Principal(subject=f"uid:{caller.peer_uid}", role="owner", permissions=Grant(self._roles["owner"]))
         subject = f"uid:{caller.peer_uid}" if caller.peer_uid is not None else "anonymous"
         raise AuthFailure("credential_missing", subject)
 
@@ -80,11 +81,14 @@ class Authenticator:
             raise AuthFailure("credential_revoked", subject)
         if cred.project_id != self._project:
             raise AuthFailure("credential_other_project", subject)
-        granted = self._roles.get(cred.role, frozenset())
-        if cred.permissions is not None:
-            # An explicit list narrows the role; it can never widen it.
-            granted = frozenset(p for p in cred.permissions if allows(granted, p))
-        return Principal(subject=subject, role=cred.role, permissions=granted, credential_id=cid)
+        if cred.permissions is None:
+            grant = Grant(self._roles.get(cred.role, frozenset()))
+        else:
+            # An explicit list narrows the role; it widens it only by what the role may be
+            # given by name (an operator's task.privileged, secret.use[:name]).
+            role = role_permissions(cred.role, self._read_tools, cred.permissions)
+            grant = Grant(role, frozenset(cred.permissions))
+        return Principal(subject=subject, role=cred.role, permissions=grant, credential_id=cid)
 
     async def still_valid(self, principal: Principal) -> bool:
         """The chain's last step: a credential revoked since authentication fails here."""
@@ -125,7 +129,12 @@ class Chain:
         if not await self._auth.still_valid(principal):
             await self._audit(principal.subject, name, "unauthenticated", ["credential_revoked", reason], caller)
             raise ToolError("unauthenticated", "credential was revoked")
-        return await self._execute(entry, raw_args, fmt, ToolContext(self._services, principal, caller))
+        try:
+            return await self._execute(entry, raw_args, fmt, ToolContext(self._services, principal, caller))
+        except ToolError as exc:
+            if exc.code == "permission_denied":  # refused by what the call would do (ToolContext.may_run)
+                await self._audit(principal.subject, name, "denied", ["domain_permission_denied", reason], caller)
+            raise
 
     async def authenticate(self, caller: Caller, target: str, reason: str) -> Principal:
         """The chain's first step alone (a transport's session check uses it too); failures are audited.

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import msgspec
 
-from edge.core.auth import Principal
-from edge.core.ports.runtime import Clock, RunController, StatusFacts, TriggerService
+from edge.core.auth import TASK_PRIVILEGED, Principal, first_missing, task_permissions
+from edge.core.errors import ToolError
+from edge.core.ports.runtime import Clock, RunController, StatusFacts, TaskUsers, TriggerService
 from edge.core.ports.stores import (
     AuditLog,
     CredentialStore,
@@ -16,6 +17,7 @@ from edge.core.ports.stores import (
     SecretStore,
     TaskStore,
 )
+from edge.core.tasks import TaskSpec
 
 
 class Caller(msgspec.Struct, frozen=True):
@@ -56,6 +58,7 @@ class Services(msgspec.Struct, frozen=True, kw_only=True):
     log_reader: RunLogReader  # logs as tools read them (on a cluster, of a run on any node)
     readers: Readers
     runner: RunController
+    users: TaskUsers
     facts: StatusFacts
     catalog: list[ToolInfo]  # every registered tool, for qledge.tools.list
 
@@ -74,3 +77,19 @@ class ToolContext:
 
     def now_ms(self) -> int:
         return self.services.clock.now_ms()
+
+    def may_run(self, what: str, spec: TaskSpec) -> bool:
+        """Check that the caller may write `spec`, or make it runnable: the permissions
+        edge.core.auth.task_permissions names for it. Returns whether the caller holds
+        task.privileged (recorded on a revision it writes). Raises invalid_argument for a
+        user, group or working directory this system refuses, permission_denied naming
+        the first permission missing."""
+        users = self.services.users
+        run_as = users.resolve(spec.user, spec.group)
+        users.working_dir(spec.working_dir, run_as)
+        grant = self.principal.permissions
+        missing = first_missing(grant, task_permissions(run_as.privileged is not None, spec.secrets()))
+        if missing is not None:
+            why = run_as.privileged if missing == TASK_PRIVILEGED else f"it uses secret {missing.split(':', 1)[1]!r}"
+            raise ToolError("permission_denied", f"{what}: {why}; that requires permission {missing}")
+        return first_missing(grant, (TASK_PRIVILEGED,)) is None

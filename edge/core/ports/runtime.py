@@ -11,7 +11,7 @@ from edge.core.tasks import ImportedTask, ImportTask
 from edge.core.ports.stores import TriggerStore
 from edge.core.reads import Counts
 from edge.core.runs import ActorType, Run
-from edge.core.tasks import Task
+from edge.core.tasks import RunAs, Task
 from edge.core.triggers import CronSpec
 
 
@@ -67,6 +67,35 @@ class RunExecutor(Protocol):
         ...
 
 
+class TaskUsers(Protocol):
+    """Who tasks run as, and where, on this system: the facts the permission rule
+    (edge.core.auth.task_permissions) needs about a task, at write time and at run time."""
+
+    @property
+    def default_user(self) -> str:
+        """The user a new task gets when it names none."""
+        ...
+
+    def resolve(self, user: str | None, group: str | None) -> RunAs:
+        """Who a run of a task naming `user` and `group` is (user None: the daemon's own
+        user; group None: the user's own), with why running so needs task.privileged, if
+        it does. Reads the system's user and group databases each time. Raises
+        invalid_argument when the user or group does not exist, or when the daemon cannot
+        switch to that user (it is not root)."""
+        ...
+
+    def working_dir(self, path: str | None, run_as: RunAs | None = None) -> str:
+        """The directory a run starts in: `path`, or the default. Raises invalid_argument
+        when it is not absolute, lies inside the state directory (resolving links), or,
+        given who the run is, lies where that user may not go (the run enters it before
+        switching users)."""
+        ...
+
+    def describe(self) -> str:
+        """One line for `qledge status`: how tasks run here."""
+        ...
+
+
 class RunController(RunExecutor, Protocol):
     """The runner, as tools see it."""
 
@@ -79,6 +108,11 @@ class RunController(RunExecutor, Protocol):
         """The run once it has finished or `timeout_s` has passed; None when missing."""
         ...
 
+    def disk_shortfall(self) -> str | None:
+        """Why a run could not start now for lack of free space in the state directory
+        (one line for the caller), or None when there is room."""
+        ...
+
 
 class TriggerService(TriggerStore, Protocol):
     """The trigger store as tools see it: every change wakes the scheduler."""
@@ -88,7 +122,9 @@ class TriggerService(TriggerStore, Protocol):
         """The zone a trigger gets when none is given."""
         ...
 
-    async def import_task(self, project: str, item: ImportTask, triggers: list[CronSpec], now_ms: int) -> ImportedTask:
+    async def import_task(
+        self, project: str, item: ImportTask, triggers: list[CronSpec], now_ms: int, *, privileged: bool
+    ) -> ImportedTask:
         """TaskStore.import_task, then the scheduler looks at the new triggers."""
         ...
 

@@ -29,24 +29,30 @@ from edge.core.triggers import Admission, CronSpec, ManualAdmission, Trigger, Tr
 class TaskStore(Protocol):
     """Task heads and their immutable revisions."""
 
-    async def create(self, project: str, task_id: str, name: str, spec: TaskSpec, now_ms: int) -> Task:
-        """Insert revision 1, enabled. Raises conflict when the id exists."""
+    async def create(
+        self, project: str, task_id: str, name: str, spec: TaskSpec, now_ms: int, *, privileged: bool
+    ) -> Task:
+        """Insert revision 1, enabled; `privileged` records that its writer held
+        task.privileged (Task.privileged). Raises conflict when the id exists."""
         ...
 
     async def update(
-        self, project: str, task_id: str, expected_revision: int, spec: TaskSpec, name: str | None, now_ms: int
+        self, project: str, task_id: str, expected_revision: int, spec: TaskSpec, name: str | None, now_ms: int,
+        *, privileged: bool,
     ) -> Task:
-        """Append a revision with `spec` (and `name`, when given) if the head is still at
-        `expected_revision`; triggers pinned to the old head move to the new one in the same
-        transaction. Raises not_found, or conflict when the head moved."""
+        """Append a revision with `spec` (and `name`, when given) and its writer's
+        `privileged` if the head is still at `expected_revision`; triggers pinned to the old
+        head move to the new one in the same transaction. Raises not_found, or conflict
+        when the head moved."""
         ...
 
     async def set_enabled(
         self, project: str, task_id: str, enabled: bool, expected_revision: int | None, now_ms: int
     ) -> Task:
-        """A new revision with the flag (following triggers move with it); setting the flag
-        it already has changes nothing and returns the head. `expected_revision` None skips
-        the compare-and-set. Raises not_found or conflict."""
+        """A new revision with the flag (following triggers move with it) and the previous
+        revision's spec and `privileged`; setting the flag it already has changes nothing
+        and returns the head. `expected_revision` None skips the compare-and-set. Raises
+        not_found or conflict."""
         ...
 
     async def get(self, project: str, task_id: str, revision: int | None = None) -> Task | None:
@@ -63,10 +69,13 @@ class TaskStore(Protocol):
         moved or a run is still queued or running. Returns how many runs went."""
         ...
 
-    async def import_task(self, project: str, item: ImportTask, triggers: list[CronSpec], now_ms: int) -> ImportedTask:
+    async def import_task(
+        self, project: str, item: ImportTask, triggers: list[CronSpec], now_ms: int, *, privileged: bool
+    ) -> ImportedTask:
         """Create the task (at the first free id from `item.task_id`: `x`, `x-2`, …), its
         triggers (`triggers[i]` with `item.triggers[i].enabled`) and the record of
-        `item.key`, in one transaction. When the key is on record, nothing changes and the
+        `item.key`, in one transaction; its revision records `privileged` (whether the
+        writer held task.privileged). When the key is on record, nothing changes and the
         result is `exists` with the task it became. The record goes when its task is
         deleted. Raises invalid_argument for a spec that cannot be scheduled."""
         ...
@@ -443,37 +452,50 @@ class LogWriter(Protocol):
     @property
     def truncated(self) -> bool: ...
 
+    @property
+    def failed(self) -> OSError | None:
+        """The storage error that stopped the writing (a full disk), if one did."""
+        ...
+
     def write(self, chunk: bytes) -> None:
         """Never raises: a storage error stops the writing, not the run."""
         ...
 
     def close(self) -> int:
-        """Finish the file (head + marker + tail beyond the cap); returns its size. Idempotent."""
+        """Finish the file (head + marker + tail beyond the cap; after a storage error,
+        what was written and a last line saying the log is incomplete); returns its
+        size. Idempotent."""
         ...
 
 
 class RunLogFiles(Protocol):
-    """The one owner of run-log files: where they are, their creation, reading and removal."""
+    """The one owner of run-log files: where they are, their creation, reading and removal.
+    A log is a regular file of the daemon's, by its name inside the log directory; a link,
+    FIFO, device or second name of another file in its place is never followed or read."""
 
     def create(self, run_id: str, cap: int, secrets: Iterable[bytes]) -> LogWriter:
-        """A new 0600 log; raises OSError when it cannot be created."""
+        """A new 0600 log; raises OSError when it cannot be created (or something is
+        already there)."""
         ...
 
     def recover(self, run_id: str, cap: int) -> tuple[int, bool]:
-        """Assemble the log of a run whose daemon died; (size, truncated)."""
+        """Assemble the log of a run whose daemon died; (size, truncated). What is in its
+        place but is not a log of ours counts as no log, (0, False), and is left alone."""
         ...
 
     def read(self, run_id: str, offset: int, length: int) -> LogRange | None:
-        """At most `length` bytes from `offset`; None when the run has no log file."""
+        """At most `length` bytes from `offset`; None when the run has no log file. Raises
+        unavailable when it exists but is not a log of ours or cannot be read."""
         ...
 
     def tail(self, run_id: str, size: int) -> LogRange | None:
-        """The last `size` bytes, read without following links or blocking on FIFOs; None
-        when there is no log file. Raises unavailable when it exists but cannot be read."""
+        """The last `size` bytes; None when there is no log file. Raises unavailable when
+        it exists but is not a log of ours or cannot be read."""
         ...
 
     def remove(self, run_ids: Iterable[str]) -> None:
-        """Delete these runs' logs; missing ones are fine."""
+        """Delete these runs' logs (a link in a log's place is removed, not followed);
+        missing ones are fine."""
         ...
 
 

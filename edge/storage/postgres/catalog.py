@@ -29,7 +29,8 @@ _NO_EVENT = 1 << 62
 # -- tasks --------------------------------------------------------------------------
 
 _TASK = """
-SELECT t.project_id, t.id, t.name, r.revision, r.enabled, r.spec, r.content_digest, t.created_at_ms, t.updated_at_ms
+SELECT t.project_id, t.id, t.name, r.revision, r.enabled, r.spec, r.content_digest, t.created_at_ms, t.updated_at_ms,
+       r.privileged
 FROM tasks AS t JOIN task_revisions AS r ON r.project_id = t.project_id AND r.task_id = t.id
 """
 SQL_TASK_GET = _TASK + "WHERE t.project_id = %s AND t.id = %s AND r.revision = coalesce(%s, t.revision)"
@@ -37,9 +38,10 @@ SQL_TASK_LIST = _TASK + "WHERE t.project_id = %s AND t.id > %s AND r.revision = 
 
 
 def _task(row: Row) -> Task:
-    project, task_id, name, revision, enabled, spec, digest, created, updated = row
+    project, task_id, name, revision, enabled, spec, digest, created, updated, privileged = row
     return Task(id=task_id, project_id=project, name=name, revision=revision, enabled=enabled,
-                spec=_task_spec.decode(spec), content_digest=digest, created_at_ms=created, updated_at_ms=updated)
+                spec=_task_spec.decode(spec), content_digest=digest, created_at_ms=created, updated_at_ms=updated,
+                privileged=privileged)
 
 
 async def get_task(tx: Tx, project: str, task_id: str, revision: int | None = None) -> Task | None:
@@ -57,17 +59,18 @@ async def _lock_task(tx: Tx, project: str, task_id: str, expected: int | None) -
 
 
 async def _insert_task_revision(
-    tx: Tx, project: str, task_id: str, revision: int, spec: TaskSpec, enabled: bool, now: int
+    tx: Tx, project: str, task_id: str, revision: int, spec: TaskSpec, enabled: bool, now: int, privileged: bool
 ) -> None:
     await tx.execute(
         "INSERT INTO task_revisions (project_id, task_id, revision, spec_schema, spec, content_digest, enabled,"
-        " created_at_ms) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-        (project, task_id, revision, TASK_SCHEMA, _json.encode(spec).decode(), content_digest(spec), enabled, now),
+        " created_at_ms, privileged) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        (project, task_id, revision, TASK_SCHEMA, _json.encode(spec).decode(), content_digest(spec), enabled, now,
+         privileged),
     )
 
 
 async def _insert_task(
-    tx: Tx, project: str, task_id: str, name: str, spec: TaskSpec, now: int, enabled: bool = True
+    tx: Tx, project: str, task_id: str, name: str, spec: TaskSpec, now: int, privileged: bool, enabled: bool = True
 ) -> bool:
     """The task at revision 1; False (nothing written) when the id is taken."""
     inserted = await tx.execute(
@@ -76,12 +79,14 @@ async def _insert_task(
         (project, task_id, name, enabled, now, now),
     )
     if inserted:
-        await _insert_task_revision(tx, project, task_id, 1, spec, enabled, now)
+        await _insert_task_revision(tx, project, task_id, 1, spec, enabled, now, privileged)
     return inserted > 0
 
 
-async def _create_task(tx: Tx, project: str, task_id: str, name: str, spec: TaskSpec, now: int) -> Task:
-    if not await _insert_task(tx, project, task_id, name, spec, now):
+async def _create_task(
+    tx: Tx, project: str, task_id: str, name: str, spec: TaskSpec, now: int, privileged: bool
+) -> Task:
+    if not await _insert_task(tx, project, task_id, name, spec, now, privileged):
         raise conflict(f"task {task_id!r} already exists")
     task = await get_task(tx, project, task_id)
     assert task is not None
@@ -90,7 +95,7 @@ async def _create_task(tx: Tx, project: str, task_id: str, name: str, spec: Task
 
 async def _new_task_revision(
     tx: Tx, project: str, task_id: str, expected: int | None, now: int,
-    spec: TaskSpec | None, enabled: bool | None, name: str | None,
+    spec: TaskSpec | None, enabled: bool | None, name: str | None, privileged: bool = False,
 ) -> Task:
     head = await _lock_task(tx, project, task_id, expected)
     current = await get_task(tx, project, task_id)
@@ -99,7 +104,9 @@ async def _new_task_revision(
         return current
     revision = head + 1
     flag = current.enabled if enabled is None else enabled
-    await _insert_task_revision(tx, project, task_id, revision, current.spec if spec is None else spec, flag, now)
+    # An unchanged spec keeps its writer's standing; a new one gets this writer's.
+    await _insert_task_revision(tx, project, task_id, revision, current.spec if spec is None else spec, flag, now,
+                                current.privileged if spec is None else privileged)
     await tx.execute(
         "UPDATE tasks SET revision = %s, enabled = %s, name = coalesce(%s, name), updated_at_ms = %s"
         " WHERE project_id = %s AND id = %s",
@@ -136,27 +143,30 @@ SQL_IMPORTS = (
 SQL_TASK_TRIGGERS = "SELECT id FROM triggers WHERE project_id = %s AND task_id = %s ORDER BY id"
 
 
-async def _import_task(tx: Tx, project: str, item: ImportTask, triggers: list[CronSpec], now: int) -> ImportedTask:
+async def _import_task(
+    tx: Tx, project: str, item: ImportTask, triggers: list[CronSpec], now: int, privileged: bool
+) -> ImportedTask:
     # The record first: a second node importing the same key waits on its primary key
     # until this transaction ends, then finds it (or, after a rollback, takes it).
     if not await tx.execute(SQL_CLAIM_IMPORT, (project, item.key, "task", item.task_id, now)):
         (target,) = await tx.one(SQL_IMPORTED, (project, item.key))
         ids = [tid for (tid,) in await tx.rows(SQL_TASK_TRIGGERS, (project, target))]
         return ImportedTask(key=item.key, status="exists", task_id=target, trigger_ids=ids)
-    task_id = await _insert_free_task(tx, project, item, now)
+    task_id = await _insert_free_task(tx, project, item, now, privileged)
     ids = [(await insert_trigger(tx, project, None, task_id, None, spec, now, wanted.enabled)).id
            for spec, wanted in zip(triggers, item.triggers, strict=True)]
     await tx.execute("UPDATE imports SET target = %s WHERE project_id = %s AND key = %s", (task_id, project, item.key))
     return ImportedTask(key=item.key, status="created", task_id=task_id, trigger_ids=ids)
 
 
-async def _insert_free_task(tx: Tx, project: str, item: ImportTask, now: int) -> str:
+async def _insert_free_task(tx: Tx, project: str, item: ImportTask, now: int, privileged: bool) -> str:
     """The task at `item.task_id`, else `-2`, `-3`…: the first id no task has (an insert
     that loses a race to another node's tries the next)."""
     for n in range(1, 10_000):
         suffix = "" if n == 1 else f"-{n}"
         candidate = item.task_id[: 128 - len(suffix)] + suffix
-        if await _insert_task(tx, project, candidate, item.name or candidate, item.spec, now, item.enabled):
+        if await _insert_task(tx, project, candidate, item.name or candidate, item.spec, now, privileged,
+                              item.enabled):
             return candidate
     raise conflict(f"too many tasks are named {item.task_id!r}")
 
@@ -173,13 +183,17 @@ class PgTaskStore:
         self._db = db
         self._logs = logs
 
-    async def create(self, project: str, task_id: str, name: str, spec: TaskSpec, now_ms: int) -> Task:
-        return await self._db.tx(_create_task, project, task_id, name, spec, now_ms)
+    async def create(
+        self, project: str, task_id: str, name: str, spec: TaskSpec, now_ms: int, *, privileged: bool
+    ) -> Task:
+        return await self._db.tx(_create_task, project, task_id, name, spec, now_ms, privileged)
 
     async def update(
-        self, project: str, task_id: str, expected_revision: int, spec: TaskSpec, name: str | None, now_ms: int
+        self, project: str, task_id: str, expected_revision: int, spec: TaskSpec, name: str | None, now_ms: int,
+        *, privileged: bool,
     ) -> Task:
-        return await self._db.tx(_new_task_revision, project, task_id, expected_revision, now_ms, spec, None, name)
+        return await self._db.tx(
+            _new_task_revision, project, task_id, expected_revision, now_ms, spec, None, name, privileged)
 
     async def set_enabled(
         self, project: str, task_id: str, enabled: bool, expected_revision: int | None, now_ms: int
@@ -192,8 +206,10 @@ class PgTaskStore:
     async def page(self, project: str, after: str | None, limit: int) -> list[Task]:
         return [_task(r) for r in await self._db.tx(_rows, SQL_TASK_LIST, (project, after or "", limit))]
 
-    async def import_task(self, project: str, item: ImportTask, triggers: list[CronSpec], now_ms: int) -> ImportedTask:
-        return await self._db.tx(_import_task, project, item, triggers, now_ms)
+    async def import_task(
+        self, project: str, item: ImportTask, triggers: list[CronSpec], now_ms: int, *, privileged: bool
+    ) -> ImportedTask:
+        return await self._db.tx(_import_task, project, item, triggers, now_ms, privileged)
 
     async def imports(self, project: str, after: str | None, limit: int) -> list[ImportRecord]:
         return await self._db.tx(_imports, project, after or "", limit)

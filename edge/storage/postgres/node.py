@@ -350,6 +350,13 @@ class ClusterRunner:
             return run
         return await self._until_finished(project, run, timeout_s)
 
+    def disk_shortfall(self) -> str | None:
+        """This node's: a start asked of it is refused as on a single device when its own
+        state directory (where the run's log would be written, were it to claim the run)
+        lacks the reserve; a node with room can be asked instead. Runs it does claim are
+        checked again by its runner, as everywhere."""
+        return self._local.disk_shortfall()
+
     async def _until_finished(self, project: str, run: Run, timeout_s: float) -> Run:
         deadline = time.monotonic() + timeout_s
         latest: Run | None = run

@@ -22,7 +22,7 @@ import logging
 
 import msgspec
 
-from edge.core.errors import conflict, not_found
+from edge.core.errors import ToolError, conflict, not_found
 from edge.core.ports.stores import LogRange, RunLogFiles
 from edge.core.runs import (
     ACTIVE,
@@ -292,7 +292,10 @@ class PgRunStore:
         claim = (self._node, fence) if fence is not None else None
         data = None
         if status in TERMINAL and update.log_bytes:
-            found = await asyncio.to_thread(self._files.read, run_id, 0, update.log_bytes)
+            try:
+                found = await asyncio.to_thread(self._files.read, run_id, 0, update.log_bytes)
+            except ToolError:  # not a log of ours in its place (a link a task planted): not copied, the run is
+                found = None  # still recorded, and the log tools keep answering unavailable for it
             data = found.data if found is not None else None
         result = await self._db.tx(_transition, run_id, expected_version, status, now_ms, actor, update, detail,
                                    self._policy, claim, data, retry_s=self._retry_s)

@@ -267,7 +267,22 @@ DROP INDEX runs_leased_idx;
 CREATE INDEX runs_leased_idx ON runs (lease_until) WHERE status IN ('queued', 'running') AND lease_until IS NOT NULL;
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2)
+# Task users (as SQLite's version 6): each revision records whether its writer held
+# task.privileged (only such a revision may run as root, the daemon's user or a user outside
+# [runner] task_users). Revisions written before then ran as the daemon's user by design and
+# keep doing so; from now on every insert must say (no default: a node still running an
+# older qledge fails to write a revision rather than mark it privileged). QLEDGE_* variables
+# are the runner's own: they are removed from stored environments.
+_V3 = """
+ALTER TABLE task_revisions ADD COLUMN privileged boolean NOT NULL DEFAULT true;
+ALTER TABLE task_revisions ALTER COLUMN privileged DROP DEFAULT;
+UPDATE task_revisions SET spec = jsonb_set(spec::jsonb, '{env}', coalesce((
+    SELECT jsonb_object_agg(e.key, e.value) FROM jsonb_each(spec::jsonb -> 'env') AS e
+    WHERE left(e.key, 7) <> 'QLEDGE_'), '{}'::jsonb))::text
+WHERE EXISTS (SELECT 1 FROM jsonb_each(spec::jsonb -> 'env') AS e WHERE left(e.key, 7) = 'QLEDGE_');
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3)
 
 SQL_VERSION_TABLE = (
     "CREATE TABLE IF NOT EXISTS qledge_schema (version integer PRIMARY KEY, applied_at timestamptz NOT NULL)"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 
 import msgspec
 
@@ -164,12 +165,23 @@ async def _append_many(tx: Tx, records: list[AuditRecord], node: str | None, max
 def _read_spool(path: str) -> list[AuditRecord] | None:
     """The spooled rows ([] when there is no spool); None when it cannot be read."""
     try:
-        with open(path, "rb") as f:
-            return [_spooled.decode(line) for line in f if line.strip()]
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return []
+    except OSError:  # a link (ELOOP) in its place is never followed
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+            return None
+        with os.fdopen(fd, "rb") as f:
+            fd = -1
+            return [_spooled.decode(line) for line in f if line.strip()]
     except (OSError, msgspec.DecodeError):
         return None
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 class PgAuditLog:
@@ -198,7 +210,8 @@ class PgAuditLog:
         if self._spool is None or self._spooled >= SPOOL_MAX_ROWS:
             raise unavailable("the security audit could not be written")
         try:
-            fd = os.open(self._spool, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+            # Never through a link: the spool is a file of the state directory (edge.app.home).
+            fd = os.open(self._spool, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             try:
                 os.write(fd, _spool_encoder.encode(record) + b"\n")
                 os.fsync(fd)

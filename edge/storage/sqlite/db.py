@@ -1,9 +1,13 @@
-"""The one SQLite connection: opening, pragmas, and running work in its worker thread."""
+"""The one SQLite connection: opening, pragmas, running work in its worker thread, and the
+ballast that keeps it writable when the disk fills up."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import stat
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
@@ -12,7 +16,7 @@ import apsw
 import apsw.aio
 
 from edge.core.errors import ToolError, unavailable
-from edge.storage.sqlite.schema import migrate
+from edge.storage.sqlite.schema import SchemaTooNew, migrate
 
 log = logging.getLogger("qledge.store")
 T = TypeVar("T")
@@ -69,38 +73,219 @@ def immediate(conn: apsw.Connection) -> Iterator[None]:
     conn.execute("COMMIT")
 
 
+def free_bytes(directory: str) -> int:
+    st = os.statvfs(directory)
+    return st.f_bavail * st.f_frsize
+
+
+def _mib(n: int) -> str:
+    return f"{n / 1048576:.1f} MiB"
+
+
+class Ballast:
+    """A file of `size` bytes beside the database, given back when a write fails for lack
+    of space: the audit row of a call (and what it records) can still be written on a
+    full disk, so reads keep working. It is made again once twice its size is free."""
+
+    RETRY_S = 5.0  # while released, how often free space is looked at again (one statvfs)
+
+    def __init__(self, path: str, size: int, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.path = path
+        self.size = size
+        self._monotonic = monotonic
+        self._directory = os.path.dirname(path) or "."
+        self.released_at: float | None = None
+        self._next_try = 0.0
+
+    @property
+    def held(self) -> bool:
+        return self.size > 0 and self.released_at is None
+
+    def ensure(self) -> None:
+        """At start: keep the ballast there is, or make it when there is room; with the
+        disk already full, give it back at once."""
+        if self.size <= 0:
+            with suppress(FileNotFoundError):
+                os.unlink(self.path)
+            return
+        try:
+            info = os.lstat(self.path)
+            if stat.S_ISREG(info.st_mode) and info.st_size >= self.size:
+                if free_bytes(self._directory) < self.size:
+                    self.release()
+                return
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        if not self._try_make():
+            self.released_at = self._monotonic()
+            self._next_try = self.released_at + self.RETRY_S
+            log.warning("not enough free space for the %s ballast in %s", _mib(self.size), self._directory)
+
+    def release(self) -> bool:
+        """Give the space back; True when there was some to give."""
+        if not self.held:
+            return False
+        self.released_at = self._monotonic()
+        self._next_try = self.released_at + self.RETRY_S
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            return False
+        log.warning("the disk is full: released the %s ballast in %s so that audited calls keep working",
+                    _mib(self.size), self._directory)
+        return True
+
+    def poll(self) -> None:
+        """While released, at most every RETRY_S: make it again when there is room."""
+        if self.held or self.size <= 0 or self._monotonic() < self._next_try:
+            return
+        self._next_try = self._monotonic() + self.RETRY_S
+        if self._try_make():
+            self.released_at = None
+            log.info("space is back: the %s ballast is in place again", _mib(self.size))
+
+    def _try_make(self) -> bool:
+        try:
+            if free_bytes(self._directory) < 2 * self.size:
+                return False
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError:
+            return False
+        try:
+            _fill(fd, self.size)
+        except OSError:
+            os.close(fd)
+            with suppress(OSError):
+                os.unlink(self.path)
+            return False
+        os.close(fd)
+        return True
+
+    def describe(self) -> str:
+        free = _mib(free_bytes(self._directory)) + " free"
+        if self.size <= 0:
+            return f"{free}; no ballast ([store] ballast_bytes = 0)"
+        if self.held:
+            return f"{free}; {_mib(self.size)} ballast held"
+        return (f"{free}; the {_mib(self.size)} ballast was released (the disk filled up);"
+                f" it is made again once {_mib(2 * self.size)} are free")
+
+
+def _fill(fd: int, size: int) -> None:
+    """Really take `size` bytes: allocate them, or write bytes no compressing file system
+    (UBIFS, JFFS2) can shrink where allocation is not supported."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+    chunk = os.urandom(64 * 1024)
+    written = 0
+    while written < size:
+        written += os.write(fd, chunk[: size - written])
+
+
+_NEARLY_FULL = 256 * 1024
+
+
+class OpenError(Exception):
+    """The database cannot be opened; the message is one line naming the cause."""
+
+
+def _why_not(path: str, exc: Exception) -> str:
+    name = os.path.basename(path)
+    if isinstance(exc, SchemaTooNew):
+        return str(exc)
+    if isinstance(exc, apsw.NotADBError):
+        return f"{name} is not a SQLite database: {exc}; move it away (or restore a backup) to start afresh"
+    if isinstance(exc, apsw.CorruptError):
+        return f"{name} is damaged: {exc}; restore a backup"
+    try:
+        free: int | None = free_bytes(os.path.dirname(path))
+    except OSError:
+        free = None
+    full = isinstance(exc, apsw.FullError) or (isinstance(exc, OSError) and exc.errno == errno.ENOSPC)
+    # SQLite reports a full disk met while mapping the WAL index as an I/O error.
+    if full or (isinstance(exc, apsw.IOError) and free is not None and free < _NEARLY_FULL):
+        where = f" ({_mib(free)} free)" if free is not None else ""
+        return f"the disk holding {path} is full{where}: free some space"
+    if isinstance(exc, apsw.CantOpenError):
+        return f"cannot open {path}: {exc} (a link, a directory or no permission in its place?)"
+    return f"cannot open {path}: {exc}"
+
+
 class Database:
     """Owns the connection; `run` executes a function with it in the worker thread."""
 
-    def __init__(self, conn: apsw.AsyncConnection, path: str) -> None:
+    def __init__(self, conn: apsw.AsyncConnection, path: str, ballast: Ballast | None = None) -> None:
         self._conn = conn
         self.path = path
+        self.ballast = ballast
 
     @classmethod
-    async def open(cls, path: str, synchronous: str = "NORMAL", cache_kib: int = 512) -> Database:
+    async def open(
+        cls, path: str, synchronous: str = "NORMAL", cache_kib: int = 512, ballast: Ballast | None = None
+    ) -> Database:
+        """Open (creating it when missing, never through a link) and migrate. Raises
+        OpenError with one line; nothing is left running when it does."""
         if synchronous.upper() not in SYNCHRONOUS:
             raise ValueError(f"synchronous must be one of {', '.join(SYNCHRONOUS)}")
         # apsw documents passing the controller class; its stub declares the protocol for instances.
         apsw.async_controller.set(apsw.aio.AsyncIO)  # type: ignore[arg-type]
+        flags = apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE | apsw.SQLITE_OPEN_NOFOLLOW
         old = os.umask(0o077)  # the database holds credentials digests and secrets
         try:
-            conn = await apsw.Connection.as_async(path)
-            await conn.async_run(configure, conn, synchronous.upper(), cache_kib)
+            conn = await apsw.Connection.as_async(path, flags)
+        except apsw.Error as exc:
+            raise OpenError(_why_not(path, exc)) from None
         finally:
             os.umask(old)
-        db = cls(conn, path)
-        await db.run(migrate)
-        return db
+        try:
+            old = os.umask(0o077)  # the WAL and its index are created on first use
+            try:
+                await conn.async_run(configure, conn, synchronous.upper(), cache_kib)
+            finally:
+                os.umask(old)
+            await conn.async_run(migrate, conn)
+        except BaseException as exc:
+            # The worker thread would keep the interpreter alive: close before raising.
+            await conn.aclose()
+            if isinstance(exc, (apsw.Error, OSError)):
+                raise OpenError(_why_not(path, exc)) from None
+            raise
+        return cls(conn, path, ballast)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run `fn(conn, *args)` in the worker; storage faults become `unavailable`."""
+        """Run `fn(conn, *args)` in the worker; storage faults become `unavailable`.
+
+        A write that fails for lack of space releases the ballast and is tried once more
+        (its transaction was rolled back): the audit row of a call still gets written."""
         try:
-            return await self._conn.async_run(fn, self._conn, *args)
+            result = await self._conn.async_run(fn, self._conn, *args)
         except ToolError:
             raise
+        except apsw.FullError as exc:
+            return await self._after_full(fn, args, exc)
         except apsw.Error as exc:
             log.error("storage error in %s: %s", getattr(fn, "__qualname__", fn), exc)
             raise unavailable() from exc
+        if self.ballast is not None:
+            self.ballast.poll()
+        return result
+
+    async def _after_full(self, fn: Callable[..., T], args: tuple[Any, ...], exc: apsw.Error) -> T:
+        if self.ballast is not None:
+            self.ballast.release()
+        try:
+            await self._conn.async_run(_reuse_wal, self._conn)
+            return await self._conn.async_run(fn, self._conn, *args)
+        except ToolError:
+            raise
+        except apsw.Error as again:
+            log.error("storage error in %s: %s", getattr(fn, "__qualname__", fn), again)
+            raise unavailable("storage is unavailable: the disk is full") from exc
 
     async def close(self) -> None:
         with suppress(apsw.Error):  # closing matters more than the planner's statistics
@@ -110,3 +295,12 @@ class Database:
 
 def _optimize(conn: apsw.Connection) -> None:
     conn.pragma("optimize")
+
+
+def _reuse_wal(conn: apsw.Connection) -> None:
+    """After a failed write: end what is left of its transaction, and checkpoint so the
+    next writes reuse the WAL from its start instead of growing it."""
+    if conn.in_transaction:
+        conn.execute("ROLLBACK")
+    with suppress(apsw.Error):
+        conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_RESTART)

@@ -226,13 +226,25 @@ CREATE TRIGGER imports_follow_secret_delete AFTER DELETE ON secrets BEGIN
 END;
 """
 
+# Task users: each revision records whether its writer held task.privileged (only such a
+# revision may run as root, the daemon's user or a user outside [runner] task_users).
+# Revisions written before then ran as the daemon's user by design and keep doing so.
+# QLEDGE_* variables are the runner's own: they are removed from stored environments.
+_V6 = """
+ALTER TABLE task_revisions ADD COLUMN privileged INTEGER NOT NULL DEFAULT 1;
+UPDATE task_revisions SET spec = json_set(spec, '$.env', json((
+    SELECT json_group_object(key, value) FROM json_each(task_revisions.spec, '$.env')
+    WHERE key NOT GLOB 'QLEDGE_*')))
+WHERE EXISTS (SELECT 1 FROM json_each(task_revisions.spec, '$.env') WHERE key GLOB 'QLEDGE_*');
+"""
+
 # Retries and notifications. A failed run whose retry is pending carries its due time (a
 # small partial index: the scheduler reads it at start); a retry names the run it retries.
 # `failing_tasks`: tasks whose last final outcome was a failure, so their next success is a
 # recovery (a row is written when that changes, not per run). Channels (their spec JSON
 # names secrets, never holds them), the project's default rules, the delivery queue (one
 # row per message, coalesced while untried) and every attempt's outcome. Queue rows and attempts are trimmed on write.
-_V6 = """
+_V7 = """
 ALTER TABLE runs ADD COLUMN retry_of TEXT;
 ALTER TABLE runs ADD COLUMN attempt INTEGER;
 ALTER TABLE runs ADD COLUMN retry_due_at_ms INTEGER;
@@ -299,15 +311,21 @@ CREATE INDEX notify_attempts_channel_idx ON notify_attempts (project_id, channel
 CREATE INDEX notify_attempts_notification_idx ON notify_attempts (notification_id);
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
+
+
+class SchemaTooNew(apsw.SQLError):
+    """The database was written by a newer qledge; its message is the line to show."""
 
 
 def migrate(conn: apsw.Connection) -> int:
     """Bring the schema to the newest version; returns the version now in place."""
     version = conn.pragma("user_version")
     if version > len(MIGRATIONS):
-        raise apsw.SQLError(
-            f"database schema version {version} is newer than this qledge ({len(MIGRATIONS)})"
+        raise SchemaTooNew(
+            f"database schema version {version} is newer than this qledge ({len(MIGRATIONS)}):"
+            " upgrade qledge or restore a backup"
         )
     for number in range(version + 1, len(MIGRATIONS) + 1):
         conn.execute("BEGIN IMMEDIATE")

@@ -18,7 +18,7 @@ _spec_decoder = msgspec.json.Decoder(TaskSpec)
 
 _SELECT = """
 SELECT t.project_id, t.id, t.name, r.revision, r.enabled, r.spec, r.content_digest,
-       t.created_at_ms, t.updated_at_ms
+       t.created_at_ms, t.updated_at_ms, r.privileged
 FROM tasks AS t
 JOIN task_revisions AS r ON r.project_id = t.project_id AND r.task_id = t.id
 """
@@ -28,7 +28,7 @@ SQL_LIST = _SELECT + "WHERE t.project_id = ? AND t.id > ? AND r.revision = t.rev
 
 
 def _task(row: tuple) -> Task:
-    project, task_id, name, revision, enabled, spec, digest, created, updated = row
+    project, task_id, name, revision, enabled, spec, digest, created, updated, privileged = row
     return Task(
         id=task_id,
         project_id=project,
@@ -39,6 +39,7 @@ def _task(row: tuple) -> Task:
         content_digest=digest,
         created_at_ms=created,
         updated_at_ms=updated,
+        privileged=bool(privileged),
     )
 
 
@@ -57,19 +58,20 @@ def _head_revision(conn: apsw.Connection, project: str, task_id: str, expected: 
 
 
 def _insert_revision(
-    conn: apsw.Connection, project: str, task_id: str, revision: int, spec: TaskSpec, enabled: bool, now: int
+    conn: apsw.Connection, project: str, task_id: str, revision: int, spec: TaskSpec, enabled: bool, now: int,
+    privileged: bool,
 ) -> None:
     conn.execute(
         "INSERT INTO task_revisions (project_id, task_id, revision, spec_schema, spec, content_digest,"
-        " enabled, created_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        " enabled, created_at_ms, privileged) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (project, task_id, revision, SPEC_SCHEMA, _spec_encoder.encode(spec).decode(),
-         content_digest(spec), int(enabled), now),
+         content_digest(spec), int(enabled), now, int(privileged)),
     )
 
 
 def _new_revision(
     conn: apsw.Connection, project: str, task_id: str, expected: int | None, now: int,
-    spec: TaskSpec | None = None, enabled: bool | None = None, name: str | None = None,
+    spec: TaskSpec | None = None, enabled: bool | None = None, name: str | None = None, privileged: bool = False,
 ) -> Task:
     with immediate(conn):
         head = _head_revision(conn, project, task_id, expected)
@@ -78,10 +80,12 @@ def _new_revision(
         if spec is None and name is None and enabled == current.enabled:
             return current  # enabling an enabled task changes nothing
         revision = head + 1
+        # An unchanged spec keeps its writer's standing; a new one gets this writer's.
         _insert_revision(
             conn, project, task_id, revision,
             current.spec if spec is None else spec,
             current.enabled if enabled is None else enabled, now,
+            current.privileged if spec is None else privileged,
         )
         conn.execute(
             "UPDATE tasks SET revision = ?, enabled = ?, name = coalesce(?, name), updated_at_ms = ?"
@@ -100,7 +104,8 @@ def page(conn: apsw.Connection, project: str, after: str, limit: int) -> list[Ta
 
 
 def _insert(
-    conn: apsw.Connection, project: str, task_id: str, name: str, spec: TaskSpec, now: int, enabled: bool = True
+    conn: apsw.Connection, project: str, task_id: str, name: str, spec: TaskSpec, now: int, privileged: bool,
+    enabled: bool = True,
 ) -> None:
     try:
         conn.execute(
@@ -110,12 +115,14 @@ def _insert(
         )
     except apsw.ConstraintError:
         raise conflict(f"task {task_id!r} already exists") from None
-    _insert_revision(conn, project, task_id, 1, spec, enabled, now)
+    _insert_revision(conn, project, task_id, 1, spec, enabled, now, privileged)
 
 
-def create(conn: apsw.Connection, project: str, task_id: str, name: str, spec: TaskSpec, now: int) -> Task:
+def create(
+    conn: apsw.Connection, project: str, task_id: str, name: str, spec: TaskSpec, now: int, privileged: bool
+) -> Task:
     with immediate(conn):
-        _insert(conn, project, task_id, name, spec, now)
+        _insert(conn, project, task_id, name, spec, now, privileged)
         task = get(conn, project, task_id)
     assert task is not None
     return task
@@ -140,7 +147,7 @@ def _free_task_id(conn: apsw.Connection, project: str, wanted: str) -> str:
 
 
 def import_task(
-    conn: apsw.Connection, project: str, item: ImportTask, triggers: list[CronSpec], now: int
+    conn: apsw.Connection, project: str, item: ImportTask, triggers: list[CronSpec], now: int, privileged: bool
 ) -> ImportedTask:
     """The task with its triggers and its import key, in one transaction; or, when the key
     is on record already, nothing (status `exists`, with what it became)."""
@@ -150,7 +157,7 @@ def import_task(
             ids = [tid for (tid,) in conn.execute(SQL_TASK_TRIGGERS, (project, done[1]))]
             return ImportedTask(key=item.key, status="exists", task_id=done[1], trigger_ids=ids)
         task_id = _free_task_id(conn, project, item.task_id)
-        _insert(conn, project, task_id, item.name or task_id, item.spec, now, item.enabled)
+        _insert(conn, project, task_id, item.name or task_id, item.spec, now, privileged, item.enabled)
         ids = [trigger_sql.insert(conn, project, None, task_id, None, spec, now, wanted.enabled).id
                for spec, wanted in zip(triggers, item.triggers, strict=True)]
         conn.execute(SQL_RECORD_IMPORT, (project, item.key, "task", task_id, now))
@@ -185,13 +192,17 @@ class SqliteTaskStore:
         self._db = db
         self._logs = logs
 
-    async def create(self, project: str, task_id: str, name: str, spec: TaskSpec, now_ms: int) -> Task:
-        return await self._db.run(create, project, task_id, name, spec, now_ms)
+    async def create(
+        self, project: str, task_id: str, name: str, spec: TaskSpec, now_ms: int, *, privileged: bool
+    ) -> Task:
+        return await self._db.run(create, project, task_id, name, spec, now_ms, privileged)
 
     async def update(
-        self, project: str, task_id: str, expected_revision: int, spec: TaskSpec, name: str | None, now_ms: int
+        self, project: str, task_id: str, expected_revision: int, spec: TaskSpec, name: str | None, now_ms: int,
+        *, privileged: bool,
     ) -> Task:
-        return await self._db.run(_new_revision, project, task_id, expected_revision, now_ms, spec, None, name)
+        return await self._db.run(
+            _new_revision, project, task_id, expected_revision, now_ms, spec, None, name, privileged)
 
     async def set_enabled(
         self, project: str, task_id: str, enabled: bool, expected_revision: int | None, now_ms: int
@@ -201,8 +212,10 @@ class SqliteTaskStore:
     async def get(self, project: str, task_id: str, revision: int | None = None) -> Task | None:
         return await self._db.run(get, project, task_id, revision)
 
-    async def import_task(self, project: str, item: ImportTask, triggers: list[CronSpec], now_ms: int) -> ImportedTask:
-        return await self._db.run(import_task, project, item, triggers, now_ms)
+    async def import_task(
+        self, project: str, item: ImportTask, triggers: list[CronSpec], now_ms: int, *, privileged: bool
+    ) -> ImportedTask:
+        return await self._db.run(import_task, project, item, triggers, now_ms, privileged)
 
     async def imports(self, project: str, after: str | None, limit: int) -> list[ImportRecord]:
         return await self._db.run(imports, project, after or "", limit)

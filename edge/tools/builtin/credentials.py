@@ -7,13 +7,13 @@ from typing import Annotated
 
 import msgspec
 
-from edge.core.auth import DOMAIN_PERMISSIONS, TOKEN_PREFIX, Credential, Role, token_digest
+from edge.core.auth import TOKEN_PREFIX, Credential, Role, token_digest, valid_permission
 from edge.core.errors import invalid, not_found
 from edge.core.text import Id, Label
 from edge.tools.context import ToolContext
 from edge.tools.definition import WRITE_DEADLINE_S, Empty, tool
 
-_Permission = Annotated[str, msgspec.Meta(min_length=1, max_length=160, pattern=r"^[a-z*][a-z0-9_.:*-]*$")]
+_Permission = Annotated[str, msgspec.Meta(min_length=1, max_length=160, pattern=r"^[a-z*][a-zA-Z0-9_.:*-]*$")]
 
 
 class CreateArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
@@ -36,11 +36,8 @@ class RevokeArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
 
 
 def _check_permission(permission: str) -> None:
-    if permission in ("*", "tool.call:*") or permission in DOMAIN_PERMISSIONS:
-        return
-    if permission.startswith("tool.call:") and len(permission) > len("tool.call:"):
-        return
-    raise invalid(f"unknown permission {permission!r}")
+    if not valid_permission(permission):
+        raise invalid(f"unknown permission {permission!r}")
 
 
 async def create(ctx: ToolContext, args: CreateArgs) -> Created:

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import msgspec
 
-from edge.core.errors import conflict, not_found
+from edge.core.errors import ToolError, conflict, not_found
 from edge.core.reads import keyset
 from edge.core.runs import Run, RunCursor, RunEvent
 from edge.core.text import Id, Limit, Name, NonNegative
@@ -83,6 +83,11 @@ async def start(ctx: ToolContext, args: StartArgs) -> Run:
         raise not_found(f"task {args.task_id!r} not found")
     if not task.enabled:
         raise conflict(f"task {args.task_id!r} is disabled; enable it first")
+    # Refused here rather than admitted only to fail: like a full queue, a full disk is a
+    # resource the caller can see (scheduled fires are recorded `disk_space_low`).
+    short = ctx.services.runner.disk_shortfall()
+    if short is not None:
+        raise ToolError("resource_exhausted", f"disk_space_low: {short}")
     return await ctx.services.runner.start(task, "user")
 
 

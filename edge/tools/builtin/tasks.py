@@ -1,14 +1,18 @@
-"""Task management tools: full specs, for owners and operators."""
+"""Task management tools: full specs, for owners and operators.
+
+Every write that sets what a task runs (create, update) or makes it runnable again
+(enable) is checked against the caller's permissions for what it would run (who as, which
+secrets: ToolContext.may_run), so a role's limits hold through the tasks it can write.
+Disabling and deleting only stop things and need task.write alone."""
 
 from __future__ import annotations
 
 import msgspec
 
 from edge.core.errors import invalid, not_found
-from edge.core.tasks import ImportedTask, ImportKey, ImportRecord, ImportTask
 from edge.core.reads import keyset
 from edge.core.schedule import ScheduleError, normalize
-from edge.core.tasks import Task, TaskSpec
+from edge.core.tasks import ImportedTask, ImportKey, ImportRecord, ImportTask, Task, TaskSpec
 from edge.core.text import Label, Limit, Name, NonNegative
 from edge.core.triggers import CronSpec
 from edge.tools.context import ToolContext
@@ -69,14 +73,26 @@ async def _get(ctx: ToolContext, task_id: str) -> Task:
     return task
 
 
+def _named(ctx: ToolContext, spec: TaskSpec) -> TaskSpec:
+    """A spec always names its user: one that does not gets the default now, so what it
+    runs as never changes behind its back when the configuration does."""
+    if spec.user is not None:
+        return spec
+    return msgspec.structs.replace(spec, user=ctx.services.users.default_user)
+
+
 async def create(ctx: ToolContext, args: CreateArgs) -> Task:
     name = args.name or args.task_id
-    return await ctx.services.tasks.create(ctx.project, args.task_id, name, args.spec, ctx.now_ms())
+    spec = _named(ctx, args.spec)
+    privileged = ctx.may_run(f"task {args.task_id}", spec)
+    return await ctx.services.tasks.create(ctx.project, args.task_id, name, spec, ctx.now_ms(), privileged=privileged)
 
 
 async def update(ctx: ToolContext, args: UpdateArgs) -> Task:
+    spec = _named(ctx, args.spec)
+    privileged = ctx.may_run(f"task {args.task_id}", spec)
     return await ctx.services.tasks.update(
-        ctx.project, args.task_id, args.expected_revision, args.spec, args.name, ctx.now_ms()
+        ctx.project, args.task_id, args.expected_revision, spec, args.name, ctx.now_ms(), privileged=privileged
     )
 
 
@@ -90,7 +106,12 @@ async def list_tasks(ctx: ToolContext, args: ListArgs) -> TaskPage:
 
 
 async def enable(ctx: ToolContext, args: TaskRef) -> Task:
-    return await ctx.services.tasks.set_enabled(ctx.project, args.task_id, True, args.expected_revision, ctx.now_ms())
+    task = await _get(ctx, args.task_id)
+    if not task.enabled:
+        ctx.may_run(f"enabling task {task.id}", task.spec)
+    # Compare-and-set on the revision just checked: a newer one is checked anew.
+    expected = task.revision if args.expected_revision is None else args.expected_revision
+    return await ctx.services.tasks.set_enabled(ctx.project, args.task_id, True, expected, ctx.now_ms())
 
 
 async def disable(ctx: ToolContext, args: TaskRef) -> Task:
@@ -103,7 +124,10 @@ async def delete(ctx: ToolContext, args: TaskRef) -> Deleted:
 
 
 async def import_task(ctx: ToolContext, args: ImportTask) -> ImportedTask:
-    """A task with its triggers from an import (crond, qinglong), once per import key."""
+    """A task with its triggers from an import (crond, qinglong), once per import key;
+    checked like any task the caller writes."""
+    args = msgspec.structs.replace(args, spec=_named(ctx, args.spec))
+    privileged = ctx.may_run(f"task {args.task_id}", args.spec)
     triggers = ctx.services.triggers
     specs: list[CronSpec] = []
     for wanted in args.triggers:
@@ -114,7 +138,7 @@ async def import_task(ctx: ToolContext, args: ImportTask) -> ImportedTask:
         except ScheduleError as exc:
             raise invalid(str(exc)) from None
         specs.append(spec)
-    return await triggers.import_task(ctx.project, args, specs, ctx.now_ms())
+    return await triggers.import_task(ctx.project, args, specs, ctx.now_ms(), privileged=privileged)
 
 
 async def list_imports(ctx: ToolContext, args: ImportListArgs) -> ImportPage:

@@ -1,4 +1,8 @@
-"""Trigger management tools: full cron specs, for owners and operators."""
+"""Trigger management tools: full cron specs, for owners and operators.
+
+A trigger makes the task revision it is pinned to runnable on a schedule: creating one,
+repinning one and enabling one are checked against what that revision runs
+(ToolContext.may_run), like writing the task itself."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from edge.core.errors import invalid, not_found
 from edge.core.reads import keyset
 from edge.core.schedule import Misfire, ScheduleError, normalize
 from edge.core.text import Limit, Name, NonNegative
+from edge.core.tasks import Task
 from edge.core.triggers import MAX_JITTER_S, CronSpec, Trigger, TriggerEvent
 from edge.tools.context import ToolContext
 from edge.tools.definition import tool
@@ -67,6 +72,16 @@ class Deleted(msgspec.Struct, rename="camel"):
     trigger_id: str
 
 
+async def _pinned(ctx: ToolContext, task_id: str, revision: int | None, what: str) -> Task:
+    """The task revision a trigger will run (None: the head), once the caller may make it runnable."""
+    task = await ctx.services.tasks.get(ctx.project, task_id, revision)
+    if task is None:
+        raise not_found(f"task {task_id!r} not found" if revision is None else
+                        f"task {task_id!r} has no revision {revision}")
+    ctx.may_run(f"{what} task {task_id} revision {task.revision}", task.spec)
+    return task
+
+
 async def create(ctx: ToolContext, args: CreateArgs) -> Trigger:
     triggers = ctx.services.triggers
     try:
@@ -77,7 +92,8 @@ async def create(ctx: ToolContext, args: CreateArgs) -> Trigger:
         spec.schedule()  # the zone must load here, not at the first fire
     except ScheduleError as exc:
         raise invalid(str(exc)) from None
-    return await triggers.create(ctx.project, args.trigger_id, args.task_id, args.task_revision, spec, ctx.now_ms())
+    task = await _pinned(ctx, args.task_id, args.task_revision, "a trigger for")
+    return await triggers.create(ctx.project, args.trigger_id, args.task_id, task.revision, spec, ctx.now_ms())
 
 
 async def get(ctx: ToolContext, args: TriggerId) -> Trigger:
@@ -94,7 +110,11 @@ async def list_triggers(ctx: ToolContext, args: ListArgs) -> TriggerPage:
 
 async def enable(ctx: ToolContext, args: TriggerRef) -> Trigger:
     triggers = ctx.services.triggers
-    return await triggers.set_enabled(ctx.project, args.trigger_id, True, args.expected_revision, ctx.now_ms())
+    trigger = await get(ctx, TriggerId(trigger_id=args.trigger_id))
+    if not trigger.enabled:
+        await _pinned(ctx, trigger.task_id, trigger.task_revision, "a trigger of")
+    expected = trigger.revision if args.expected_revision is None else args.expected_revision
+    return await triggers.set_enabled(ctx.project, args.trigger_id, True, expected, ctx.now_ms())
 
 
 async def disable(ctx: ToolContext, args: TriggerRef) -> Trigger:
@@ -103,9 +123,10 @@ async def disable(ctx: ToolContext, args: TriggerRef) -> Trigger:
 
 
 async def repin(ctx: ToolContext, args: RepinArgs) -> Trigger:
-    return await ctx.services.triggers.repin(
-        ctx.project, args.trigger_id, args.task_revision, args.expected_revision, ctx.now_ms()
-    )
+    trigger = await get(ctx, TriggerId(trigger_id=args.trigger_id))
+    task = await _pinned(ctx, trigger.task_id, args.task_revision, "a trigger of")
+    expected = trigger.revision if args.expected_revision is None else args.expected_revision
+    return await ctx.services.triggers.repin(ctx.project, args.trigger_id, task.revision, expected, ctx.now_ms())
 
 
 async def delete(ctx: ToolContext, args: TriggerRef) -> Deleted:

@@ -1,0 +1,261 @@
+"""Start-up that fails fast with one line, and a state directory that is trusted only when
+it is ours (StrictModes): real daemon processes on real, deliberately damaged homes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import apsw
+import pytest
+
+from edge.storage.sqlite.schema import MIGRATIONS
+from support import IS_ROOT, OWN_USER, DaemonProcess, short_tmpdir
+
+FAIL_FAST_S = 1.0  # the start-up failures below must end the process within this
+
+
+def _serve(home: str, *extra: str, timeout: float = 20.0) -> tuple[int, str, float]:
+    """Run `qledge serve` on `home` until it exits; (exit code, stderr, seconds)."""
+    env = {**os.environ, "QLEDGE_HOME": home}
+    env.pop("NOTIFY_SOCKET", None)
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "edge", "serve", *extra], env=env, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+    return done.returncode, done.stderr, time.perf_counter() - started
+
+
+def _one_line(stderr: str) -> str:
+    lines = stderr.splitlines()
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    return lines[0]
+
+
+def _fresh(home: str) -> str:
+    """A home a daemon has started in once (database, pepper, logs)."""
+    d = DaemonProcess(home=home).start()
+    d.stop()
+    os.unlink(d.stderr_path)
+    return home
+
+
+@pytest.fixture
+def started(home):
+    return _fresh(home)
+
+
+# -- start-up fails fast ------------------------------------------------------------
+
+
+def test_random_bytes_as_the_database_exit_at_once_with_one_line(home):
+    os.chmod(home, 0o700)
+    with open(os.path.join(home, "qledge.db"), "wb") as f:
+        f.write(os.urandom(64 * 1024))
+    code, err, took = _serve(home)
+    line = _one_line(err)
+    assert code == 1 and line.startswith("qledge: qledge.db is not a SQLite database: file is not a database")
+    assert took < FAIL_FAST_S + 1.0, took  # the interpreter's own start-up is ~0.1 s of it
+
+
+def test_a_newer_schema_exits_at_once_naming_both_versions(started):
+    conn = apsw.Connection(os.path.join(started, "qledge.db"))
+    conn.pragma("user_version", 99)
+    conn.close()
+    code, err, took = _serve(started)
+    assert code == 1 and _one_line(err) == (
+        f"qledge: database schema version 99 is newer than this qledge ({len(MIGRATIONS)}):"
+        " upgrade qledge or restore a backup")
+    assert took < FAIL_FAST_S + 1.0, took
+
+
+def test_an_uncreatable_home_and_a_dangling_logs_link_are_one_line(home, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    code, err, _ = _serve(str(blocker / "home"))
+    assert code == 1 and _one_line(err) == f"qledge: cannot create the state directory {blocker}/home: Not a directory"
+    os.symlink(os.path.join(home, "gone"), os.path.join(home, "logs"))
+    code, err, took = _serve(home)
+    assert code == 1 and _one_line(err) == (
+        f"qledge: {home}/logs is a symbolic link; the state directory's files must be its own: remove the link")
+    assert took < FAIL_FAST_S + 1.0
+
+
+def test_a_sighup_while_starting_is_remembered_not_fatal(home):
+    """OpenWrt's `reload` sends SIGHUP right after `start`: from the moment qledge's own code
+    runs until it is ready, HUPs are deferred and honoured once, as a reload."""
+    notify = os.path.join(home, "notify.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(notify)
+    listener.setblocking(False)
+    env = {**os.environ, "QLEDGE_HOME": home, "NOTIFY_SOCKET": notify}
+    with open(os.path.join(home, "daemon.stderr"), "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "edge", "serve"], env=env, stderr=err,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    sent, ready = 0, False
+    try:
+        deadline = time.monotonic() + 20
+        while not ready and time.monotonic() < deadline and proc.poll() is None:
+            if _catches_hup(proc.pid):  # our handler is in place: the interpreter is past its start
+                os.kill(proc.pid, signal.SIGHUP)
+                sent += 1
+            try:
+                ready = b"READY=1" in listener.recv(4096)
+            except BlockingIOError:
+                time.sleep(0.002)
+        assert proc.poll() is None, f"the daemon died (exit {proc.returncode})"
+        assert ready and sent >= 1, (ready, sent)
+        time.sleep(0.5)
+        with open(os.path.join(home, "daemon.stderr")) as f:
+            log = f.read()
+        assert "reloaded" in log and "Traceback" not in log
+        os.kill(proc.pid, signal.SIGHUP)  # after start-up, a HUP is an ordinary reload
+        time.sleep(0.3)
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        assert proc.wait(20) == 0
+        listener.close()
+
+
+def _catches_hup(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            caught = next(line for line in f if line.startswith("SigCgt:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(int(caught.split()[1], 16) & (1 << (signal.SIGHUP - 1)))
+
+
+# -- the state directory is trusted only when it is ours -----------------------------
+
+
+def test_a_new_home_is_made_0700_and_its_files_0600():
+    parent = short_tmpdir()
+    home = os.path.join(parent, "new", "home")  # the daemon makes it, and its parent
+    notify = os.path.join(parent, "notify.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(notify)
+    listener.settimeout(20)
+    env = {**os.environ, "QLEDGE_HOME": home, "NOTIFY_SOCKET": notify}
+    proc = subprocess.Popen([sys.executable, "-m", "edge", "serve"], env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while b"READY=1" not in listener.recv(4096):
+            pass
+        assert os.stat(home).st_mode & 0o777 == 0o700
+        assert os.stat(os.path.join(home, "logs")).st_mode & 0o777 == 0o700
+        for name in ("pepper", "qledge.db", "lock", "ballast"):
+            assert os.stat(os.path.join(home, name)).st_mode & 0o777 == 0o600, name
+        assert "work" not in os.listdir(home)  # runs no longer start inside the home
+    finally:
+        proc.terminate()
+        proc.wait(20)
+        listener.close()
+        subprocess.run(["rm", "-rf", parent], check=True)
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o722])
+def test_a_home_writable_by_others_is_refused(started, mode):
+    os.chmod(started, mode)
+    code, err, took = _serve(started)
+    assert code == 1 and _one_line(err) == (
+        f"qledge: {started} is writable by group or others (mode {mode:04o}): chmod go-w {started}")
+    assert took < FAIL_FAST_S + 1.0
+
+
+@pytest.mark.parametrize("name", ["qledge.db", "pepper", "logs"])
+def test_a_state_file_writable_by_others_is_refused(started, name):
+    path = os.path.join(started, name)
+    os.chmod(path, 0o666 if name != "logs" else 0o777)
+    code, err, _ = _serve(started)
+    assert code == 1 and _one_line(err).startswith(f"qledge: {path} is writable by group or others")
+    assert f"chmod go-w {path}" in err
+
+
+@pytest.mark.parametrize("name", ["qledge.db", "pepper", "qledge.db-wal", "lock", "audit-spool.jsonl"])
+def test_a_planted_link_is_refused_not_followed(started, tmp_path, name):
+    """With a home others could once write, a `qledge.db` link made a root daemon run an
+    attacker's tasks, and a `pepper` link gave an attacker-known pepper."""
+    path = os.path.join(started, name)
+    target = tmp_path / "attacker"
+    if os.path.exists(path):
+        os.replace(path, target)
+    else:
+        target.write_bytes(b"")
+    os.symlink(target, path)
+    code, err, _ = _serve(started)
+    assert code == 1 and _one_line(err) == (
+        f"qledge: {path} is a symbolic link; the state directory's files must be its own: remove the link")
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="giving a file to another uid needs root")
+def test_a_home_or_file_owned_by_another_uid_is_refused(started):
+    os.chown(os.path.join(started, "pepper"), 65534, 65534)
+    code, err, _ = _serve(started)
+    pepper = os.path.join(started, "pepper")
+    assert code == 1 and _one_line(err) == (
+        f"qledge: {pepper} is owned by uid 65534, not by this daemon's uid 0: chown 0 {pepper}"
+        " (or start the daemon as its owner)")
+    os.chown(pepper, 0, 0)
+    os.chown(started, 65534, 65534)
+    code, err, _ = _serve(started)
+    assert code == 1 and f"qledge: {started} is owned by uid 65534" in _one_line(err)
+
+
+def test_a_home_reached_through_a_link_is_fine(tmp_path):
+    real = short_tmpdir()
+    link = str(tmp_path / "link")
+    os.symlink(real, link)
+    d = DaemonProcess(home=link).start()
+    try:
+        assert d.call("qledge.status")["dbPath"] == os.path.join(real, "qledge.db")
+    finally:
+        d.stop()
+        subprocess.run(["rm", "-rf", real], check=True)
+
+
+# -- the log tools read only logs ----------------------------------------------------
+
+
+def _finished_run(d: DaemonProcess) -> str:
+    d.cli("task", "add", "t", "--user", OWN_USER, "--", "echo", "an ordinary log line")
+    run = d.call("qledge.run.start", {"taskId": "t"})
+    while not d.call("qledge.run.wait", {"runId": run["id"], "timeoutMs": 30_000})["done"]:
+        pass
+    return run["id"]
+
+
+def _read(d: DaemonProcess, run_id: str) -> tuple[str, str]:
+    raw = d.cli("run", "log", run_id)
+    excerpt = d.cli("call", "qinglong.run.log.excerpt", "--args", f'{{"runId": "{run_id}"}}')
+    return raw.stderr, excerpt.stderr
+
+
+@pytest.mark.parametrize("swap", ["symlink", "hardlink", "fifo", "dir"])
+def test_the_log_tools_refuse_anything_but_a_regular_log(daemon, swap):
+    run_id = _finished_run(daemon)
+    log = os.path.join(daemon.home, "logs", f"{run_id}.log")
+    assert daemon.cli("run", "log", run_id).stdout == "an ordinary log line\n"
+    os.unlink(log)
+    pepper = os.path.join(daemon.home, "pepper")
+    if swap == "symlink":
+        os.symlink("../pepper", log)  # what a task running as the daemon once did
+    elif swap == "hardlink":
+        os.link(pepper, log)
+    elif swap == "fifo":
+        os.mkfifo(log, 0o600)
+    else:
+        os.mkdir(log)
+    raw, excerpt = _read(daemon, run_id)
+    assert raw.startswith("qledge: unavailable: the run's log ") and raw.count("\n") == 1, raw
+    assert excerpt.startswith("qledge: unavailable: "), excerpt
+    with open(pepper, "rb") as f:
+        assert f.read().hex() not in raw + excerpt
+    # Retention or `task rm` removes the link itself, never what it names.
+    if swap in ("symlink", "hardlink"):
+        daemon.call("qledge.task.delete", {"taskId": "t"})
+        assert not os.path.lexists(log) and os.path.getsize(pepper) == 32

@@ -1,0 +1,375 @@
+"""A role's limits hold through the tasks it can write: task users (the runner switches to
+the task's user before exec), `task.privileged`, `secret.use`, the state directory out of
+every task user's reach, and permission patterns — all against real daemons running real
+processes as real users (a root daemon switches to `nobody`, as CI runs)."""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import json
+import os
+import pwd
+import shutil
+import sys
+
+import pytest
+
+from edge.cli.client import CallFailed
+from edge.core.auth import Grant, allows, matches, role_permissions, valid_permission
+from edge.runner.process import SystemUsers
+from support import IS_ROOT, OWN_USER
+
+
+def _exists(user: str) -> bool:
+    try:
+        pwd.getpwnam(user)
+        return True
+    except KeyError:
+        return False
+
+
+needs_root = pytest.mark.skipif(not IS_ROOT or not _exists("nobody"),
+                                reason="switching users needs a root daemon and a `nobody` user")
+NOBODY = pwd.getpwnam("nobody") if _exists("nobody") else None
+ARGV = {"kind": "argv", "file": "id"}
+
+
+def _spec(**kw) -> dict:
+    return {"command": kw.pop("command", ARGV), **kw}
+
+
+def _denied(call, *args, **kw) -> str:
+    with pytest.raises(CallFailed) as err:
+        call(*args, **kw)
+    assert err.value.code == "permission_denied", err.value
+    return err.value.message
+
+
+def _wait(d, run_id: str, token: str | None = None) -> dict:
+    while True:
+        waited = d.call("qledge.run.wait", {"runId": run_id, "timeoutMs": 30_000}, token=token)
+        if waited["done"]:
+            return waited["run"]
+
+
+def _run(d, task: str, token: str | None = None) -> tuple[dict, str]:
+    run = _wait(d, d.call("qledge.run.start", {"taskId": task}, token=token)["id"], token)
+    log = d.cli("run", "log", run["id"], token=token).stdout
+    return run, log
+
+
+# -- the permission rule -----------------------------------------------------------
+
+
+def test_patterns_and_families_cover_exactly_what_they_name():
+    assert matches(frozenset({"tool.call:qinglong.*"}), "tool.call:qinglong.run.list")
+    assert not matches(frozenset({"tool.call:qinglong.*"}), "tool.call:qledge.run.log.read")
+    assert matches(frozenset({"secret.use"}), "secret.use:api")
+    assert matches(frozenset({"secret.use:a*"}), "secret.use:api")
+    assert not matches(frozenset({"secret.use:api"}), "secret.use:apis")
+    assert not matches(frozenset({"task.write"}), "task.write:x")  # only secret.use is a family
+    # A credential's list narrows its role: never more than both allow.
+    grant = Grant(frozenset({"tool.call:*", "run.read"}), frozenset({"tool.call:qinglong.*", "run.read", "*"}))
+    assert allows(grant, "tool.call:qinglong.run.list") and not allows(grant, "artifact.read")
+    # An operator gets task.privileged or secret.use only by name, never through `*`.
+    for listed, privileged, api in ((["*"], False, False), (["*", "task.privileged"], True, False),
+                                    (["*", "secret.use:api"], False, True), (["secret.use"], False, True)):
+        grant = Grant(role_permissions("operator", [], listed), frozenset(listed))
+        assert (allows(grant, "task.privileged"), allows(grant, "secret.use:api")) == (privileged, api), listed
+    assert not allows(Grant(role_permissions("viewer", [], ["task.privileged"]), frozenset({"task.privileged"})),
+                      "task.privileged")
+    for ok in ("*", "task.privileged", "secret.use", "secret.use:api", "secret.use:API_2", "tool.call:qinglong.*",
+               "tool.call:*"):
+        assert valid_permission(ok), ok
+    for bad in ("task.*", "secret.use:", "tool.call:", "tool.call:a*b", "bogus", "secret.write:x"):
+        assert not valid_permission(bad), bad
+
+
+def test_a_daemon_that_is_not_root_runs_every_task_as_itself(tmp_path):
+    users = SystemUsers(["nobody"], None, str(tmp_path))
+    if IS_ROOT:
+        assert users.default_user == "nobody" and "task.privileged" in users.describe()
+        assert users.resolve("nobody", None).privileged is None
+        return
+    # As any other user: no switching, so every task is privileged, naming another user is refused.
+    assert users.default_user == OWN_USER and "only owners" in users.describe()
+    assert users.resolve(OWN_USER, None).privileged.startswith("runs as the daemon's user")
+    with pytest.raises(Exception, match="cannot switch users"):
+        users.resolve("nobody", None)
+
+
+# -- the attacks: an operator becoming owner ----------------------------------------
+
+
+@needs_root
+def test_a_task_as_nobody_cannot_read_the_database_the_pepper_or_another_runs_log(daemon):
+    daemon.cli("task", "add", "owner-job", "--user", OWN_USER, "--", "echo", "only-the-daemon-may-read-this")
+    first, _ = _run(daemon, "owner-job")
+    _, operator = daemon.token("operator")
+    other_log = os.path.join(daemon.home, "logs", f"{first['id']}.log")
+    probe = (f"cat {daemon.home}/pepper; od -An -tx1 {daemon.home}/pepper; cat {daemon.home}/qledge.db | head -c 16;"
+             f" cat {other_log}; ls {daemon.home}; cd {daemon.home} && echo entered; id -u")
+    assert daemon.cli("task", "add", "probe", "--shell", "--", probe, token=operator).returncode == 0
+    run, log = _run(daemon, "probe", operator)
+    with open(os.path.join(daemon.home, "pepper"), "rb") as f:
+        pepper = f.read()
+    assert log.splitlines()[-1] == str(NOBODY.pw_uid)
+    assert log.count("Permission denied") >= 5 and "entered" not in log, log
+    assert "SQLite format" not in log and "only-the-daemon" not in log
+    assert pepper.hex() not in log.replace(" ", "").replace("\n", "")
+    assert run["status"] == "succeeded"
+    # Everything in the home is the daemon's alone.
+    assert os.stat(daemon.home).st_mode & 0o777 == 0o700
+    for name in ("pepper", "qledge.db", "logs", f"logs/{first['id']}.log"):
+        assert os.stat(os.path.join(daemon.home, name)).st_mode & 0o077 == 0, name
+
+
+@needs_root
+def test_the_runner_switches_user_and_groups_before_exec(daemon):
+    daemon.cli("task", "add", "who", "--shell", "--", "id -u; id -g; id -G; grep ^Cap /proc/self/status")
+    run, log = _run(daemon, "who")
+    uid, gid, groups, *caps = log.splitlines()
+    assert (int(uid), int(gid)) == (NOBODY.pw_uid, NOBODY.pw_gid)
+    assert set(map(int, groups.split())) == set(os.getgrouplist("nobody", NOBODY.pw_gid))  # not root's
+    assert all(line.split()[1] == "0000000000000000" for line in caps if line.startswith(("CapPrm", "CapEff")))
+    task = daemon.call("qledge.task.get", {"taskId": "who"})
+    assert task["spec"]["user"] == "nobody" and task["privileged"] is True  # the owner wrote it
+    group = grp.getgrgid(NOBODY.pw_gid).gr_name
+    daemon.cli("task", "add", "grouped", "--user", "nobody", "--group", group, "--", "id", "-g")
+    assert _run(daemon, "grouped")[1] == f"{NOBODY.pw_gid}\n"
+
+
+@needs_root
+def test_an_operator_writes_tasks_only_for_task_users(daemon):
+    _, operator = daemon.token("operator")
+    create = daemon.call
+    assert "runs as root" in _denied(create, "qledge.task.create", {"taskId": "r", "spec": _spec(user="root")},
+                                     token=operator)
+    with contextlib.closing(daemon.db()) as db:  # the refusal is in the audit log, after the allowed entry
+        rows = db.execute("SELECT outcome, reasons FROM security_audit ORDER BY id DESC LIMIT 2").fetchall()
+    assert [(o, json.loads(r)[0]) for o, r in rows] == [("denied", "domain_permission_denied"),
+                                                        ("allowed", "tool_invocation_allowed")]
+    message = _denied(create, "qledge.task.create",
+                      {"taskId": "g", "spec": _spec(user="nobody", group="root")}, token=operator)
+    assert "runs with group root" in message and "task.privileged" in message
+    if _exists("daemon"):  # a real user, but not one of [runner] task_users
+        message = _denied(create, "qledge.task.create", {"taskId": "d", "spec": _spec(user="daemon")}, token=operator)
+        assert "not in [runner] task_users" in message
+    bad = daemon.cli("task", "add", "ghost", "--user", "no-such-user-here", "--", "true", token=operator)
+    assert bad.returncode == 1 and "there is no user 'no-such-user-here'" in bad.stderr
+    made = create("qledge.task.create", {"taskId": "ok", "spec": _spec()}, token=operator)
+    assert made["spec"]["user"] == "nobody" and made["privileged"] is False
+    # The owner may run anything as anyone.
+    assert create("qledge.task.create", {"taskId": "rooted", "spec": _spec(user="root")})["privileged"] is True
+    assert _run(daemon, "rooted")[1].startswith("uid=0(")
+
+
+@needs_root
+def test_every_way_to_make_a_privileged_revision_runnable_needs_task_privileged(daemon):
+    """Update, enable, trigger create (also pinned to an older revision), repin and
+    trigger enable all check what the revision would run; disable, delete and a manual
+    start of what an owner wrote do not."""
+    _, op = daemon.token("operator")
+    root_spec = _spec(user="root")
+    daemon.call("qledge.task.create", {"taskId": "p", "spec": root_spec})  # revision 1, the owner's
+    # Update keeping root, or to a root shell: refused; to nobody: allowed (revision 2).
+    _denied(daemon.call, "qledge.task.update", {"taskId": "p", "expectedRevision": 1, "spec": root_spec}, token=op)
+    updated = daemon.call("qledge.task.update", {"taskId": "p", "expectedRevision": 1, "spec": _spec()}, token=op)
+    assert (updated["revision"], updated["privileged"]) == (2, False)
+    # A trigger pinned to the owner's root revision 1: refused, by create and by repin.
+    _denied(daemon.call, "qledge.trigger.create",
+            {"taskId": "p", "expression": "0 3 * * *", "timezone": "UTC", "taskRevision": 1}, token=op)
+    trig = daemon.call("qledge.trigger.create", {"taskId": "p", "expression": "0 3 * * *", "timezone": "UTC"},
+                       token=op)
+    assert trig["taskRevision"] == 2
+    _denied(daemon.call, "qledge.trigger.repin", {"triggerId": trig["id"], "taskRevision": 1}, token=op)
+    # The owner makes it root again (the trigger follows to 3) and disables it; the
+    # operator can disable and delete, but neither re-enable it nor its trigger.
+    daemon.call("qledge.task.update", {"taskId": "p", "expectedRevision": 2, "spec": root_spec})
+    daemon.call("qledge.trigger.disable", {"triggerId": trig["id"]}, token=op)
+    _denied(daemon.call, "qledge.trigger.enable", {"triggerId": trig["id"]}, token=op)
+    daemon.call("qledge.task.disable", {"taskId": "p"}, token=op)
+    _denied(daemon.call, "qledge.task.enable", {"taskId": "p"}, token=op)
+    # Disabling kept the owner's standing: the owner re-enables, and a manual start of
+    # what the owner wrote is the operator's to make (it runs as root, by the owner's choice).
+    enabled = daemon.call("qledge.task.enable", {"taskId": "p"})
+    assert enabled["privileged"] is True and enabled["spec"]["user"] == "root"
+    run, _ = _run(daemon, "p", op)
+    assert run["status"] == "succeeded"
+    assert daemon.call("qledge.task.delete", {"taskId": "p"}, token=op)["taskId"] == "p"
+
+
+@needs_root
+def test_a_revision_never_runs_privileged_unless_its_writer_could_make_it_so(daemon_factory):
+    """Checked again before each run: the operator's nobody task, after a restart where
+    nobody is no longer a task user, is refused rather than run."""
+    d = daemon_factory().start()
+    _, op = d.token("operator")
+    d.call("qledge.task.create", {"taskId": "t", "spec": _spec()}, token=op)
+    assert _run(d, "t", op)[0]["status"] == "succeeded"
+    d.stop()
+    with open(os.path.join(d.home, "qledge.toml"), "w") as f:
+        f.write("[runner]\ntask_users = []\n")
+    d.config_path = os.path.join(d.home, "qledge.toml")
+    d.start()
+    run, _ = _run(d, "t")
+    assert (run["status"], run["errorCode"], run["startedAtMs"]) == ("failed", "permission_denied", None)
+    assert "user nobody is not in [runner] task_users" in run["errorSummary"]
+    assert "task.privileged" in run["errorSummary"]
+    assert "task users: tasks run as their own users: none (default root)" in d.cli("status").stdout
+
+
+@needs_root
+def test_task_users_that_own_the_state_directory_are_refused_at_start(daemon_factory):
+    d = daemon_factory(config="[runner]\ntask_users = [\"nobody\", \"root\"]\n")
+    with pytest.raises(RuntimeError, match="did not become ready"):
+        d.start()
+    assert "qledge: [runner] task_users lists root, which owns the state directory" in d.stderr()
+
+
+@needs_root
+def test_a_task_user_never_starts_where_it_could_not_go_itself(daemon, home):
+    """The child enters its working directory before it switches users: a directory the
+    user could not reach (an open one inside a closed one) would let it read what is there."""
+    closed = os.path.join(home + "-closed")
+    os.makedirs(os.path.join(closed, "open"), mode=0o755)
+    os.chmod(closed, 0o700)
+    try:
+        with open(os.path.join(closed, "open", "notes"), "w") as f:
+            f.write("for root's eyes")
+        bad = daemon.cli("task", "add", "t", "--cwd", os.path.join(closed, "open"), "--", "cat", "notes")
+        assert bad.returncode == 1 and bad.stderr == (
+            f"qledge: invalid_argument: working directory {closed}/open: user nobody may not enter {closed}\n")
+        # Closed after the task was written: refused before the run, nothing read.
+        os.chmod(closed, 0o755)
+        assert daemon.cli("task", "add", "t", "--cwd", os.path.join(closed, "open"), "--", "cat", "notes"
+                          ).returncode == 0
+        os.chmod(closed, 0o700)
+        run, log = _run(daemon, "t")
+        assert (run["status"], run["errorCode"]) == ("failed", "spawn_failed") and log == ""
+        assert "user nobody may not enter" in run["errorSummary"]
+    finally:
+        shutil.rmtree(closed)
+
+
+def test_a_default_working_directory_inside_the_state_directory_is_refused_at_start(daemon_factory, home):
+    d = daemon_factory(home=home, config=f"[runner]\nwork_dir = \"{home}/logs\"\n")
+    with pytest.raises(RuntimeError, match="did not become ready"):
+        d.start()
+    assert f"qledge: [runner] work_dir: working directory {home}/logs is inside the state directory" in d.stderr()
+
+
+def test_the_working_directory_is_never_inside_the_state_directory(daemon, scratch):
+    for inside in (daemon.home, os.path.join(daemon.home, "logs"), os.path.join(scratch, "link")):
+        if inside.endswith("link"):
+            os.symlink(daemon.home, inside)
+        bad = daemon.cli("task", "add", "t", "--user", OWN_USER, "--cwd", inside, "--", "pwd")
+        assert bad.returncode == 1 and "is inside the state directory" in bad.stderr, bad.stderr
+    # A link made to point inside after the task was written is caught before the run.
+    target = os.path.join(scratch, "later")
+    os.mkdir(target)
+    assert daemon.cli("task", "add", "t", "--user", OWN_USER, "--cwd", target, "--", "pwd").returncode == 0
+    os.rmdir(target)
+    os.symlink(daemon.home, target)
+    run, _ = _run(daemon, "t")
+    assert (run["status"], run["errorCode"]) == ("failed", "spawn_failed")
+    assert "inside the state directory" in run["errorSummary"]
+    # By default a run starts in / (not in the home, as it once did).
+    daemon.cli("task", "add", "where", "--user", OWN_USER, "--", "pwd")
+    assert _run(daemon, "where")[1] == "/\n"
+    refused = daemon.call  # relative paths are refused too
+    with pytest.raises(CallFailed) as err:
+        refused("qledge.task.create", {"taskId": "rel", "spec": _spec(workingDir="work", user=OWN_USER)})
+    assert err.value.code == "invalid_argument" and "not an absolute path" in err.value.message
+
+
+# -- secrets ------------------------------------------------------------------------
+
+
+def test_referencing_a_secret_needs_secret_use(daemon):
+    daemon.cli("secret", "set", "api", input="hunter2hunter2")
+    daemon.cli("secret", "set", "other", input="other-secret-value")
+    _, operator = daemon.token("operator")
+    leak = ["task", "add", "leak", "--secret-env", "K=api", "--shell", "--", 'printf %s "$K" | od -An -tx1']
+    refused = daemon.cli(*leak, token=operator)
+    assert refused.returncode == 1
+    assert refused.stderr == ("qledge: permission_denied: task leak: it uses secret 'api'; that requires"
+                              " permission secret.use:api\n")
+    # An owner grants the use of one secret (within what an operator may hold).
+    perms = ["tool.call:*", "task.write", "task.inspect", "run.write", "run.read", "artifact.read", "secret.use:api"]
+    if not IS_ROOT:
+        perms.append("task.privileged")  # a daemon that is not root: every task is privileged
+    _, scoped = daemon.token("operator", perms)
+    assert daemon.cli(*leak, token=scoped).returncode == 0
+    other = daemon.cli("task", "add", "o", "--secret-env", "K=other", "--", "true", token=scoped)
+    assert "requires permission secret.use:other" in other.stderr
+    # Updating a task that already names a secret needs it as well: no keeping the
+    # reference and changing the command.
+    daemon.cli("task", "add", "uses", "--secret-env", "K=other", "--", "true")
+    spec = daemon.call("qledge.task.get", {"taskId": "uses"})["spec"]
+    spec["command"] = {"kind": "shell", "command": 'echo "$K"'}
+    _denied(daemon.call, "qledge.task.update", {"taskId": "uses", "expectedRevision": 1, "spec": spec}, token=scoped)
+    # What the granted task prints is still masked.
+    run, log = _run(daemon, "leak", scoped)
+    assert run["status"] == "succeeded" and "hunter2" not in log
+
+
+# -- the README's AI credential -----------------------------------------------------
+
+
+def test_the_readme_ai_credential_reaches_exactly_the_qinglong_tools(daemon):
+    cid, ai = daemon.token("operator", ["tool.call:qinglong.*", "task.read", "trigger.read", "run.read",
+                                        "artifact.read"])
+    daemon.cli("task", "add", "t", "--user", OWN_USER, "--", "echo", "hello")
+    run, _ = _run(daemon, "t")
+    assert daemon.call("qinglong.run.list", {"limit": 5}, token=ai)["runs"][0]["id"] == run["id"]
+    assert daemon.call("qinglong.run.log.excerpt", {"runId": run["id"]}, token=ai)["status"] == "available"
+    for tool, args in (("qledge.run.log.read", {"runId": run["id"]}), ("qledge.task.list", {}),
+                       ("qledge.run.start", {"taskId": "t"}), ("qledge.status", {})):
+        assert f"requires permission tool.call:{tool}" in _denied(daemon.call, tool, args, token=ai)
+    with open(os.path.join(os.path.dirname(__file__), "..", "README.md")) as f:
+        readme = f.read()
+    assert "--permission 'tool.call:qinglong.*'" in readme and "--permission 'tool.call:*'" not in readme
+    assert json.dumps(cid)  # the credential exists and is listed
+    assert cid in daemon.cli("token", "list").stdout
+
+
+def _interpreter_for(user: str) -> tuple[list[str], dict[str, str]] | None:
+    """A Python this user may run with our packages (the test's own may live where it
+    cannot go, e.g. under /root), and the PYTHONPATH that gives it them."""
+    import site
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {"PYTHONPATH": os.pathsep.join([*site.getsitepackages(), root])}
+    minor = f"python3.{sys.version_info.minor}"
+    for python in (sys.executable, f"/usr/bin/{minor}", f"/usr/local/bin/{minor}"):
+        try:
+            ok = subprocess.run([python, "-c", "import msgspec, apsw.aio, cronsim, edge"], user=user,
+                                env=env, capture_output=True, timeout=30, cwd="/").returncode == 0
+        except OSError:
+            ok = False
+        if ok:
+            return [python, "-m", "edge"], env
+    return None
+
+
+@needs_root
+def test_a_daemon_that_is_not_root_says_so_and_only_owners_write_tasks(daemon_factory):
+    found = _interpreter_for("nobody")
+    if found is None:
+        pytest.skip("no Python with qledge's packages that nobody may run")
+    argv, env = found
+    d = daemon_factory(user="nobody", argv=argv, env=env).start()
+    status = d.cli("status").stdout  # root is an owner of every daemon by default
+    assert ("task users: tasks run as the daemon's user nobody (the daemon is not root and cannot switch"
+            " users); only owners (task.privileged) may write them") in status
+    _, op = d.token("operator")
+    message = _denied(d.call, "qledge.task.create", {"taskId": "t", "spec": _spec()}, token=op)
+    assert "runs as the daemon's user nobody; that requires permission task.privileged" in message
+    made = d.call("qledge.task.create", {"taskId": "t", "spec": _spec()})
+    assert made["spec"]["user"] == "nobody"
+    assert _run(d, "t")[1].startswith(f"uid={NOBODY.pw_uid}(")
+    bad = d.cli("task", "add", "r", "--user", "root", "--", "id")
+    assert bad.returncode == 1 and "this daemon runs as nobody (not root) and cannot switch users" in bad.stderr
