@@ -20,10 +20,16 @@ import zipfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = "edge"
 
-# Optional capabilities (a folder each), shipped only by the profiles that include them.
-# Notifications: the notifier, its tools and the sender child (the one part that loads HTTP,
-# TLS and SMTP); without them the daemon still queues messages.
-OPTIONAL = {"mcp": "edge/mcp/", "postgres": "edge/storage/postgres/", "notify": "edge/notify/"}
+# Optional capabilities (their folders and files), shipped only by the profiles that
+# include them. Notifications: the notifier, its tools, the sender child (the one part that
+# loads HTTP, TLS and SMTP), their port and the notifier's side of the SQLite queue; without
+# them the daemon still queues messages (edge/storage/sqlite/runs.py). Cluster mode's
+# notification adapter needs the notify port: a profile with postgres has notify too.
+OPTIONAL: dict[str, tuple[str, ...]] = {
+    "mcp": ("edge/mcp/",),
+    "postgres": ("edge/storage/postgres/",),
+    "notify": ("edge/notify/", "edge/core/ports/notify.py", "edge/storage/sqlite/notify.py"),
+}
 # The profiles one may ask for, and the capabilities each adds to the edge core.
 WANTED: dict[str, tuple[str, ...]] = {
     "edge": (),
@@ -33,7 +39,7 @@ WANTED: dict[str, tuple[str, ...]] = {
 }
 
 
-def distinct(wanted: dict[str, tuple[str, ...]], optional: dict[str, str]) -> dict[str, tuple[str, ...]]:
+def distinct(wanted: dict[str, tuple[str, ...]], optional: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
     """The profiles that exist: each wanted one whose contents differ from every profile
     before it (capabilities not in `optional` count for nothing). Two names for one archive
     would be two artifacts to build, ship and measure for nothing."""
@@ -56,7 +62,7 @@ SHEBANG = b"#!/usr/bin/env python3\n"
 
 def profile_files(profile: str, root: str = ROOT) -> list[str]:
     """Sorted paths, relative to `root`, of the files under edge/ the profile ships."""
-    excluded = tuple(prefix for name, prefix in OPTIONAL.items() if name not in PROFILES[profile])
+    excluded = tuple(p for name, prefixes in OPTIONAL.items() if name not in PROFILES[profile] for p in prefixes)
     found: list[str] = []
     for dirpath, dirnames, filenames in os.walk(os.path.join(root, PACKAGE)):
         dirnames[:] = [d for d in dirnames if d != "__pycache__"]

@@ -63,6 +63,9 @@ def test_optional_capabilities_are_imported_only_by_composition():
     assert importers <= {"app/graph.py"} | {r for r in importers if r.startswith(cluster)}
     importers = {rel for rel, _, module in _imports() if module.startswith("edge.notify")}
     assert importers <= {"app/graph.py", "cli/main.py"} | {r for r in importers if r.startswith("notify" + os.sep)}
+    # The notifier's side of the SQLite queue ships with edge/notify/ (packaging/build.py).
+    importers = {rel for rel, _, module in _imports() if module == "edge.storage.sqlite.notify"}
+    assert importers <= {"app/graph.py"}
     importers = {rel for rel, _, module in _imports() if module == "edge.core.ports.cluster"}
     assert importers <= {"app/graph.py"} | {r for r in importers if r.startswith(cluster)}
 

@@ -22,7 +22,7 @@ from edge.mcp.protocol import Catalog, object_schema
 from edge.mcp.server import McpServer
 from edge.runner.supervisor import Runner
 from edge.storage.sqlite.db import Database
-from edge.tools.catalog import builtin_tools
+from edge.tools.catalog import builtin_tools, deferred_tools
 from edge.tools.context import Caller, ToolContext
 from edge.tools.definition import Registry, Tool
 from mcp_support import INITIALIZE, AsyncLineClient, bridge_env, request
@@ -114,7 +114,7 @@ async def graph():
     config, clock = Config(), SystemClock()
     stores = build_stores(db, config, home)
     workers = build_workers(config, home, stores, clock)
-    registry = Registry([*builtin_tools(), *_tools(seen)])
+    registry = Registry([*builtin_tools(), *_tools(seen)], deferred_tools())
     services = build_services(config, stores, workers, DaemonFacts(db.path, "asyncio", clock, stores.counts),
                               registry, b"p" * 32, clock)
     server = McpServer(build_chain(config, services, registry), os.path.join(home, "mcp.sock"), 64 * 1024)

@@ -40,7 +40,9 @@ class Env:
     def __init__(self, db: Database, home: str, server: Loopback, **settings) -> None:
         self.db, self.server, self.clock, self.timers = db, server, Clock(), ManualTimers()
         self.stores = build_stores(db, Config(), home)
-        self.notifier = Notifier(store=self.stores.notify, secrets=self.stores.secrets, logs=self.stores.logs,
+        assert self.stores.notify is not None
+        self.store = self.stores.notify()
+        self.notifier = Notifier(store=self.store, secrets=self.stores.secrets, logs=self.stores.logs,
                                  clock=self.clock, timers=self.timers, project="default",
                                  settings=NotifySettings(device="router", **settings))
         self.stores.followers.notify = self.notifier.wake
@@ -49,7 +51,7 @@ class Env:
     async def channel(self, name: str, path: str = "/hook") -> None:
         spec = {"kind": "webhook", "url": self.server.url + path, "body": {"task": "{task}", "event": "{event}",
                                                                           "count": "{count}", "text": "{text}"}}
-        await self.stores.notify.set_channel("default", name, "webhook", json.dumps(spec), self.clock.ms)
+        await self.store.set_channel("default", name, "webhook", json.dumps(spec), self.clock.ms)
 
     async def task(self, task_id: str, rules: list[NotifyRule] | None = None, command: str = "false") -> None:
         spec = TaskSpec(command=ShellCommand(command=command), notify=rules)
@@ -79,7 +81,7 @@ class Env:
         await self.notifier.settle()
 
     async def log(self) -> list:
-        return await self.stores.notify.log("default", None, 64)
+        return await self.store.log("default", None, 64)
 
 
 @pytest.fixture
@@ -130,7 +132,7 @@ async def test_recovery_is_the_first_success_after_a_final_failure(env):
 
 async def test_the_project_default_rule_applies_to_tasks_without_their_own(env):
     await env.channel("a")
-    await env.stores.notify.set_rules("default", [NotifyRule(channels=["a"], on=["failure", "lost"])], env.clock.ms)
+    await env.store.set_rules("default", [NotifyRule(channels=["a"], on=["failure", "lost"])], env.clock.ms)
     await env.task("plain")
     await env.task("quiet", [])  # its own rules: none
     await env.finish("plain", "lost")

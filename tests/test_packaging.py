@@ -79,20 +79,24 @@ def pyz_dir():
 
 def test_profiles_ship_only_their_capabilities(tmp_path):
     for rel in ("edge/__init__.py", "edge/app/daemon.py", "edge/mcp/server.py", "edge/storage/sqlite/db.py",
-                "edge/app/__pycache__/x.pyc"):
+                "edge/storage/sqlite/notify.py", "edge/notify/send.py", "edge/app/__pycache__/x.pyc"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("")
     base = ["edge/__init__.py", "edge/app/daemon.py", "edge/storage/sqlite/db.py"]
     assert build.profile_files("edge", str(tmp_path)) == base
     assert build.profile_files("edge-mcp", str(tmp_path)) == sorted([*base, "edge/mcp/server.py"])
+    assert build.profile_files("edge-notify", str(tmp_path)) == sorted(
+        [*base, "edge/notify/send.py", "edge/storage/sqlite/notify.py"])
+    assert build.profile_files("full", str(tmp_path)) == sorted(
+        [*base, "edge/mcp/server.py", "edge/notify/send.py", "edge/storage/sqlite/notify.py"])
     assert build.module_name("edge/__init__.py") == "edge"
     assert build.module_name("edge/app/daemon.py") == "edge.app.daemon"
 
 
 def test_a_profile_exists_only_when_its_contents_differ(pyz_dir):
     # `full` is every optional capability: today that is MCP alone, the same as edge-mcp.
-    assert build.distinct(build.WANTED, {"mcp": "edge/mcp/"}) == {"edge": (), "edge-mcp": ("mcp",)}
-    more = {"mcp": "edge/mcp/", "agent": "edge/agent/"}
+    assert build.distinct(build.WANTED, {"mcp": ("edge/mcp/",)}) == {"edge": (), "edge-mcp": ("mcp",)}
+    more = {"mcp": ("edge/mcp/",), "agent": ("edge/agent/",)}
     assert build.distinct({**build.WANTED, "full": tuple(more)}, more) == {
         "edge": (), "edge-mcp": ("mcp",), "full": ("mcp", "agent")}
     digests = {}
@@ -107,7 +111,8 @@ def test_a_profile_exists_only_when_its_contents_differ(pyz_dir):
     assert set(listed) == set(build.PROFILES), listed  # the README lists exactly the profiles that exist
     for profile, capabilities in build.PROFILES.items():
         for capability in capabilities:
-            assert f"`{build.OPTIONAL[capability]}`" in listed[profile], (profile, capability)
+            for prefix in build.OPTIONAL[capability]:
+                assert f"`{prefix}`" in listed[profile], (profile, capability, prefix)
 
 
 def test_zipapp_is_reproducible_and_its_manifest_is_true(pyz_dir):
@@ -166,9 +171,11 @@ def test_mcp_enabled_in_a_build_without_it_is_one_clear_line(pyz_dir, home):
     assert result.stderr.strip().splitlines() == ["qledge: MCP is not included in this build"]
 
 
-def test_a_build_without_notifications_still_queues_them(pyz_dir):
-    """The edge profile ships no edge/notify/: no channel tools, no `qledge notify`, but a
-    finished run still queues its message (in its transaction) for a build that delivers."""
+def test_a_build_without_notifications_runs_tasks_and_queues_nothing(pyz_dir):
+    """The edge profile ships no edge/notify/ (nor its port and SQLite adapter): no channel
+    tools, no `qledge notify`; a database that has channels (from another build) still runs
+    its tasks, keeps the failing mark (so a later build knows a success is a recovery) and
+    queues nothing, since nothing here could send it."""
     import json as _json
 
     from support import DaemonProcess
@@ -186,9 +193,12 @@ def test_a_build_without_notifications_still_queues_them(pyz_dir):
         conn.execute("INSERT INTO notify_rules VALUES ('default', ?, 0)", (_json.dumps([{"channels": ["w"]}]),))
         d.call("qledge.task.create", {"taskId": "t", "spec": {"command": {"kind": "argv", "file": "false"}}})
         run = d.call("qledge.run.start", {"taskId": "t"})
-        d.call("qledge.run.wait", {"runId": run["id"], "timeoutMs": 10_000})
-        rows = conn.execute("SELECT channel, event, run_id, state FROM notifications").fetchall()
-        assert rows == [("w", "failure", run["id"], "pending")]
+        done = d.call("qledge.run.wait", {"runId": run["id"], "timeoutMs": 10_000})
+        assert done["done"] and done["run"]["status"] == "failed", (done, d.stderr())
+        assert conn.execute("SELECT count(*) FROM notifications").fetchone() == (0,)
+        assert conn.execute("SELECT task_id FROM failing_tasks").fetchall() == [("t",)]
+        modules = d.call("qledge.status", {"includeModules": True})["modules"]
+        assert not [m for m in modules if m.startswith(("edge.notify", "edge.storage.sqlite.notify"))]
         cli = subprocess.run([*system_python(pyz), "notify", "log"], env=d.env, capture_output=True, text=True,
                              timeout=60)
         assert cli.returncode == 2 and "invalid choice: 'notify'" in cli.stderr

@@ -123,7 +123,7 @@ async def test_a_skipped_retry_queues_a_skipped_notification(renv):
     first = await end(e, await start(e, "s"))
     await start(e, "s")
     await e.tick(first.retry_due_at_ms)
-    (pending,) = await store.due("default", e.clock.ms, 10)
+    (pending,) = await store.due("default", e.clock.ms, 10, 60_000)
     assert (pending.event, pending.task_id, pending.detail) == ("skipped", "s", "overlap")
 
 

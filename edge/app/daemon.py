@@ -87,7 +87,7 @@ class Daemon:
             await g.notifier.start()
         node = cluster.node if cluster is not None else None
         if node is not None:
-            await node.start(g.scheduler.changed)
+            await node.start(g.scheduler.changed, g.notifier.wake if g.notifier is not None else None)
         await g.scheduler.start()
         started: list[UnixListener] = []
         try:

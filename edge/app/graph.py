@@ -23,7 +23,6 @@ from edge.core.ports.stores import (
     AuditLog,
     CountsReader,
     CredentialStore,
-    NotifyStore,
     Readers,
     RunAdmission,
     RunLogReader,
@@ -43,23 +42,24 @@ from edge.storage.sqlite.admission import SqliteAdmission
 from edge.storage.sqlite.audit import SqliteAuditLog
 from edge.storage.sqlite.credentials import SqliteCredentialStore
 from edge.storage.sqlite.db import Ballast, Database
-from edge.storage.sqlite.notify import SqliteNotifyStore
 from edge.storage.sqlite.reads import SqliteCountsReader, sqlite_readers
 from edge.storage.sqlite.retention import Policy
 from edge.storage.sqlite.runs import SqliteRunStore
 from edge.storage.sqlite.secrets import SqliteSecretStore
 from edge.storage.sqlite.tasks import SqliteTaskStore
 from edge.storage.sqlite.triggers import SqliteTriggerStore
-from edge.tools.catalog import ai_tools, builtin_tools
+from edge.tools.catalog import ai_tools, builtin_tools, deferred_tools
 from edge.tools.chain import Authenticator, Chain
 from edge.tools.context import Services
-from edge.tools.definition import Registry, Tool
+from edge.tools.definition import Deferred, Registry, Tool
 from edge.transports.tool_socket import ToolServer
 from edge.transports.unix import UnixListener
 
 if TYPE_CHECKING:  # cluster ports are loaded only by a cluster node; edge.notify where it is shipped
     from edge.core.ports.cluster import ClusterNode
+    from edge.core.ports.notify import NotifyStore
     from edge.notify.dispatch import Notifier
+    from edge.notify.handle import NotifierHandle
 
 log = logging.getLogger("qledge")
 
@@ -112,7 +112,9 @@ class Stores(msgspec.Struct, frozen=True, kw_only=True):
     readers: Readers
     counts: CountsReader
     followers: Followers = msgspec.field(default_factory=Followers)  # told what a finished run set in motion
-    notify: NotifyStore | None = None  # None: no notifications (a cluster)
+    # The notify store, made when first needed (its adapter ships with edge/notify/); None:
+    # this build has no notifications.
+    notify: Callable[[], NotifyStore] | None = None
 
 
 def capacity(config: Config) -> int:
@@ -137,8 +139,16 @@ def build_stores(db: Database, config: Config, home: str) -> Stores:
         credentials=SqliteCredentialStore(db), secrets=SqliteSecretStore(db),
         audit=SqliteAuditLog(db, keep.audit_max_rows, keep.audit_max_age_days),
         readers=sqlite_readers(db), counts=SqliteCountsReader(db), followers=followers,
-        notify=SqliteNotifyStore(db),
+        notify=lambda: sqlite_notify_store(db),
     )
+
+
+def sqlite_notify_store(db: Database) -> NotifyStore:
+    """The notify store on the daemon's database (its adapter ships with edge/notify/, so
+    it is asked for only where edge.notify was found)."""
+    from edge.storage.sqlite.notify import SqliteNotifyStore
+
+    return SqliteNotifyStore(db)
 
 
 def runner_settings(config: Config, home: str) -> RunnerSettings:
@@ -180,31 +190,49 @@ def build_workers(
     return Workers(runner=runner, scheduler=scheduler, settings=settings, controller=controller, users=users)
 
 
-def build_notifier(config: Config, stores: Stores, clock: Clock) -> tuple[Notifier | None, list[Tool]]:
-    """The notifier and its tools, when this build ships them (edge.notify is imported here
-    and only here) and the storage keeps a queue."""
-    if stores.notify is None:
+def build_notifier(config: Config, stores: Stores, clock: Clock) -> tuple[NotifierHandle | None, list[Deferred]]:
+    """The notifier (dormant until needed) and its tools (loaded by their first call), when
+    this build ships them (edge.notify is imported here and only here) and the storage
+    keeps a queue."""
+    make_store = stores.notify
+    if make_store is None:
         return None, []
     try:
-        from edge.notify.dispatch import Notifier, NotifySettings
-        from edge.notify.tools import notify_tools
+        from edge.notify.handle import TOOL_INFOS, NotifierHandle
     except ImportError as exc:
         if exc.name is not None and (exc.name == "edge.notify" or exc.name.startswith("edge.notify.")):
-            log.debug("notifications are not included in this build: messages stay queued")
+            log.debug("notifications are not included in this build")
             return None, []
         raise
-    import socket
-    import sys
+    made: list[NotifyStore] = []
 
-    n = config.notify
-    settings = NotifySettings(
-        device=n.device or socket.gethostname() or "qledge", language=n.language, max_attempts=n.max_attempts,
-        backoff_s=n.backoff_s, max_backoff_s=n.max_backoff_s, per_minute=n.per_minute, timeout_s=n.timeout_s,
-        python=n.python or sys.executable)
-    notifier = Notifier(store=stores.notify, secrets=stores.secrets, logs=stores.logs, clock=clock,
-                        timers=LoopTimers(), project=config.project, settings=settings)
-    stores.followers.notify = notifier.wake
-    return notifier, notify_tools(notifier, stores.notify, stores.secrets)
+    def store() -> NotifyStore:
+        if not made:
+            made.append(make_store())
+        return made[0]
+
+    def build() -> Notifier:
+        import sys
+
+        from edge.notify.dispatch import Notifier, NotifySettings
+
+        n = config.notify
+        settings = NotifySettings(
+            device=n.device or os.uname().nodename or "qledge", language=n.language, max_attempts=n.max_attempts,
+            backoff_s=n.backoff_s, max_backoff_s=n.max_backoff_s, per_minute=n.per_minute, timeout_s=n.timeout_s,
+            python=n.python or sys.executable)
+        return Notifier(store=store(), secrets=stores.secrets, logs=stores.logs, clock=clock, timers=LoopTimers(),
+                        project=config.project, settings=settings)
+
+    handle = NotifierHandle(build, store, lambda: stores.runs.notices_waiting(config.project), config.project)
+    stores.followers.notify = handle.wake
+
+    def tools() -> list[Tool]:
+        from edge.notify.tools import notify_tools
+
+        return notify_tools(handle, store(), stores.secrets)
+
+    return handle, [Deferred(infos=TOOL_INFOS, load=tools)]
 
 
 def trigger_zone(configured: str | None) -> str:
@@ -319,7 +347,7 @@ class Cluster:
         self.stores = Stores(
             location=pg.location, logs=logs, log_reader=pg.log_reader, tasks=pg.tasks, runs=pg.runs,
             triggers=pg.triggers, admission=pg.admission, credentials=pg.credentials, secrets=pg.secrets,
-            audit=pg.audit, readers=pg.readers, counts=pg.counts)
+            audit=pg.audit, readers=pg.readers, counts=pg.counts, followers=pg.followers, notify=pg.notify_store)
 
     def distribute(self, runner: Runner) -> RunController:
         from edge.storage.postgres.cluster import PgCluster
@@ -374,10 +402,10 @@ class Graph:
         ballast = db.ballast if db is not None else None
         if ballast is not None:
             self.facts.add_extra(lambda: {"disk": _disk_line(ballast)})
-        self.notifier, notify_tools = build_notifier(config, self.stores, clock)
+        self.notifier, deferred = build_notifier(config, self.stores, clock)
         if self.notifier is not None:
             self.facts.add_extra(self.notifier.status)
-        registry = Registry([*builtin_tools(), *ai_tools(), *notify_tools])
+        registry = Registry([*builtin_tools(), *ai_tools()], [*deferred_tools(), *deferred])
         services = build_services(config, self.stores, self.workers, self.facts, registry, pepper, clock)
         self.chain = build_chain(config, services, registry)
         self.listeners = build_listeners(config, home, socket_path, self.chain, self.facts)

@@ -60,7 +60,7 @@ def notify_add(c: Client, a: argparse.Namespace) -> int:
     from edge.notify.tools import ChannelInfo, SetArgs
 
     spec = channel_spec(a.kind, a.set, a.secret, a.language)
-    info = c.typed("qledge.notify.channel.set", SetArgs(name=a.name, spec=spec), ChannelInfo)
+    info = c.typed("qledge.notify.channel.set", SetArgs(name=a.name, spec=msgspec.to_builtins(spec)), ChannelInfo)
     return show(a, info, lambda i: print(f"channel {i.name} ({i.kind}) {i.status};"
                                          f" try it: qledge notify test {i.name}"))
 
@@ -119,8 +119,7 @@ def notify_rules(c: Client, a: argparse.Namespace) -> int:
 
 
 def notify_test(c: Client, a: argparse.Namespace) -> int:
-    from edge.notify.dispatch import TestOutcome
-    from edge.notify.tools import TestArgs
+    from edge.notify.tools import TestArgs, TestOutcome
 
     outcome = c.typed("qledge.notify.test", TestArgs(channel=a.channel), TestOutcome)
     show(a, outcome, lambda o: print(f"sent through {a.channel}" if o.ok else f"not sent: {o.detail}"))

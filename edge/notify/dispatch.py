@@ -21,6 +21,7 @@ import signal
 import sys
 import time
 from collections import deque
+from typing import TYPE_CHECKING, Literal
 
 import msgspec
 
@@ -29,21 +30,12 @@ from edge.core.errors import ToolError
 from edge.core.excerpt import WINDOW_BYTES, normalize, redact, window_text
 from edge.core.handoff import Background
 from edge.core.ports.runtime import Clock, TimerHandle, Timers
-from edge.core.ports.stores import ChannelHealth, NoticeOutcome, NotifyStore, PendingNotice, RunLogFiles, SecretStore
-from edge.notify.channels import (
-    ChannelSpec,
-    Delivery,
-    Facts,
-    Job,
-    Language,
-    Result,
-    job_encoder,
-    log_tail,
-    render,
-    result_decoder,
-    secret_names,
-    spec_decoder,
-)
+from edge.core.ports.notify import ChannelHealth, NoticeOutcome, NotifyStore, PendingNotice
+from edge.core.ports.stores import RunLogFiles, SecretStore
+
+if TYPE_CHECKING:  # the channel shapes are loaded by the first delivery
+    from edge.notify.channels import ChannelSpec, Delivery, Result
+    from edge.notify.tools import TestOutcome
 
 log = logging.getLogger("qledge.notify")
 
@@ -62,19 +54,13 @@ class NotifySettings(msgspec.Struct, kw_only=True):
     """The `[notify]` configuration as the notifier uses it (edge.app.graph builds it)."""
 
     device: str
-    language: Language = "en"
+    language: Literal["en", "zh"] = "en"  # edge.notify.channels.Language
     max_attempts: int = 5
     backoff_s: float = 30.0
     max_backoff_s: float = 3600.0
     per_minute: int = 5
     timeout_s: float = 10.0
     python: str = sys.executable
-
-
-class TestOutcome(msgspec.Struct, rename="camel"):
-    id: int
-    ok: bool
-    detail: str | None
 
 
 class Notifier:
@@ -87,6 +73,8 @@ class Notifier:
         self._timers = timers
         self._project = project
         self.settings = settings
+        # How long a batch may hold its messages: the sender's time for a full batch, and some.
+        self._lease_ms = int((settings.timeout_s * BATCH + 30) * 1000)
         self._windows: dict[str, deque[int]] = {}
         self._health: dict[str, ChannelHealth] = {}
         self._timer: TimerHandle | None = None
@@ -102,8 +90,10 @@ class Notifier:
 
     async def start(self) -> None:
         """Rebuild the rate windows and channel health from the attempts on record, then
-        deliver what is due (messages left by a daemon that stopped included)."""
+        deliver what is due (messages left by a daemon that stopped included, also those
+        it was delivering)."""
         now = self._clock.now_ms()
+        await self._store.recover(self._project, now)
         for channel, at in await self._store.recent_attempts(self._project, now - WINDOW_MS):
             self._windows.setdefault(channel, deque()).append(at)
         self._health = {h.channel: h for h in await self._store.health(self._project)}
@@ -144,6 +134,8 @@ class Notifier:
 
     async def test(self, channel: str, timeout_s: float) -> TestOutcome:
         """Send a test message through `channel` now and wait for its outcome."""
+        from edge.notify.tools import TestOutcome
+
         nid = await self._store.enqueue_test(self._project, channel, self._clock.now_ms())
         future: asyncio.Future[TestOutcome] = asyncio.get_running_loop().create_future()
         self._waiters[nid] = future
@@ -190,11 +182,15 @@ class Notifier:
         held: dict[str, int] = {}
         while not self._closing:
             now = self._clock.now_ms()
-            due = [n for n in await self._store.due(self._project, now, 4 * BATCH)
-                   if n.channel not in held or n.event == "test"]
+            due = await self._store.due(self._project, now, 4 * BATCH, self._lease_ms)
             if not due:
                 break
-            batch = await self._plan(due, now, held)
+            planned, merged = await self._plan([n for n in due if n.channel not in held or n.event == "test"],
+                                               now, held)
+            batch = planned[:BATCH]
+            going = {n.id for n in batch} | merged
+            # What this batch does not take is due again at once (and may be joined meanwhile).
+            await self._store.release(self._project, [n.id for n in [*due, *planned] if n.id not in going], now)
             if not batch:
                 break
             await self._deliver(batch)
@@ -218,10 +214,13 @@ class Notifier:
             window.popleft()
         return window
 
-    async def _plan(self, due: list[PendingNotice], now: int, held: dict[str, int]) -> list[PendingNotice]:
+    async def _plan(self, due: list[PendingNotice], now: int,
+                    held: dict[str, int]) -> tuple[list[PendingNotice], set[int]]:
         """What may go now, per channel: tests always; others within the rate limit, the
         overflow as one summary in the last free slot; a full channel is held until its
-        window frees (`held`)."""
+        window frees (`held`). Returns the messages to send and the ids merged into
+        summaries."""
+        merged: set[int] = set()
         by_channel: dict[str, list[PendingNotice]] = {}
         for notice in due:
             by_channel.setdefault(notice.channel, []).append(notice)
@@ -242,8 +241,9 @@ class Notifier:
                 continue
             batch += others[: free - 1]
             batch.append(await self._summarize(channel, others[free - 1:], now))
+            merged.update(n.id for n in others[free - 1:])
             held[channel] = now + WINDOW_MS  # nothing more for it in this pass
-        return batch[:BATCH]
+        return batch, merged
 
     async def _summarize(self, channel: str, notices: list[PendingNotice], now: int) -> PendingNotice:
         lines = []
@@ -255,7 +255,8 @@ class Notifier:
             lines.append(f"… and {len(notices) - SUMMARY_LINES} more")
         detail = "\n".join(lines)
         count = sum(n.count for n in notices)
-        nid = await self._store.merge(self._project, [n.id for n in notices], channel, detail, count, now)
+        nid = await self._store.merge(self._project, [n.id for n in notices], channel, detail, count, now,
+                                      self._lease_ms)
         first = notices[0]
         return PendingNotice(
             id=nid, channel=channel, event="summary", task_id=None, task_name=None, run_id=None, status=None,
@@ -264,6 +265,8 @@ class Notifier:
             spec=first.spec)
 
     async def _excerpt(self, run_id: str, secret_values: list[str]) -> str | None:
+        from edge.notify.channels import log_tail
+
         try:
             tail = self._logs.tail(run_id, WINDOW_BYTES)
         except ToolError:
@@ -274,6 +277,9 @@ class Notifier:
         return log_tail(redact(normalize(window.text), secret_values).text)
 
     async def _deliver(self, batch: list[PendingNotice]) -> None:
+        from edge.notify.channels import Delivery, Result
+        from edge.notify.tools import TestOutcome
+
         values = await self._secrets.values(self._project)
         deliveries: list[Delivery] = []
         outcomes: list[NoticeOutcome] = []
@@ -328,6 +334,8 @@ class Notifier:
 
     async def _delivery(self, notice: PendingNotice, values: list[str], now: int) -> Delivery | str:
         """The sender's job for one message, or why there is none (a final failure)."""
+        from edge.notify.channels import Delivery, Facts, render, secret_names, spec_decoder
+
         if notice.spec is None:
             return f"channel {notice.channel!r} was deleted"
         try:
@@ -354,6 +362,8 @@ class Notifier:
     async def _launch(self, deliveries: list[Delivery]) -> list[Result]:
         """Run the sender on `deliveries`; its results as it reported them (a child that
         died or ran out of time reported fewer)."""
+        from edge.notify.channels import Job, Result, job_encoder, result_decoder
+
         timeout = self.settings.timeout_s
         job = job_encoder.encode(Job(timeout_s=timeout, deliveries=deliveries))
         env = {k: os.environ[k] for k in _PASSED_ENV if k in os.environ}

@@ -6,27 +6,30 @@ as strong as exporting those secrets (owners hold it; operators do not). Deletin
 channel, setting the default rules and sending a test need `notify.write`; reading
 channels (names of secrets, never values), rules and the log needs `notify.read`.
 Operators hold both. A task's own rules are part of its spec (`task.write`).
+
+A channel's spec crosses the socket as a plain object and is checked against its kind
+(edge.notify.channels) when it is set: the channel shapes are loaded by the first call
+that needs them, not by an idle daemon.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 
 from edge.core.errors import invalid, not_found
-from edge.core.ports.stores import ChannelHealth, ChannelRow, NoticeRecord, NotifyStore, SecretStore
+from edge.core.ports.notify import ChannelHealth, ChannelRow, NoticeRecord, NotifyStore
+from edge.core.ports.stores import SecretStore
 from edge.core.tasks import NotifyRule
 from edge.core.text import Limit, Name, NonNegative
-from edge.notify.channels import ChannelSpec, problems, secret_names, spec_decoder, spec_encoder
-from edge.notify.dispatch import Notifier, TestOutcome
 from edge.tools.context import ToolContext
-from edge.tools.definition import Empty, Tool, tool
-
+from edge.notify.handle import TEST_WAIT_S, TOOL_INFOS, NotifierHandle
+from edge.tools.definition import Empty, Handler, Tool, declared
 
 class SetArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
     name: Name
-    spec: ChannelSpec
+    spec: dict[str, Any]  # a channel spec (edge.notify.channels.ChannelSpec), checked by the tool
     create_only: bool = False  # an existing channel is left as it is (imports)
 
 
@@ -37,7 +40,7 @@ class NameArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
 class ChannelInfo(msgspec.Struct, rename="camel", omit_defaults=True):
     name: str
     kind: str
-    spec: ChannelSpec
+    spec: dict[str, Any]  # as stored: secrets by name, never their values
     created_at_ms: int
     updated_at_ms: int
     status: str | None = None  # set: created, updated or exists
@@ -70,35 +73,48 @@ class TestArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
     channel: Name
 
 
-TEST_WAIT_S = 25.0
+class TestOutcome(msgspec.Struct, rename="camel"):
+    id: int
+    ok: bool
+    detail: str | None
+
+
+_stored = msgspec.json.Decoder(dict[str, Any])
 
 
 def _info(row: ChannelRow, health: ChannelHealth | None = None, status: str | None = None) -> ChannelInfo:
-    return ChannelInfo(name=row.name, kind=row.kind, spec=spec_decoder.decode(row.spec),
+    return ChannelInfo(name=row.name, kind=row.kind, spec=_stored.decode(row.spec),
                        created_at_ms=row.created_at_ms, updated_at_ms=row.updated_at_ms, status=status, health=health)
 
 
-def notify_tools(notifier: Notifier, store: NotifyStore, secrets: SecretStore) -> list[Tool]:
-    """The tools, bound to the daemon's notifier and stores (edge.app.graph)."""
+def notify_tools(notifier: NotifierHandle, store: NotifyStore, secrets: SecretStore) -> list[Tool]:
+    """The tools, bound to the daemon's notifier and stores (edge.app.graph), as TOOL_INFOS
+    (edge.notify.handle) declares them."""
 
     async def set_channel(ctx: ToolContext, args: SetArgs) -> ChannelInfo:
-        wrong = problems(args.spec)
+        from edge.notify.channels import ChannelSpec, problems, secret_names, spec_encoder
+
+        try:
+            spec: ChannelSpec = msgspec.convert(args.spec, ChannelSpec)
+        except msgspec.ValidationError as exc:
+            raise invalid(f"channel spec: {exc}") from None
+        wrong = problems(spec)
         if wrong:
             raise invalid(wrong[0])
         known = {s.name for s in await secrets.for_project(ctx.project)}
-        missing = [name for name in secret_names(args.spec) if name not in known]
+        missing = [name for name in secret_names(spec) if name not in known]
         if missing:
             raise invalid(f"secret {missing[0]!r} is not set: qledge secret set {missing[0]} first")
-        kind = args.spec.__struct_config__.tag
+        kind = spec.__struct_config__.tag
         assert isinstance(kind, str)
-        row, status = await store.set_channel(ctx.project, args.name, kind, spec_encoder.encode(args.spec).decode(),
+        row, status = await store.set_channel(ctx.project, args.name, kind, spec_encoder.encode(spec).decode(),
                                               ctx.now_ms(), args.create_only)
         if status == "updated":
             notifier.forget(args.name)
         return _info(row, status=status)
 
     async def list_channels(ctx: ToolContext, args: Empty) -> ChannelList:
-        health = notifier.health()
+        health = await notifier.health()
         return ChannelList(channels=[_info(row, health.get(row.name)) for row in await store.channels(ctx.project)])
 
     async def delete_channel(ctx: ToolContext, args: NameArgs) -> Deleted:
@@ -121,7 +137,7 @@ def notify_tools(notifier: Notifier, store: NotifyStore, secrets: SecretStore) -
         return Rules(rules=args.rules)
 
     async def test(ctx: ToolContext, args: TestArgs) -> TestOutcome:
-        return await notifier.test(args.channel, TEST_WAIT_S)
+        return await (await notifier.ready()).test(args.channel, TEST_WAIT_S)
 
     async def delivery_log(ctx: ToolContext, args: LogArgs) -> LogPage:
         found = await store.log(ctx.project, args.before, args.limit + 1)
@@ -129,21 +145,13 @@ def notify_tools(notifier: Notifier, store: NotifyStore, secrets: SecretStore) -
         page = found[: args.limit]
         return LogPage(records=page, next=page[-1].id if more and page else None)
 
-    return [
-        tool("qledge.notify.channel.set", set_channel, SetArgs, ChannelInfo, effect="write", risk="high",
-             permission=("notify.write", "secret.export"),
-             title="Create or replace a notification channel (it names secrets, never holds them)"),
-        tool("qledge.notify.channel.list", list_channels, Empty, ChannelList, effect="read", risk="medium",
-             permission="notify.read", title="Notification channels with their health"),
-        tool("qledge.notify.channel.delete", delete_channel, NameArgs, Deleted, effect="write", risk="medium",
-             permission="notify.write", title="Delete a notification channel"),
-        tool("qledge.notify.rules.get", get_rules, Empty, Rules, effect="read", risk="low", permission="notify.read",
-             title="The project's default notification rules"),
-        tool("qledge.notify.rules.set", set_rules, Rules, Rules, effect="write", risk="medium",
-             permission="notify.write", title="Replace the project's default notification rules"),
-        tool("qledge.notify.test", test, TestArgs, TestOutcome, effect="write", risk="medium",
-             permission="notify.write", title="Send a test message through a channel and wait for the outcome",
-             deadline_s=TEST_WAIT_S + 5),
-        tool("qledge.notify.log", delivery_log, LogArgs, LogPage, effect="read", risk="medium",
-             permission="notify.read", title="Recent notifications and every attempt's outcome, newest first"),
-    ]
+    handlers: dict[str, tuple[Handler, type, type]] = {
+        "qledge.notify.channel.set": (set_channel, SetArgs, ChannelInfo),
+        "qledge.notify.channel.list": (list_channels, Empty, ChannelList),
+        "qledge.notify.channel.delete": (delete_channel, NameArgs, Deleted),
+        "qledge.notify.rules.get": (get_rules, Empty, Rules),
+        "qledge.notify.rules.set": (set_rules, Rules, Rules),
+        "qledge.notify.test": (test, TestArgs, TestOutcome),
+        "qledge.notify.log": (delivery_log, LogArgs, LogPage),
+    }
+    return declared(TOOL_INFOS, handlers)

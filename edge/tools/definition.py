@@ -56,40 +56,103 @@ def tool(
     )
 
 
-class Entry:
-    """A registered tool with its argument decoders, built once."""
+def info(
+    name: str, *, effect: Effect, risk: Risk, permission: str | tuple[str, ...], title: str,
+    deadline_s: float | None = None, version: str = "1.0.0",
+) -> ToolInfo:
+    """What a tool is, without its handler and types, with `tool`'s defaults: to declare a
+    tool whose module is loaded by its first call (Deferred)."""
+    if deadline_s is None:
+        deadline_s = READ_DEADLINE_S if effect == "read" else WRITE_DEADLINE_S
+    return ToolInfo(name=name, version=version, effect=effect, risk=risk,
+                    permissions=[permission] if isinstance(permission, str) else list(permission),
+                    deadline_s=deadline_s, title=title, ai=False)
 
-    __slots__ = ("tool", "msgpack_args", "json_args")
+
+def declared(infos: Iterable[ToolInfo], handlers: dict[str, tuple[Handler, type, type]]) -> list[Tool]:
+    """The tools `infos` declare (see Deferred), each with its (handler, args type, result
+    type) from `handlers`, which must name exactly those tools."""
+    found = list(infos)
+    if sorted(i.name for i in found) != sorted(handlers):
+        raise ValueError("declared tools and their handlers differ")
+    return [Tool(name=i.name, version=i.version, effect=i.effect, risk=i.risk,  # type: ignore[arg-type]
+                 permissions=tuple(i.permissions), args_type=handlers[i.name][1], result_type=handlers[i.name][2],
+                 handler=handlers[i.name][0], deadline_s=i.deadline_s, title=i.title) for i in found]
+
+
+class Entry:
+    """A registered tool with its argument decoders, each built once, when first needed (an
+    idle daemon builds none for the tools nobody calls)."""
+
+    __slots__ = ("tool", "_msgpack", "_json")
 
     def __init__(self, tool: Tool) -> None:
         self.tool = tool
-        self.msgpack_args: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(tool.args_type)
-        self.json_args: msgspec.json.Decoder[Any] = msgspec.json.Decoder(tool.args_type)
+        self._msgpack: msgspec.msgpack.Decoder[Any] | None = None
+        self._json: msgspec.json.Decoder[Any] | None = None
 
     def decode_args(self, raw: bytes, fmt: str) -> Any:
-        decoder = self.json_args if fmt == "json" else self.msgpack_args
-        return decoder.decode(raw)
+        if fmt == "json":
+            if self._json is None:
+                self._json = msgspec.json.Decoder(self.tool.args_type)
+            return self._json.decode(raw)
+        if self._msgpack is None:
+            self._msgpack = msgspec.msgpack.Decoder(self.tool.args_type)
+        return self._msgpack.decode(raw)
+
+
+class Deferred(msgspec.Struct, frozen=True):
+    """Tools whose module is loaded by their first call: what they are now (`infos`, for
+    listings and permissions), their handlers and types when `load` is called. Never AI
+    tools (those are listed with their schemas)."""
+
+    infos: tuple[ToolInfo, ...]
+    load: Callable[[], list[Tool]]
 
 
 class Registry:
-    def __init__(self, tools: Iterable[Tool]) -> None:
+    def __init__(self, tools: Iterable[Tool], deferred: Iterable[Deferred] = ()) -> None:
         self._entries: dict[str, Entry] = {}
+        self._deferred: dict[str, tuple[Deferred, ToolInfo]] = {}
         for t in tools:
             if t.name in self._entries:
                 raise ValueError(f"tool {t.name} registered twice")
             self._entries[t.name] = Entry(t)
+        for group in deferred:
+            for info in group.infos:
+                if info.name in self._entries or info.name in self._deferred or info.ai:
+                    raise ValueError(f"tool {info.name} registered twice, or an AI tool deferred")
+                self._deferred[info.name] = (group, info)
 
     def get(self, name: str) -> Entry | None:
-        return self._entries.get(name)
+        entry = self._entries.get(name)
+        if entry is None and name in self._deferred:
+            self._load(self._deferred[name][0])
+            entry = self._entries.get(name)
+        return entry
+
+    def _load(self, group: Deferred) -> None:
+        tools = group.load()
+        if sorted((t.info() for t in tools), key=_by_name) != sorted(group.infos, key=_by_name):
+            raise ValueError("deferred tools differ from what they were declared as")
+        for t in tools:
+            self._entries[t.name] = Entry(t)
+            del self._deferred[t.name]
 
     def tools(self) -> list[Tool]:
+        """The tools loaded so far (every AI tool among them)."""
         return [e.tool for e in self._entries.values()]
 
     def infos(self) -> list[ToolInfo]:
-        return sorted((t.info() for t in self.tools()), key=lambda info: info.name)
+        return sorted([*(t.info() for t in self.tools()), *(info for _, info in self._deferred.values())],
+                      key=_by_name)
 
     def read_tool_names(self) -> list[str]:
-        return [t.name for t in self.tools() if t.effect == "read"]
+        return [i.name for i in self.infos() if i.effect == "read"]
+
+
+def _by_name(info: ToolInfo) -> str:
+    return info.name
 
 
 class Empty(msgspec.Struct, forbid_unknown_fields=True):

@@ -72,9 +72,12 @@ class NodeRegistry(Protocol):
 class ClusterNode(Protocol):
     """The background side of a cluster node, started and stopped by the daemon."""
 
-    async def start(self, triggers_changed: Callable[[], None]) -> None:
+    async def start(self, triggers_changed: Callable[[], None],
+                    notices_queued: Callable[[], None] | None = None) -> None:
         """Start the heartbeat, the claim loop and the hint listener; `triggers_changed`
-        is called when another node changed a trigger and after every reconnect."""
+        is called when another node changed a trigger or scheduled a retry, and after every
+        reconnect; `notices_queued` when a node queued notifications, and after every
+        reconnect."""
         ...
 
     async def stop(self) -> None:

@@ -20,7 +20,7 @@ from edge.core.auth import AuditRecord, Credential, SecretInfo
 from edge.core.tasks import ImportedTask, ImportRecord, ImportTask, SecretImport
 from edge.core.reads import Counts, OutcomeRow, RunEventSummary, RunSummary, TaskDetail, TaskHead, TriggerHead
 from edge.core.runs import ActorType, Run, RunCursor, RunEvent, RunProcess, RunStatus, RunUpdate
-from edge.core.tasks import NotifyRule, Task, TaskSpec
+from edge.core.tasks import Task, TaskSpec
 from edge.core.triggers import Admission, CronSpec, ManualAdmission, Trigger, TriggerEvent
 
 # -- tasks, runs, triggers ----------------------------------------------------------
@@ -99,9 +99,13 @@ class RunStore(Protocol):
         update: RunUpdate, detail: str | None = None,
     ) -> Run:
         """Compare-and-set on `expected_version`: set `status` and the columns `update`
-        names, append the `run.<status>` event. A run that reaches a terminal status also
-        applies retention in that transaction (runs per task, age, log quota; bounded per
-        write) and, after the commit, removes the logs of the runs it deleted. Raises
+        names, append the `run.<status>` event. A run that reaches a terminal status also,
+        in that transaction: gets its retry's due time (`retry_due_at_ms`, a
+        `run.retry_scheduled` event) when it failed or timed out and its task revision
+        retries it; keeps its task's failing mark and queues the notifications its rules
+        ask for; applies retention (runs per task, age, log quota; bounded per write).
+        After the commit it removes the logs of the runs retention deleted and tells its
+        Followers (edge.core.runs) of a retry scheduled or messages queued. Raises
         not_found, or conflict when the version moved or the transition is not allowed.
         Returns the run as stored."""
         ...
@@ -124,6 +128,11 @@ class RunStore(Protocol):
 
     async def events(self, project: str, run_id: str, after_sequence: int, limit: int) -> list[RunEvent]:
         """Events with sequence > after_sequence, ascending."""
+        ...
+
+    async def notices_waiting(self, project: str) -> bool:
+        """Whether the notifier has work on record: a message pending (in flight included),
+        or a channel whose latest delivery attempt failed. Cheap: two index reads."""
         ...
 
 
@@ -229,151 +238,6 @@ class RunAdmission(Protocol):
 
     async def save_time(self, now_ms: int) -> None:
         """Raise the clock mark to `now_ms` (never lowers it)."""
-        ...
-
-
-# -- notifications ------------------------------------------------------------------
-
-
-class ChannelRow(msgspec.Struct, rename="camel"):
-    """A notification channel as stored: its spec is JSON that names secrets, never holds them."""
-
-    name: str
-    kind: str
-    spec: str
-    created_at_ms: int
-    updated_at_ms: int
-
-
-class PendingNotice(msgspec.Struct, kw_only=True):
-    """A queued message due for delivery, with what it is about and its channel (kind and
-    spec None: the channel was deleted since)."""
-
-    id: int
-    channel: str
-    event: str  # failure, recovery, success, lost, skipped, finished, test, summary
-    task_id: str | None
-    task_name: str | None
-    run_id: str | None
-    status: str | None
-    exit_code: int | None
-    duration_ms: int | None
-    detail: str | None  # an error summary, a skip reason, or a summary's lines
-    count: int  # events coalesced into this message
-    first_at_ms: int
-    created_at_ms: int
-    attempts: int
-    kind: str | None
-    spec: str | None
-
-
-class NoticeOutcome(msgspec.Struct, frozen=True):
-    """One delivery attempt: ok; or failed, with `retry_at_ms` when it is tried again."""
-
-    id: int
-    ok: bool
-    detail: str | None
-    elapsed_ms: int
-    retry_at_ms: int | None = None
-
-
-class NoticeAttempt(msgspec.Struct, rename="camel"):
-    at_ms: int
-    ok: bool
-    detail: str | None
-    elapsed_ms: int | None
-
-
-class NoticeRecord(msgspec.Struct, rename="camel"):
-    """A message of the delivery log: `state` pending, sent, failed (gave up), dropped (no
-    such channel) or merged (into the summary `merged_into`)."""
-
-    id: int
-    channel: str
-    event: str
-    task_id: str | None
-    run_id: str | None
-    status: str | None
-    count: int
-    state: str
-    attempts: int
-    created_at_ms: int
-    done_at_ms: int | None
-    last_error: str | None
-    merged_into: int | None
-    tries: list[NoticeAttempt]
-
-
-class ChannelHealth(msgspec.Struct, rename="camel"):
-    """A channel's recent attempts: how many failed in a row (0: the last one went through)."""
-
-    channel: str
-    failures: int
-    last_error: str | None
-    failing_since_ms: int | None
-    last_ok_at_ms: int | None
-
-
-class NotifyStore(Protocol):
-    """Channels, the project's default rules and the delivery queue. Messages are queued by
-    the writes that finish runs and admit fires (RunStore.transition, RunAdmission), in
-    their transactions; this port is the notifier's and the notify tools' side."""
-
-    async def set_channel(self, project: str, name: str, kind: str, spec: str, now_ms: int,
-                          create_only: bool = False) -> tuple[ChannelRow, str]:
-        """Create or replace a channel; returns it and `created`, `updated` or (create_only
-        and it exists: nothing changed) `exists`."""
-        ...
-
-    async def channels(self, project: str) -> list[ChannelRow]:
-        """Every channel, by name."""
-        ...
-
-    async def delete_channel(self, project: str, name: str) -> bool:
-        """False when there was none. Its queued messages fail when their turn comes."""
-        ...
-
-    async def rules(self, project: str) -> list[NotifyRule] | None:
-        """The project's default rules (for tasks without their own); None when never set."""
-        ...
-
-    async def set_rules(self, project: str, rules: list[NotifyRule] | None, now_ms: int) -> None:
-        """Replace the default rules (None: none)."""
-        ...
-
-    async def enqueue_test(self, project: str, channel: str, now_ms: int) -> int:
-        """Queue a test message to `channel`, due now; its id. Raises not_found."""
-        ...
-
-    async def due(self, project: str, now_ms: int, limit: int) -> list[PendingNotice]:
-        """Pending messages due at `now_ms`, oldest due first."""
-        ...
-
-    async def next_due(self, project: str, after_ms: int) -> int | None:
-        """The earliest due time after `after_ms` of a pending message; None when none."""
-        ...
-
-    async def record(self, project: str, outcomes: list[NoticeOutcome], now_ms: int) -> None:
-        """Record attempts in one transaction: each one's row in the attempts log, and its
-        message sent, pending again (`retry_at_ms`) or failed; trims old rows, bounded."""
-        ...
-
-    async def merge(self, project: str, ids: list[int], channel: str, detail: str, count: int,
-                    now_ms: int) -> int:
-        """Replace pending messages by one summary (due now, `detail` its lines, `count` the
-        events it stands for); the others become `merged`. Returns the summary's id."""
-        ...
-
-    async def log(self, project: str, before_id: int | None, limit: int) -> list[NoticeRecord]:
-        """Messages with id < before_id, newest first, each with its latest attempts."""
-        ...
-
-    async def health(self, project: str) -> list[ChannelHealth]:
-        """Per channel with attempts on record: its failures in a row and the last error."""
-        ...
-
-    async def recent_attempts(self, project: str, since_ms: int) -> list[tuple[str, int]]:
-        """(channel, at_ms) of the attempts since `since_ms` (to rebuild rate windows)."""
         ...
 
 

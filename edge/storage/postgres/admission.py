@@ -23,13 +23,13 @@ from collections.abc import Callable
 
 from edge.core.errors import ToolError, conflict, not_found
 from edge.core.ids import uuid7
-from edge.core.runs import ActorType, Run
+from edge.core.runs import ActorType, Followers, Run
 from edge.core.schedule import ONCE, REBOOT, ScheduleError, plan
 from edge.core.tasks import Task
 from edge.core.triggers import Admission, ManualAdmission, Trigger
-from edge.storage.postgres import catalog
+from edge.storage.postgres import catalog, notify
 from edge.storage.postgres.db import PgDatabase, Tx
-from edge.storage.postgres.runs import get_run, insert_run, lose_untaken
+from edge.storage.postgres.runs import append_event, get_run, insert_run, lose_untaken
 
 GATE_LOCK = 0x71_6C_65_67  # serializes the overlap and queue checks of every node, per transaction
 
@@ -151,10 +151,12 @@ async def _admit_fires(
             await tx.execute(SQL_MOVE_CURSOR, (todo.cursor, trig.last_scheduled_at_ms, project, trig.id))
         return Admission(cursor=todo.cursor)
     last_admitted = trig.last_scheduled_at_ms
+    notified = 0
     if todo.missed is not None:
         m = todo.missed
-        await catalog.record_event(tx, project, trig.id, "skipped", "misfire", m.first_ms, m.last_ms, m.fires, now,
-                                   last_admitted)
+        if await catalog.record_event(tx, project, trig.id, "skipped", "misfire", m.first_ms, m.last_ms, m.fires, now,
+                                      last_admitted):
+            notified += await notify.queue_skip(tx, project, trig.task_id, trig.task_revision, "misfire", now)
     await tx.execute("SELECT pg_advisory_xact_lock(%s)", (GATE_LOCK,))
     enabled, overlap = await tx.one(SQL_PINNED_TASK, (project, trig.task_id, trig.task_revision))
     admitted: list[Run] = []
@@ -164,7 +166,8 @@ async def _admit_fires(
             await _gate(tx, project, trig.task_id, overlap, bound, replacing))[0]
         if reason is not None:
             kind = "refused" if reason == "queue_full" else "skipped"
-            await catalog.record_event(tx, project, trig.id, kind, reason, fire, fire, 1, now, last_admitted)
+            if await catalog.record_event(tx, project, trig.id, kind, reason, fire, fire, 1, now, last_admitted):
+                notified += await notify.queue_skip(tx, project, trig.task_id, trig.task_revision, reason, now)
             continue
         key = f"cron:{trig.id}:{trig.revision}:{fire}"
         if await tx.row(SQL_BY_KEY, (key,)) is not None:
@@ -181,7 +184,7 @@ async def _admit_fires(
     await tx.execute(SQL_SAVE_TIME, (catalog.CLOCK_KEY, now))
     if admitted:
         await tx.notify("run")
-    return Admission(runs=admitted, cancel=replacing, cursor=todo.cursor)
+    return Admission(runs=admitted, cancel=replacing, cursor=todo.cursor, notified=notified)
 
 
 async def _admit_boot(tx: Tx, trig: Trigger, now: int, bound: Bound, rng: Callable[[], float],
@@ -217,9 +220,11 @@ async def _admit_event(tx: Tx, trig: Trigger, key: str, now: int, bound: Bound, 
     reason = "task_disabled" if not enabled else (await _gate(tx, project, trig.task_id, overlap, bound, replacing))[0]
     admitted: list[Run] = []
     last_admitted = trig.last_scheduled_at_ms
+    notified = 0
     if reason is not None:
         kind = "refused" if reason == "queue_full" else "skipped"
-        await catalog.record_event(tx, project, trig.id, kind, reason, now, now, 1, now, last_admitted)
+        if await catalog.record_event(tx, project, trig.id, kind, reason, now, now, 1, now, last_admitted):
+            notified = await notify.queue_skip(tx, project, trig.task_id, trig.task_revision, reason, now)
     elif await tx.row(SQL_BY_KEY, (key,)) is None:
         jitter = int(rng() * trig.spec.jitter_s * 1000) if trig.spec.jitter_s else None
         run = _scheduled_run(trig, now, "scheduled", now, jitter, key)
@@ -237,7 +242,54 @@ async def _admit_event(tx: Tx, trig: Trigger, key: str, now: int, bound: Bound, 
     await tx.execute(SQL_SAVE_TIME, (catalog.CLOCK_KEY, now))
     if admitted:
         await tx.notify("run")
-    return Admission(runs=admitted, cancel=replacing, cursor=None)
+    return Admission(runs=admitted, cancel=replacing, cursor=None, notified=notified)
+
+
+async def _admit_retry(tx: Tx, project: str, run_id: str, now: int, bound: Bound) -> Admission:
+    """The retry of a failed run, once due, on any node (the failed run's row is locked and
+    its pending retry cleared: one node admits it): a new run under the same gates as any
+    fire, or the refusal on record (as on SQLite, edge.storage.sqlite.admission)."""
+    failed = await tx.row("SELECT retry_due_at_ms FROM runs WHERE id = %s AND project_id = %s FOR UPDATE",
+                          (run_id, project))
+    if failed is None or failed[0] is None:
+        return Admission(gone=True)
+    if now < failed[0]:
+        return Admission(cursor=int(failed[0]))
+    await tx.execute("UPDATE runs SET retry_due_at_ms = NULL WHERE id = %s", (run_id,))
+    run = await get_run(tx, project, run_id)
+    assert run is not None
+    await tx.execute("SELECT pg_advisory_xact_lock(%s)", (GATE_LOCK,))
+    pinned = await tx.row(SQL_PINNED_TASK, (project, run.task_id, run.task_revision))
+    replacing: list[str] = []
+    if pinned is None or not pinned[0]:
+        reason: str | None = "task_disabled"
+    else:
+        reason = (await _gate(tx, project, run.task_id, pinned[1], bound, replacing))[0]
+    if reason is not None:
+        kind = "refused" if reason == "queue_full" else "skipped"
+        if run.trigger_id is not None and await catalog.get_trigger(tx, project, run.trigger_id) is not None:
+            await catalog.record_event(tx, project, run.trigger_id, kind, reason, now, now, 1, now, None)
+        await append_event(tx, run.id, f"run.retry_{kind}", "scheduler", now, reason)
+        notified = await notify.queue_skip(tx, project, run.task_id, run.task_revision, reason, now)
+        return Admission(cursor=None, notified=notified)
+    retry = Run(
+        id=uuid7(now), project_id=project, task_id=run.task_id, task_revision=run.task_revision, origin="retry",
+        status="queued", version=1, event_seq=1, created_at_ms=now, queued_at_ms=now, trigger_id=run.trigger_id,
+        trigger_revision=run.trigger_revision, scheduled_for_ms=now, idempotency_key=f"retry:{run.id}",
+        retry_of=run.id, attempt=run.attempt + 1,
+    )
+    if not await insert_run(tx, retry, "scheduler", pinned is not None and pinned[1] == "forbid", now):
+        return Admission(cursor=None)  # admitted before (the key exists)
+    await tx.notify("run")
+    created = await get_run(tx, project, retry.id)
+    assert created is not None
+    return Admission(runs=[created], cancel=replacing, cursor=None)
+
+
+async def _armed_retries(tx: Tx, project: str) -> list[tuple[int, str]]:
+    return [(int(due), rid) for due, rid in await tx.rows(
+        "SELECT retry_due_at_ms, id FROM runs WHERE project_id = %s AND retry_due_at_ms IS NOT NULL"
+        " ORDER BY retry_due_at_ms, id", (project,))]
 
 
 async def _arm_boot(tx: Tx, project: str, node: NodeLease, boot_id: str, at: int) -> int:
@@ -293,8 +345,10 @@ class PgAdmission:
     > 0 (a cluster node): the queue bound counts the slots of every live node instead of
     this node's alone."""
 
-    def __init__(self, db: PgDatabase, capacity: int, node_id: str, own_slots: int = 0, lease_s: float = 30.0) -> None:
+    def __init__(self, db: PgDatabase, capacity: int, node_id: str, own_slots: int = 0, lease_s: float = 30.0,
+                 followers: Followers | None = None) -> None:
         self._db = db
+        self._followers = followers or Followers()
         self._bound = Bound(capacity, own_slots, lease_s)
         self._node = NodeLease(node_id, lease_s)
 
@@ -307,16 +361,22 @@ class PgAdmission:
     async def admit_fires(
         self, project: str, trigger_id: str, now_ms: int, grace_ms: int, rng: Callable[[], float]
     ) -> Admission:
-        return await self._db.tx(_admit_fires, project, trigger_id, now_ms, grace_ms, self._bound, rng, self._node)
+        return self._followed(await self._db.tx(_admit_fires, project, trigger_id, now_ms, grace_ms, self._bound, rng,
+                                                self._node))
 
     async def admit_manual(self, task: Task, actor: ActorType, now_ms: int) -> ManualAdmission:
         return await self._db.tx(_admit_manual, task, actor, now_ms, self._bound)
 
     async def armed_retries(self, project: str) -> list[tuple[int, str]]:
-        return []  # retries are a single-node feature: a cluster never schedules one
+        return await self._db.tx(_armed_retries, project)
 
     async def admit_retry(self, project: str, run_id: str, now_ms: int) -> Admission:
-        return Admission(gone=True)
+        return self._followed(await self._db.tx(_admit_retry, project, run_id, now_ms, self._bound))
+
+    def _followed(self, admission: Admission) -> Admission:
+        if admission.notified:
+            self._followers.notify()
+        return admission
 
     async def arm_boot(self, project: str, boot_id: str, at_ms: int) -> int:
         """Per node: the boot on record is this node's, and so are the fires it arms."""

@@ -431,18 +431,19 @@ async def _trigger_events(
 async def record_event(
     tx: Tx, project: str, trigger_id: str, kind: str, reason: str,
     first: int, last: int | None, fires: int | None, now: int, last_admitted: int | None,
-) -> None:
-    """Fires that did not run, merged into the newest event of the same outcome (as on SQLite)."""
+) -> bool:
+    """Fires that did not run, merged into the newest event of the same outcome (as on SQLite).
+    True when a new event was recorded (not merged into the newest)."""
     newest = await tx.row(
         "SELECT id, type, reason, coalesce(last_scheduled_for_ms, scheduled_for_ms), fires FROM trigger_events"
         " WHERE project_id = %s AND trigger_id = %s ORDER BY id DESC LIMIT 1", (project, trigger_id))
     if newest and newest[1:3] == (kind, reason) and (last_admitted is None or (newest[3] or 0) > last_admitted):
         if newest[3] is not None and newest[3] >= first:
-            return
+            return False
         count = None if newest[4] is None or fires is None else newest[4] + fires
         await tx.execute("UPDATE trigger_events SET fires = %s, last_scheduled_for_ms = %s WHERE id = %s",
                          (count, last, newest[0]))
-        return
+        return False
     await tx.execute(
         "INSERT INTO trigger_events (project_id, trigger_id, type, reason, scheduled_for_ms, last_scheduled_for_ms,"
         " fires, created_at_ms) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
@@ -452,6 +453,7 @@ async def record_event(
         "DELETE FROM trigger_events WHERE id IN (SELECT id FROM trigger_events WHERE project_id = %s"
         " AND trigger_id = %s ORDER BY id DESC LIMIT %s OFFSET %s)",
         (project, trigger_id, PRUNE_BATCH, EVENTS_PER_TRIGGER))
+    return True
 
 
 class PgTriggerStore:

@@ -11,10 +11,12 @@ import msgspec
 from edge.core.errors import ToolError
 from edge.core.ports.runtime import RunController
 from edge.core.ports.stores import RunLogFiles
+from edge.core.runs import Followers
 from edge.storage.postgres.admission import PgAdmission
 from edge.storage.postgres.catalog import PgTaskStore, PgTriggerStore
 from edge.storage.postgres.db import PgDatabase
 from edge.storage.postgres.node import ClusterRunner, DbClock, Node, NodeSettings, PgNodes, server_ms
+from edge.storage.postgres.notify import PgNotifyStore
 from edge.storage.postgres.reads import PgCountsReader, pg_readers
 from edge.storage.postgres.runs import Fences, PgClaims, PgRunLogReader, PgRunStore, Policy
 from edge.storage.postgres.schema import migrate
@@ -42,14 +44,16 @@ class PgCluster:
                  clock: DbClock) -> None:
         node = options.node
         fences = Fences()
+        self.followers = Followers()  # what a write set in motion: this node's scheduler and notifier
         self.db = db
         self.clock = clock
         self.settings = node
         self.location = f"postgresql {db.location}"
         self.tasks = PgTaskStore(db, files)
-        self.runs = PgRunStore(db, policy, files, node.node_id, fences, options.write_retry_s)
+        self.runs = PgRunStore(db, policy, files, node.node_id, fences, options.write_retry_s, self.followers)
         self.triggers = PgTriggerStore(db)
-        self.admission = PgAdmission(db, options.capacity, node.node_id, node.slots, node.lease_s)
+        self.admission = PgAdmission(db, options.capacity, node.node_id, node.slots, node.lease_s, self.followers)
+        self._notify: PgNotifyStore | None = None
         self.credentials = PgCredentialStore(db)
         self.secrets = PgSecretStore(db)
         self.audit = PgAuditLog(db, node.node_id, options.audit_max_rows, options.audit_max_age_days,
@@ -59,6 +63,12 @@ class PgCluster:
         self.log_reader = PgRunLogReader(db, files)
         self.claims = PgClaims(db, node.project, node.node_id, fences, node.lease_s)
         self.nodes = PgNodes(db, node)
+
+    def notify_store(self) -> PgNotifyStore:
+        """The notify store (made when the notifier or its tools first need it)."""
+        if self._notify is None:
+            self._notify = PgNotifyStore(self.db, self.settings.node_id)
+        return self._notify
 
     def runtime(self, local: RunController) -> tuple[Node, ClusterRunner]:
         """The node's background side and its runner as tools and the scheduler see it."""

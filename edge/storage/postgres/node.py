@@ -140,6 +140,7 @@ class Node:
         self._loops: list[asyncio.Task[None]] = []
         self._background = Background(log)
         self._changed: Callable[[], None] = lambda: None
+        self._notices: Callable[[], None] = lambda: None
         self._up_since: float | None = None  # monotonic time of the first heartbeat since (re)connecting
         self._alive = 0
         self._claiming = False
@@ -150,8 +151,11 @@ class Node:
     def wake(self) -> None:
         self._wake.set()
 
-    async def start(self, triggers_changed: Callable[[], None]) -> None:
+    async def start(self, triggers_changed: Callable[[], None],
+                    notices_queued: Callable[[], None] | None = None) -> None:
         self._changed = triggers_changed
+        if notices_queued is not None:
+            self._notices = notices_queued
         self._claiming = True
         await self._beat()
         for loop in (self._heartbeat_loop(), self._claim_loop(), self._listen_loop()):
@@ -270,12 +274,15 @@ class Node:
                 await conn.execute("LISTEN qledge")
                 attempt = 0
                 self._changed()  # re-poll after every reconnect: hints sent meanwhile are gone
+                self._notices()
                 self.wake()
                 async for note in conn.notifies():
                     if note.payload == "run":
                         self.wake()
                     elif note.payload == "trigger":
                         self._changed()
+                    elif note.payload == "notify":
+                        self._notices()
                     elif note.payload == "cancel":
                         with contextlib.suppress(ToolError):
                             await self._apply_cancels()

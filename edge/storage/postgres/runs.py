@@ -26,8 +26,11 @@ from edge.core.errors import ToolError, conflict, not_found
 from edge.core.ports.stores import LogRange, RunLogFiles
 from edge.core.runs import (
     ACTIVE,
+    NOT_RETRIED_CODES,
+    RETRIED,
     TERMINAL,
     ActorType,
+    Followers,
     Run,
     RunCursor,
     RunEvent,
@@ -36,7 +39,10 @@ from edge.core.runs import (
     RunUpdate,
     check_transition,
     event_type,
+    retry_delay_ms,
 )
+from edge.core.tasks import RetryPolicy
+from edge.storage.postgres import notify
 from edge.storage.postgres.db import PgDatabase, Row, Tx
 
 log = logging.getLogger("qledge.cluster")
@@ -45,7 +51,7 @@ COLUMNS = (
     "id, project_id, task_id, task_revision, origin, status, version, event_seq, created_at_ms,"
     " trigger_id, trigger_revision, queued_at_ms, started_at_ms, finished_at_ms, scheduled_for_ms,"
     " exit_code, error_code, error_summary, log_bytes, log_truncated, idempotency_key, jitter_ms,"
-    " log_dropped_at_ms"
+    " log_dropped_at_ms, retry_of, attempt, retry_due_at_ms"
 )
 FIELDS = [c.strip() for c in COLUMNS.split(",")]
 PREFIXED = ", ".join(f"r.{f}" for f in FIELDS)
@@ -115,6 +121,15 @@ SQL_LOGGED = (
 )
 
 
+# Work for the notifier: a message pending (or in flight), or a channel whose latest attempt failed.
+SQL_NOTICES_WAITING = """
+SELECT EXISTS (SELECT 1 FROM notifications WHERE state = 'pending' AND project_id = %s)
+    OR EXISTS (SELECT 1 FROM notify_attempts AS a WHERE a.project_id = %s AND NOT a.ok
+               AND a.id = (SELECT max(b.id) FROM notify_attempts AS b WHERE b.project_id = a.project_id
+                           AND b.channel = a.channel))
+"""
+
+
 class Policy(msgspec.Struct, frozen=True):
     runs_per_task: int = 100
     max_age_ms: int = 30 * 86_400_000
@@ -122,7 +137,9 @@ class Policy(msgspec.Struct, frozen=True):
 
 
 def to_run(row: Row) -> Run:
-    return Run(**dict(zip(FIELDS, row, strict=True)))
+    values = dict(zip(FIELDS, row, strict=True))
+    values["attempt"] = values["attempt"] or 1
+    return Run(**values)
 
 
 async def get_run(tx: Tx, project: str, run_id: str) -> Run | None:
@@ -139,6 +156,7 @@ async def insert_run(
     node may claim it, within `lease_s` of when it may start."""
     values = [getattr(run, f) for f in FIELDS]
     values[FIELDS.index("event_seq")] = 1
+    values[FIELDS.index("attempt")] = run.attempt if run.attempt != 1 else None
     lease = (
         "greatest(now(), to_timestamp(%s / 1000.0)) + make_interval(secs => %s)" if for_node is not None else "%s"
     )
@@ -162,6 +180,39 @@ async def _create(tx: Tx, run: Run, actor: ActorType) -> Run:
     return created
 
 
+_retry_policy = msgspec.json.Decoder(RetryPolicy)
+SQL_RETRY_POLICY = (
+    "SELECT (spec::jsonb -> 'retry')::text FROM task_revisions WHERE project_id = %s AND task_id = %s"
+    " AND revision = %s"
+)
+
+
+async def append_event(tx: Tx, run_id: str, kind: str, actor: ActorType, now: int, detail: str | None) -> None:
+    """An event on a run without a status change (a retry scheduled or refused)."""
+    (seq,) = await tx.one("UPDATE runs SET event_seq = event_seq + 1 WHERE id = %s RETURNING event_seq", (run_id,))
+    await tx.execute(SQL_EVENT, (run_id, seq, kind, actor, now, detail))
+
+
+async def _schedule_retry(tx: Tx, run: Run, now: int) -> Run:
+    """A failed or timed-out run whose task asks for retries, and has some left, gets its
+    retry's due time; the `trigger` hint has every node's scheduler arm it."""
+    if run.status not in RETRIED or run.error_code in NOT_RETRIED_CODES:
+        return run
+    row = await tx.row(SQL_RETRY_POLICY, (run.project_id, run.task_id, run.task_revision))
+    if row is None or row[0] is None:
+        return run
+    policy = _retry_policy.decode(row[0])
+    if run.attempt > policy.count:
+        return run
+    due = now + retry_delay_ms(policy.delay_s, policy.backoff, policy.max_delay_s, run.attempt)
+    await tx.execute("UPDATE runs SET retry_due_at_ms = %s WHERE id = %s", (due, run.id))
+    await append_event(tx, run.id, "run.retry_scheduled", "system", now, f"retry {run.attempt} of {policy.count}")
+    await tx.notify("trigger")
+    updated = await get_run(tx, run.project_id, run.id)
+    assert updated is not None
+    return updated
+
+
 class Fenced(msgspec.Struct, frozen=True):
     """A transition refused because the claim it came from is no longer the run's."""
 
@@ -171,7 +222,7 @@ class Fenced(msgspec.Struct, frozen=True):
 async def _transition(
     tx: Tx, run_id: str, expected: int, status: RunStatus, now: int, actor: ActorType, update: RunUpdate,
     detail: str | None, policy: Policy, claim: tuple[str, int] | None, log_data: bytes | None,
-) -> tuple[Run, list[str]] | Fenced:
+) -> tuple[Run, list[str], int] | Fenced:
     row = await tx.row(SQL_LOCK, (run_id,))
     if row is None:
         raise not_found(f"run {run_id} not found")
@@ -197,14 +248,18 @@ async def _transition(
     await tx.execute(f"UPDATE runs SET {', '.join(sets)} WHERE id = %s", (*params, run_id))
     await tx.execute(SQL_EVENT, (run_id, seq + 1, event_type(status), actor, now, detail))
     removed: list[str] = []
+    queued = 0
+    updated = await get_run(tx, project, run_id)
+    assert updated is not None
     if status in TERMINAL:
         if log_data:
             await tx.execute("INSERT INTO run_logs (run_id, data) VALUES (%s, %s)"
                              " ON CONFLICT (run_id) DO UPDATE SET data = excluded.data", (run_id, log_data))
+        updated = await _schedule_retry(tx, updated, now)
+        queued = await notify.queue_run(tx, updated, now, updated.retry_due_at_ms is not None)
         removed = await enforce(tx, project, task_id, now, policy)
-    updated = await get_run(tx, project, run_id)
-    assert updated is not None
-    return updated, removed
+        updated = await get_run(tx, project, run_id) or updated  # retention may have dropped its log
+    return updated, removed, queued
 
 
 async def enforce(tx: Tx, project: str, task_id: str, now: int, policy: Policy) -> list[str]:
@@ -273,8 +328,9 @@ class PgRunStore:
     transition is a compare-and-set, so a repeat cannot apply twice)."""
 
     def __init__(self, db: PgDatabase, policy: Policy, files: RunLogFiles, node: str, fences: Fences,
-                 retry_s: float = 0.0) -> None:
+                 retry_s: float = 0.0, followers: Followers | None = None) -> None:
         self._db = db
+        self._followers = followers or Followers()
         self._policy = policy
         self._files = files
         self._node = node
@@ -303,10 +359,14 @@ class PgRunStore:
             self._fences.held.pop(run_id, None)
             log.warning("run %s: %s", run_id, result.message)
             raise conflict(result.message)
-        run, removed = result
+        run, removed, queued = result
         if run.terminal:
             self._fences.held.pop(run_id, None)
             self._files.remove([*removed, run_id] if data is not None else removed)
+            if run.retry_due_at_ms is not None:
+                self._followers.retry(run.id, run.retry_due_at_ms)
+            if queued:
+                self._followers.notify()
         return run
 
     async def get(self, project: str, run_id: str) -> Run | None:
@@ -325,6 +385,9 @@ class PgRunStore:
     async def events(self, project: str, run_id: str, after_sequence: int, limit: int) -> list[RunEvent]:
         return await self._db.tx(_events, project, run_id, after_sequence, limit)
 
+    async def notices_waiting(self, project: str) -> bool:
+        return bool((await self._db.tx(_rows, SQL_NOTICES_WAITING, (project, project)))[0][0])
+
 
 # -- claims and leases (RunClaims, edge.core.ports.cluster) ---------------------------
 
@@ -340,11 +403,14 @@ async def _claim(tx: Tx, project: str, node: str, limit: int, lease_s: float, no
 
 async def _lose(tx: Tx, run_id: str, seq: int, code: str, summary: str, detail: str) -> None:
     (now,) = await tx.one(f"SELECT {NOW_MS}")
-    await tx.execute(
+    (project,) = await tx.one(
         "UPDATE runs SET status = 'lost', version = version + 1, event_seq = event_seq + 1, finished_at_ms = %s,"
-        " error_code = %s, error_summary = %s, cancel_reason = NULL WHERE id = %s",
+        " error_code = %s, error_summary = %s, cancel_reason = NULL WHERE id = %s RETURNING project_id",
         (now, code, summary, run_id))
     await tx.execute(SQL_EVENT, (run_id, seq + 1, "run.lost", "system", now, detail))
+    lost = await get_run(tx, project, run_id)
+    if lost is not None:  # its task's `lost` rules (the hint wakes every notifier)
+        await notify.queue_run(tx, lost, now, False)
 
 
 async def _reap(tx: Tx, limit: int) -> list[str]:

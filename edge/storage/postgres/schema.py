@@ -282,7 +282,77 @@ UPDATE task_revisions SET spec = jsonb_set(spec::jsonb, '{env}', coalesce((
 WHERE EXISTS (SELECT 1 FROM jsonb_each(spec::jsonb -> 'env') AS e WHERE left(e.key, 7) = 'QLEDGE_');
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3)
+# Retries and notifications (as SQLite's version 7): a failed run's pending retry and the run
+# a retry retries; tasks whose last final outcome was a failure; channels (their spec names
+# secrets, never holds them), the default rules, the delivery queue (`claimed_by`: the node
+# delivering it, until its due time, the claim's end) and every attempt's outcome.
+_V4 = """
+ALTER TABLE runs ADD COLUMN retry_of text COLLATE "C";
+ALTER TABLE runs ADD COLUMN attempt integer;
+ALTER TABLE runs ADD COLUMN retry_due_at_ms bigint;
+CREATE INDEX runs_retry_due_idx ON runs (project_id, retry_due_at_ms) WHERE retry_due_at_ms IS NOT NULL;
+CREATE TABLE failing_tasks (
+    project_id text COLLATE "C" NOT NULL,
+    task_id text COLLATE "C" NOT NULL,
+    since_ms bigint NOT NULL,
+    PRIMARY KEY (project_id, task_id),
+    FOREIGN KEY (project_id, task_id) REFERENCES tasks (project_id, id) ON DELETE CASCADE
+);
+CREATE TABLE notify_channels (
+    project_id text COLLATE "C" NOT NULL,
+    name text COLLATE "C" NOT NULL,
+    kind text NOT NULL,
+    spec text NOT NULL,
+    created_at_ms bigint NOT NULL,
+    updated_at_ms bigint NOT NULL,
+    PRIMARY KEY (project_id, name)
+);
+CREATE TABLE notify_rules (
+    project_id text COLLATE "C" PRIMARY KEY,
+    rules text NOT NULL,
+    updated_at_ms bigint NOT NULL
+);
+CREATE TABLE notifications (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    project_id text COLLATE "C" NOT NULL,
+    channel text COLLATE "C" NOT NULL,
+    event text NOT NULL,
+    task_id text COLLATE "C",
+    run_id text COLLATE "C",
+    status text,
+    exit_code integer,
+    duration_ms bigint,
+    detail text,
+    count integer NOT NULL DEFAULT 1,
+    first_at_ms bigint NOT NULL,
+    created_at_ms bigint NOT NULL,
+    state text NOT NULL,
+    due_at_ms bigint,
+    attempts integer NOT NULL DEFAULT 0,
+    last_error text,
+    done_at_ms bigint,
+    merged_into bigint,
+    claimed_by text COLLATE "C"
+);
+CREATE INDEX notifications_pending_idx ON notifications (project_id, due_at_ms) WHERE state = 'pending';
+CREATE INDEX notifications_join_idx ON notifications (project_id, channel, event, task_id)
+    WHERE state = 'pending' AND attempts = 0;
+CREATE INDEX notifications_project_idx ON notifications (project_id, id);
+CREATE TABLE notify_attempts (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    notification_id bigint NOT NULL,
+    project_id text COLLATE "C" NOT NULL,
+    channel text COLLATE "C" NOT NULL,
+    at_ms bigint NOT NULL,
+    ok boolean NOT NULL,
+    detail text,
+    elapsed_ms bigint
+);
+CREATE INDEX notify_attempts_channel_idx ON notify_attempts (project_id, channel, id);
+CREATE INDEX notify_attempts_notification_idx ON notify_attempts (notification_id);
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4)
 
 SQL_VERSION_TABLE = (
     "CREATE TABLE IF NOT EXISTS qledge_schema (version integer PRIMARY KEY, applied_at timestamptz NOT NULL)"

@@ -14,7 +14,6 @@ from edge.core.runs import ActorType, Followers, Run
 from edge.core.schedule import ONCE, REBOOT, ScheduleError, plan
 from edge.core.tasks import Task
 from edge.core.triggers import Admission, ManualAdmission, Trigger
-from edge.storage.sqlite import notify
 from edge.storage.sqlite import runs as run_sql
 from edge.storage.sqlite import triggers as trigger_sql
 from edge.storage.sqlite.db import Database, immediate, one
@@ -148,7 +147,7 @@ def _admit_event(
     if reason is not None:
         kind = "refused" if reason == "queue_full" else "skipped"
         if trigger_sql.record_event(conn, project, trig.id, kind, reason, now, now, 1, now, last_admitted):
-            notified = notify.queue_skip(conn, project, trig.task_id, trig.task_revision, reason, now)
+            notified = run_sql.queue_skip(conn, project, trig.task_id, trig.task_revision, reason, now)
     elif conn.execute(SQL_BY_KEY, (key,)).fetchone() is None:
         jitter = int(rng() * trig.spec.jitter_s * 1000) if trig.spec.jitter_s else None
         admitted.append(run_sql.insert(conn, _scheduled_run(trig, now, "scheduled", now, jitter, key), "scheduler"))
@@ -195,7 +194,7 @@ def admit_fires(
             m = todo.missed
             if trigger_sql.record_event(conn, project, trig.id, "skipped", "misfire", m.first_ms, m.last_ms, m.fires,
                                         now, last_admitted):
-                notified += notify.queue_skip(conn, project, trig.task_id, trig.task_revision, "misfire", now)
+                notified += run_sql.queue_skip(conn, project, trig.task_id, trig.task_revision, "misfire", now)
         enabled, overlap = one(conn, SQL_PINNED_TASK, (project, trig.task_id, trig.task_revision))
         admitted: list[Run] = []
         replacing: list[str] = []
@@ -205,7 +204,7 @@ def admit_fires(
             if reason is not None:
                 kind = "refused" if reason == "queue_full" else "skipped"
                 if trigger_sql.record_event(conn, project, trig.id, kind, reason, fire, fire, 1, now, last_admitted):
-                    notified += notify.queue_skip(conn, project, trig.task_id, trig.task_revision, reason, now)
+                    notified += run_sql.queue_skip(conn, project, trig.task_id, trig.task_revision, reason, now)
                 continue
             if conn.execute(SQL_BY_KEY, (f"cron:{trig.id}:{trig.revision}:{fire}",)).fetchone() is not None:
                 continue  # admitted before: the key makes a repeat impossible
@@ -242,7 +241,7 @@ def admit_retry(conn: apsw.Connection, project: str, run_id: str, now: int, capa
             if failed.trigger_id is not None and trigger_sql.get(conn, project, failed.trigger_id) is not None:
                 trigger_sql.record_event(conn, project, failed.trigger_id, kind, reason, now, now, 1, now, None)
             run_sql.append_event(conn, failed.id, f"run.retry_{kind}", "scheduler", now, reason)
-            notified = notify.queue_skip(conn, project, failed.task_id, failed.task_revision, reason, now)
+            notified = run_sql.queue_skip(conn, project, failed.task_id, failed.task_revision, reason, now)
             return Admission(cursor=None, notified=notified)
         if conn.execute(SQL_BY_KEY, (key,)).fetchone() is not None:
             return Admission(cursor=None)  # admitted before

@@ -1,13 +1,14 @@
-"""Notifications in the daemon's database: channels, the project's default rules, the
-delivery queue and every attempt's outcome.
+"""Notifications in the daemon's database: the messages the transactions that finish runs
+and admit fires queue (called by edge.storage.sqlite.runs `queue_run`, `queue_skip`, which
+load this module when a channel is configured), and the notifier's side: channels, the
+project's default rules, due messages and their claims, every attempt's outcome,
+summaries, the delivery log and each channel's health. Implements NotifyStore
+(edge.core.ports.notify). It ships with edge/notify/ (packaging/build.py).
 
-Messages are queued inside the transactions that finish runs (`queue_run`, called by
-edge.storage.sqlite.runs) and admit fires (`queue_skip`, edge.storage.sqlite.admission), so
-a message exists exactly when the outcome it reports does. While a message has not been
-tried, a new event of the same kind for the same task and channel joins it (`count` goes
-up) instead of queueing another: a `*/1` task failing every second waits as one message.
-Delivered, failed and merged rows and the attempts log are trimmed on write, bounded.
-Implements NotifyStore (edge.core.ports.stores).
+While a message has not been tried (and is not in flight), a new event of the same kind for
+the same task and channel joins it (`count` goes up) instead of queueing another: a `*/1`
+task failing every second waits as one message. Finished messages and the attempts log
+are trimmed on write, bounded.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ import apsw
 import msgspec
 
 from edge.core.errors import not_found
-from edge.core.ports.stores import ChannelHealth, ChannelRow, NoticeAttempt, NoticeOutcome, NoticeRecord, PendingNotice
+from edge.core.ports.notify import ChannelHealth, ChannelRow, NoticeAttempt, NoticeOutcome, NoticeRecord, PendingNotice
 from edge.core.runs import Run
-from edge.core.tasks import NotifyRule, notice_targets, run_notices
+from edge.core.tasks import NotifyEvent, NotifyRule, notice_targets
 from edge.storage.sqlite.db import Database, immediate, one, rows
 
+CLAIMANT = "local"  # one daemon per database: every claim is its own
 KEEP_MESSAGES = 1000  # finished messages kept per database (newest)
 KEEP_ATTEMPTS = 2000
 PRUNE_BATCH = 64
@@ -30,17 +32,13 @@ TRIES_SHOWN = 5
 _rules = msgspec.json.Decoder(list[NotifyRule])
 _rules_out = msgspec.json.Encoder()
 
-SQL_TASK_RULES = (
-    "SELECT json_extract(spec, '$.notify') FROM task_revisions WHERE project_id = ? AND task_id = ? AND revision = ?"
-)
-SQL_FAILING = "SELECT 1 FROM failing_tasks WHERE project_id = ? AND task_id = ?"
-SQL_ANY_CHANNEL = "SELECT 1 FROM notify_channels WHERE project_id = ? LIMIT 1"
 SQL_CHANNEL_EXISTS = "SELECT 1 FROM notify_channels WHERE project_id = ? AND name = ?"
 SQL_PROJECT_RULES = "SELECT rules FROM notify_rules WHERE project_id = ?"
-# A message not tried yet, for the same channel, task and event: the one a new event joins.
+# A message not tried yet (nor in flight), for the same channel, task and event: the one a
+# new event joins.
 SQL_JOINABLE = (
-    "SELECT id FROM notifications WHERE state = 'pending' AND attempts = 0 AND project_id = ? AND channel = ?"
-    " AND task_id IS ? AND event = ? ORDER BY id DESC LIMIT 1"
+    "SELECT id FROM notifications WHERE state = 'pending' AND attempts = 0 AND claimed_by IS NULL"
+    " AND project_id = ? AND channel = ? AND task_id IS ? AND event = ? ORDER BY id DESC LIMIT 1"
 )
 SQL_JOIN = (
     "UPDATE notifications SET count = count + 1, run_id = ?, status = ?, exit_code = ?, duration_ms = ?,"
@@ -55,6 +53,7 @@ SQL_PRUNE_MESSAGES = (
     "DELETE FROM notifications WHERE id IN (SELECT id FROM notifications WHERE state != 'pending' AND id <= ?"
     " ORDER BY id LIMIT ?)"
 )
+
 SQL_PRUNE_ATTEMPTS = (
     "DELETE FROM notify_attempts WHERE id IN (SELECT id FROM notify_attempts WHERE id <= ? ORDER BY id LIMIT ?)"
 )
@@ -79,9 +78,13 @@ SQL_TRIES = (
 
 # -- queueing, inside the writes that produce the events ----------------------------------
 
+Facts = tuple[str | None, int | None, int | None, str | None]  # status, exit code, duration, detail
 
-def _insert(conn: apsw.Connection, project: str, channel: str, event: str, task_id: str | None,
-            run_id: str | None, facts: tuple[str | None, int | None, int | None, str | None], now: int) -> None:
+
+def queue_message(conn: apsw.Connection, project: str, channel: str, event: str, task_id: str | None,
+                  run_id: str | None, facts: Facts, now: int) -> None:
+    """One message for `channel`, joined into an untried one of the same event, task and
+    channel; `dropped` on record when no channel has that name. Trims finished messages."""
     status, exit_code, duration_ms, detail = facts
     if event != "test":
         joinable = conn.execute(SQL_JOINABLE, (project, channel, task_id, event)).fetchone()
@@ -105,42 +108,24 @@ def _applicable(conn: apsw.Connection, project: str, own: str | None) -> list[No
     return _rules.decode(row[0]) if row else []
 
 
-def queue_run(conn: apsw.Connection, run: Run, now: int, retrying: bool) -> int:
-    """In the transaction that finished `run`: keep the task's failing mark (a final failure
-    sets it, a success clears it) and queue what its rules ask for. Returns how many
-    messages were queued or joined."""
-    row = conn.execute(SQL_TASK_RULES, (run.project_id, run.task_id, run.task_revision)).fetchone()
-    if row is None:
-        return 0
-    own = row[0]
-    failing = conn.execute(SQL_FAILING, (run.project_id, run.task_id)).fetchone() is not None
-    kinds = run_notices(run.status, retrying, failing)
-    if "failure" in kinds and not failing:
-        conn.execute("INSERT INTO failing_tasks (project_id, task_id, since_ms) VALUES (?, ?, ?)",
-                     (run.project_id, run.task_id, now))
-    elif run.status == "succeeded" and failing:
-        conn.execute("DELETE FROM failing_tasks WHERE project_id = ? AND task_id = ?", (run.project_id, run.task_id))
-    if conn.execute(SQL_ANY_CHANNEL, (run.project_id,)).fetchone() is None:
-        return 0  # the common case without channels: one point read, nothing to decode
+def queue_run_messages(conn: apsw.Connection, run: Run, own: str | None, kinds: frozenset[NotifyEvent],
+                       now: int) -> int:
+    """The messages the end of `run` (what it is: `kinds`) asks for, by the task's own rules
+    (`own`, JSON) or the project's; how many."""
     targets = notice_targets(_applicable(conn, run.project_id, own), kinds)
     duration = run.finished_at_ms - run.started_at_ms if run.finished_at_ms and run.started_at_ms else None
     facts = (run.status, run.exit_code, duration, run.error_summary)
     for channel, event in sorted(targets.items()):
-        _insert(conn, run.project_id, channel, event, run.task_id, run.id, facts, now)
+        queue_message(conn, run.project_id, channel, event, run.task_id, run.id, facts, now)
     return len(targets)
 
 
-def queue_skip(conn: apsw.Connection, project: str, task_id: str, task_revision: int, reason: str, now: int) -> int:
-    """In an admission transaction: a fire or retry of the task did not become a run (a
-    disabled task's are not news: whoever disabled it knows)."""
-    if reason == "task_disabled" or conn.execute(SQL_ANY_CHANNEL, (project,)).fetchone() is None:
-        return 0
-    row = conn.execute(SQL_TASK_RULES, (project, task_id, task_revision)).fetchone()
-    if row is None:
-        return 0
-    targets = notice_targets(_applicable(conn, project, row[0]), {"skipped"})
+def queue_skip_messages(conn: apsw.Connection, project: str, task_id: str, own: str | None, reason: str,
+                        now: int) -> int:
+    """The messages a fire or retry that did not run asks for; how many."""
+    targets = notice_targets(_applicable(conn, project, own), {"skipped"})
     for channel, event in sorted(targets.items()):
-        _insert(conn, project, channel, event, task_id, None, ("skipped", None, None, reason), now)
+        queue_message(conn, project, channel, event, task_id, None, ("skipped", None, None, reason), now)
     return len(targets)
 
 
@@ -199,18 +184,37 @@ def enqueue_test(conn: apsw.Connection, project: str, channel: str, now: int) ->
     with immediate(conn):
         if conn.execute(SQL_CHANNEL_EXISTS, (project, channel)).fetchone() is None:
             raise not_found(f"no channel named {channel!r}")
-        _insert(conn, project, channel, "test", None, None, (None, None, None, None), now)
+        queue_message(conn, project, channel, "test", None, None, (None, None, None, None), now)
         return conn.last_insert_rowid()
 
 
 # -- delivery ------------------------------------------------------------------------
 
 
-def due(conn: apsw.Connection, project: str, now: int, limit: int) -> list[PendingNotice]:
-    return [PendingNotice(
-        id=r[0], channel=r[1], event=r[2], task_id=r[3], task_name=r[4], run_id=r[5], status=r[6], exit_code=r[7],
-        duration_ms=r[8], detail=r[9], count=r[10], first_at_ms=r[11], created_at_ms=r[12], attempts=r[13],
-        kind=r[14], spec=r[15]) for r in conn.execute(SQL_DUE, (now, project, limit))]
+def due(conn: apsw.Connection, project: str, now: int, limit: int, lease: int) -> list[PendingNotice]:
+    with immediate(conn):
+        found = [PendingNotice(
+            id=r[0], channel=r[1], event=r[2], task_id=r[3], task_name=r[4], run_id=r[5], status=r[6],
+            exit_code=r[7], duration_ms=r[8], detail=r[9], count=r[10], first_at_ms=r[11], created_at_ms=r[12],
+            attempts=r[13], kind=r[14], spec=r[15]) for r in conn.execute(SQL_DUE, (now, project, limit))]
+        for notice in found:  # in flight: nothing joins it, and it is due again only when the claim ends
+            conn.execute("UPDATE notifications SET claimed_by = ?, due_at_ms = ? WHERE id = ?",
+                         (CLAIMANT, now + lease, notice.id))
+    return found
+
+
+def release(conn: apsw.Connection, project: str, ids: list[int], now: int) -> None:
+    with immediate(conn):
+        for nid in ids:
+            conn.execute("UPDATE notifications SET claimed_by = NULL, due_at_ms = ? WHERE id = ? AND project_id = ?"
+                         " AND state = 'pending' AND claimed_by IS NOT NULL", (now, nid, project))
+
+
+def recover(conn: apsw.Connection, project: str, now: int) -> int:
+    with immediate(conn):
+        conn.execute("UPDATE notifications SET claimed_by = NULL, due_at_ms = min(due_at_ms, ?) WHERE project_id = ?"
+                     " AND state = 'pending' AND claimed_by IS NOT NULL", (now, project))
+        return conn.changes()
 
 
 def next_due(conn: apsw.Connection, project: str, after: int) -> int | None:
@@ -229,27 +233,28 @@ def record(conn: apsw.Connection, project: str, outcomes: list[NoticeOutcome], n
                          (o.id, project, row[0], now, int(o.ok), o.detail, o.elapsed_ms))
             if o.ok:
                 conn.execute("UPDATE notifications SET state = 'sent', attempts = attempts + 1, due_at_ms = NULL,"
-                             " done_at_ms = ?, last_error = NULL WHERE id = ?", (now, o.id))
+                             " done_at_ms = ?, last_error = NULL, claimed_by = NULL WHERE id = ?", (now, o.id))
             elif o.retry_at_ms is not None:
-                conn.execute("UPDATE notifications SET attempts = attempts + 1, due_at_ms = ?, last_error = ?"
-                             " WHERE id = ?", (o.retry_at_ms, o.detail, o.id))
+                conn.execute("UPDATE notifications SET attempts = attempts + 1, due_at_ms = ?, last_error = ?,"
+                             " claimed_by = NULL WHERE id = ?", (o.retry_at_ms, o.detail, o.id))
             else:
                 conn.execute("UPDATE notifications SET state = 'failed', attempts = attempts + 1, due_at_ms = NULL,"
-                             " done_at_ms = ?, last_error = ? WHERE id = ?", (now, o.detail, o.id))
+                             " done_at_ms = ?, last_error = ?, claimed_by = NULL WHERE id = ?", (now, o.detail, o.id))
         if outcomes:
             conn.execute(SQL_PRUNE_ATTEMPTS, (conn.last_insert_rowid() - KEEP_ATTEMPTS, PRUNE_BATCH))
 
 
 def merge(conn: apsw.Connection, project: str, ids: list[int], channel: str, detail: str, count: int,
-          now: int) -> int:
+          now: int, lease: int) -> int:
     with immediate(conn):
         conn.execute(SQL_INSERT, (project, channel, "summary", None, None, None, None, None, detail, now, now,
-                                  "pending", now, None, None))
+                                  "pending", now + lease, None, None))
         summary = conn.last_insert_rowid()
-        conn.execute("UPDATE notifications SET count = ? WHERE id = ?", (count, summary))
+        conn.execute("UPDATE notifications SET count = ?, claimed_by = ? WHERE id = ?", (count, CLAIMANT, summary))
         for nid in ids:
-            conn.execute("UPDATE notifications SET state = 'merged', merged_into = ?, due_at_ms = NULL, done_at_ms = ?"
-                         " WHERE id = ? AND project_id = ? AND state = 'pending'", (summary, now, nid, project))
+            conn.execute("UPDATE notifications SET state = 'merged', merged_into = ?, due_at_ms = NULL, done_at_ms = ?,"
+                         " claimed_by = NULL WHERE id = ? AND project_id = ? AND state = 'pending'",
+                         (summary, now, nid, project))
         return summary
 
 
@@ -289,7 +294,7 @@ def recent_attempts(conn: apsw.Connection, project: str, since: int) -> list[tup
 
 
 class SqliteNotifyStore:
-    """NotifyStore (edge.core.ports.stores) on the daemon's database."""
+    """NotifyStore (edge.core.ports.notify) on the daemon's database."""
 
     def __init__(self, db: Database) -> None:
         self._db = db
@@ -313,8 +318,15 @@ class SqliteNotifyStore:
     async def enqueue_test(self, project: str, channel: str, now_ms: int) -> int:
         return await self._db.run(enqueue_test, project, channel, now_ms)
 
-    async def due(self, project: str, now_ms: int, limit: int) -> list[PendingNotice]:
-        return await self._db.run(due, project, now_ms, limit)
+    async def due(self, project: str, now_ms: int, limit: int, lease_ms: int) -> list[PendingNotice]:
+        return await self._db.run(due, project, now_ms, limit, lease_ms)
+
+    async def release(self, project: str, ids: list[int], now_ms: int) -> None:
+        if ids:
+            await self._db.run(release, project, ids, now_ms)
+
+    async def recover(self, project: str, now_ms: int) -> int:
+        return await self._db.run(recover, project, now_ms)
 
     async def next_due(self, project: str, after_ms: int) -> int | None:
         return await self._db.run(next_due, project, after_ms)
@@ -322,8 +334,9 @@ class SqliteNotifyStore:
     async def record(self, project: str, outcomes: list[NoticeOutcome], now_ms: int) -> None:
         await self._db.run(record, project, outcomes, now_ms)
 
-    async def merge(self, project: str, ids: list[int], channel: str, detail: str, count: int, now_ms: int) -> int:
-        return await self._db.run(merge, project, ids, channel, detail, count, now_ms)
+    async def merge(self, project: str, ids: list[int], channel: str, detail: str, count: int, now_ms: int,
+                    lease_ms: int) -> int:
+        return await self._db.run(merge, project, ids, channel, detail, count, now_ms, lease_ms)
 
     async def log(self, project: str, before_id: int | None, limit: int) -> list[NoticeRecord]:
         return await self._db.run(log, project, before_id, limit)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
+
 import apsw
 import msgspec
 
@@ -23,8 +26,8 @@ from edge.core.runs import (
     event_type,
     retry_delay_ms,
 )
-from edge.core.tasks import RetryPolicy
-from edge.storage.sqlite import notify, retention
+from edge.core.tasks import RetryPolicy, run_notices
+from edge.storage.sqlite import retention
 from edge.storage.sqlite.db import Database, immediate, one
 
 COLUMNS = (
@@ -54,6 +57,19 @@ SQL_EVENTS = (
     " WHERE e.run_id = ? AND r.project_id = ? AND e.sequence > ? ORDER BY e.sequence LIMIT ?"
 )
 _BEFORE_EVERY_RUN = RunCursor(1 << 62, "\U0010ffff")  # ahead of every real (created_at_ms, id) in DESC order
+
+SQL_TASK_RULES = (
+    "SELECT json_extract(spec, '$.notify') FROM task_revisions WHERE project_id = ? AND task_id = ? AND revision = ?"
+)
+SQL_FAILING = "SELECT 1 FROM failing_tasks WHERE project_id = ? AND task_id = ?"
+SQL_ANY_CHANNEL = "SELECT 1 FROM notify_channels WHERE project_id = ? LIMIT 1"
+# Work for the notifier: a message pending (or in flight), or a channel whose latest attempt failed.
+SQL_NOTICES_WAITING = """
+SELECT EXISTS (SELECT 1 FROM notifications WHERE state = 'pending' AND project_id = ?)
+    OR EXISTS (SELECT 1 FROM notify_attempts AS a WHERE a.project_id = ? AND NOT a.ok
+               AND a.id = (SELECT max(b.id) FROM notify_attempts AS b WHERE b.project_id = a.project_id
+                           AND b.channel = a.channel))
+"""
 
 
 def _run(row: tuple) -> Run:
@@ -144,7 +160,7 @@ def transition(
         run = apply_transition(conn, run_id, expected_version, status, now, actor, update, detail)
         if status in TERMINAL:
             run = _schedule_retry(conn, run, now)
-            queued = notify.queue_run(conn, run, now, run.retry_due_at_ms is not None)
+            queued = queue_run(conn, run, now, run.retry_due_at_ms is not None)
             removed = retention.enforce(conn, run.project_id, run.task_id, now, policy)
     return run, removed, queued
 
@@ -199,6 +215,60 @@ def events(conn: apsw.Connection, project: str, run_id: str, after: int, limit: 
     ]
 
 
+# -- notifications, queued inside the writes that produce their events ---------------------
+#
+# A message exists exactly when the outcome it reports does: the transaction that finishes
+# a run (or records a fire that did not run) queues it. Here is what every build does (the
+# task's failing mark, so its next success is a recovery); the messages themselves are
+# queued by edge.storage.sqlite.notify, which ships with the notifier (packaging/build.py)
+# and is loaded by the first transaction that finds a channel configured.
+
+
+def queue_run(conn: apsw.Connection, run: Run, now: int, retrying: bool) -> int:
+    """In the transaction that finished `run`: keep the task's failing mark (a final failure
+    sets it, a success clears it) and queue what its rules ask for. Returns how many
+    messages were queued or joined."""
+    row = conn.execute(SQL_TASK_RULES, (run.project_id, run.task_id, run.task_revision)).fetchone()
+    if row is None:
+        return 0
+    failing = conn.execute(SQL_FAILING, (run.project_id, run.task_id)).fetchone() is not None
+    kinds = run_notices(run.status, retrying, failing)
+    if "failure" in kinds and not failing:
+        conn.execute("INSERT INTO failing_tasks (project_id, task_id, since_ms) VALUES (?, ?, ?)",
+                     (run.project_id, run.task_id, now))
+    elif run.status == "succeeded" and failing:
+        conn.execute("DELETE FROM failing_tasks WHERE project_id = ? AND task_id = ?", (run.project_id, run.task_id))
+    if conn.execute(SQL_ANY_CHANNEL, (run.project_id,)).fetchone() is None:
+        return 0  # the common case without channels: one point read, nothing to decode
+    queue = _queue()
+    return queue.queue_run_messages(conn, run, row[0], kinds, now) if queue is not None else 0
+
+
+def queue_skip(conn: apsw.Connection, project: str, task_id: str, task_revision: int, reason: str, now: int) -> int:
+    """In an admission transaction: a fire or retry of the task did not become a run (a
+    disabled task's are not news: whoever disabled it knows)."""
+    if reason == "task_disabled" or conn.execute(SQL_ANY_CHANNEL, (project,)).fetchone() is None:
+        return 0
+    row = conn.execute(SQL_TASK_RULES, (project, task_id, task_revision)).fetchone()
+    queue = _queue()
+    return queue.queue_skip_messages(conn, project, task_id, row[0], reason, now) if row and queue else 0
+
+
+def _queue() -> ModuleType | None:
+    """edge.storage.sqlite.notify, or None in a build without notifications (which has no
+    channels to send to: nothing is queued)."""
+    try:
+        return importlib.import_module("edge.storage.sqlite.notify")
+    except ModuleNotFoundError as exc:
+        if exc.name == "edge.storage.sqlite.notify":
+            return None
+        raise
+
+
+def notices_waiting(conn: apsw.Connection, project: str) -> bool:
+    return bool(one(conn, SQL_NOTICES_WAITING, (project, project))[0])
+
+
 class SqliteRunStore:
     """RunStore (edge.core.ports.stores) on the daemon's database; every run that finishes
     through it applies `policy`, and the logs of the runs retention removed go after the
@@ -226,6 +296,9 @@ class SqliteRunStore:
         if queued:
             self._followers.notify()
         return run
+
+    async def notices_waiting(self, project: str) -> bool:
+        return await self._db.run(notices_waiting, project)
 
     async def get(self, project: str, run_id: str) -> Run | None:
         return await self._db.run(get, project, run_id)

@@ -243,7 +243,8 @@ WHERE EXISTS (SELECT 1 FROM json_each(task_revisions.spec, '$.env') WHERE key GL
 # `failing_tasks`: tasks whose last final outcome was a failure, so their next success is a
 # recovery (a row is written when that changes, not per run). Channels (their spec JSON
 # names secrets, never holds them), the project's default rules, the delivery queue (one
-# row per message, coalesced while untried) and every attempt's outcome. Queue rows and attempts are trimmed on write.
+# row per message, coalesced while untried; `claimed_by` while a delivery is in flight)
+# and every attempt's outcome. Queue rows and attempts are trimmed on write.
 _V7 = """
 ALTER TABLE runs ADD COLUMN retry_of TEXT;
 ALTER TABLE runs ADD COLUMN attempt INTEGER;
@@ -291,7 +292,8 @@ CREATE TABLE notifications (
     attempts INTEGER NOT NULL DEFAULT 0,
     last_error TEXT,
     done_at_ms INTEGER,
-    merged_into INTEGER
+    merged_into INTEGER,
+    claimed_by TEXT
 ) STRICT;
 CREATE INDEX notifications_pending_idx ON notifications (due_at_ms) WHERE state = 'pending';
 CREATE INDEX notifications_join_idx ON notifications (project_id, channel, event, task_id)

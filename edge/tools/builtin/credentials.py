@@ -11,7 +11,8 @@ from edge.core.auth import TOKEN_PREFIX, Credential, Role, token_digest, valid_p
 from edge.core.errors import invalid, not_found
 from edge.core.text import Id, Label
 from edge.tools.context import ToolContext
-from edge.tools.definition import WRITE_DEADLINE_S, Empty, tool
+from edge.tools import catalog
+from edge.tools.definition import Empty, declared
 
 _Permission = Annotated[str, msgspec.Meta(min_length=1, max_length=160, pattern=r"^[a-z*][a-zA-Z0-9_.:*-]*$")]
 
@@ -64,11 +65,8 @@ async def revoke(ctx: ToolContext, args: RevokeArgs) -> Credential:
     return cred
 
 
-TOOLS = [
-    tool("qledge.credential.create", create, CreateArgs, Created, effect="write", risk="high",
-         permission="credential.admin", title="Create an API credential"),
-    tool("qledge.credential.list", list_credentials, Empty, CredentialList, effect="read", risk="high",
-         permission="credential.admin", title="API credentials", deadline_s=WRITE_DEADLINE_S),
-    tool("qledge.credential.revoke", revoke, RevokeArgs, Credential, effect="write", risk="high",
-         permission="credential.admin", title="Revoke an API credential"),
-]
+TOOLS = declared(catalog.CREDENTIALS, {
+    "qledge.credential.create": (create, CreateArgs, Created),
+    "qledge.credential.list": (list_credentials, Empty, CredentialList),
+    "qledge.credential.revoke": (revoke, RevokeArgs, Credential),
+})
