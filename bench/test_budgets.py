@@ -131,10 +131,14 @@ def test_default_daemon_modules(idle):
     modules = idle["default"]["modules"]
     REPORT["default_modules"] = modules
     # edge.core.imports: the import planner runs in the CLI; the daemon needs only its shapes (core.tasks)
-    # http, smtplib, email, edge.notify.send: notifications are delivered by a child process
+    # http, smtplib, email, edge.notify.send: notifications are delivered by a child process;
+    # the rest of the notify capability waits for a channel (only its dormant handle is loaded)
     for absent in ("edge.mcp", "edge.storage.postgres", "edge.core.ports.cluster", "psycopg", "ssl", "_ssl",
-                   "_hashlib", "argparse", "edge.core.imports", "http", "smtplib", "email", "edge.notify.send"):
+                   "_hashlib", "argparse", "edge.core.imports", "http", "smtplib", "email", "edge.notify.send",
+                   "edge.notify.dispatch", "edge.notify.channels", "edge.notify.tools", "edge.core.ports.notify",
+                   "edge.storage.sqlite.notify"):
         assert not [m for m in modules if m == absent or m.startswith(absent + ".")], absent
+    assert [m for m in modules if m.startswith("edge.notify")] == ["edge.notify", "edge.notify.handle"]
 
 
 def test_idle_wakeups(idle):

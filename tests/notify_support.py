@@ -3,6 +3,7 @@ real sender child on a job."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
@@ -40,6 +41,8 @@ class Loopback:
         self.replies: list[tuple[int, Any, dict[str, str]]] = []
         self.default = default if default is not None else {}
         self.arrived = threading.Event()
+        self.received = threading.Event()  # a request came in (before it is answered)
+        self.delay = 0.0  # seconds before each answer
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -47,6 +50,8 @@ class Loopback:
                 size = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(size) if size else b""
                 server.requests.append(Recorded(self.command, self.path, dict(self.headers.items()), body))
+                server.received.set()
+                time.sleep(server.delay)
                 status, payload, headers = server.replies.pop(0) if server.replies else (200, server.default, {})
                 data = json.dumps(payload).encode()
                 self.send_response(status)
@@ -118,3 +123,64 @@ def run_sender(specs: list[dict[str, Any]], secrets: dict[str, str] | None = Non
 
 def tmpdir() -> str:
     return tempfile.mkdtemp(prefix="qln", dir="/tmp")
+
+
+class TunnelProxy:
+    """An HTTP proxy on 127.0.0.1 that knows CONNECT only: it records each request line and
+    then relays bytes both ways, as a proxy in front of an HTTPS service does."""
+
+    def __init__(self) -> None:
+        import socket
+
+        self.lines: list[str] = []
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: Any) -> None:
+        import socket
+
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = client.recv(4096)
+            if not chunk:
+                client.close()
+                return
+            head += chunk
+        line = head.split(b"\r\n", 1)[0].decode()
+        self.lines.append(line)
+        method, target, _ = line.split(" ", 2)
+        if method != "CONNECT":
+            client.sendall(b"HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\n\r\n")
+            client.close()
+            return
+        host, _, port = target.rpartition(":")
+        upstream = socket.create_connection((host, int(port)), timeout=10)
+        client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+
+        def pump(src: Any, dst: Any) -> None:
+            try:
+                while data := src.recv(65536):
+                    dst.sendall(data)
+            except OSError:
+                pass
+            finally:
+                for s in (src, dst):
+                    with contextlib.suppress(OSError):
+                        s.shutdown(socket.SHUT_RDWR)
+
+        threading.Thread(target=pump, args=(upstream, client), daemon=True).start()
+        pump(client, upstream)
+
+    def close(self) -> None:
+        self.sock.close()

@@ -163,3 +163,38 @@ def test_cluster_keys_are_checked(home):
         f.write('[cluster]\ndsn = "host=/tmp"\nleader = true\n')
     with pytest.raises(ConfigError, match="unknown key `cluster.leader`"):
         load(path)
+
+
+def test_retries_and_notifications_across_two_nodes(daemon_factory, pg_dsn):
+    """A failing task with retries and a failure rule on two nodes: every retry is admitted
+    once (whichever node's scheduler gets there), and its one final failure is one request
+    at a real loopback webhook, delivered by one node."""
+    from notify_support import Loopback
+
+    server = Loopback()
+    try:
+        a, b = start_nodes(daemon_factory, pg_dsn, 2)
+        a.call("qledge.notify.channel.set", {"name": "hook", "spec": {"kind": "webhook", "url": server.url + "/h"}})
+        spec = task("flaky", ["sh", "-c", "echo boom; exit 3"], overlap="forbid")
+        spec["spec"]["retry"] = {"count": 2, "delayS": 0.2}
+        spec["spec"]["notify"] = [{"channels": ["hook"], "on": ["failure"]}]
+        b.call("qledge.task.create", spec)
+        first = a.call("qledge.run.start", {"taskId": "flaky"})
+
+        def chain() -> list[dict] | None:
+            runs = a.call("qledge.run.list", {"taskId": "flaky"})["runs"]
+            return runs if len(runs) == 3 and all(r["status"] == "failed" for r in runs) else None
+
+        runs = list(reversed(wait_for(chain)))
+        assert [(r["origin"], r.get("attempt", 1)) for r in runs] == [("manual", 1), ("retry", 2), ("retry", 3)]
+        assert [r.get("retryOf") for r in runs] == [None, first["id"], runs[1]["id"]]
+        got = wait_for(lambda: server.requests)
+        time.sleep(1.5)  # nothing more comes, from either node
+        (request,) = got
+        body = request.json()
+        assert (body["task"], body["event"], body["exitCode"], body["runId"]) == (
+            "flaky", "failure", 3, runs[2]["id"][:13])
+        assert rows(pg_dsn, "SELECT state, attempts, claimed_by IS NULL FROM notifications") == [("sent", 1, True)]
+        assert b.call("qledge.notify.log")["records"][0]["state"] == "sent"
+    finally:
+        server.close()

@@ -216,6 +216,24 @@ async def test_rate_limit_then_one_summary_and_coalescing(home, server):
         await db.close()
 
 
+async def test_an_event_during_a_delivery_is_a_message_of_its_own(env):
+    """A message in flight is claimed: a failure that ends meanwhile does not join it (it
+    would be marked sent with the rest unsent) but is a message of its own, sent next."""
+    import asyncio
+
+    env.server.delay = 0.5
+    await env.channel("a")
+    await env.task("t", [NotifyRule(channels=["a"])])
+    first = await env.finish("t")
+    assert await asyncio.to_thread(env.server.received.wait, 20)
+    second = await env.finish("t")  # while the first request waits for its answer
+    await env.deliver()
+    sent = [r.json() for r in env.server.requests]
+    assert [b["count"] for b in sent] == [1, 1]
+    assert f"Run: {first.id[:13]}" in sent[0]["text"] and f"Run: {second.id[:13]}" in sent[1]["text"]
+    assert [(r.state, r.count) for r in await env.log()] == [("sent", 1), ("sent", 1)]
+
+
 async def test_a_test_message_bypasses_the_queue_wait(env):
     await env.channel("a", "/t")
     outcome = await env.notifier.test("a", 20)
@@ -339,3 +357,28 @@ def test_undelivered_messages_go_after_a_restart_once(daemon_factory):
         assert record["state"] == "sent" and record["attempts"] == 2
     finally:
         server.close()
+
+
+def test_a_failing_channel_is_in_status_also_after_a_restart(daemon_factory):
+    """The notifier is dormant until there is work: a daemon whose channel's last attempt
+    failed starts it at once, so `qledge status` keeps reporting the channel."""
+    import socket
+
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    d = daemon_factory(config="[notify]\nmax_attempts = 1\n").start()
+    modules = d.call("qledge.status", {"includeModules": True})["modules"]
+    assert "edge.notify.dispatch" not in modules  # nothing to deliver yet: not even loaded
+    d.call("qledge.notify.channel.set", {"name": "w", "spec": {"kind": "webhook", "url": f"http://127.0.0.1:{port}/"}})
+    d.call("qledge.task.create", {"taskId": "t", "spec": {"command": {"kind": "argv", "file": "false"},
+                                                         "notify": [{"channels": ["w"]}]}})
+    d.cli("run", "start", "t", "--wait")
+    assert _wait(lambda: d.call("qledge.notify.log")["records"][0]["state"] == "failed")
+    line = _wait(lambda: d.call("qledge.status")["extra"].get("notify"))
+    assert line.startswith("1 channel failing: w (1 failed attempts in a row since") and "127.0.0.1" in line
+    d.stop()
+    d.start()
+    assert d.call("qledge.status")["extra"]["notify"].startswith("1 channel failing: w")
+    shown = d.cli("status")
+    assert shown.returncode == 0 and "1 channel failing: w" in shown.stdout

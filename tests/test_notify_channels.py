@@ -13,7 +13,7 @@ import urllib.parse
 import pytest
 
 from edge.notify.send import dingtalk_sign, feishu_sign
-from notify_support import Loopback, message, run_sender, self_signed, tmpdir
+from notify_support import Loopback, TunnelProxy, message, run_sender, self_signed, tmpdir
 
 NOW_MS = 1_700_000_000_123
 TEXT = message().text
@@ -222,6 +222,101 @@ def test_https_is_verified():
             assert [r.path for r in server.requests] == ["/tls"]
         finally:
             server.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def test_a_plain_proxy_is_given_the_absolute_url(server):
+    """Telegram behind an HTTP proxy: the proxy gets the whole URL of the API (and the
+    environment's proxy variables are never read: the sender's environment is empty)."""
+    server.default = {"ok": True}
+    spec = {"kind": "telegram", "token": {"secret": "TG"}, "chatId": "42", "baseUrl": "http://api.telegram.invalid",
+            "proxy": server.url}
+    result, request = one(server, spec, {"TG": "123:abc"})
+    assert result.ok, result
+    assert (request.method, request.path) == ("POST", "http://api.telegram.invalid:80/bot123:abc/sendMessage")
+    assert request.json()["chat_id"] == "42"
+
+
+def test_https_through_a_proxy_is_tunnelled_and_verified():
+    work = tmpdir()
+    try:
+        pair = self_signed(work)
+        if pair is None:
+            pytest.skip("no openssl command to make a certificate")
+        server = Loopback(default={"ok": True}, tls=pair)
+        proxy = TunnelProxy()
+        try:
+            spec = {"kind": "telegram", "token": {"secret": "TG"}, "chatId": "42", "baseUrl": server.url,
+                    "proxy": proxy.url, "caFile": pair[0]}
+            result, = run_sender([spec], {"TG": "123:abc"})
+            assert result.ok, result
+            port = server.url.rsplit(":", 1)[1]
+            assert [line.rsplit(" ", 1)[0] for line in proxy.lines] == [f"CONNECT 127.0.0.1:{port}"]
+            assert [r.path for r in server.requests] == ["/bot123:abc/sendMessage"]  # only inside the tunnel
+            untrusted, = run_sender([{**spec, "caFile": None}], {"TG": "123:abc"})
+            assert not untrusted.ok and untrusted.permanent and "TLS" in untrusted.detail
+        finally:
+            proxy.close()
+            server.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def test_smtp_mail_over_tls_and_starttls_with_a_login():
+    """The mail channel's default (implicit TLS, 465-style) and STARTTLS, each with a login,
+    against a real SMTP server (aiosmtpd) that verifies the password."""
+    import socket
+    import ssl
+
+    from aiosmtpd.controller import Controller
+    from aiosmtpd.smtp import AuthResult
+
+    work = tmpdir()
+    try:
+        pair = self_signed(work)
+        if pair is None:
+            pytest.skip("no openssl command to make a certificate")
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(*pair)
+        mail: list = []
+        logins: list[tuple[str, str]] = []
+
+        class Inbox:
+            async def handle_DATA(self, server, session, envelope):  # noqa: N802 (aiosmtpd's hook name)
+                mail.append(envelope)
+                return "250 OK"
+
+        def check(server, session, envelope, mechanism, auth_data):
+            logins.append((auth_data.login.decode(), auth_data.password.decode()))
+            return AuthResult(success=auth_data.password == b"app-password", handled=False)
+
+        def free_port() -> int:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                return probe.getsockname()[1]
+
+        implicit_port, starttls_port = free_port(), free_port()
+        # Implicit TLS is TLS from the first byte: aiosmtpd is told AUTH needs no STARTTLS there.
+        implicit = Controller(Inbox(), hostname="127.0.0.1", port=implicit_port, ssl_context=context,
+                              authenticator=check, auth_required=True, auth_require_tls=False)
+        starttls = Controller(Inbox(), hostname="127.0.0.1", port=starttls_port, tls_context=context,
+                              require_starttls=True, authenticator=check, auth_required=True)
+        implicit.start()
+        starttls.start()
+        try:
+            base = {"kind": "smtp", "host": "127.0.0.1", "sender": "me@example.org", "to": ["me@example.org"],
+                    "username": "me@example.org", "password": {"secret": "MAIL"}, "caFile": pair[0]}
+            results = run_sender([{**base, "port": implicit_port},
+                                  {**base, "port": starttls_port, "security": "starttls"}], {"MAIL": "app-password"})
+            assert [r.ok for r in results] == [True, True], results
+            assert len(mail) == 2 and logins == [("me@example.org", "app-password")] * 2
+            wrong, = run_sender([{**base, "port": implicit_port}], {"MAIL": "not-it"})
+            assert not wrong.ok and wrong.permanent and "refused the login" in wrong.detail
+            assert "not-it" not in wrong.detail
+        finally:
+            implicit.stop()
+            starttls.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

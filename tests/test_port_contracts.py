@@ -13,7 +13,17 @@ from edge.app.graph import Cluster, Stores, build_stores
 from edge.core.auth import AuditRecord, Credential
 from edge.core.errors import ToolError
 from edge.core.runs import Run, RunCursor, RunUpdate
-from edge.core.tasks import ArgvCommand, ImportedTask, ImportRecord, ImportTask, ImportTrigger, TaskSpec
+from edge.core.ports.notify import NoticeOutcome
+from edge.core.tasks import (
+    ArgvCommand,
+    ImportedTask,
+    ImportRecord,
+    ImportTask,
+    ImportTrigger,
+    NotifyRule,
+    RetryPolicy,
+    TaskSpec,
+)
 from edge.core.triggers import CronSpec
 from edge.storage.sqlite.db import Database
 
@@ -495,6 +505,159 @@ async def test_reboot_is_armed_once_per_boot_and_fires_once(stores: Stores):
     await s.triggers.set_enabled(P, "r", True, None, T0 + 203)  # enabled during a boot: the next one
     assert (await s.admission.admit_fires(P, "r", T0 + 204, 30_000, _rng)).runs == []
     assert [r.idempotency_key for r in await s.runs.page(P, "t", None, 10)] == ["boot:r:boot-2", "boot:r:boot-1"]
+
+
+
+# -- retries (RunStore.transition, RunAdmission) ----------------------------------------
+
+
+async def test_a_failed_run_gets_its_retry_due_and_any_admission_admits_it_once(stores: Stores):
+    s = stores
+    heard: list[tuple[str, int]] = []
+    s.followers.retry = lambda run_id, due: heard.append((run_id, due))
+    retried = TaskSpec(command=ArgvCommand(file="false"), retry=RetryPolicy(count=1, delay_s=10))
+    await s.tasks.create(P, "t", "T", retried, T0, privileged=False)
+    failed = await finished(s, run_of("t", "r1", T0), "failed")
+    due = T0 + 15 + 10_000  # finished at T0 + 15
+    assert (failed.retry_due_at_ms, failed.attempt, heard) == (due, 1, [("r1", due)])
+    assert (await s.runs.events(P, "r1", 0, 10))[-1].type == "run.retry_scheduled"
+    assert await s.admission.armed_retries(P) == [(due, "r1")]
+    early = await s.admission.admit_retry(P, "r1", due - 1)
+    assert (early.runs, early.cursor, early.gone) == ([], due, False)
+    admitted = await s.admission.admit_retry(P, "r1", due)
+    (retry,) = admitted.runs
+    assert (retry.origin, retry.retry_of, retry.attempt, retry.status, retry.idempotency_key) == (
+        "retry", "r1", 2, "queued", "retry:r1")
+    assert await s.admission.armed_retries(P) == []
+    assert (await s.admission.admit_retry(P, "r1", due + 1)).gone  # once
+    stored = await s.runs.get(P, retry.id)
+    assert stored is not None and (stored.retry_of, stored.attempt) == ("r1", 2)
+    running = await s.runs.transition(retry.id, retry.version, "running", due + 1, "runner", RunUpdate())
+    spent = await s.runs.transition(retry.id, running.version, "timed_out", due + 2, "runner",
+                                    RunUpdate(finished_at_ms=due + 2))
+    assert spent.retry_due_at_ms is None  # its one retry is spent
+    for status in ("cancelled", "lost", "succeeded"):
+        assert (await finished(s, run_of("t", f"n-{status}", T0 + 50), status)).retry_due_at_ms is None
+
+
+async def test_a_retry_the_gates_refuse_is_on_record_and_not_tried_again(stores: Stores):
+    s = stores
+    retried = TaskSpec(command=ArgvCommand(file="false"), retry=RetryPolicy(count=2, delay_s=1))
+    await s.tasks.create(P, "t", "T", retried, T0, privileged=False)
+    failed = await finished(s, run_of("t", "r1", T0), "failed")
+    await s.runs.create(run_of("t", "blocker", T0 + 100), "user")  # forbid: an active run of the task
+    assert failed.retry_due_at_ms is not None
+    refused = await s.admission.admit_retry(P, "r1", failed.retry_due_at_ms + 5)
+    assert (refused.runs, refused.cursor) == ([], None)
+    last = (await s.runs.events(P, "r1", 0, 10))[-1]
+    assert (last.type, last.detail) == ("run.retry_skipped", "overlap")
+    assert await s.admission.armed_retries(P) == []
+    assert (await s.admission.admit_retry(P, "r1", failed.retry_due_at_ms + 10)).gone
+
+
+# -- notifications (RunStore.transition queues, NotifyStore delivers) ---------------------
+
+
+def _notifying(on: list[str], channels: tuple[str, ...] = ("hook",), overlap: str = "forbid") -> TaskSpec:
+    return TaskSpec(command=ArgvCommand(file="false"), overlap=overlap,  # type: ignore[arg-type]
+                    notify=[NotifyRule(channels=list(channels), on=on)])  # type: ignore[arg-type]
+
+
+async def test_a_finished_run_queues_one_message_per_channel_its_rules_name(stores: Stores):
+    s = stores
+    assert s.notify is not None
+    n = s.notify()
+    told: list[int] = []
+    s.followers.notify = lambda: told.append(1)
+    row, status = await n.set_channel(P, "hook", "webhook", '{"kind":"webhook","url":"http://127.0.0.1:9/"}', T0)
+    assert (status, row.kind, row.created_at_ms) == ("created", "webhook", T0)
+    assert (await n.set_channel(P, "hook", "webhook", row.spec, T0 + 1, create_only=True))[1] == "exists"
+    assert (await n.set_channel(P, "hook", "webhook", row.spec, T0 + 2))[1] == "updated"
+    await n.set_channel("other", "theirs", "webhook", row.spec, T0)
+    assert [c.name for c in await n.channels(P)] == ["hook"]
+    assert await s.runs.notices_waiting(P) is False
+    await s.tasks.create(P, "t", "Backup", _notifying(["failure", "recovery"], ("hook", "nowhere"), "allow"), T0,
+                         privileged=False)
+    await finished(s, run_of("t", "ok0", T0), "succeeded")  # no failure before: no recovery
+    await finished(s, run_of("t", "f1", T0 + 100), "failed")
+    await finished(s, run_of("t", "f2", T0 + 200), "failed")  # joins the untried message
+    assert told and await s.runs.notices_waiting(P) is True
+    (pending,) = await n.due(P, T0 + 1000, 10, 60_000)
+    assert (pending.channel, pending.event, pending.task_name, pending.run_id, pending.count, pending.status,
+            pending.exit_code, pending.kind) == ("hook", "failure", "Backup", "f2", 2, "failed", 1, "webhook")
+    assert pending.first_at_ms == T0 + 115 and pending.duration_ms == 5
+    dropped = [r for r in await n.log(P, None, 10) if r.channel == "nowhere"]
+    assert [(r.state, r.last_error) for r in dropped] == [("dropped", "no channel named 'nowhere'")] * 2
+    # Claimed: no other caller gets it, nothing joins it; a new failure is a message of its own.
+    assert await n.due(P, T0 + 1000, 10, 60_000) == []
+    await finished(s, run_of("t", "f3", T0 + 300), "failed")
+    (third,) = await n.due(P, T0 + 1000, 10, 60_000)
+    assert (third.run_id, third.count) == ("f3", 1)
+    await n.release(P, [third.id], T0 + 1000)
+    assert [x.id for x in await n.due(P, T0 + 1000, 10, 60_000)] == [third.id]
+    await n.record(P, [NoticeOutcome(id=pending.id, ok=True, detail=None, elapsed_ms=40),
+                       NoticeOutcome(id=third.id, ok=False, detail="HTTP 502", elapsed_ms=7, retry_at_ms=T0 + 5000)],
+                   T0 + 1001)
+    assert await n.next_due(P, T0 + 1001) == T0 + 5000
+    log = {r.id: r for r in await n.log(P, None, 10)}
+    assert (log[pending.id].state, log[pending.id].attempts, log[pending.id].tries[0].ok) == ("sent", 1, True)
+    assert (log[third.id].state, log[third.id].last_error) == ("pending", "HTTP 502")
+    (health,) = await n.health(P)
+    assert (health.channel, health.failures, health.last_error, health.last_ok_at_ms) == ("hook", 1, "HTTP 502",
+                                                                                           T0 + 1001)
+    assert await n.recent_attempts(P, T0) == [("hook", T0 + 1001), ("hook", T0 + 1001)]
+    # The first success after the final failures: a recovery.
+    await finished(s, run_of("t", "ok1", T0 + 400), "succeeded")
+    events = [r.event for r in await n.log(P, None, 20) if r.channel == "hook"]
+    assert events.count("recovery") == 1
+
+
+async def test_summaries_claims_of_an_earlier_life_tests_and_rules(stores: Stores):
+    s = stores
+    assert s.notify is not None
+    n = s.notify()
+    spec_json = '{"kind":"webhook","url":"http://127.0.0.1:9/"}'
+    await n.set_channel(P, "hook", "webhook", spec_json, T0)
+    assert await n.rules(P) is None
+    await n.set_rules(P, [NotifyRule(channels=["hook"], on=["lost", "skipped"])], T0)
+    assert await n.rules(P) == [NotifyRule(channels=["hook"], on=["lost", "skipped"])]
+    await s.tasks.create(P, "a", "A", spec(overlap="allow"), T0, privileged=False)
+    await s.tasks.create(P, "b", "B", spec(overlap="allow"), T0, privileged=False)
+    await finished(s, run_of("a", "la", T0), "lost")
+    await finished(s, run_of("b", "lb", T0), "lost")
+    await finished(s, run_of("b", "fb", T0 + 10), "failed")  # not a rule's event
+    claimed = await n.due(P, T0 + 100, 10, 60_000)
+    assert sorted((x.task_id, x.event) for x in claimed) == [("a", "lost"), ("b", "lost")]
+    summary = await n.merge(P, [x.id for x in claimed], "hook", "a: lost\nb: lost", 2, T0 + 100, 60_000)
+    assert await n.due(P, T0 + 100, 10, 60_000) == []  # the summary is the caller's, claimed
+    assert await n.recover(P, T0 + 200) == 1  # a daemon that stopped while delivering: due again
+    (again,) = await n.due(P, T0 + 200, 10, 60_000)
+    assert (again.id, again.event, again.count, again.detail) == (summary, "summary", 2, "a: lost\nb: lost")
+    states = {r.id: (r.state, r.merged_into) for r in await n.log(P, None, 10)}
+    assert sorted(v for k, v in states.items() if k != summary) == [("merged", summary), ("merged", summary)]
+    test_id = await n.enqueue_test(P, "hook", T0 + 300)
+    assert [x.id for x in await n.due(P, T0 + 300, 10, 60_000)] == [test_id]
+    assert await code_of(n.enqueue_test(P, "nope", T0)) == "not_found"
+    await n.set_rules(P, None, T0 + 400)
+    assert await n.rules(P) is None
+    assert await n.delete_channel(P, "hook") and not await n.delete_channel(P, "hook")
+
+
+async def test_a_skipped_fire_queues_a_skipped_message(stores: Stores):
+    s = stores
+    assert s.notify is not None
+    n = s.notify()
+    await n.set_channel(P, "hook", "webhook", '{"kind":"webhook","url":"http://127.0.0.1:9/"}', T0)
+    await s.tasks.create(P, "f", "F", _notifying(["skipped"]), T0, privileged=False)
+    await s.triggers.create(P, "m", "f", None, EVERY_MINUTE, T0)
+    first = await s.admission.admit_fires(P, "m", T0 + 60_010, 30_000, _rng)
+    assert len(first.runs) == 1 and first.notified == 0
+    blocked = await s.admission.admit_fires(P, "m", T0 + 120_010, 30_000, _rng)  # forbid: the first is active
+    assert blocked.runs == [] and blocked.notified == 1
+    again = await s.admission.admit_fires(P, "m", T0 + 180_010, 30_000, _rng)  # the same event, merged: no news
+    assert again.notified == 0
+    (message,) = await n.due(P, T0 + 200_000, 10, 60_000)
+    assert (message.event, message.task_id, message.detail, message.run_id) == ("skipped", "f", "overlap", None)
 
 
 # -- imports --------------------------------------------------------------------------

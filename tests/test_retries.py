@@ -4,7 +4,6 @@ it too. In-process with an injected clock and a real SQLite file; then on a real
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -161,7 +160,39 @@ def test_retries_on_a_real_daemon(daemon):
     assert [r["retryOf"] for r in runs] == [None, runs[0]["id"], runs[1]["id"]]
     shown = daemon.cli("run", "get", runs[2]["id"]).stdout
     assert re.search(rf"^retry of: +{runs[1]['id']} \(attempt 3\)$", shown, re.M), shown
+    # The AI read tools show the link; a run that is no retry keeps its projection as it was.
     ai = daemon.call("qinglong.run.get", {"runId": runs[1]["id"]})
-    assert ai["run"]["origin"] == "retry" and "retryOf" not in json.dumps(ai)  # the AI projection is unchanged
+    assert (ai["run"]["origin"], ai["run"]["retryOf"]) == ("retry", runs[0]["id"])
+    assert "retryOf" not in daemon.call("qinglong.run.get", {"runId": runs[0]["id"]})["run"]
+    listed = {r["id"]: r.get("retryOf") for r in daemon.call("qinglong.run.list", {})["runs"]}
+    assert listed == {runs[0]["id"]: None, runs[1]["id"]: runs[0]["id"], runs[2]["id"]: runs[1]["id"]}
+    compared = daemon.call("qinglong.task.runs.compare", {"taskId": "flaky"})
+    assert compared["candidate"]["id"] == runs[2]["id"] and compared["candidate"]["retryOf"] == runs[1]["id"]
     bad = daemon.cli("task", "add", "x", "--retry-delay", "5", "--", "true")
     assert bad.returncode == 2 and "need --retries" in bad.stderr
+
+
+@pytest.mark.e2e
+def test_a_retry_due_while_the_daemon_was_stopped_runs_once_after_its_restart(daemon_factory):
+    d = daemon_factory().start()
+    d.call("qledge.task.create", {"taskId": "flaky", "spec": {"command": {"kind": "argv", "file": "false"},
+                                                             "retry": {"count": 1, "delayS": 2}}})
+    first = d.call("qledge.run.start", {"taskId": "flaky"})
+    done = d.call("qledge.run.wait", {"runId": first["id"], "timeoutMs": 20_000})["run"]
+    assert done["status"] == "failed" and done["retryDueAtMs"] == done["finishedAtMs"] + 2000
+    d.stop()
+    time.sleep(max(0.0, (done["retryDueAtMs"] - time.time() * 1000) / 1000) + 0.5)  # due while it was down
+    d.start()
+    deadline = time.monotonic() + 20
+    runs: list = []
+    while time.monotonic() < deadline:
+        runs = d.call("qledge.run.list", {"taskId": "flaky"})["runs"]
+        if len(runs) == 2 and runs[0]["status"] == "failed":
+            break
+        time.sleep(0.1)
+    assert [(r["origin"], r["retryOf"]) for r in runs] == [("retry", first["id"]), ("manual", None)]
+    time.sleep(1.0)
+    d.stop()
+    d.start()  # a second restart admits nothing again
+    time.sleep(1.0)
+    assert len(d.call("qledge.run.list", {"taskId": "flaky"})["runs"]) == 2

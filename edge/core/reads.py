@@ -76,6 +76,7 @@ class RunSummary(msgspec.Struct, frozen=True):
     finished_at_ms: Millis | None
     exit_code: Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)] | None
     log_bytes: Annotated[int, msgspec.Meta(ge=0, le=MAX_SAFE_INT)]
+    retry_of: _RowText | None = None  # the run this one retries (origin `retry`)
 
 
 class RunEventSummary(msgspec.Struct, frozen=True):

@@ -28,7 +28,7 @@ WHERE g.project_id = %s AND g.id > %s ORDER BY g.id LIMIT %s
 """
 _RUN = (
     "SELECT id, project_id, task_id, task_revision, status, origin, created_at_ms, queued_at_ms,"
-    " started_at_ms, finished_at_ms, exit_code, log_bytes FROM runs"
+    " started_at_ms, finished_at_ms, exit_code, log_bytes, retry_of FROM runs"
 )
 SQL_RUN_GET = _RUN + " WHERE id = %s AND project_id = %s"
 SQL_RUN_FIRST = _RUN + " WHERE project_id = %s ORDER BY created_at_ms DESC, id DESC LIMIT %s"

@@ -34,7 +34,7 @@ WHERE g.project_id = ? AND g.id > ? ORDER BY g.id LIMIT ?
 """
 _RUN = (
     "SELECT id, project_id, task_id, task_revision, status, origin, created_at_ms, queued_at_ms,"
-    " started_at_ms, finished_at_ms, exit_code, log_bytes FROM runs"
+    " started_at_ms, finished_at_ms, exit_code, log_bytes, retry_of FROM runs"
 )
 SQL_RUN_GET = _RUN + " WHERE id = ? AND project_id = ?"
 # Row values let runs_project_created_idx seek straight to the cursor.

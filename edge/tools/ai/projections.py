@@ -76,8 +76,9 @@ async def read_run(ctx: ToolContext, run_id: str) -> RunSummary | None:
     return run
 
 
-class RunView(msgspec.Struct, rename="camel"):
-    """The run projection; times are UTC epoch ms, null while unknown."""
+class RunView(msgspec.Struct, rename="camel", omit_defaults=True):
+    """The run projection; times are UTC epoch ms, null while unknown. `retryOf`, only on a
+    run with origin `retry`: the run it retries."""
 
     id: str
     task_id: str
@@ -89,6 +90,7 @@ class RunView(msgspec.Struct, rename="camel"):
     started_at_ms: int | None
     finished_at_ms: int | None
     exit_code: int | None
+    retry_of: str | None = None
 
 
 class Comparison(msgspec.Struct, rename="camel", kw_only=True):

@@ -135,7 +135,7 @@ async def run_compare(ctx: ToolContext, args: RunCompareArgs) -> RunCompareResul
 
 _PROJECTION = (
     " A run is: id, taskId, taskRevision, status, origin, createdAtMs, queuedAtMs, startedAtMs, finishedAtMs"
-    " (UTC epoch ms, null while unknown) and exitCode."
+    " (UTC epoch ms, null while unknown), exitCode, and on a run with origin retry, retryOf: the run it retries."
 )
 
 TOOLS = [
