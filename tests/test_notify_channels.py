@@ -263,6 +263,7 @@ def test_https_through_a_proxy_is_tunnelled_and_verified():
         shutil.rmtree(work, ignore_errors=True)
 
 
+@pytest.mark.filterwarnings("ignore:Requiring AUTH while not requiring TLS")  # implicit TLS: it is TLS
 def test_smtp_mail_over_tls_and_starttls_with_a_login():
     """The mail channel's default (implicit TLS, 465-style) and STARTTLS, each with a login,
     against a real SMTP server (aiosmtpd) that verifies the password."""
