@@ -63,8 +63,8 @@ def test_a_build_without_mcp_refuses_to_start_with_one_line(home):
         [sys.executable, "-c", code, "serve", "--config", config], env={**os.environ, "QLEDGE_HOME": home},
         capture_output=True, text=True, timeout=30,
     )
-    assert result.returncode == 1
-    assert result.stderr == "qledge: MCP is not included in this build\n"
+    assert result.returncode == 2  # a configuration this build cannot serve
+    assert result.stderr == "qledge: invalid_argument: MCP is not included in this build\n"
     assert not os.path.exists(os.path.join(home, "qledge.sock"))
 
 

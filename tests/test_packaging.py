@@ -162,8 +162,8 @@ def test_mcp_enabled_in_a_build_without_it_is_one_clear_line(pyz_dir, home):
         f.write("[mcp]\nenabled = true\n")
     result = subprocess.run([*system_python(pyz), "serve", "--config", config],
                             env={**os.environ, "QLEDGE_HOME": home}, capture_output=True, text=True, timeout=60)
-    assert result.returncode != 0
-    assert result.stderr.strip().splitlines() == ["qledge: MCP is not included in this build"]
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == ["qledge: invalid_argument: MCP is not included in this build"]
 
 
 # -- OpenWrt package -------------------------------------------------------------------

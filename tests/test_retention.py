@@ -179,7 +179,7 @@ async def test_running_total_survives_task_delete_and_matches_after_migration(ma
     for i in range(3):
         await s.finished("a", T0 + i, log=100)
         await s.finished("b", T0 + i, log=7)
-    await s.tasks.delete("default", "a", None)
+    await s.tasks.delete("default", "a", None, True)
     conn = _check(home)
     assert retention.log_total(conn, "default") == 21
     _total_is_consistent(conn)

@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 
 from edge.app import config as config_file
 from edge.app.config import Config
@@ -50,7 +51,7 @@ def lock_home(home: str) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise StartupError(f"another qledge daemon is already running in {home}") from None
+        raise StartupError(f"another qledge daemon is already running in {home}", "conflict") from None
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     return fd
@@ -189,7 +190,16 @@ async def _listen(listener: UnixListener) -> None:
         raise StartupError(f"cannot listen on {listener.path}: {exc}") from None
 
 
-def run_daemon(config: Config, home: str, socket_path: str, loop_name: str, config_path: str | None = None) -> int:
+def _print_error(code: str, message: str) -> None:
+    print(f"qledge: {code}: {message}", file=sys.stderr)
+
+
+def run_daemon(
+    config: Config, home: str, socket_path: str, loop_name: str, config_path: str | None = None,
+    report: Callable[[str, str], None] = _print_error,
+) -> int:
+    """Run until stopped: 0. A daemon that cannot start as configured says why in one line
+    (`report(code, message)`) and returns 2, the exit code of a configuration error."""
     logging.basicConfig(
         level=config.log_level.upper(), stream=sys.stderr, format="qledge: %(levelname)s %(name)s: %(message)s"
     )
@@ -199,15 +209,15 @@ def run_daemon(config: Config, home: str, socket_path: str, loop_name: str, conf
             try:
                 import uvloop
             except ImportError:
-                print("qledge: loop = \"uvloop\" but uvloop is not installed (pip install 'qledge[uvloop]')",
-                      file=sys.stderr)
-                return 1
+                report("invalid_argument",
+                       "loop = \"uvloop\" but uvloop is not installed (pip install 'qledge[uvloop]')")
+                return 2
             uvloop.run(daemon.run())
         else:
             asyncio.run(daemon.run())
     except StartupError as exc:
-        print(f"qledge: {exc}", file=sys.stderr)
-        return 1
+        report(exc.code, str(exc))
+        return 2
     except KeyboardInterrupt:
         pass
     return 0

@@ -14,17 +14,19 @@ from collections.abc import Callable
 
 import msgspec
 
-from edge.app.config import Config, default_zone
+from edge.app.config import Config, default_zone, run_timezone
 from edge.core.clock import SystemClock
 from edge.core.ports.runtime import Clock
-from edge.core.ports.stores import AuditLog, CountsReader, CredentialStore, Readers, SecretStore
+from edge.core.ports.stores import AuditLog, AuditReader, CountsReader, CredentialStore, Readers, SecretStore
 from edge.core.reads import Counts
+from edge.core.runs import RunDefaults
 from edge.core.schedule import ScheduleError, load_zone
+from edge.runner.process import DEFAULT_LANG
 from edge.runner.supervisor import Runner, RunnerSettings
 from edge.scheduler.loop import Scheduler, Triggers
 from edge.storage.run_logs import RunLogs
 from edge.storage.sqlite.admission import SqliteAdmission
-from edge.storage.sqlite.audit import SqliteAuditLog
+from edge.storage.sqlite.audit import SqliteAuditLog, SqliteAuditReader
 from edge.storage.sqlite.credentials import SqliteCredentialStore
 from edge.storage.sqlite.db import Database
 from edge.storage.sqlite.reads import SqliteCountsReader, sqlite_readers
@@ -49,7 +51,11 @@ LIVE_KEYS = frozenset({
 
 
 class StartupError(Exception):
-    """One clear line; the daemon exits non-zero without a traceback."""
+    """One clear line with its error code; the daemon exits 2 without a traceback."""
+
+    def __init__(self, message: str, code: str = "unavailable") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def private_dir(path: str) -> str:
@@ -60,15 +66,19 @@ def private_dir(path: str) -> str:
 class DaemonFacts:
     """StatusFacts (edge.core.ports.runtime): what `qledge.status` reports about the daemon."""
 
-    def __init__(self, db_path: str, loop: str, clock: Clock, counts: CountsReader) -> None:
+    def __init__(self, db_path: str, loop: str, clock: Clock, counts: CountsReader, settings: RunnerSettings) -> None:
         self.loop = loop
         self.db_path = db_path
         self.started_monotonic = clock.monotonic()
         self._counts = counts
+        self._settings = settings  # the runner's, changed in place on reload
         self._extra: list[Callable[[], dict[str, str]]] = []  # lines added by capabilities
 
     async def counts(self, project: str) -> Counts:
         return await self._counts.counts(project)
+
+    def run_defaults(self) -> RunDefaults:
+        return RunDefaults(work_dir=self._settings.work_dir, log_cap_bytes=self._settings.log_cap_bytes)
 
     def add_extra(self, provider: Callable[[], dict[str, str]]) -> None:
         self._extra.append(provider)
@@ -95,6 +105,7 @@ class Stores(msgspec.Struct, frozen=True, kw_only=True):
     credentials: CredentialStore
     secrets: SecretStore
     audit: AuditLog
+    audit_reader: AuditReader
     readers: Readers
     counts: CountsReader
 
@@ -113,7 +124,7 @@ def build_stores(db: Database, config: Config, home: str) -> Stores:
         db=db, logs=logs, tasks=SqliteTaskStore(db, logs), runs=SqliteRunStore(db, policy, logs),
         triggers=SqliteTriggerStore(db), admission=SqliteAdmission(db, capacity(config)),
         credentials=SqliteCredentialStore(db), secrets=SqliteSecretStore(db),
-        audit=SqliteAuditLog(db, keep.audit_max_rows, keep.audit_max_age_days),
+        audit=SqliteAuditLog(db, keep.audit_max_rows, keep.audit_max_age_days), audit_reader=SqliteAuditReader(db),
         readers=sqlite_readers(db), counts=SqliteCountsReader(db),
     )
 
@@ -123,6 +134,7 @@ def runner_settings(config: Config, home: str) -> RunnerSettings:
     return RunnerSettings(
         work_dir=private_dir(os.path.join(home, "work")), state_dir=home, concurrency=r.concurrency,
         kill_grace_s=r.kill_grace_s, log_cap_bytes=r.log_cap_bytes, disk_reserve_bytes=r.disk_reserve_bytes,
+        timezone=run_timezone(config), lang=os.environ.get("LANG") or DEFAULT_LANG,
     )
 
 
@@ -158,7 +170,8 @@ def build_services(
     return Services(
         project=config.project, clock=clock, pepper=pepper, tasks=stores.tasks, runs=stores.runs,
         triggers=Triggers(stores.triggers, workers.scheduler, trigger_zone(config.timezone)),
-        credentials=stores.credentials, secrets=stores.secrets, audit=stores.audit, logs=stores.logs,
+        credentials=stores.credentials, secrets=stores.secrets, audit=stores.audit, audit_reader=stores.audit_reader,
+        logs=stores.logs,
         readers=stores.readers, runner=workers.runner, facts=facts, catalog=registry.infos(),
     )
 
@@ -184,13 +197,13 @@ def mcp_server(config: Config, home: str, chain: Chain, facts: DaemonFacts) -> U
         from edge.mcp.server import McpServer
     except ImportError as exc:
         if exc.name is not None and (exc.name == "edge.mcp" or exc.name.startswith("edge.mcp.")):
-            raise StartupError("MCP is not included in this build") from None
+            raise StartupError("MCP is not included in this build", "invalid_argument") from None
         raise
     path = os.path.abspath(config.mcp.socket or os.path.join(home, "mcp.sock"))
     try:
         server = McpServer(chain, path, config.mcp.max_line_bytes)
     except ValueError as exc:  # a tool that cannot be described to MCP clients
-        raise StartupError(f"MCP: {exc}") from None
+        raise StartupError(f"MCP: {exc}", "internal") from None
     facts.add_extra(lambda: {"mcp": path})
     return server
 
@@ -208,7 +221,7 @@ class Graph:
         clock = clock or SystemClock()
         self.stores = build_stores(db, config, home)
         self.workers = build_workers(config, home, self.stores, clock)
-        self.facts = DaemonFacts(db.path, loop, clock, self.stores.counts)
+        self.facts = DaemonFacts(db.path, loop, clock, self.stores.counts, self.workers.settings)
         self.facts.add_extra(self.workers.scheduler.status)
         registry = Registry([*builtin_tools(), *ai_tools()])
         services = build_services(config, self.stores, self.workers, self.facts, registry, pepper, clock)

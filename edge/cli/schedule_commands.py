@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from datetime import datetime
 from itertools import islice
@@ -12,7 +11,9 @@ import msgspec
 
 from edge.app.config import default_zone
 from edge.cli import render
+from edge.cli.client import CallFailed, UsageError
 from edge.cli.commands import all_pages, show, show_list
+from edge.cli.edit import bounded_int
 from edge.core.schedule import Schedule, ScheduleError, format_local, load_zone, local_time
 from edge.core.triggers import Trigger, TriggerEvent
 from edge.tools.builtin import triggers as trigger_tools
@@ -21,8 +22,9 @@ if TYPE_CHECKING:
     import argparse
 
     from edge.cli.client import Client
+    from edge.tools.ai.projections import TriggerView
 
-OK, USAGE = 0, 2
+OK = 0
 
 
 class Fire(msgspec.Struct, rename="camel"):
@@ -50,8 +52,7 @@ def cron_next(a: argparse.Namespace) -> int:
         schedule = Schedule(a.expression, a.tz or default_zone(None))
         after = _after_ms(a.after, schedule)
     except ScheduleError as exc:
-        print(f"qledge: {exc}", file=sys.stderr)
-        return USAGE
+        raise UsageError(str(exc)) from None
     fires = list(islice(schedule.fires_after(after), a.count))
     if a.json:
         render.json_out([
@@ -64,17 +65,7 @@ def cron_next(a: argparse.Namespace) -> int:
     return OK
 
 
-def count(text: str) -> int:
-    """argparse type for --count: 1..1000."""
-    import argparse
-
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 1 <= value <= 1000:
-        raise argparse.ArgumentTypeError("must be 1..1000")
-    return value
+count = bounded_int("--count", 1, 1000)
 
 
 # -- triggers (through the daemon) ------------------------------------------------
@@ -85,11 +76,12 @@ def _fire(ms: int | None, zone_name: str) -> str:
         return "-"
     try:
         return format_local(ms, load_zone(zone_name))
-    except ScheduleError:  # this machine lacks the zone data: show UTC
-        return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(ms / 1000))
+    except ScheduleError:  # this machine lacks the zone data: the local time instead
+        return render.when(ms)
 
 
-def _next_fire(t: Trigger) -> str:
+def next_fire(t: Trigger) -> str:
+    """When the trigger fires next, in its own zone (`-`: disabled or never again)."""
     return _fire(t.next_fire_at_ms, t.spec.timezone)
 
 
@@ -99,7 +91,7 @@ def _fields(t: Trigger) -> None:
         ("trigger", t.id), ("revision", t.revision),
         ("task", f"{t.task_id} (revision {t.task_revision})"), ("enabled", "yes" if t.enabled else "no"),
         ("cron", spec.expression), ("timezone", spec.timezone), ("misfire", spec.misfire),
-        ("jitter", f"{spec.jitter_s}s"), ("next fire", _next_fire(t)),
+        ("jitter", render.span(spec.jitter_s)), ("next fire", next_fire(t)),
         ("last run for", _fire(t.last_scheduled_at_ms, spec.timezone)), ("digest", t.content_digest),
         ("updated", render.when(t.updated_at_ms)),
     ])
@@ -112,7 +104,7 @@ def trigger_add(c: Client, a: argparse.Namespace) -> int:
     )
     trigger = c.typed("qledge.trigger.create", args, Trigger)
     return show(a, trigger, lambda t: print(
-        f"trigger {t.id} created for task {t.task_id} (revision {t.task_revision}); next fire {_next_fire(t)}"))
+        f"trigger {t.id} created for task {t.task_id} (revision {t.task_revision}); next fire {next_fire(t)}"))
 
 
 def _trigger_page(c: Client, after: str | None) -> tuple[list[Trigger], str | None]:
@@ -120,16 +112,53 @@ def _trigger_page(c: Client, after: str | None) -> tuple[list[Trigger], str | No
     return page.triggers, page.next
 
 
+def _head_page(c: Client, after: str | None) -> tuple[list[TriggerView], str | None]:
+    from edge.tools.ai.projections import TriggerCursor, TriggerListArgs, TriggerPage
+
+    args = TriggerListArgs(after=TriggerCursor(trigger_id=after) if after else None, limit=64)
+    page = c.typed("qinglong.trigger.list", args, TriggerPage)
+    return page.triggers, page.next.trigger_id if isinstance(page.next, TriggerCursor) else None
+
+
+def _viewer_fields(t: TriggerView) -> None:
+    render.fields([
+        ("trigger", t.trigger_id), ("revision", t.revision), ("task", f"{t.task_id} (revision {t.task_revision})"),
+        ("enabled", "yes" if t.enabled else "no"), ("updated", render.when(t.updated_at_ms)),
+        ("schedule", "not shown: it needs trigger.inspect (qledge next shows the coming fires)"),
+    ])
+
+
 def trigger_list(c: Client, a: argparse.Namespace) -> int:
+    if not c.may_call("qledge.trigger.list"):  # a viewer: the projection, without the schedule
+        return show_list(
+            a, all_pages(lambda after: _head_page(c, after)), "no triggers yet",
+            lambda t: [t.trigger_id, f"{t.task_id}@{t.task_revision}", "yes" if t.enabled else "no",
+                       render.when(t.updated_at_ms)],
+            ["TRIGGER", "TASK@REV", "ENABLED", "UPDATED"],
+        )
     return show_list(
         a, all_pages(lambda after: _trigger_page(c, after)), "no triggers yet: qledge trigger add TASK --cron EXPR",
         lambda t: [t.id, f"{t.task_id}@{t.task_revision}", "yes" if t.enabled else "no",
-                   t.spec.expression, t.spec.timezone, _next_fire(t)],
+                   t.spec.expression, t.spec.timezone, next_fire(t)],
         ["TRIGGER", "TASK@REV", "ENABLED", "CRON", "TIMEZONE", "NEXT FIRE"],
     )
 
 
+def _just_before(name: str) -> str:
+    """The greatest string below `name` that no Name can fall between (Names never hold
+    U+10FFFF): a keyset page after it starts at `name` itself."""
+    return name[:-1] + chr(ord(name[-1]) - 1) + "\U0010ffff"
+
+
 def trigger_get(c: Client, a: argparse.Namespace) -> int:
+    if not c.may_call("qledge.trigger.get"):
+        from edge.tools.ai.projections import TriggerCursor, TriggerListArgs, TriggerPage
+
+        args = TriggerListArgs(after=TriggerCursor(trigger_id=_just_before(a.trigger)), limit=1)
+        found = c.typed("qinglong.trigger.list", args, TriggerPage).triggers
+        if not found or found[0].trigger_id != a.trigger:
+            raise CallFailed("not_found", f"trigger {a.trigger!r} not found")
+        return show(a, found[0], _viewer_fields)
     return show(a, c.typed("qledge.trigger.get", trigger_tools.TriggerId(trigger_id=a.trigger), Trigger), _fields)
 
 

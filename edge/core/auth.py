@@ -31,10 +31,11 @@ DOMAIN_PERMISSIONS: tuple[str, ...] = (
     "secret.export",  # secret values, for an export made with secrets
     "credential.admin",
     "status.read",
+    "audit.read",  # the security audit log
 )
 
 _VIEWER = frozenset({"task.read", "trigger.read", "run.read", "status.read"})
-_OPERATOR = frozenset(DOMAIN_PERMISSIONS) - {"credential.admin", "secret.write", "secret.export"}
+_OPERATOR = frozenset(DOMAIN_PERMISSIONS) - {"credential.admin", "secret.write", "secret.export", "audit.read"}
 
 
 class Principal(msgspec.Struct, frozen=True):
@@ -123,6 +124,12 @@ class AuditRecord(msgspec.Struct, rename="camel"):
     reasons: list[str]
     transport: str
     request_id: str | None = None
+
+
+class AuditEntry(AuditRecord, rename="camel", kw_only=True):
+    """An audit row as read back: the record and its id (its place in the log)."""
+
+    id: int
 
 
 def tool_reason(tool_name: str) -> str:

@@ -5,11 +5,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import pwd
 import signal
 
 from edge.core.tasks import ArgvCommand, TaskSpec
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+DEFAULT_LANG = "C.UTF-8"
+_NO_LOGIN = ("nologin", "false")  # a service account's "shell": scripts that run $SHELL get /bin/sh
+
+
+def user_environment(uid: int, timezone: str, lang: str = DEFAULT_LANG) -> dict[str, str]:
+    """What a login would give the user a run executes as: HOME, USER, LOGNAME and SHELL
+    from its passwd entry (a uid without one gets its number, / and /bin/sh), and PATH,
+    LANG and TZ. Nothing of the daemon's own environment leaks into a run."""
+    try:
+        entry = pwd.getpwuid(uid)
+        name, home, shell = entry.pw_name, entry.pw_dir or "/", entry.pw_shell or "/bin/sh"
+    except KeyError:
+        name, home, shell = str(uid), "/", "/bin/sh"
+    if os.path.basename(shell) in _NO_LOGIN:
+        shell = "/bin/sh"
+    return {"HOME": home, "USER": name, "LOGNAME": name, "SHELL": shell, "PATH": DEFAULT_PATH, "LANG": lang,
+            "TZ": timezone}
 
 
 def argv(spec: TaskSpec) -> list[str]:

@@ -8,6 +8,7 @@ from edge.core.auth import Principal
 from edge.core.ports.runtime import Clock, RunController, StatusFacts, TriggerService
 from edge.core.ports.stores import (
     AuditLog,
+    AuditReader,
     CredentialStore,
     Readers,
     RunLogFiles,
@@ -51,6 +52,7 @@ class Services(msgspec.Struct, frozen=True, kw_only=True):
     credentials: CredentialStore
     secrets: SecretStore
     audit: AuditLog
+    audit_reader: AuditReader
     logs: RunLogFiles
     readers: Readers
     runner: RunController

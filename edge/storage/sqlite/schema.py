@@ -206,7 +206,19 @@ INSERT INTO meta (key, value)
     SELECT 'run_log_bytes:' || project_id, sum(log_bytes * (log_dropped_at_ms IS NULL)) FROM runs GROUP BY project_id;
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4)
+# Browsing history: run lists filtered by status or origin, each on an index of its own.
+# Only the rare values are indexed (finished but not succeeded; not scheduled), so a quiet
+# scheduled run that succeeds writes none of these; the common values are served by the
+# general indexes, where nearly every entry matches.
+_V5 = """
+CREATE INDEX runs_unsuccessful_idx ON runs (project_id, created_at_ms DESC, id DESC)
+    WHERE status IN ('failed', 'timed_out', 'lost', 'cancelled');
+CREATE INDEX runs_task_unsuccessful_idx ON runs (project_id, task_id, created_at_ms DESC, id DESC)
+    WHERE status IN ('failed', 'timed_out', 'lost', 'cancelled');
+CREATE INDEX runs_unscheduled_idx ON runs (project_id, created_at_ms DESC, id DESC) WHERE origin != 'scheduled';
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)
 
 
 def migrate(conn: apsw.Connection) -> int:

@@ -115,15 +115,27 @@ def create(conn: apsw.Connection, project: str, task_id: str, name: str, spec: T
 
 SQL_TASK_ACTIVE = "SELECT id FROM runs WHERE project_id = ? AND task_id = ? AND status IN ('queued', 'running') LIMIT 1"
 SQL_DELETE_TASK_RUNS = "DELETE FROM runs WHERE project_id = ? AND task_id = ? RETURNING id"
+SQL_TASK_TRIGGERS = "SELECT id FROM triggers WHERE project_id = ? AND task_id = ? ORDER BY id"
+_NAMED = 5  # triggers a refusal names; the count covers the rest
 
 
-def delete(conn: apsw.Connection, project: str, task_id: str, expected: int | None) -> list[str]:
+def _refuse_triggers(conn: apsw.Connection, project: str, task_id: str) -> None:
+    found = [tid for (tid,) in conn.execute(SQL_TASK_TRIGGERS, (project, task_id))]
+    if found:
+        names = ", ".join(found[:_NAMED]) + (", …" if len(found) > _NAMED else "")
+        what = "1 trigger" if len(found) == 1 else f"{len(found)} triggers"
+        raise conflict(f"task {task_id!r} has {what} ({names}), which would be deleted with it")
+
+
+def delete(conn: apsw.Connection, project: str, task_id: str, expected: int | None, with_triggers: bool) -> list[str]:
     """Delete the task and its finished runs; returns the run ids (their logs go after the commit)."""
     with immediate(conn):
         _head_revision(conn, project, task_id, expected)
         active = conn.execute(SQL_TASK_ACTIVE, (project, task_id)).fetchone()
         if active:
             raise conflict(f"task {task_id!r} has an active run ({active[0]}); cancel it first")
+        if not with_triggers:
+            _refuse_triggers(conn, project, task_id)
         removed = [rid for (rid,) in conn.execute(SQL_DELETE_TASK_RUNS, (project, task_id))]
         conn.execute("DELETE FROM tasks WHERE project_id = ? AND id = ?", (project, task_id))
     return removed
@@ -155,7 +167,7 @@ class SqliteTaskStore:
     async def page(self, project: str, after: str | None, limit: int) -> list[Task]:
         return await self._db.run(page, project, after or "", limit)
 
-    async def delete(self, project: str, task_id: str, expected_revision: int | None) -> int:
-        removed = await self._db.run(delete, project, task_id, expected_revision)
+    async def delete(self, project: str, task_id: str, expected_revision: int | None, with_triggers: bool) -> int:
+        removed = await self._db.run(delete, project, task_id, expected_revision, with_triggers)
         self._logs.remove(removed)
         return len(removed)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import msgspec
 
-from edge.core.errors import not_found
+from edge.core.errors import invalid, not_found
 from edge.core.reads import keyset
-from edge.core.tasks import Task, TaskSpec
+from edge.core.tasks import ArgvCommand, Task, TaskSpec
 from edge.core.text import Label, Limit, Name, NonNegative
 from edge.tools.context import ToolContext
 from edge.tools.definition import tool
@@ -34,6 +34,12 @@ class TaskRef(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
     expected_revision: NonNegative | None = None
 
 
+class DeleteArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
+    task_id: Name
+    expected_revision: NonNegative | None = None
+    with_triggers: bool = False  # without it, a task that has triggers is not deleted
+
+
 class ListArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
     after: Name | None = None
     limit: Limit = 64
@@ -56,12 +62,25 @@ async def _get(ctx: ToolContext, task_id: str) -> Task:
     return task
 
 
+def check_paths(spec: TaskSpec) -> None:
+    """A run never resolves a path against the daemon's own directory: a working directory
+    is absolute, and so is a program given as a path (a bare name is looked up in PATH)."""
+    if spec.working_dir is not None and not spec.working_dir.startswith("/"):
+        raise invalid(f"working directory {spec.working_dir!r} is relative: give an absolute path")
+    command = spec.command
+    if isinstance(command, ArgvCommand) and "/" in command.file and not command.file.startswith("/"):
+        raise invalid(f"program {command.file!r} is a relative path: give an absolute path,"
+                      " or a name to look up in PATH")
+
+
 async def create(ctx: ToolContext, args: CreateArgs) -> Task:
+    check_paths(args.spec)
     name = args.name or args.task_id
     return await ctx.services.tasks.create(ctx.project, args.task_id, name, args.spec, ctx.now_ms())
 
 
 async def update(ctx: ToolContext, args: UpdateArgs) -> Task:
+    check_paths(args.spec)
     return await ctx.services.tasks.update(
         ctx.project, args.task_id, args.expected_revision, args.spec, args.name, ctx.now_ms()
     )
@@ -84,8 +103,8 @@ async def disable(ctx: ToolContext, args: TaskRef) -> Task:
     return await ctx.services.tasks.set_enabled(ctx.project, args.task_id, False, args.expected_revision, ctx.now_ms())
 
 
-async def delete(ctx: ToolContext, args: TaskRef) -> Deleted:
-    runs = await ctx.services.tasks.delete(ctx.project, args.task_id, args.expected_revision)
+async def delete(ctx: ToolContext, args: DeleteArgs) -> Deleted:
+    runs = await ctx.services.tasks.delete(ctx.project, args.task_id, args.expected_revision, args.with_triggers)
     return Deleted(task_id=args.task_id, runs_deleted=runs)
 
 
@@ -98,8 +117,8 @@ TOOLS = [
          title="Enable a task"),
     tool("qledge.task.disable", disable, TaskRef, Task, effect="write", risk="medium", permission="task.write",
          title="Disable a task"),
-    tool("qledge.task.delete", delete, TaskRef, Deleted, effect="write", risk="medium", permission="task.write",
-         title="Delete a task, its triggers and its finished runs"),
+    tool("qledge.task.delete", delete, DeleteArgs, Deleted, effect="write", risk="medium", permission="task.write",
+         title="Delete a task and its finished runs (and, with withTriggers, its triggers)"),
     tool("qledge.task.get", get, TaskId, Task, effect="read", risk="medium", permission="task.inspect",
          title="A task with its full spec"),
     tool("qledge.task.list", list_tasks, ListArgs, TaskPage, effect="read", risk="medium", permission="task.inspect",
