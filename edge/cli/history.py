@@ -244,7 +244,7 @@ def _skip_to_marker(c: Client, run: str, offset: int) -> int:
 
 def _in(ms: int, now: int) -> str:
     seconds = round((ms - now) / 1000)
-    return "due now" if seconds <= 0 else "in " + render.span(seconds)
+    return "due now" if seconds <= 0 else "in " + render.span(seconds, units=2)
 
 
 def upcoming(c: Client, a: argparse.Namespace) -> int:

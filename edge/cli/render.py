@@ -41,13 +41,18 @@ def duration(start_ms: int | None, end_ms: int | None) -> str:
     return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
 
 
-def span(seconds: float) -> str:
-    """A configured length of time, in its largest whole units: 30s, 1h, 1h30m, 7d, 0.5s."""
+def span(seconds: float, units: int = 4) -> str:
+    """A length of time in whole units, the largest first: 30s, 1h, 1h30m, 7d, 0.5s; with
+    `units`, only that many of them (the rest rounded away): span(49490, 2) is 13h45m."""
     if seconds < 60 and seconds != int(seconds):
         return f"{seconds:g}s"
+    sizes = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
     rest = int(seconds)
+    first = next((i for i, (_, size) in enumerate(sizes) if rest >= size), len(sizes) - 1)
+    smallest = sizes[min(first + units, len(sizes)) - 1][1]
+    rest = round(rest / smallest) * smallest
     parts = []
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+    for unit, size in sizes:
         count, rest = divmod(rest, size)
         if count:
             parts.append(f"{count}{unit}")

@@ -179,7 +179,7 @@ def parse_reference(text: str) -> RunReference:
                              f" TASK:{LATEST} or TASK:{LATEST_FAILED}")
         return RunReference(task_id=task, failed=which == LATEST_FAILED)
     lowered = text.lower()
-    if len(text) >= 36 or not _PREFIX.match(lowered):
+    if len(text) > 36 or not _PREFIX.match(lowered):
         return RunReference(run_id=text)
     # Could still be a whole id (ids are the store's to choose): looked up as one first.
     return RunReference(run_id=text, prefix=lowered)

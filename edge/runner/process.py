@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import pwd
 import signal
 
 from edge.core.tasks import ArgvCommand, TaskSpec
@@ -19,6 +18,8 @@ def user_environment(uid: int, timezone: str, lang: str = DEFAULT_LANG) -> dict[
     """What a login would give the user a run executes as: HOME, USER, LOGNAME and SHELL
     from its passwd entry (a uid without one gets its number, / and /bin/sh), and PATH,
     LANG and TZ. Nothing of the daemon's own environment leaks into a run."""
+    import pwd  # at the first run, not at start-up
+
     try:
         entry = pwd.getpwuid(uid)
         name, home, shell = entry.pw_name, entry.pw_dir or "/", entry.pw_shell or "/bin/sh"
