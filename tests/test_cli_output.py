@@ -204,6 +204,11 @@ def test_the_cli_finds_a_daemon_through_its_config_file(home):
         by_env = _ok(subprocess.run([sys.executable, "-m", "edge", "status", "--json"],
                                     env={**env, "QLEDGE_CONFIG": config}, capture_output=True, text=True, timeout=30))
         assert json.loads(by_env.stdout)["dbPath"] == os.path.join(state, "qledge.db")
+        # The MCP bridge resolves the same file: it finds this daemon (whose MCP is off).
+        bridge = subprocess.run([sys.executable, "-m", "edge", "mcp", "--config", config], env=env,
+                                capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+        assert (bridge.returncode, bridge.stderr) == (
+            3, "qledge: unavailable: MCP is not enabled on this daemon (set [mcp] enabled = true)\n")
         missing = subprocess.run([sys.executable, "-m", "edge", "--config", "/nope.toml", "status"], env=env,
                                  capture_output=True, text=True, timeout=30)
         assert (missing.returncode, missing.stderr) == (

@@ -384,6 +384,28 @@ def test_uci_settings_render_a_config_the_daemon_accepts(tmp_path):
     assert cfg.mcp.enabled is True and cfg.mcp.socket == "/var/run/qledge/mcp.sock"
 
 
+def test_a_system_zone_without_its_zone_data_is_not_configured(tmp_path):
+    """LuCI sets a zonename whether or not its zoneinfo-* package is installed; the daemon
+    refuses a configured zone it cannot load, so the init script passes on only one it can."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "uci").write_text('#!/bin/sh\necho "$ZONENAME"\n')
+    (fake / "uci").chmod(0o755)
+    zones = tmp_path / "zoneinfo"
+    (zones / "Europe").mkdir(parents=True)
+    (zones / "Europe" / "Berlin").write_text("TZif")
+    values = {"state_dir": "/srv/qledge", "log_level": "info", "concurrency": "2", "queue_limit": "32",
+              "log_cap_bytes": "262144", "log_quota_bytes": "8388608", "runs_per_task": "100",
+              "run_max_age_days": "30", "synchronous": "NORMAL", "mcp_enabled": "0"}
+    render = f'CONF_DIR="{tmp_path}"; CONF="$CONF_DIR/qledge.toml"; render_config'
+    for zonename, expected in (("Europe/Berlin", "Europe/Berlin"), ("Asia/Shanghai", None), ("UTC", "UTC")):
+        done = subprocess.run([shutil.which("sh") or "sh", "-c", f'. "{INIT}"; {render}'], capture_output=True,
+                              text=True, env={**values, "PATH": f"{fake}:{os.environ['PATH']}",
+                                              "ZONENAME": zonename, "ZONEINFO_DIR": str(zones)})
+        assert done.returncode == 0, done.stderr
+        assert config_file.load(str(tmp_path / "qledge.toml")).timezone == expected, zonename
+
+
 def test_uci_defaults_are_the_validated_defaults():
     """Every option in the shipped /etc/config/qledge has the default the init script validates with."""
     with open(os.path.join(OPENWRT_FILES, "qledge.config")) as f:

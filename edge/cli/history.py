@@ -119,10 +119,8 @@ def run_list(c: Client, a: argparse.Namespace) -> int:
         if after is None:
             break
     more = f"more: qledge run list{_repeat(a)} --after {cursor_text(after)}" if after is not None else None
-    if a.json:
+    if a.json:  # a list of runs, nothing else: --all, or qledge.run.list itself, pages for programs
         render.json_out(runs)
-        if more:
-            print(more, file=sys.stderr)
         return OK
     if not runs:
         print("no runs match" if statuses or origins or a.since or a.until else "no runs")

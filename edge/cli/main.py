@@ -174,7 +174,8 @@ def _history_verbs(verbs: Subcommands, run: Subcommands, start: argparse.Argumen
     from edge.cli import history as h
     from edge.cli.edit import bounded_int
 
-    start.add_argument("--follow", action="store_true", help="with --wait: print the run's output as it comes")
+    start.add_argument("--follow", action="store_true",
+                       help="print the run's output as it comes, until it ends (implies --wait)")
     lst = verb(run, "list", h.run_list, "list runs, newest first (a page at a time, or --all)")
     h.list_options(lst)
     for action, handler, text in (("get", h.run_get, "show a run"), ("log", h.run_log, "print a run's log"),
