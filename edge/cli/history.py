@@ -74,7 +74,7 @@ def list_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--after", metavar="CURSOR",
                    help="continue after this point: the CURSOR a previous list printed, or a RUN")
     p.epilog = ("Filters combine (a run must match each one given); each is served by an index, and a page\n"
-                "examines a bounded number of runs. " + RUN_EPILOG)
+                "examines a bounded number of runs.\n" + RUN_EPILOG)
 
 
 def _choices(flag: str, given: list[str], valid: tuple[str, ...]) -> list[str]:
