@@ -282,7 +282,18 @@ UPDATE task_revisions SET spec = jsonb_set(spec::jsonb, '{env}', coalesce((
 WHERE EXISTS (SELECT 1 FROM jsonb_each(spec::jsonb -> 'env') AS e WHERE left(e.key, 7) = 'QLEDGE_');
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3)
+# Browsing history (as SQLite's version 7): run lists filtered by status or origin, each on
+# an index of its own. Only the rare values are indexed (finished but not succeeded; not
+# scheduled), so a quiet scheduled run that succeeds writes none of these.
+_V4 = """
+CREATE INDEX runs_unsuccessful_idx ON runs (project_id, created_at_ms DESC, id DESC)
+    WHERE status IN ('failed', 'timed_out', 'lost', 'cancelled');
+CREATE INDEX runs_task_unsuccessful_idx ON runs (project_id, task_id, created_at_ms DESC, id DESC)
+    WHERE status IN ('failed', 'timed_out', 'lost', 'cancelled');
+CREATE INDEX runs_unscheduled_idx ON runs (project_id, created_at_ms DESC, id DESC) WHERE origin <> 'scheduled';
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4)
 
 SQL_VERSION_TABLE = (
     "CREATE TABLE IF NOT EXISTS qledge_schema (version integer PRIMARY KEY, applied_at timestamptz NOT NULL)"

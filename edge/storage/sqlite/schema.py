@@ -239,7 +239,19 @@ UPDATE task_revisions SET spec = json_set(spec, '$.env', json((
 WHERE EXISTS (SELECT 1 FROM json_each(task_revisions.spec, '$.env') WHERE key GLOB 'QLEDGE_*');
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
+# Browsing history: run lists filtered by status or origin, each on an index of its own.
+# Only the rare values are indexed (finished but not succeeded; not scheduled), so a quiet
+# scheduled run that succeeds writes none of these; the common values are served by the
+# general indexes, where nearly every entry matches.
+_V7 = """
+CREATE INDEX runs_unsuccessful_idx ON runs (project_id, created_at_ms DESC, id DESC)
+    WHERE status IN ('failed', 'timed_out', 'lost', 'cancelled');
+CREATE INDEX runs_task_unsuccessful_idx ON runs (project_id, task_id, created_at_ms DESC, id DESC)
+    WHERE status IN ('failed', 'timed_out', 'lost', 'cancelled');
+CREATE INDEX runs_unscheduled_idx ON runs (project_id, created_at_ms DESC, id DESC) WHERE origin != 'scheduled';
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
 
 
 class SchemaTooNew(apsw.SQLError):
