@@ -78,7 +78,7 @@ def test_pepper_with_loose_mode_refuses_to_start(home):
     result = subprocess.run([sys.executable, "-m", "edge", "serve"], env=env, capture_output=True, text=True,
                             timeout=30)
     assert result.returncode == 2
-    assert result.stderr == f"qledge: unavailable: {pepper} has mode 0644; it must be 0600\n"
+    assert result.stderr == f"qledge: permission_denied: {pepper} has mode 0644; it must be 0600\n"
 
 
 @pytest.mark.parametrize("text,zone", [

@@ -58,7 +58,8 @@ then --env and --secret-env (no QLEDGE_* names), then QLEDGE_RUN_ID and QLEDGE_T
 TRIGGER_LIMITS = """\
 limits:
   --cron    5 fields (minute hour day-of-month month day-of-week) or 6 with seconds first, or
-            @hourly/@daily/@weekly/@monthly/@yearly; at most 256 characters
+            @hourly/@daily/@weekly/@monthly/@yearly, @reboot (once per boot), @once (one shot);
+            at most 256 characters; day-of-month and day-of-week both restricted: either matches
   --tz      an IANA zone name (Europe/Berlin), at most 64 characters
   --jitter  0 to 3600 seconds (S: seconds, or 90s, 5m, 1h)"""
 

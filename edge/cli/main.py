@@ -221,6 +221,7 @@ def _schedule_verbs(verbs: Subcommands, verb: Verb) -> None:
     add.add_argument("--jitter", type=edit.jitter, default=0, metavar="S",
                      help="delay each run by a random 0..S seconds (S: 0..3600, default 0)")
     add.add_argument("--id", metavar="ID", help="trigger id (default TASK-N)")
+    add.epilog = edit.TRIGGER_LIMITS
     _trigger_update_verb(trigger, verb)
     verb(trigger, "list", s.trigger_list, "list triggers")
     for action, handler in (("get", s.trigger_get), ("enable", s.trigger_toggle), ("disable", s.trigger_toggle),
