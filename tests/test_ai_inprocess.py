@@ -43,7 +43,7 @@ class Harness:
         stores = build_stores(self.db, config, self.home)
         workers = build_workers(config, self.home, stores, clock)
         registry = Registry(ai_tools())
-        facts = DaemonFacts(path, "asyncio", clock, stores.counts)
+        facts = DaemonFacts(path, "asyncio", clock, stores.counts, workers.settings, "/")
         self.services = build_services(config, stores, workers, facts, registry, b"p" * 32, clock)
         self.chain = build_chain(config, self.services, registry)
         return self

@@ -375,7 +375,7 @@ def test_every_tool_is_callable_from_the_cli(d):
     done = d.cli("call", "qinglong.task.list", "--args", '{"limit": 2}')
     assert [t["taskId"] for t in json.loads(done.stdout)["tasks"]] == ["t00", "t01"]
     bad = d.cli("call", "qinglong.task.runs.compare", "--args", '{"taskId": "t01", "limit": 3}')
-    assert bad.returncode == 1 and bad.stderr.startswith("qledge: invalid_argument:")
+    assert bad.returncode == 2 and bad.stderr.startswith("qledge: invalid_argument:")
     assert "Traceback" not in bad.stderr
 
 

@@ -125,12 +125,20 @@ def test_a_changed_trigger_is_replaced_and_a_pinned_one_is_reported(daemon_facto
 
     target = daemon_factory().start()
     _ok(target.cli("task", "add", "t", "--", "false"))
-    _ok(target.cli("trigger", "add", "t", "--cron", "30 * * * *", "--tz", "UTC", "--id", "old"))
+    made = json.loads(_ok(target.cli("trigger", "add", "t", "--cron", "30 * * * *", "--tz", "UTC", "--id", "old",
+                                     "--json")).stdout)
+    with target.db() as db:  # a fire on record here, which an update keeps
+        db.execute("INSERT INTO trigger_events (project_id, trigger_id, type, reason, scheduled_for_ms, fires,"
+                   " created_at_ms) VALUES ('default', 'old', 'skipped', 'overlap', 1000, 1, 1000)")
     result = _ok(target.cli("import", path, "--replace"))
     assert "updated: trigger old" in result.stdout and "skipped (identical): task t" in result.stdout
     assert "note: trigger old ran revision 1 of task t" in result.stdout
     trigger = _heads(target)[1]["old"]
     assert trigger["spec"]["expression"] == "0 * * * *" and trigger["taskRevision"] == 1
+    # Changed in place, by a new revision: the same trigger, its events kept.
+    assert trigger["revision"] == 2 and trigger["createdAtMs"] == made["createdAtMs"]
+    assert [e["reason"] for e in json.loads(_ok(target.cli("trigger", "events", "old", "--json")).stdout)] == [
+        "overlap"]
 
 
 def test_large_exports_page_and_batch(daemon_factory, tmp_path):

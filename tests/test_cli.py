@@ -111,7 +111,7 @@ def test_daemon_not_running_is_one_clear_line(home):
     env = {**os.environ, "QLEDGE_HOME": home}
     result = subprocess.run([sys.executable, "-m", "edge", "status"], env=env, capture_output=True, text=True)
     assert result.returncode == 3
-    assert result.stderr == f"qledge: daemon not running at {home}/qledge.sock\n"
+    assert result.stderr == f"qledge: unavailable: daemon not running at {home}/qledge.sock\n"
 
 
 def test_usage_errors_exit_2(home):
@@ -125,9 +125,10 @@ def test_call_prints_json_and_fails_nonzero(daemon):
     ok = daemon.cli("call", "qledge.status")
     assert ok.returncode == 0 and json.loads(ok.stdout)["pid"] == daemon.pid
     bad = daemon.cli("call", "qledge.nope")
-    assert bad.returncode == 1 and bad.stderr == "qledge: invalid_argument: unknown tool 'qledge.nope'\n"
+    # Invalid input is exit 2 whoever finds it: the daemon here, the CLI below.
+    assert bad.returncode == 2 and bad.stderr == "qledge: invalid_argument: unknown tool 'qledge.nope'\n"
     garbled = daemon.cli("call", "qledge.status", "--args", "{nope")
-    assert garbled.returncode == 2 and garbled.stderr.startswith("qledge: --args is not valid JSON")
+    assert garbled.returncode == 2 and garbled.stderr.startswith("qledge: invalid_argument: --args is not valid JSON")
 
 
 def test_status_reports_lean_default(daemon):
@@ -240,9 +241,9 @@ def test_peer_speaks_the_protocol(peer):
     # CLI sent the tool's argument Struct.
     p = peer({"taskId": "hello", "runsDeleted": 2})
     done = p.cli("task", "rm", "hello")
-    assert (done.returncode, done.stdout, done.stderr) == (0, "task hello deleted with 2 runs\n", "")
+    assert (done.returncode, done.stdout, done.stderr) == (0, "task hello deleted with its 2 finished runs\n", "")
     assert [(r["tool"], r["args"]) for r in p.requests] == [
-        ("qledge.task.delete", {"taskId": "hello", "expectedRevision": None})]
+        ("qledge.task.delete", {"taskId": "hello", "expectedRevision": None, "withTriggers": False})]
 
 
 @pytest.mark.parametrize("args,result,tool,expected", [
@@ -266,7 +267,11 @@ def test_a_reply_of_the_wrong_shape_is_one_clear_line(peer, args, result, tool, 
     got = peer(result).cli(*args)
     assert (got.returncode, got.stdout) == (1, ""), got
     assert "Traceback" not in got.stderr
-    assert got.stderr == f"qledge: {tool}: the daemon's reply is not a {expected}\n"
+    message = f"{tool}: the daemon's reply is not a {expected}"
+    if "--json" in args:  # the error, too, in the form asked for
+        assert json.loads(got.stderr) == {"error": {"code": "internal", "message": message}}
+    else:
+        assert got.stderr == f"qledge: internal: {message}\n"
 
 
 def test_json_output_is_what_the_tool_returned(daemon):

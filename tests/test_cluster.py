@@ -198,3 +198,65 @@ def test_retries_and_notifications_across_two_nodes(daemon_factory, pg_dsn):
         assert b.call("qledge.notify.log")["records"][0]["state"] == "sent"
     finally:
         server.close()
+
+
+def _json_out(result) -> object:
+    import json
+
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_history_and_edits_work_from_any_node(daemon_factory, pg_dsn):
+    """What `qledge run list`, run references, `task update`, `trigger update`, `task rm`,
+    `qledge next` and `qledge audit` read and write is the cluster's, from either node."""
+    a, b = start_nodes(daemon_factory, pg_dsn, 2)
+    a.call("qledge.task.create", task("ok", ["true"]))
+    a.call("qledge.task.create", task("bad", ["false"]))
+    ids = {}
+    for name in ("ok", "bad", "ok"):
+        run = b.call("qledge.run.start", {"taskId": name})
+        a.call("qledge.run.wait", {"runId": run["id"], "timeoutMs": 20_000})
+        ids.setdefault(name, []).append(run["id"])
+    failed = _json_out(a.cli("run", "list", "--status", "failed", "--json"))
+    assert [r["id"] for r in failed] == ids["bad"]
+    assert [r["id"] for r in _json_out(b.cli("run", "list", "--task", "ok", "--json"))] == ids["ok"][::-1]
+    assert _json_out(b.cli("run", "get", "bad:latest-failed", "--json"))["id"] == ids["bad"][0]
+    assert _json_out(a.cli("run", "get", ids["ok"][1][:13], "--json"))["id"] == ids["ok"][1]
+    gone = a.cli("run", "list", "--task", "nope")
+    assert gone.returncode == 1 and gone.stderr == "qledge: not_found: task 'nope' not found\n"
+    # Edits are compare-and-set on rows every node locks: a change made on one node is the
+    # head the other reads.
+    assert a.cli("task", "update", "ok", "--timeout", "90s").returncode == 0
+    assert _json_out(b.cli("task", "get", "ok", "--json"))["spec"]["timeoutMs"] == 90_000
+    assert b.cli("trigger", "add", "ok", "--cron", "0 3 * * *", "--tz", "UTC").returncode == 0
+    moved = a.cli("trigger", "update", "ok-1", "--cron", "30 4 * * *")
+    assert moved.returncode == 0 and "(revision 2): 30 4 * * * in UTC" in moved.stdout, moved.stderr
+    assert "ok-1" in b.cli("next").stdout
+    refused = b.cli("task", "rm", "ok")
+    assert refused.returncode == 1 and "has 1 trigger (ok-1)" in refused.stderr
+    assert a.cli("task", "rm", "ok", "--with-triggers").returncode == 0
+    assert b.call("qledge.trigger.list")["triggers"] == []
+    # The audit of every node, newest first.
+    rows_seen = _json_out(b.cli("audit", "--limit", "200", "--json"))
+    tools = [r["tool"] for r in rows_seen]
+    assert "qledge.task.delete" in tools and "qledge.trigger.update" in tools
+    assert [r["id"] for r in rows_seen] == sorted((r["id"] for r in rows_seen), reverse=True)
+
+
+@pytest.mark.e2e
+def test_following_a_log_from_either_node(daemon_factory, pg_dsn):
+    """Asked of the node that runs it, `run log --follow` streams; asked of the other, it
+    prints the log once the run has finished there. Both end with the whole log."""
+    import subprocess
+    import sys
+
+    a, b = start_nodes(daemon_factory, pg_dsn, 2)
+    a.call("qledge.task.create", task("slow", ["sh", "-c", "echo one; sleep 1; echo two; sleep 1; echo three"]))
+    run = a.call("qledge.run.start", {"taskId": "slow"})
+    followers = [subprocess.Popen([sys.executable, "-m", "edge", "run", "log", run["id"], "--follow"], env=node.env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for node in (a, b)]
+    outputs = [f.communicate(timeout=60) for f in followers]
+    for out, err in outputs:
+        assert (out, err) == ("one\ntwo\nthree\n", "")
+    assert [f.returncode for f in followers] == [0, 0]

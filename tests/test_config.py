@@ -50,22 +50,22 @@ def test_bad_config_is_one_clear_line(home, text, message):
 def test_serve_with_bad_config_exits_2_without_traceback(home):
     result = _serve(home, "[mcp]\nenabeld = true\n")
     assert result.returncode == 2
-    assert result.stderr == f"qledge: config {home}/c.toml: unknown key `mcp.enabeld`\n"
+    assert result.stderr == f"qledge: invalid_argument: config {home}/c.toml: unknown key `mcp.enabeld`\n"
 
 
 def test_missing_config_file(home):
     env = {**os.environ, "QLEDGE_HOME": home}
     result = subprocess.run([sys.executable, "-m", "edge", "serve", "--config", f"{home}/nope.toml"],
                             env=env, capture_output=True, text=True, timeout=30)
-    assert result.returncode == 2 and result.stderr.startswith("qledge: cannot read config")
+    assert result.returncode == 2 and result.stderr.startswith("qledge: invalid_argument: cannot read config")
 
 
 def test_second_daemon_on_the_same_socket_refuses(daemon):
     env = {**os.environ, "QLEDGE_HOME": daemon.home}
     result = subprocess.run([sys.executable, "-m", "edge", "serve"], env=env, capture_output=True, text=True,
                             timeout=30)
-    assert result.returncode == 1
-    assert result.stderr == f"qledge: another qledge daemon is already running in {daemon.home}\n"
+    assert result.returncode == 2  # a daemon that cannot start as configured
+    assert result.stderr == f"qledge: conflict: another qledge daemon is already running in {daemon.home}\n"
     assert daemon.call("qledge.status")["pid"] == daemon.pid
 
 
@@ -77,7 +77,8 @@ def test_pepper_with_loose_mode_refuses_to_start(home):
     env = {**os.environ, "QLEDGE_HOME": home}
     result = subprocess.run([sys.executable, "-m", "edge", "serve"], env=env, capture_output=True, text=True,
                             timeout=30)
-    assert result.returncode == 1 and result.stderr == f"qledge: {pepper} has mode 0644; it must be 0600\n"
+    assert result.returncode == 2
+    assert result.stderr == f"qledge: permission_denied: {pepper} has mode 0644; it must be 0600\n"
 
 
 @pytest.mark.parametrize("text,zone", [

@@ -138,8 +138,8 @@ def test_start_up_on_a_full_disk(small_disk):
     done = subprocess.run([sys.executable, "-m", "edge", "serve", "--config", d.config_path], env=env,
                           capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL)
     took = time.perf_counter() - started
-    assert done.returncode == 1 and done.stderr == (
-        f"qledge: the disk holding {home}/qledge.db is full (0.0 MiB free): free some space\n")
+    assert done.returncode == 2 and done.stderr == (
+        f"qledge: unavailable: the disk holding {home}/qledge.db is full (0.0 MiB free): free some space\n")
     assert took < 2.0, took
     # With a ballast (the default), the same full disk still starts: the ballast goes first.
     os.unlink(os.path.join(small_disk, "filler"))

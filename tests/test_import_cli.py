@@ -115,7 +115,7 @@ def test_crontab_import_dry_run_idempotent_disable_source(daemon, workdir):
     assert len(task_ids(daemon)) == 4
 
     # A deleted task is no longer "imported": importing again brings it back.
-    ok(daemon.cli("task", "rm", "rotate-logs"))
+    ok(daemon.cli("task", "rm", "rotate-logs", "--with-triggers"))
     assert "line 8: created task rotate-logs" in ok(daemon.cli("import", "crontab", path))
 
     # --disable-source: the imported lines are commented out, after a backup.
@@ -135,11 +135,11 @@ def test_crontab_import_dry_run_idempotent_disable_source(daemon, workdir):
 
 def test_crontab_import_errors_are_one_line(daemon, workdir):
     missing = daemon.cli("import", "crontab", os.path.join(workdir, "nope"))
-    assert missing.returncode == 2 and missing.stderr.startswith("qledge: cannot read ") and \
+    assert missing.returncode == 2 and missing.stderr.startswith("qledge: invalid_argument: cannot read ") and \
         missing.stderr.count("\n") == 1
     stdin = daemon.cli("import", "crontab", "-", "--disable-source", input="")
     assert stdin.returncode == 2
-    assert stdin.stderr == "qledge: --disable-source needs a crontab file, not standard input\n"
+    assert stdin.stderr == "qledge: invalid_argument: --disable-source needs a crontab file, not standard input\n"
 
 
 SECRET_VALUES = ("SECRETDEVICEKEY", "TELEGRAMSECRET", "PANELPASSWORD", "APPSECRET", "SCT123456789", "BEGIN KEY",
@@ -285,8 +285,8 @@ def test_an_operator_imports_a_root_crontab_only_for_a_task_user(daemon, workdir
         " with --user)\n")
     assert task_ids(daemon) == [] and daemon.call("qledge.import.list")["imports"] == []
     missing = daemon.cli("import", "crontab", path, "--user", "no-such-user-here", token=operator)
-    assert missing.returncode == 2 and missing.stderr == "qledge: --user no-such-user-here: there is no such user on" \
-        " this system\n"
+    assert missing.returncode == 2 and missing.stderr == (
+        "qledge: invalid_argument: --user no-such-user-here: there is no such user on this system\n")
 
     done = ok(daemon.cli("import", "crontab", path, "--user", "nobody", token=operator))
     assert "summary: 2 tasks with 2 triggers created" in done
@@ -304,8 +304,8 @@ def test_qinglong_scripts_go_where_their_task_user_reads_them(daemon, workdir):
     home = os.path.realpath(daemon.home)
     inside = daemon.cli("import", "qinglong", data, "--scripts-dir", os.path.join(home, "scripts"))
     assert inside.returncode == 2 and inside.stderr == (
-        f"qledge: --scripts-dir {home}/scripts is inside the daemon's state directory {home}, which task users"
-        " cannot read and where no run starts: choose a directory outside it\n")
+        f"qledge: invalid_argument: --scripts-dir {home}/scripts is inside the daemon's state directory {home},"
+        " which task users cannot read and where no run starts: choose a directory outside it\n")
     assert task_ids(daemon) == [] and secret_names(daemon) == []
 
     import apsw

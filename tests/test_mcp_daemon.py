@@ -15,7 +15,7 @@ from mcp_support import INITIALIZE, MODERN_META, LineClient, bridge_env, proc_st
 from support import DaemonProcess
 
 MCP_ON = "[mcp]\nenabled = true\nmax_line_bytes = 4096\n"
-NOT_ENABLED = "qledge mcp: MCP is not enabled on this daemon (set [mcp] enabled = true)\n"
+NOT_ENABLED = "qledge: unavailable: MCP is not enabled on this daemon (set [mcp] enabled = true)\n"
 
 
 @pytest.fixture
@@ -49,7 +49,7 @@ def test_bridge_says_mcp_is_not_enabled(daemon):
 def test_bridge_says_the_daemon_is_not_running(home):
     result = run_bridge(home, timeout=10)
     assert result.returncode == 3
-    assert result.stderr.decode() == f"qledge mcp: daemon not running at {home}/qledge.sock\n"
+    assert result.stderr.decode() == f"qledge: unavailable: daemon not running at {home}/qledge.sock\n"
     assert result.stdout == b""
 
 
@@ -63,8 +63,8 @@ def test_a_build_without_mcp_refuses_to_start_with_one_line(home):
         [sys.executable, "-c", code, "serve", "--config", config], env={**os.environ, "QLEDGE_HOME": home},
         capture_output=True, text=True, timeout=30,
     )
-    assert result.returncode == 1
-    assert result.stderr == "qledge: MCP is not included in this build\n"
+    assert result.returncode == 2  # a configuration this build cannot serve
+    assert result.stderr == "qledge: invalid_argument: MCP is not included in this build\n"
     assert not os.path.exists(os.path.join(home, "qledge.sock"))
 
 
@@ -184,7 +184,7 @@ def test_bridge_presents_the_token_and_writes_only_protocol_lines(mcp_daemon):
 
     refused = run_bridge(mcp_daemon.home, stdin=b"", token="qle_abc_wrong")
     assert refused.returncode == 1 and refused.stdout == b""
-    assert refused.stderr.decode().startswith("qledge mcp: unauthenticated: ")
+    assert refused.stderr.decode().startswith("qledge: unauthenticated: ")
     token_file = os.path.join(mcp_daemon.home, "token")
     with open(token_file, "w") as f:
         f.write(token + "\n")
@@ -229,7 +229,7 @@ def test_bridge_exits_when_the_daemon_goes_away(mcp_daemon):
     assert json.loads(proc.stdout.readline())["id"] == "init"
     mcp_daemon.stop()
     assert proc.wait(10) == 1
-    assert proc.stderr.read().decode() == "qledge mcp: the daemon closed the connection\n"
+    assert proc.stderr.read().decode() == "qledge: unavailable: the daemon closed the connection\n"
     proc.stdin.close()
 
 

@@ -115,8 +115,8 @@ async def graph():
     stores = build_stores(db, config, home)
     workers = build_workers(config, home, stores, clock)
     registry = Registry([*builtin_tools(), *_tools(seen)], deferred_tools())
-    services = build_services(config, stores, workers, DaemonFacts(db.path, "asyncio", clock, stores.counts),
-                              registry, b"p" * 32, clock)
+    facts = DaemonFacts(db.path, "asyncio", clock, stores.counts, workers.settings, "/")
+    services = build_services(config, stores, workers, facts, registry, b"p" * 32, clock)
     server = McpServer(build_chain(config, services, registry), os.path.join(home, "mcp.sock"), 64 * 1024)
     await server.start()
     try:

@@ -167,8 +167,8 @@ def test_mcp_enabled_in_a_build_without_it_is_one_clear_line(pyz_dir, home):
         f.write("[mcp]\nenabled = true\n")
     result = subprocess.run([*system_python(pyz), "serve", "--config", config],
                             env={**os.environ, "QLEDGE_HOME": home}, capture_output=True, text=True, timeout=60)
-    assert result.returncode != 0
-    assert result.stderr.strip().splitlines() == ["qledge: MCP is not included in this build"]
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == ["qledge: invalid_argument: MCP is not included in this build"]
 
 
 def test_a_build_without_notifications_runs_tasks_and_queues_nothing(pyz_dir):
@@ -214,7 +214,8 @@ def test_the_zipapp_without_its_packages_says_what_to_install(pyz_dir, home):
         result = subprocess.run([sys.executable, "-I", "-S", pyz, *args], env={**os.environ, "QLEDGE_HOME": home},
                                 capture_output=True, text=True, timeout=60)
         assert result.returncode == 2, (args, result.stderr)
-        assert result.stderr == ("qledge: the Python package msgspec is not installed: pip install msgspec"
+        assert result.stderr == ("qledge: invalid_argument: the Python package msgspec is not installed:"
+                                 " pip install msgspec"
                                  " (OpenWrt: opkg install python3-msgspec)\n"), args
 
 
@@ -434,6 +435,28 @@ def test_uci_settings_render_a_config_the_daemon_accepts(tmp_path):
     assert (cfg.retention.runs_per_task, cfg.retention.run_max_age_days, cfg.retention.log_quota_bytes) == (
         80, 9, 2097152)
     assert cfg.mcp.enabled is True and cfg.mcp.socket == "/var/run/qledge/mcp.sock"
+
+
+def test_a_system_zone_without_its_zone_data_is_not_configured(tmp_path):
+    """LuCI sets a zonename whether or not its zoneinfo-* package is installed; the daemon
+    refuses a configured zone it cannot load, so the init script passes on only one it can."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "uci").write_text('#!/bin/sh\necho "$ZONENAME"\n')
+    (fake / "uci").chmod(0o755)
+    zones = tmp_path / "zoneinfo"
+    (zones / "Europe").mkdir(parents=True)
+    (zones / "Europe" / "Berlin").write_text("TZif")
+    values = {"state_dir": "/srv/qledge", "log_level": "info", "concurrency": "2", "queue_limit": "32",
+              "log_cap_bytes": "262144", "log_quota_bytes": "8388608", "runs_per_task": "100",
+              "run_max_age_days": "30", "synchronous": "NORMAL", "mcp_enabled": "0"}
+    render = f'CONF_DIR="{tmp_path}"; CONF="$CONF_DIR/qledge.toml"; render_config'
+    for zonename, expected in (("Europe/Berlin", "Europe/Berlin"), ("Asia/Shanghai", None), ("UTC", "UTC")):
+        done = subprocess.run([shutil.which("sh") or "sh", "-c", f'. "{INIT}"; {render}'], capture_output=True,
+                              text=True, env={**values, "PATH": f"{fake}:{os.environ['PATH']}",
+                                              "ZONENAME": zonename, "ZONEINFO_DIR": str(zones)})
+        assert done.returncode == 0, done.stderr
+        assert config_file.load(str(tmp_path / "qledge.toml")).timezone == expected, zonename
 
 
 def test_uci_defaults_are_the_validated_defaults():

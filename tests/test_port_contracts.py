@@ -12,7 +12,7 @@ from edge.app.config import ClusterConfig, Config
 from edge.app.graph import Cluster, Stores, build_stores
 from edge.core.auth import AuditRecord, Credential
 from edge.core.errors import ToolError
-from edge.core.runs import Run, RunCursor, RunUpdate
+from edge.core.runs import Run, RunCursor, RunQuery, RunUpdate
 from edge.core.ports.notify import NoticeOutcome
 from edge.core.tasks import (
     ArgvCommand,
@@ -51,8 +51,9 @@ def spec(overlap: str = "forbid", file: str = "true") -> TaskSpec:
     return TaskSpec(command=ArgvCommand(file=file), overlap=overlap)  # type: ignore[arg-type]
 
 
-def run_of(task_id: str, run_id: str, created: int, project: str = P, **kw) -> Run:
-    return Run(id=run_id, project_id=project, task_id=task_id, task_revision=1, origin="manual", status="queued",
+def run_of(task_id: str, run_id: str, created: int, project: str = P, origin: str = "manual", **kw) -> Run:
+    return Run(id=run_id, project_id=project, task_id=task_id, task_revision=1, origin=origin,  # type: ignore[arg-type]
+               status="queued",
                version=1, event_seq=1, created_at_ms=created, queued_at_ms=created, **kw)
 
 
@@ -208,14 +209,33 @@ async def test_tasks_delete_refuses_active_runs_and_takes_finished_ones(stores: 
     await s.tasks.create(P, "t", "T", spec(), T0, privileged=False)
     await finished(s, run_of("t", "r-done", T0))
     await s.runs.create(run_of("t", "r-active", T0 + 100), "user")
-    assert await code_of(s.tasks.delete(P, "t", None)) == "conflict"
+    assert await code_of(s.tasks.delete(P, "t", None, False)) == "conflict"
     active = await s.runs.get(P, "r-active")
     assert active is not None
     await s.runs.transition("r-active", active.version, "cancelled", T0 + 200, "user", RunUpdate())
-    assert await code_of(s.tasks.delete(P, "t", 5)) == "conflict"
-    assert await s.tasks.delete(P, "t", 1) == 2
+    assert await code_of(s.tasks.delete(P, "t", 5, False)) == "conflict"
+    assert await s.tasks.delete(P, "t", 1, False) == 2
     assert await s.tasks.get(P, "t") is None and await s.runs.get(P, "r-done") is None
-    assert await code_of(s.tasks.delete(P, "t", None)) == "not_found"
+    assert await code_of(s.tasks.delete(P, "t", None, False)) == "not_found"
+
+
+async def test_tasks_delete_refuses_a_task_with_triggers_unless_they_go_too(stores: Stores):
+    s = stores
+    await s.tasks.create(P, "t", "T", spec(), T0, privileged=False)
+    for n in range(7):
+        await s.triggers.create(P, f"t-{n}", "t", None, HOURLY, T0)
+    with pytest.raises(ToolError) as refused:
+        await s.tasks.delete(P, "t", None, False)
+    assert (refused.value.code, refused.value.message) == (
+        "conflict", "task 't' has 7 triggers (t-0, t-1, t-2, t-3, t-4, …), which would be deleted with it")
+    assert await s.tasks.get(P, "t") is not None and len(await s.triggers.page(P, None, 10)) == 7
+    for n in range(1, 7):
+        await s.triggers.delete(P, f"t-{n}", None)
+    with pytest.raises(ToolError) as one:
+        await s.tasks.delete(P, "t", None, False)
+    assert one.value.message == "task 't' has 1 trigger (t-0), which would be deleted with it"
+    assert await s.tasks.delete(P, "t", None, True) == 0
+    assert await s.tasks.get(P, "t") is None and await s.triggers.get(P, "t-0") is None
 
 
 # -- RunStore -------------------------------------------------------------------------
@@ -265,6 +285,67 @@ async def test_runs_pages_are_keysets_newest_first(stores: Stores):
     assert [r.id for r in await s.runs.page(P, "a", None, 10)] == ["r5", "r3", "r1"]
     assert [r.id for r in await s.runs.page(P, "a", RunCursor(T0 + 10, "r3"), 10)] == ["r1"]
     assert {r.id for r in await s.runs.active()} >= set(ids) | {"x-other"}
+
+
+async def _search_all(s: Stores, query: RunQuery, limit: int) -> tuple[list[str], int]:
+    seen: list[str] = []
+    after: RunCursor | None = None
+    pages = 0
+    while True:
+        page = await s.runs.search(P, query, after, limit)
+        pages += 1
+        assert len(page.runs) <= limit
+        seen += [r.id for r in page.runs]
+        if page.next is None:
+            return seen, pages
+        after = page.next
+
+
+async def test_runs_search_filters_and_pages_newest_first(stores: Stores):
+    s = stores
+    for task in ("a", "b"):
+        await s.tasks.create(P, task, task, spec(overlap="allow"), T0, privileged=False)
+    made: list[tuple[str, str, str, str, int]] = []  # id, task, status, origin, created
+    plan = ["succeeded", "failed", "succeeded", "timed_out", "cancelled", "succeeded", "lost", "queued"]
+    for i, status in enumerate(plan * 2):
+        task, origin = ("a" if i % 3 else "b"), ("scheduled" if i % 4 else "manual")
+        rid, created = f"0190{i:04d}-run", T0 + (i // 2) * 10  # two runs share each millisecond
+        run = run_of(task, rid, created, origin=origin)
+        if status == "queued":
+            await s.runs.create(run, "user")
+        else:
+            await finished(s, run, status)
+        made.append((rid, task, status, origin, created))
+    await s.runs.create(run_of("a", "0190zzzz-theirs", T0, project="other"), "user")
+
+    def expected(q: RunQuery) -> list[str]:
+        rows = [m for m in made if (q.task_id is None or m[1] == q.task_id) and (not q.statuses or m[2] in q.statuses)
+                and (not q.origins or m[3] in q.origins) and (q.since_ms is None or m[4] >= q.since_ms)
+                and (q.until_ms is None or m[4] < q.until_ms)]
+        return [m[0] for m in sorted(rows, key=lambda m: (m[4], m[0]), reverse=True)]
+
+    queries = [
+        RunQuery(), RunQuery(task_id="a"), RunQuery(statuses=["failed", "timed_out", "lost"]),
+        RunQuery(task_id="b", statuses=["cancelled"]), RunQuery(statuses=["queued", "running"]),
+        RunQuery(task_id="a", statuses=["queued"]), RunQuery(origins=["manual"]),
+        RunQuery(task_id="a", origins=["manual"]), RunQuery(statuses=["succeeded"], origins=["scheduled"]),
+        RunQuery(since_ms=T0 + 20, until_ms=T0 + 60), RunQuery(statuses=["failed"], since_ms=T0 + 40),
+        RunQuery(task_id="nope"),
+    ]
+    for q in queries:
+        for limit in (1, 3, 64):
+            assert (await _search_all(s, q, limit))[0] == expected(q), (q, limit)
+    first = await s.runs.search(P, RunQuery(), None, 2)
+    assert [r.id for r in first.runs] == expected(RunQuery())[:2]
+    assert first.next == RunCursor(first.runs[-1].created_at_ms, first.runs[-1].id)
+    assert first.runs[0] == await s.runs.get(P, first.runs[0].id)  # whole runs
+    assert (await s.runs.search(P, RunQuery(), None, 64)).next is None
+    # Id prefixes: a range of ids, this project's only, ascending, at most `limit`.
+    assert await s.runs.with_prefix(P, "0190001", 10) == [f"0190{i:04d}-run" for i in range(10, 16)]
+    assert await s.runs.with_prefix(P, "0190001", 2) == ["01900010-run", "01900011-run"]
+    assert await s.runs.with_prefix(P, "0190zzzz", 3) == [] and await s.runs.with_prefix("other", "0190z", 3) == [
+        "0190zzzz-theirs"]
+    assert await s.runs.with_prefix(P, "", 3) == []
 
 
 async def test_runs_retention_applies_when_a_run_finishes(stores: Stores):
@@ -351,6 +432,58 @@ async def test_triggers_create_page_revise_and_delete(stores: Stores):
     assert await s.triggers.get(P, "t-2") is None
     assert await code_of(s.triggers.delete(P, "t-2", None)) == "not_found"
     assert await code_of(s.triggers.repin(P, "t-1", 4, None, T0)) == "not_found"
+
+
+async def test_triggers_update_is_a_new_revision_that_keeps_task_pin_flag_and_events(stores: Stores):
+    s = stores
+    await s.admission.save_time(T0 + 10 * 3_600_000)  # the newest time on record is ahead of `now`
+    await s.tasks.create(P, "t", "T", spec(overlap="allow"), T0, privileged=False)
+    made = await s.triggers.create(P, "g", "t", None, HOURLY, T0)
+    await s.tasks.update(P, "t", 1, spec(file="two", overlap="allow"), None, T0, privileged=False)
+    await s.triggers.repin(P, "g", 1, None, T0)  # pinned back to revision 1
+    before = await s.triggers.get(P, "g")
+    assert before is not None and before.task_revision == 1
+    await s.admission.admit_fires(P, "g", T0 + 20 * 3_600_000, 30_000, _rng)  # missed fires: an event
+    events = await s.triggers.events(P, "g", None, 10)
+    assert events
+    head = await s.triggers.get(P, "g")
+    assert head is not None
+    daily = CronSpec(expression="30 4 * * *", timezone="Europe/Berlin", misfire="fire_once", jitter_s=90)
+    assert await code_of(s.triggers.update(P, "g", daily, head.revision + 1, T0)) == "conflict"
+    assert await code_of(s.triggers.update(P, "nope", daily, None, T0)) == "not_found"
+    bad = CronSpec(expression="61 * * * *", timezone="UTC")
+    assert await code_of(s.triggers.update(P, "g", bad, None, T0)) == "invalid_argument"
+    assert await code_of(s.triggers.update(P, "g", CronSpec(expression="0 * * * *", timezone="Mars/Base"), None,
+                                           T0)) == "invalid_argument"
+    now = T0 + 21 * 3_600_000
+    new = await s.triggers.update(P, "g", daily, head.revision, now)
+    assert (new.revision, new.spec, new.task_id, new.task_revision, new.enabled) == (
+        head.revision + 1, daily, "t", 1, True)
+    assert new.content_digest != head.content_digest and new.updated_at_ms == now
+    # Re-armed for the new schedule from the newest time on record: the next 04:30 in Berlin.
+    mark = max(now, T0 + 20 * 3_600_000)
+    assert new.next_fire_at_ms == daily.schedule().next_after(mark)
+    assert [e.id for e in await s.triggers.events(P, "g", None, 10)] == [e.id for e in events]
+    same = await s.triggers.update(P, "g", daily, None, now + 1)
+    assert same == new  # the same spec changes nothing
+    # A disabled trigger takes a new schedule and stays disabled, unarmed.
+    off = await s.triggers.set_enabled(P, "g", False, None, now + 2)
+    later = await s.triggers.update(P, "g", HOURLY, off.revision, now + 3)
+    assert (later.enabled, later.next_fire_at_ms, later.spec) == (False, None, HOURLY)
+    assert made.created_at_ms == later.created_at_ms
+
+
+async def test_a_reboot_trigger_given_a_new_schedule_waits_for_the_next_boot(stores: Stores):
+    s = stores
+    await s.tasks.create(P, "t", "T", spec(overlap="allow"), T0, privileged=False)
+    await s.triggers.create(P, "r", "t", None, REBOOT, T0)
+    assert await s.admission.arm_boot(P, "boot-1", T0 + 5) == 1
+    hourly = await s.triggers.update(P, "r", HOURLY, None, T0 + 6)
+    assert hourly.next_fire_at_ms == T0 + 3_600_000
+    assert await s.admission.armed(P) == [(T0 + 3_600_000, "r")]  # the boot's fire went with the old schedule
+    back = await s.triggers.update(P, "r", REBOOT, None, T0 + 7)
+    assert back.next_fire_at_ms is None and await s.admission.armed(P) == []
+    assert (await s.admission.admit_fires(P, "r", T0 + 8, 30_000, _rng)).runs == []
 
 
 # -- RunAdmission ---------------------------------------------------------------------
@@ -706,7 +839,7 @@ async def test_import_task_creates_once_per_key_at_a_free_id(stores: Stores):
     assert [r.key for r in await s.tasks.imports(P, None, 1)] == ["crontab:root:3"]
     assert await s.tasks.imports("other", None, 10) == []
     # The record goes with its task: importing again creates it again.
-    await s.tasks.delete(P, "backup-2", None)
+    await s.tasks.delete(P, "backup-2", None, True)
     assert [r.key for r in await s.tasks.imports(P, None, 10)] == ["ql:cron:7"]
     assert await s.triggers.get(P, "backup-2-1") is None
     again = await s.tasks.import_task(P, item, crons(item), T0 + 5, privileged=False)
@@ -755,6 +888,27 @@ async def test_credentials_store_digests_and_revoke_once(stores: Stores):
     assert again is not None and again.revoked_at_ms == T0 + 5
     assert await s.credentials.revoke("other", "c1", T0) is None
     assert await s.credentials.lookup("missing") is None
+
+
+async def test_audit_reader_pages_the_project_newest_first(stores: Stores):
+    s = stores
+    for i in range(5):
+        await s.audit.append(AuditRecord(at_ms=T0 + i, project_id=P, principal="uid:0", tool=f"tool.{i}",
+                                         outcome="denied" if i == 3 else "allowed", reasons=["r"] if i == 3 else [],
+                                         transport="socket", request_id=f"q{i}"))
+    await s.audit.append(AuditRecord(at_ms=T0 + 9, project_id="other", principal="uid:0", tool="theirs",
+                                     outcome="allowed", reasons=[], transport="socket"))
+    first = await s.audit_reader.page(P, None, None, 2)
+    assert [e.tool for e in first.entries] == ["tool.4", "tool.3"] and first.next == first.entries[-1].id
+    denied = first.entries[1]
+    assert (denied.outcome, denied.reasons, denied.request_id, denied.at_ms) == ("denied", ["r"], "q3", T0 + 3)
+    rest = await s.audit_reader.page(P, None, first.next, 10)
+    assert [e.tool for e in rest.entries] == ["tool.2", "tool.1", "tool.0"] and rest.next is None
+    ids = [e.id for e in first.entries + rest.entries]
+    assert ids == sorted(ids, reverse=True)
+    since = await s.audit_reader.page(P, T0 + 2, None, 10)
+    assert [e.tool for e in since.entries] == ["tool.4", "tool.3", "tool.2"] and since.next is None
+    assert (await s.audit_reader.page("nobody's", None, None, 10)).entries == []
 
 
 async def test_secrets_are_write_only_outside_the_runner(stores: Stores):

@@ -10,7 +10,9 @@ import json
 
 import pytest
 
-from edge.storage.postgres import admission, catalog, reads, runs
+from edge.core.reads import SEARCH_BUDGET
+from edge.core.runs import RunCursor, RunQuery
+from edge.storage.postgres import admission, catalog, reads, runs, security
 from edge.storage.postgres.db import PgDatabase
 from edge.storage.postgres.schema import migrate
 
@@ -23,8 +25,9 @@ INSERT INTO task_revisions SELECT 'default', id, 1, 'qinglong/command@v1',
 INSERT INTO runs (id, project_id, task_id, task_revision, origin, status, version, event_seq, created_at_ms,
                   idempotency_key, node_id, fence, lease_until)
 SELECT lpad(i::text, 12, '0'), CASE WHEN i % 10 = 9 THEN 'other' ELSE 'default' END,
-       'task-' || lpad((i % 100)::text, 3, '0'), 1, 'scheduled',
-       CASE WHEN i % 20000 = 0 THEN 'queued' WHEN i % 20000 = 1 THEN 'running' ELSE 'succeeded' END, 3, 3,
+       'task-' || lpad((i % 100)::text, 3, '0'), 1, CASE WHEN i % 53 = 3 THEN 'manual' ELSE 'scheduled' END,
+       CASE WHEN i % 20000 = 0 THEN 'queued' WHEN i % 20000 = 1 THEN 'running' WHEN i % 97 = 5 THEN 'failed'
+            WHEN i % 389 = 7 THEN 'cancelled' ELSE 'succeeded' END, 3, 3,
        1790000000000 + i * 1000, 'cron:g:1:' || i,
        CASE WHEN i % 20000 = 1 THEN 'n1' END, CASE WHEN i % 20000 = 1 THEN i END,
        CASE WHEN i % 20000 = 1 THEN now() END
@@ -34,6 +37,9 @@ INSERT INTO triggers SELECT 'default', 'g-' || lpad(i::text, 5, '0'), 1, 'task-'
 INSERT INTO trigger_revisions SELECT project_id, id, 1, task_id, 1, true, 'qinglong/cron@v1',
        '{"expression":"0 * * * *","timezone":"UTC"}', 'sha256:00', 0 FROM triggers;
 INSERT INTO boot_fires SELECT 'default', id, 'n' || n, 'boot', 0 FROM triggers, generate_series(1, 3) n;
+INSERT INTO security_audit (at_ms, project_id, principal, tool, outcome, reasons, transport)
+SELECT 1790000000000 + i, CASE WHEN i % 10 = 9 THEN 'other' ELSE 'default' END, 'uid:0', 'qledge.status', 'allowed',
+       '[]', 'socket' FROM generate_series(1, 20000) i;
 INSERT INTO imports SELECT 'default', 'crontab:root:' || i, 'task', 'task-000', 0 FROM generate_series(1, 5000) i;
 ANALYZE;
 """
@@ -126,3 +132,81 @@ def test_boot_fires_and_import_records_are_read_by_their_keys(filled):
                  big=("runs", "triggers", "imports"))
     assert_index(filled, catalog.SQL_IMPORTS, ("default", "crontab:root:100", 33), "imports_pkey",
                  big=("runs", "triggers", "imports"))
+
+
+# Every filter of `qledge run list` on the index that serves it (as tests/test_history.py
+# checks on SQLite): the rare statuses and origins on their partial indexes (schema version 4).
+PLANS = [
+    (RunQuery(), "runs_project_created_idx"),
+    (RunQuery(task_id="task-007"), "runs_task_created_idx"),
+    (RunQuery(statuses=["failed"]), "runs_unsuccessful_idx"),
+    (RunQuery(statuses=["failed", "timed_out", "lost", "cancelled"], since_ms=5), "runs_unsuccessful_idx"),
+    (RunQuery(task_id="task-007", statuses=["failed", "timed_out", "lost"]), "runs_task_unsuccessful_idx"),
+    (RunQuery(statuses=["running"]), "runs_active_idx"),
+    (RunQuery(task_id="task-000", statuses=["queued", "running"]), "runs_active_idx"),
+    (RunQuery(origins=["manual"]), "runs_unscheduled_idx"),
+    (RunQuery(origins=["manual", "agent"], until_ms=1790000050000), "runs_unscheduled_idx"),
+    (RunQuery(task_id="task-007", origins=["manual"]), "runs_task_created_idx"),
+    (RunQuery(statuses=["succeeded"]), "runs_project_created_idx"),
+    (RunQuery(origins=["scheduled"], since_ms=1790000050000), "runs_project_created_idx"),
+    (RunQuery(statuses=["failed"], origins=["manual"]), "runs_unsuccessful_idx"),
+]
+
+
+@pytest.mark.parametrize("query,index", PLANS)
+def test_every_run_list_filter_is_served_by_its_index(filled, query, index):
+    assert_index(filled, runs.scan_sql(query), runs.scan_params("default", query, None, SEARCH_BUDGET), index)
+
+
+def test_run_prefixes_and_audit_pages_are_key_ranges(filled):
+    assert_index(filled, runs.SQL_PREFIX, ("0000000500", "0000000501", "default", 3), "runs_pkey")
+    assert_index(filled, runs.SQL_SEARCH_RUNS, ("default", ["000000000005", "000000000006"]), "runs_pkey")
+    assert_index(filled, security.SQL_AUDIT_PAGE, (15000, "default", SEARCH_BUDGET), "security_audit_pkey",
+                 big=("runs", "triggers", "security_audit"))
+
+
+def test_search_pages_find_exactly_the_matching_runs_whatever_the_budget(filled):
+    """Walked page by page with a small budget (pages that examine 50 entries, some with no
+    match), the search finds what one plain query finds."""
+    queries = [RunQuery(task_id="task-003", origins=["manual"]), RunQuery(statuses=["cancelled"]),
+               RunQuery(statuses=["failed"], origins=["manual"], until_ms=1790090000000),
+               RunQuery(statuses=["queued", "running"])]
+
+    async def walk(q: RunQuery) -> tuple[list[str], int]:
+        db = PgDatabase(filled)
+        seen: list[str] = []
+        after: RunCursor | None = None
+        pages = 0
+        try:
+            while True:
+                page = await db.tx(runs._search, "default", q, after, 7, 50)
+                pages += 1
+                assert len(page.runs) <= 7
+                seen += [r.id for r in page.runs]
+                if page.next is None:
+                    return seen, pages
+                after = page.next
+        finally:
+            await db.close()
+
+    for q in queries:
+        terms, params = ["project_id = 'default'"], []
+        if q.task_id:
+            terms.append("task_id = %s")
+            params.append(q.task_id)
+        if q.statuses:
+            terms.append("status = ANY(%s)")
+            params.append(list(q.statuses))
+        if q.origins:
+            terms.append("origin = ANY(%s)")
+            params.append(list(q.origins))
+        if q.until_ms is not None:
+            terms.append("created_at_ms < %s")
+            params.append(q.until_ms)
+        with psycopg.connect(filled, autocommit=True) as conn:
+            want = [r for (r,) in conn.execute(
+                f"SELECT id FROM runs WHERE {' AND '.join(terms)} ORDER BY created_at_ms DESC, id DESC",
+                params).fetchall()]
+        seen, pages = asyncio.run(walk(q))
+        assert seen == want and want, q
+        assert pages >= len(want) // 7

@@ -11,12 +11,12 @@ import pytest
 from edge.core.auth import AuditRecord
 from edge.core.runs import Run, RunUpdate
 from edge.core.tasks import ArgvCommand, TaskSpec
-from edge.storage.sqlite import audit as audit_sql
+from edge.storage.sqlite import security as audit_sql
 from edge.storage.sqlite import retention
 from edge.storage.sqlite import runs as run_sql
 from edge.storage.sqlite import tasks as task_sql
 from edge.storage.run_logs import RunLogs
-from edge.storage.sqlite.audit import SqliteAuditLog
+from edge.storage.sqlite.security import SqliteAuditLog
 from edge.storage.sqlite.db import Database
 from edge.storage.sqlite.retention import BATCH, Policy
 from edge.storage.sqlite.runs import SqliteRunStore
@@ -180,7 +180,7 @@ async def test_running_total_survives_task_delete_and_matches_after_migration(ma
     for i in range(3):
         await s.finished("a", T0 + i, log=100)
         await s.finished("b", T0 + i, log=7)
-    await s.tasks.delete("default", "a", None)
+    await s.tasks.delete("default", "a", None, True)
     conn = _check(home)
     assert retention.log_total(conn, "default") == 21
     _total_is_consistent(conn)

@@ -196,3 +196,38 @@ def test_a_retry_due_while_the_daemon_was_stopped_runs_once_after_its_restart(da
     d.start()  # a second restart admits nothing again
     time.sleep(1.0)
     assert len(d.call("qledge.run.list", {"taskId": "flaky"})["runs"]) == 2
+
+
+def test_task_update_changes_retries_and_notification_rules(daemon):
+    assert daemon.cli("task", "add", "t", "--", "true").returncode == 0
+
+    def spec() -> dict:
+        return daemon.call("qledge.task.get", {"taskId": "t"})["spec"]
+
+    up = daemon.cli("task", "update", "t", "--retries", "3", "--retry-delay", "5m")
+    assert up.returncode == 0, up.stderr
+    assert spec()["retry"] == {"count": 3, "delayS": 300.0}
+    assert daemon.cli("task", "update", "t", "--retry-backoff", "2").returncode == 0  # the rest is kept
+    assert spec()["retry"] == {"count": 3, "delayS": 300.0, "backoff": 2.0}
+    assert daemon.cli("task", "update", "t", "--notify", "phone,mail", "--notify-on", "failure").returncode == 0
+    assert spec()["notify"] == [{"channels": ["phone", "mail"], "on": ["failure"]}]
+    assert daemon.cli("task", "update", "t", "--no-notify").returncode == 0 and spec()["notify"] == []
+    shown = daemon.cli("task", "get", "t").stdout
+    assert re.search(r"^retries: +3 after 300s, ×2 each time$", shown, re.M) and re.search(r"^notify: +none$", shown,
+                                                                                        re.M), shown
+    assert daemon.cli("task", "update", "t", "--reset", "retries", "--reset", "notify").returncode == 0
+    assert "retry" not in spec() and "notify" not in spec()
+    E = "qledge: invalid_argument: "  # noqa: N806 (the prefix of every refused flag)
+    for args, line in (
+        (["--retries", "11"], E + "--retries must be from 1 to 10\n"),
+        (["--retries", "1", "--retry-delay", "2d"], E + "--retry-delay must be at most 1 day (86400 seconds)\n"),
+        (["--retry-backoff", "0.5", "--retries", "1"], E + "--retry-backoff must be from 1 to 10\n"),
+        (["--retry-delay", "5"], E + "--retry-delay, --retry-backoff and --retry-max-delay need --retries N\n"),
+        (["--notify-on", "failure"], E + "--notify-on needs --notify CHANNEL\n"),
+        (["--no-notify", "--notify", "a"], E + "--no-notify cannot be combined with --notify or --notify-on\n"),
+    ):
+        bad = daemon.cli("task", "add", "x", *args, "--", "true")
+        assert (bad.returncode, bad.stderr) == (2, line), args
+    wrong = daemon.cli("task", "add", "x", "--notify", "a", "--notify-on", "sometimes", "--", "true")
+    assert wrong.returncode == 2 and wrong.stderr.startswith(E + "--notify-on takes events among failure,")
+    assert daemon.call("qledge.task.list")["tasks"][-1]["id"] == "t"  # nothing was added

@@ -123,7 +123,8 @@ def test_secret_tools_never_return_a_value(daemon):
     assert set(entry) == {"name", "createdAtMs", "updatedAtMs"} and entry["name"] == "api"
     # Values never come from argv; a missing one is one clear line.
     assert daemon.cli("secret", "set", "api", value).returncode == 2
-    assert daemon.cli("secret", "set", "empty", input="").stderr == "qledge: empty value; nothing was stored\n"
+    assert daemon.cli("secret", "set", "empty", input="").stderr == (
+        "qledge: invalid_argument: empty value; nothing was stored\n")
     assert daemon.cli("secret", "rm", "api").stdout == "secret api deleted\n"
     gone = daemon.cli("secret", "rm", "api")
     assert gone.returncode == 1 and gone.stderr == "qledge: not_found: secret 'api' not found\n"
@@ -299,8 +300,8 @@ def test_only_one_daemon_per_home(daemon):
     env = {**os.environ, "QLEDGE_HOME": daemon.home}
     result = subprocess.run([sys.executable, "-m", "edge", "serve", "--socket", other], env=env,
                             capture_output=True, text=True, timeout=30)
-    assert result.returncode == 1
-    assert result.stderr == f"qledge: another qledge daemon is already running in {daemon.home}\n"
+    assert result.returncode == 2
+    assert result.stderr == f"qledge: conflict: another qledge daemon is already running in {daemon.home}\n"
     assert not os.path.exists(other)
 
 

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from datetime import datetime
 
 import apsw
@@ -257,7 +258,17 @@ async def test_clock_jump_backward_holds_and_never_repeats(env):
     assert await env.cursor(trig.id) == at("10:02:00")
 
 
-async def test_boot_at_1970_holds_until_the_clock_is_set(env, home):
+@pytest.fixture
+def utc_here(monkeypatch):
+    """Status lines show the daemon's local time: make that UTC for exact assertions."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+async def test_boot_at_1970_holds_until_the_clock_is_set(env, home, utc_here):
     trig = await env.trigger("*/5 * * * *")
     await env.tick(at("10:00:00"))
     await env.finish((await env.all_runs())[0])
@@ -268,7 +279,7 @@ async def test_boot_at_1970_holds_until_the_clock_is_set(env, home):
     assert await boot.tick(5_000) == MAX_SLEEP_S
     assert await boot.tick(65_000) == MAX_SLEEP_S
     status = boot.scheduler.status()
-    assert status["clock"] == ("waiting for sync (wall clock 1970-01-01T00:01:05Z is behind 2024-05-01T10:00:00Z,"
+    assert status["clock"] == ("waiting for sync (wall clock 1970-01-01 00:01:05 UTC is behind 2024-05-01 10:00:00 UTC,"
                                " the newest time seen; scheduling resumes when it catches up)")
     # A trigger made meanwhile counts from the newest time on record, not from 1970.
     made = await boot.trigger("0 * * * *", trigger_id="new")
@@ -459,7 +470,7 @@ async def test_missing_zone_data_refuses_once_and_keeps_the_cursor(env):
 # -- the real loop, the real runner -----------------------------------------------
 
 
-async def test_loop_wakes_when_triggers_change(env):
+async def test_loop_wakes_when_triggers_change(env, utc_here):
     await env.scheduler.start()
     await asyncio.sleep(0.05)
     assert env.scheduler.status()["scheduler"] == "0 triggers armed"
@@ -467,7 +478,7 @@ async def test_loop_wakes_when_triggers_change(env):
     spec = CronSpec(expression="0 12 * * *", timezone="UTC")
     await facade.create("default", "noon", "t", None, spec, env.clock.ms)
     await asyncio.sleep(0.05)  # well under the minute the loop would otherwise sleep
-    assert env.scheduler.status()["scheduler"] == "1 triggers armed, next fire 2024-05-01T12:00:00Z"
+    assert env.scheduler.status()["scheduler"] == "1 triggers armed, next fire 2024-05-01 12:00:00 UTC"
     await facade.delete("default", "noon", None)
     await asyncio.sleep(0.05)
     assert env.scheduler.status()["scheduler"] == "0 triggers armed"
@@ -572,7 +583,7 @@ async def test_deleting_a_trigger_or_its_task_takes_the_events(env):
     await env.tasks.set_enabled("default", "t", False, None, env.clock.ms)
     await env.tick(at("10:00:00"))
     assert len(await env.events()) == 1
-    await env.tasks.delete("default", "t", None)
+    await env.tasks.delete("default", "t", None, True)
     assert await env.store.get("default", trig.id) is None and await env.events() == []
     await env.tick(at("10:01:00"))  # the heap still held it: admission finds it gone
     assert env.scheduler.status()["scheduler"] == "0 triggers armed"

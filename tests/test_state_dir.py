@@ -57,7 +57,8 @@ def test_random_bytes_as_the_database_exit_at_once_with_one_line(home):
         f.write(os.urandom(64 * 1024))
     code, err, took = _serve(home)
     line = _one_line(err)
-    assert code == 1 and line.startswith("qledge: qledge.db is not a SQLite database: file is not a database")
+    assert code == 2 and line.startswith(
+        "qledge: unavailable: qledge.db is not a SQLite database: file is not a database")
     assert took < FAIL_FAST_S + 1.0, took  # the interpreter's own start-up is ~0.1 s of it
 
 
@@ -66,8 +67,8 @@ def test_a_newer_schema_exits_at_once_naming_both_versions(started):
     conn.pragma("user_version", 99)
     conn.close()
     code, err, took = _serve(started)
-    assert code == 1 and _one_line(err) == (
-        f"qledge: database schema version 99 is newer than this qledge ({len(MIGRATIONS)}):"
+    assert code == 2 and _one_line(err) == (
+        f"qledge: unavailable: database schema version 99 is newer than this qledge ({len(MIGRATIONS)}):"
         " upgrade qledge or restore a backup")
     assert took < FAIL_FAST_S + 1.0, took
 
@@ -76,11 +77,13 @@ def test_an_uncreatable_home_and_a_dangling_logs_link_are_one_line(home, tmp_pat
     blocker = tmp_path / "file"
     blocker.write_text("")
     code, err, _ = _serve(str(blocker / "home"))
-    assert code == 1 and _one_line(err) == f"qledge: cannot create the state directory {blocker}/home: Not a directory"
+    assert code == 2 and _one_line(err) == (
+        f"qledge: unavailable: cannot create the state directory {blocker}/home: Not a directory")
     os.symlink(os.path.join(home, "gone"), os.path.join(home, "logs"))
     code, err, took = _serve(home)
-    assert code == 1 and _one_line(err) == (
-        f"qledge: {home}/logs is a symbolic link; the state directory's files must be its own: remove the link")
+    assert code == 2 and _one_line(err) == (
+        f"qledge: permission_denied: {home}/logs is a symbolic link; the state directory's files must be its own:"
+        " remove the link")
     assert took < FAIL_FAST_S + 1.0
 
 
@@ -162,8 +165,8 @@ def test_a_new_home_is_made_0700_and_its_files_0600():
 def test_a_home_writable_by_others_is_refused(started, mode):
     os.chmod(started, mode)
     code, err, took = _serve(started)
-    assert code == 1 and _one_line(err) == (
-        f"qledge: {started} is writable by group or others (mode {mode:04o}): chmod go-w {started}")
+    assert code == 2 and _one_line(err) == (
+        f"qledge: permission_denied: {started} is writable by group or others (mode {mode:04o}): chmod go-w {started}")
     assert took < FAIL_FAST_S + 1.0
 
 
@@ -172,7 +175,8 @@ def test_a_state_file_writable_by_others_is_refused(started, name):
     path = os.path.join(started, name)
     os.chmod(path, 0o666 if name != "logs" else 0o777)
     code, err, _ = _serve(started)
-    assert code == 1 and _one_line(err).startswith(f"qledge: {path} is writable by group or others")
+    assert code == 2 and _one_line(err).startswith(
+        f"qledge: permission_denied: {path} is writable by group or others")
     assert f"chmod go-w {path}" in err
 
 
@@ -188,8 +192,9 @@ def test_a_planted_link_is_refused_not_followed(started, tmp_path, name):
         target.write_bytes(b"")
     os.symlink(target, path)
     code, err, _ = _serve(started)
-    assert code == 1 and _one_line(err) == (
-        f"qledge: {path} is a symbolic link; the state directory's files must be its own: remove the link")
+    assert code == 2 and _one_line(err) == (
+        f"qledge: permission_denied: {path} is a symbolic link; the state directory's files must be its own:"
+        " remove the link")
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="giving a file to another uid needs root")
@@ -197,13 +202,13 @@ def test_a_home_or_file_owned_by_another_uid_is_refused(started):
     os.chown(os.path.join(started, "pepper"), 65534, 65534)
     code, err, _ = _serve(started)
     pepper = os.path.join(started, "pepper")
-    assert code == 1 and _one_line(err) == (
-        f"qledge: {pepper} is owned by uid 65534, not by this daemon's uid 0: chown 0 {pepper}"
+    assert code == 2 and _one_line(err) == (
+        f"qledge: permission_denied: {pepper} is owned by uid 65534, not by this daemon's uid 0: chown 0 {pepper}"
         " (or start the daemon as its owner)")
     os.chown(pepper, 0, 0)
     os.chown(started, 65534, 65534)
     code, err, _ = _serve(started)
-    assert code == 1 and f"qledge: {started} is owned by uid 65534" in _one_line(err)
+    assert code == 2 and f"qledge: permission_denied: {started} is owned by uid 65534" in _one_line(err)
 
 
 def test_a_home_reached_through_a_link_is_fine(tmp_path):

@@ -157,7 +157,7 @@ def test_an_operator_writes_tasks_only_for_task_users(daemon):
         message = _denied(create, "qledge.task.create", {"taskId": "d", "spec": _spec(user="daemon")}, token=operator)
         assert "not in [runner] task_users" in message
     bad = daemon.cli("task", "add", "ghost", "--user", "no-such-user-here", "--", "true", token=operator)
-    assert bad.returncode == 1 and "there is no user 'no-such-user-here'" in bad.stderr
+    assert bad.returncode == 2 and "there is no user 'no-such-user-here'" in bad.stderr
     made = create("qledge.task.create", {"taskId": "ok", "spec": _spec()}, token=operator)
     assert made["spec"]["user"] == "nobody" and made["privileged"] is False
     # The owner may run anything as anyone.
@@ -167,9 +167,9 @@ def test_an_operator_writes_tasks_only_for_task_users(daemon):
 
 @needs_root
 def test_every_way_to_make_a_privileged_revision_runnable_needs_task_privileged(daemon):
-    """Update, enable, trigger create (also pinned to an older revision), repin and
-    trigger enable all check what the revision would run; disable, delete and a manual
-    start of what an owner wrote do not."""
+    """Update, enable, trigger create (also pinned to an older revision), repin, trigger
+    enable and a new schedule for an enabled trigger all check what the revision would run;
+    disable, delete and a manual start of what an owner wrote do not."""
     _, op = daemon.token("operator")
     root_spec = _spec(user="root")
     daemon.call("qledge.task.create", {"taskId": "p", "spec": root_spec})  # revision 1, the owner's
@@ -187,7 +187,18 @@ def test_every_way_to_make_a_privileged_revision_runnable_needs_task_privileged(
     # The owner makes it root again (the trigger follows to 3) and disables it; the
     # operator can disable and delete, but neither re-enable it nor its trigger.
     daemon.call("qledge.task.update", {"taskId": "p", "expectedRevision": 2, "spec": root_spec})
+    # A new schedule re-arms the enabled trigger of a root revision: refused; the CLI says so
+    # in one line. The same schedule changes nothing and needs nothing.
+    new_time = {"triggerId": trig["id"], "expression": "*/5 * * * *"}
+    message = _denied(daemon.call, "qledge.trigger.update", new_time, token=op)
+    assert "runs as root" in message and "task.privileged" in message
+    cli = daemon.cli("trigger", "update", trig["id"], "--cron", "*/5 * * * *", token=op)
+    assert cli.returncode == 1 and cli.stderr.startswith("qledge: permission_denied: a trigger of task p revision 3")
+    assert daemon.call("qledge.trigger.update", {"triggerId": trig["id"], "expression": "0 3 * * *"},
+                       token=op)["revision"] == daemon.call("qledge.trigger.get", {"triggerId": trig["id"]})["revision"]
     daemon.call("qledge.trigger.disable", {"triggerId": trig["id"]}, token=op)
+    # Disabled, it runs nothing: a new schedule is the operator's to give; enabling it is not.
+    assert daemon.call("qledge.trigger.update", new_time, token=op)["spec"]["expression"] == "*/5 * * * *"
     _denied(daemon.call, "qledge.trigger.enable", {"triggerId": trig["id"]}, token=op)
     daemon.call("qledge.task.disable", {"taskId": "p"}, token=op)
     _denied(daemon.call, "qledge.task.enable", {"taskId": "p"}, token=op)
@@ -197,7 +208,43 @@ def test_every_way_to_make_a_privileged_revision_runnable_needs_task_privileged(
     assert enabled["privileged"] is True and enabled["spec"]["user"] == "root"
     run, _ = _run(daemon, "p", op)
     assert run["status"] == "succeeded"
-    assert daemon.call("qledge.task.delete", {"taskId": "p"}, token=op)["taskId"] == "p"
+    assert daemon.call("qledge.task.delete", {"taskId": "p", "withTriggers": True}, token=op)["taskId"] == "p"
+
+
+@needs_root
+def test_task_update_is_checked_as_task_add(daemon):
+    """`qledge task update` writes a new revision through the same checks as `task add`:
+    who it runs as (task.privileged), where (a directory its user may enter), the secrets it
+    names (secret.use) and the --shell one-argument rule; what it keeps stays the writer's."""
+    _, op = daemon.token("operator")
+    assert daemon.cli("task", "add", "t", "--", "true", token=op).returncode == 0
+    root = daemon.cli("task", "update", "t", "--user", "root", token=op)
+    assert root.returncode == 1 and root.stderr == (
+        "qledge: permission_denied: task t: runs as root; that requires permission task.privileged\n")
+    shell = daemon.cli("task", "update", "t", "--shell", "--", "echo", "a;", "echo", "b", token=op)
+    assert shell.returncode == 2 and shell.stderr.startswith(
+        "qledge: invalid_argument: --shell takes exactly one argument after `--`, the shell command, but got 4")
+    daemon.call("qledge.secret.set", {"name": "api", "value": "s3cret-value"})
+    secret = daemon.cli("task", "update", "t", "--secret-env", "K=api", token=op)
+    assert secret.returncode == 1 and "requires permission secret.use:api" in secret.stderr
+    private = daemon.cli("task", "update", "t", "--cwd", daemon.home, token=op)
+    assert private.returncode == 2 and "inside the state directory" in private.stderr
+    task = daemon.call("qledge.task.get", {"taskId": "t"})
+    assert (task["revision"], task["spec"]["user"], task["privileged"]) == (1, "nobody", False)
+    # What passes is a new revision, still the operator's, still as nobody.
+    ok = daemon.cli("task", "update", "t", "--shell", "--", "id -un", token=op)
+    assert ok.returncode == 0, ok.stderr
+    task = daemon.call("qledge.task.get", {"taskId": "t"})
+    assert (task["revision"], task["spec"]["user"], task["privileged"]) == (2, "nobody", False)
+    assert _run(daemon, "t", op)[1] == "nobody\n"
+    # The owner may make it root; the operator may then change it only back to a task user.
+    assert daemon.cli("task", "update", "t", "--user", "root").returncode == 0
+    assert _run(daemon, "t")[1] == "root\n"
+    keep = daemon.cli("task", "update", "t", "--timeout", "5m", token=op)  # still root: refused
+    assert keep.returncode == 1 and "task.privileged" in keep.stderr
+    back = daemon.cli("task", "update", "t", "--reset", "user", "--timeout", "5m", token=op)
+    assert back.returncode == 0, back.stderr
+    assert daemon.call("qledge.task.get", {"taskId": "t"})["spec"]["user"] == "nobody"
 
 
 @needs_root
@@ -225,7 +272,7 @@ def test_task_users_that_own_the_state_directory_are_refused_at_start(daemon_fac
     d = daemon_factory(config="[runner]\ntask_users = [\"nobody\", \"root\"]\n")
     with pytest.raises(RuntimeError, match="did not become ready"):
         d.start()
-    assert "qledge: [runner] task_users lists root, which owns the state directory" in d.stderr()
+    assert "qledge: invalid_argument: [runner] task_users lists root, which owns the state directory" in d.stderr()
 
 
 @needs_root
@@ -239,7 +286,7 @@ def test_a_task_user_never_starts_where_it_could_not_go_itself(daemon, home):
         with open(os.path.join(closed, "open", "notes"), "w") as f:
             f.write("for root's eyes")
         bad = daemon.cli("task", "add", "t", "--cwd", os.path.join(closed, "open"), "--", "cat", "notes")
-        assert bad.returncode == 1 and bad.stderr == (
+        assert bad.returncode == 2 and bad.stderr == (
             f"qledge: invalid_argument: working directory {closed}/open: user nobody may not enter {closed}\n")
         # Closed after the task was written: refused before the run, nothing read.
         os.chmod(closed, 0o755)
@@ -257,7 +304,8 @@ def test_a_default_working_directory_inside_the_state_directory_is_refused_at_st
     d = daemon_factory(home=home, config=f"[runner]\nwork_dir = \"{home}/logs\"\n")
     with pytest.raises(RuntimeError, match="did not become ready"):
         d.start()
-    assert f"qledge: [runner] work_dir: working directory {home}/logs is inside the state directory" in d.stderr()
+    assert (f"qledge: invalid_argument: [runner] work_dir: working directory {home}/logs is inside the state"
+            " directory") in d.stderr()
 
 
 def test_the_working_directory_is_never_inside_the_state_directory(daemon, scratch):
@@ -265,7 +313,7 @@ def test_the_working_directory_is_never_inside_the_state_directory(daemon, scrat
         if inside.endswith("link"):
             os.symlink(daemon.home, inside)
         bad = daemon.cli("task", "add", "t", "--user", OWN_USER, "--cwd", inside, "--", "pwd")
-        assert bad.returncode == 1 and "is inside the state directory" in bad.stderr, bad.stderr
+        assert bad.returncode == 2 and "is inside the state directory" in bad.stderr, bad.stderr
     # A link made to point inside after the task was written is caught before the run.
     target = os.path.join(scratch, "later")
     os.mkdir(target)
@@ -372,4 +420,4 @@ def test_a_daemon_that_is_not_root_says_so_and_only_owners_write_tasks(daemon_fa
     assert made["spec"]["user"] == "nobody"
     assert _run(d, "t")[1].startswith(f"uid={NOBODY.pw_uid}(")
     bad = d.cli("task", "add", "r", "--user", "root", "--", "id")
-    assert bad.returncode == 1 and "this daemon runs as nobody (not root) and cannot switch users" in bad.stderr
+    assert bad.returncode == 2 and "this daemon runs as nobody (not root) and cannot switch users" in bad.stderr

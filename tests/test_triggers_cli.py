@@ -23,7 +23,7 @@ def test_trigger_lifecycle_through_the_cli(daemon):
     added = daemon.cli("trigger", "add", "hello", "--cron", "0 9 * * *", "--tz", "Asia/Shanghai")
     assert added.returncode == 0, added.stderr
     assert added.stdout.startswith("trigger hello-1 created for task hello (revision 1); next fire ")
-    assert added.stdout.rstrip().endswith(" 09:00:00+08:00 CST")
+    assert added.stdout.rstrip().endswith(" 09:00:00 CST")
     listed = daemon.cli("trigger", "list")
     assert listed.stdout.splitlines()[0].split() == ["TRIGGER", "TASK@REV", "ENABLED", "CRON", "TIMEZONE", "NEXT",
                                                      "FIRE"]
@@ -56,7 +56,9 @@ def test_trigger_lifecycle_through_the_cli(daemon):
 def test_trigger_add_errors_are_one_line(daemon, args, stderr):
     daemon.cli("task", "add", "hello", "--", "echo", "hi")
     result = daemon.cli("trigger", "add", *args)
-    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+    # The same bad expression is exit 2 here, from the daemon, as from `cron next`, offline.
+    expected = 1 if "not_found" in (stderr or "") else 2
+    assert result.returncode == expected and result.stderr.count("\n") == 1, result.stderr
     if stderr:
         assert result.stderr == stderr
     else:
@@ -73,7 +75,9 @@ def test_default_timezone_comes_from_config(daemon_factory):
 def test_trigger_tools_need_trigger_permissions(daemon):
     daemon.cli("task", "add", "hello", "--", "echo", "hi")
     _, viewer = daemon.token("viewer")
-    denied = daemon.cli("trigger", "list", token=viewer)
+    denied = daemon.cli("trigger", "add", "hello", "--cron", "* * * * *", token=viewer)
+    assert denied.returncode == 1 and denied.stderr.startswith("qledge: permission_denied:")
+    denied = daemon.cli("call", "qledge.trigger.list", token=viewer)
     assert denied.returncode == 1 and denied.stderr.startswith("qledge: permission_denied:")
     _, operator = daemon.token("operator")
     assert daemon.cli("trigger", "add", "hello", "--cron", "* * * * *", token=operator).returncode == 0

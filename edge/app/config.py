@@ -177,6 +177,56 @@ def merge_live(running: Config, new: Config, live: frozenset[str]) -> Config:
 # -- the device's zone: the default of `timezone` ------------------------------------
 
 
+_POSIX_TZ = re.compile(r"^(<[^>]+>|[A-Za-z]{3,})[+-]?[0-9]")  # `CET-1CEST,M3.5.0,M10.5.0/3`, `UTC0`
+
+
+def tz_problem(value: str | None) -> str | None:
+    """Why a $TZ value names no time zone this system knows (the C library would silently
+    use UTC), or None when it is fine: unset or empty, a zone file, or a POSIX rule."""
+    if not value:
+        return None
+    name = value[1:] if value.startswith(":") else value
+    if _POSIX_TZ.match(name):
+        return None
+    path = name if name.startswith("/") else os.path.join(os.environ.get("TZDIR") or "/usr/share/zoneinfo", name)
+    if name and os.path.isfile(path):
+        return None
+    return (f"TZ={value!r} is not a time zone this system knows (no {path}): unset TZ, or set it to an IANA name"
+            " such as Europe/Berlin (on OpenWrt, install its zoneinfo-* package)")
+
+
+def check_timezones(config: Config, env_tz: str | None) -> None:
+    """Refuse, at start-up, a configured `timezone` that cannot be loaded and a $TZ that
+    names no zone: either would otherwise surface later as a zone nobody typed."""
+    problem = tz_problem(env_tz)
+    if problem:
+        raise ConfigError(problem)
+    if config.timezone is not None:
+        try:
+            load_zone(config.timezone)
+        except ScheduleError as exc:
+            raise ConfigError(f"config `timezone`: {exc}") from None
+
+
+def run_timezone(config: Config) -> str:
+    """A run's TZ: the configured zone, else the daemon's own $TZ, else the device's zone
+    (OpenWrt keeps a POSIX rule in /etc/TZ when it has no zone data), else UTC."""
+    if config.timezone:
+        return config.timezone
+    env = os.environ.get("TZ", "")
+    if env and tz_problem(env) is None:
+        return env
+    found = device_zone()
+    if found:
+        return found
+    try:
+        with open("/etc/TZ", encoding="utf-8", errors="replace") as f:
+            rule = f.read(256).strip()
+    except OSError:
+        rule = ""
+    return rule if rule and tz_problem(rule) is None else "UTC"
+
+
 def device_zone() -> str | None:
     """The device's IANA zone name, when it can be told: $TZ, /etc/timezone, the
     /etc/localtime link, or OpenWrt's `system.zonename`."""

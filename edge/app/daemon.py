@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 
 from edge.app import config as config_file
 from edge.app import home as state_dir
@@ -79,7 +80,7 @@ class Daemon:
     async def _serve(self, db: Database | None, pepper: bytes, home: str, cluster: Cluster | None = None) -> None:
         g = Graph(self.config, home, self.socket_path, self.loop_name, db, pepper, self.clock, cluster)
         for problem in g.workers.users.problems():
-            raise StartupError(problem)
+            raise StartupError(problem, "invalid_argument")  # the configuration, on this system
         self._graph = g
         # Before anything is served: nothing a dead daemon left may stay `running`.
         await g.runner.recover()
@@ -191,7 +192,16 @@ async def _listen(listener: UnixListener) -> None:
         raise StartupError(f"cannot listen on {listener.path}: {exc}") from None
 
 
-def run_daemon(config: Config, home: str, socket_path: str, loop_name: str, config_path: str | None = None) -> int:
+def _print_error(code: str, message: str) -> None:
+    print(f"qledge: {code}: {message}", file=sys.stderr)
+
+
+def run_daemon(
+    config: Config, home: str, socket_path: str, loop_name: str, config_path: str | None = None,
+    report: Callable[[str, str], None] = _print_error,
+) -> int:
+    """Run until stopped: 0. A daemon that cannot start as configured says why in one line
+    (`report(code, message)`) and returns 2, the exit code of a configuration error."""
     defer_hangups()
     logging.basicConfig(
         level=config.log_level.upper(), stream=sys.stderr, format="qledge: %(levelname)s %(name)s: %(message)s"
@@ -202,19 +212,19 @@ def run_daemon(config: Config, home: str, socket_path: str, loop_name: str, conf
             try:
                 import uvloop
             except ImportError:
-                print("qledge: loop = \"uvloop\" but uvloop is not installed (pip install 'qledge[uvloop]')",
-                      file=sys.stderr)
-                return 1
+                report("invalid_argument",
+                       "loop = \"uvloop\" but uvloop is not installed (pip install 'qledge[uvloop]')")
+                return 2
             uvloop.run(daemon.run())
         else:
             asyncio.run(daemon.run())
     except StartupError as exc:
-        print(f"qledge: {exc}", file=sys.stderr)
-        return 1
+        report(exc.code, str(exc))
+        return 2
     except OSError as exc:  # anything else the start-up could not do: one line, not a traceback
         where = f" ({exc.filename})" if exc.filename else ""
-        print(f"qledge: cannot start: {exc.strerror or exc}{where}", file=sys.stderr)
-        return 1
+        report("unavailable", f"cannot start: {exc.strerror or exc}{where}")
+        return 2
     except KeyboardInterrupt:
         pass
     return 0

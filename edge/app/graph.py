@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from edge.app.config import Config, default_zone
+from edge.app.config import Config, default_zone, run_timezone
 from edge.app.home import StartupError, private_dir
 from edge.core.clock import LoopTimers, SystemClock
 from edge.core.ports.runtime import Clock, RunController
 from edge.core.ports.stores import (
     AuditLog,
+    AuditReader,
     CountsReader,
     CredentialStore,
     Readers,
@@ -32,20 +33,18 @@ from edge.core.ports.stores import (
     TriggerStore,
 )
 from edge.core.reads import Counts
-from edge.core.runs import Followers
+from edge.core.runs import Followers, RunDefaults
 from edge.core.schedule import ScheduleError, load_zone
-from edge.runner.process import SystemUsers
+from edge.runner.process import DEFAULT_LANG, SystemUsers
 from edge.runner.supervisor import Runner, RunnerSettings
 from edge.scheduler.loop import Scheduler, Triggers
 from edge.storage.run_logs import LocalLogReader, RunLogs
 from edge.storage.sqlite.admission import SqliteAdmission
-from edge.storage.sqlite.audit import SqliteAuditLog
-from edge.storage.sqlite.credentials import SqliteCredentialStore
 from edge.storage.sqlite.db import Ballast, Database
 from edge.storage.sqlite.reads import SqliteCountsReader, sqlite_readers
 from edge.storage.sqlite.retention import Policy
 from edge.storage.sqlite.runs import SqliteRunStore
-from edge.storage.sqlite.secrets import SqliteSecretStore
+from edge.storage.sqlite.security import SqliteAuditLog, SqliteAuditReader, SqliteCredentialStore, SqliteSecretStore
 from edge.storage.sqlite.tasks import SqliteTaskStore
 from edge.storage.sqlite.triggers import SqliteTriggerStore
 from edge.tools.catalog import ai_tools, builtin_tools, deferred_tools
@@ -72,15 +71,22 @@ LIVE_KEYS = frozenset({
 class DaemonFacts:
     """StatusFacts (edge.core.ports.runtime): what `qledge.status` reports about the daemon."""
 
-    def __init__(self, db_path: str, loop: str, clock: Clock, counts: CountsReader) -> None:
+    def __init__(
+        self, db_path: str, loop: str, clock: Clock, counts: CountsReader, settings: RunnerSettings, work_dir: str,
+    ) -> None:
         self.loop = loop
         self.db_path = db_path
         self.started_monotonic = clock.monotonic()
         self._counts = counts
+        self._settings = settings  # the runner's, changed in place on reload
+        self._work_dir = work_dir  # [runner] work_dir: where a run starts when its task names no directory
         self._extra: list[Callable[[], dict[str, str]]] = []  # lines added by capabilities
 
     async def counts(self, project: str) -> Counts:
         return await self._counts.counts(project)
+
+    def run_defaults(self) -> RunDefaults:
+        return RunDefaults(work_dir=self._work_dir, log_cap_bytes=self._settings.log_cap_bytes)
 
     def add_extra(self, provider: Callable[[], dict[str, str]]) -> None:
         self._extra.append(provider)
@@ -109,6 +115,7 @@ class Stores(msgspec.Struct, frozen=True, kw_only=True):
     credentials: CredentialStore
     secrets: SecretStore
     audit: AuditLog
+    audit_reader: AuditReader
     readers: Readers
     counts: CountsReader
     followers: Followers = msgspec.field(default_factory=Followers)  # told what a finished run set in motion
@@ -137,7 +144,7 @@ def build_stores(db: Database, config: Config, home: str) -> Stores:
         tasks=SqliteTaskStore(db, logs), runs=SqliteRunStore(db, policy, logs, followers),
         triggers=SqliteTriggerStore(db), admission=SqliteAdmission(db, capacity(config), followers),
         credentials=SqliteCredentialStore(db), secrets=SqliteSecretStore(db),
-        audit=SqliteAuditLog(db, keep.audit_max_rows, keep.audit_max_age_days),
+        audit=SqliteAuditLog(db, keep.audit_max_rows, keep.audit_max_age_days), audit_reader=SqliteAuditReader(db),
         readers=sqlite_readers(db), counts=SqliteCountsReader(db), followers=followers,
         notify=lambda: sqlite_notify_store(db),
     )
@@ -156,6 +163,7 @@ def runner_settings(config: Config, home: str) -> RunnerSettings:
     return RunnerSettings(
         state_dir=home, concurrency=r.concurrency,
         kill_grace_s=r.kill_grace_s, log_cap_bytes=r.log_cap_bytes, disk_reserve_bytes=r.disk_reserve_bytes,
+        timezone=run_timezone(config), lang=os.environ.get("LANG") or DEFAULT_LANG,
     )
 
 
@@ -251,9 +259,9 @@ def build_services(
     return Services(
         project=config.project, clock=clock, pepper=pepper, tasks=stores.tasks, runs=stores.runs,
         triggers=Triggers(stores.triggers, workers.scheduler, trigger_zone(config.timezone), stores.tasks),
-        credentials=stores.credentials, secrets=stores.secrets, audit=stores.audit, logs=stores.logs,
-        log_reader=stores.log_reader, readers=stores.readers, runner=workers.controller, users=workers.users,
-        facts=facts, catalog=registry.infos(),
+        credentials=stores.credentials, secrets=stores.secrets, audit=stores.audit, audit_reader=stores.audit_reader,
+        logs=stores.logs, log_reader=stores.log_reader, readers=stores.readers, runner=workers.controller,
+        users=workers.users, facts=facts, catalog=registry.infos(),
     )
 
 
@@ -278,13 +286,13 @@ def mcp_server(config: Config, home: str, chain: Chain, facts: DaemonFacts) -> U
         from edge.mcp.server import McpServer
     except ImportError as exc:
         if exc.name is not None and (exc.name == "edge.mcp" or exc.name.startswith("edge.mcp.")):
-            raise StartupError("MCP is not included in this build") from None
+            raise StartupError("MCP is not included in this build", "invalid_argument") from None
         raise
     path = os.path.abspath(config.mcp.socket or os.path.join(home, "mcp.sock"))
     try:
         server = McpServer(chain, path, config.mcp.max_line_bytes)
     except ValueError as exc:  # a tool that cannot be described to MCP clients
-        raise StartupError(f"MCP: {exc}") from None
+        raise StartupError(f"MCP: {exc}", "internal") from None
     facts.add_extra(lambda: {"mcp": path})
     return server
 
@@ -347,7 +355,8 @@ class Cluster:
         self.stores = Stores(
             location=pg.location, logs=logs, log_reader=pg.log_reader, tasks=pg.tasks, runs=pg.runs,
             triggers=pg.triggers, admission=pg.admission, credentials=pg.credentials, secrets=pg.secrets,
-            audit=pg.audit, readers=pg.readers, counts=pg.counts, followers=pg.followers, notify=pg.notify_store)
+            audit=pg.audit, audit_reader=pg.audit_reader, readers=pg.readers, counts=pg.counts,
+            followers=pg.followers, notify=pg.notify_store)
 
     def distribute(self, runner: Runner) -> RunController:
         from edge.storage.postgres.cluster import PgCluster
@@ -393,7 +402,8 @@ class Graph:
         clock = clock or SystemClock()
         self.cluster = cluster
         self.workers = build_workers(config, home, self.stores, clock, cluster.distribute if cluster else None)
-        self.facts = DaemonFacts(self.stores.location, loop, clock, self.stores.counts)
+        self.facts = DaemonFacts(self.stores.location, loop, clock, self.stores.counts, self.workers.settings,
+                                 config.runner.work_dir)
         self.facts.add_extra(self.workers.scheduler.status)
         if cluster is not None and cluster.node is not None:
             self.facts.add_extra(cluster.node.status)

@@ -22,8 +22,16 @@ STATE_DIRS = ("logs",)
 _OPEN = os.O_NOFOLLOW | os.O_CLOEXEC
 
 
+UNTRUSTED = "permission_denied"  # the code of a refusal by the state directory's checks
+
+
 class StartupError(Exception):
-    """One clear line; the daemon exits non-zero without a traceback."""
+    """One clear line with its error code; the daemon exits 2 without a traceback. What the
+    state directory's checks refuse to trust is `permission_denied` (UNTRUSTED)."""
+
+    def __init__(self, message: str, code: str = "unavailable") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def check_ours(path: str, info: os.stat_result) -> None:
@@ -31,10 +39,10 @@ def check_ours(path: str, info: os.stat_result) -> None:
     me = os.geteuid()
     if info.st_uid != me:
         raise StartupError(f"{path} is owned by uid {info.st_uid}, not by this daemon's uid {me}:"
-                           f" chown {me} {path} (or start the daemon as its owner)")
+                           f" chown {me} {path} (or start the daemon as its owner)", UNTRUSTED)
     if info.st_mode & 0o022:
         raise StartupError(f"{path} is writable by group or others (mode {stat.S_IMODE(info.st_mode):04o}):"
-                           f" chmod go-w {path}")
+                           f" chmod go-w {path}", UNTRUSTED)
 
 
 def private_dir(path: str) -> str:
@@ -50,9 +58,10 @@ def private_dir(path: str) -> str:
     except OSError as exc:
         raise StartupError(f"cannot use {path}: {exc.strerror}") from None
     if stat.S_ISLNK(info.st_mode):
-        raise StartupError(f"{path} is a symbolic link; it must be a directory of its own: remove the link")
+        raise StartupError(f"{path} is a symbolic link; it must be a directory of its own: remove the link",
+                           UNTRUSTED)
     if not stat.S_ISDIR(info.st_mode):
-        raise StartupError(f"{path} is not a directory")
+        raise StartupError(f"{path} is not a directory", UNTRUSTED)
     check_ours(path, info)
     return path
 
@@ -82,10 +91,10 @@ def prepare(home: str) -> str:
             raise StartupError(f"cannot check {path}: {exc.strerror}") from None
         if stat.S_ISLNK(entry.st_mode):
             raise StartupError(f"{path} is a symbolic link; the state directory's files must be its own:"
-                               " remove the link")
+                               " remove the link", UNTRUSTED)
         want_dir = name in STATE_DIRS
         if want_dir != stat.S_ISDIR(entry.st_mode) or not (want_dir or stat.S_ISREG(entry.st_mode)):
-            raise StartupError(f"{path} is not a {'directory' if want_dir else 'regular file'}: remove it")
+            raise StartupError(f"{path} is not a {'directory' if want_dir else 'regular file'}: remove it", UNTRUSTED)
         check_ours(path, entry)
     private_dir(os.path.join(real, "logs"))
     return real
@@ -116,13 +125,14 @@ def _read_pepper(path: str) -> bytes:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _OPEN)
     except OSError as exc:
         why = "is a symbolic link" if exc.errno == errno.ELOOP else f"cannot be read ({exc.strerror})"
-        raise StartupError(f"{path} {why}: remove it only if no token must survive") from None
+        raise StartupError(f"{path} {why}: remove it only if no token must survive",
+                           UNTRUSTED if exc.errno == errno.ELOOP else "unavailable") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-            raise StartupError(f"{path} is not a regular file of this daemon's uid")
+            raise StartupError(f"{path} is not a regular file of this daemon's uid", UNTRUSTED)
         if st.st_mode & 0o077:
-            raise StartupError(f"{path} has mode {st.st_mode & 0o777:04o}; it must be 0600")
+            raise StartupError(f"{path} has mode {st.st_mode & 0o777:04o}; it must be 0600", UNTRUSTED)
         pepper = os.read(fd, 64)
     finally:
         os.close(fd)
@@ -144,7 +154,7 @@ def lock_home(home: str) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise StartupError(f"another qledge daemon is already running in {home}") from None
+        raise StartupError(f"another qledge daemon is already running in {home}", "conflict") from None
     try:  # the pid is for people; a full disk must not stop the start for it
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())

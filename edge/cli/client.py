@@ -20,6 +20,10 @@ from edge.transports import tool_protocol as frames
 T = TypeVar("T")
 
 
+class UsageError(Exception):
+    """Input this CLI refuses before (or instead of) asking the daemon: `invalid_argument`."""
+
+
 class Unreachable(Exception):
     """The daemon could not be reached; the message is one line for the user."""
 
@@ -60,6 +64,7 @@ class Client:
         self.token = token
         self.max_frame_bytes = max_frame_bytes
         self._ids = itertools.count(1)
+        self._allowed: set[str] | None = None
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.settimeout(timeout_s)
         try:
@@ -76,6 +81,20 @@ class Client:
 
     def close(self) -> None:
         self._sock.close()
+
+    def may_call(self, tool: str) -> bool:
+        """Whether this caller may call `tool`, so a command can pick the tool it may use
+        rather than be refused (and leave a denied row in the audit). Without a token the
+        caller is an owner by uid, who may call anything; with one, `qledge.tools.list`
+        says (asked once per connection)."""
+        if self.token is None:
+            return True
+        if self._allowed is None:
+            from edge.tools.builtin.status import ToolList
+            from edge.tools.definition import Empty
+
+            self._allowed = {t.name for t in self.typed("qledge.tools.list", Empty(), ToolList).tools}
+        return tool in self._allowed
 
     def __enter__(self) -> Client:
         return self

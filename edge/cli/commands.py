@@ -6,21 +6,17 @@ same types the daemon decodes and encodes, so every field read here is checked b
 
 from __future__ import annotations
 
-import math
-import os
 import sys
 from typing import TYPE_CHECKING, TypeVar
 
 import msgspec
 
-from edge.cli import render
-from edge.cli.client import CallFailed, Client
+from edge.cli import edit, render
+from edge.cli.client import CallFailed, Client, UsageError
 from edge.core.auth import Credential, SecretInfo
-from edge.core.runs import Run
+from edge.core.runs import Run, RunDefaults
 from edge.core.tasks import (
-    DEFAULT_NOTIFY_ON,
     DEFAULT_TIMEOUT_MS,
-    MAX_TIMEOUT_MS,
     ArgvCommand,
     Command,
     NotifyRule,
@@ -42,13 +38,11 @@ if TYPE_CHECKING:
     import argparse
     from collections.abc import Callable
 
+    from edge.tools.ai.projections import TaskView
+
 OK, TOOL_ERROR = 0, 1
 
 T = TypeVar("T")
-
-
-class UsageError(Exception):
-    pass
 
 
 def _env(pairs: list[str], secret_pairs: list[str]) -> dict[str, str | SecretRef]:
@@ -66,34 +60,34 @@ def _env(pairs: list[str], secret_pairs: list[str]) -> dict[str, str | SecretRef
     return env
 
 
-def _timeout_ms(seconds: float | None) -> int:
-    if seconds is None:
-        return DEFAULT_TIMEOUT_MS
-    top = MAX_TIMEOUT_MS // 1000
-    if not math.isfinite(seconds) or not 1 <= seconds <= top:
-        raise UsageError(f"--timeout expects seconds from 1 to {top}, got {seconds:g}")
-    return int(seconds * 1000)
+env_pairs = _env  # the --env and --secret-env pairs, for `task update` too
 
 
-def task_spec(a: argparse.Namespace) -> TaskSpec:
-    if not a.command:
-        raise UsageError("give the command after `--`, e.g. qledge task add hello -- echo hi")
-    command: Command
+def shell_command(a: argparse.Namespace) -> Command:
+    """The command after `--`: argv words, or with --shell the one shell command."""
     if a.shell:
         # Joining words would re-split them in the shell: `a b` and `c;echo x` must not become
         # `a b c;echo x`. The shell command is one argument, quoted as the shell reads it.
         if len(a.command) != 1:
             raise UsageError(f"--shell takes exactly one argument after `--`, the shell command, but got"
                              f" {len(a.command)}: quote it as one, e.g. --shell -- 'echo a; echo b'")
-        command = ShellCommand(command=a.command[0])
-    else:
-        command = ArgvCommand(file=a.command[0], args=a.command[1:])
+        return ShellCommand(command=a.command[0])
+    return ArgvCommand(file=a.command[0], args=a.command[1:])
+
+
+def task_spec(a: argparse.Namespace) -> TaskSpec:
+    """A new task's spec from the flags of `task add` (`task update` takes its command from
+    here too, so both follow the same rules)."""
+    if not a.command:
+        raise UsageError("give the command after `--`, e.g. qledge task add hello -- echo hi")
+    edit.check_task_flags(a)
+    command = shell_command(a)
     try:
         spec = TaskSpec(
-            command=command, env=_env(a.env, a.secret_env), overlap=a.overlap,
-            working_dir=os.path.abspath(a.cwd) if a.cwd else None, timeout_ms=_timeout_ms(a.timeout),
-            log_cap_bytes=a.log_cap, user=a.user or None, group=a.group or None,
-            retry=retry_policy(a), notify=notify_rules(a),
+            command=command, env=_env(a.env, a.secret_env), overlap=a.overlap or "forbid", working_dir=a.cwd or None,
+            timeout_ms=DEFAULT_TIMEOUT_MS if a.timeout is None else int(a.timeout * 1000), log_cap_bytes=a.log_cap,
+            user=a.user or None, group=a.group or None, retry=edit.retry_policy(a, None),
+            notify=edit.notify_rules(a, None),
         )
     except ValueError as exc:  # TaskSpec's own checks (e.g. a QLEDGE_ variable)
         raise UsageError(str(exc)) from None
@@ -101,35 +95,6 @@ def task_spec(a: argparse.Namespace) -> TaskSpec:
         return msgspec.convert(msgspec.to_builtins(spec), TaskSpec)
     except msgspec.ValidationError as exc:
         raise UsageError(f"task spec: {exc}") from None
-
-
-def retry_policy(a: argparse.Namespace) -> RetryPolicy | None:
-    """--retries N [--retry-delay S] [--retry-backoff F] [--retry-max-delay S]."""
-    retries = getattr(a, "retries", None)
-    if not retries:
-        if any(getattr(a, name, None) is not None for name in ("retry_delay", "retry_backoff", "retry_max_delay")):
-            raise UsageError("--retry-delay, --retry-backoff and --retry-max-delay need --retries N")
-        return None
-    return RetryPolicy(count=retries, delay_s=60.0 if a.retry_delay is None else a.retry_delay,
-                       backoff=a.retry_backoff or 1.0, max_delay_s=a.retry_max_delay)
-
-
-def notify_rules(a: argparse.Namespace) -> list[NotifyRule] | None:
-    """--notify CHANNEL,… [--notify-on EVENT,…], or --no-notify; neither: the project's rules."""
-    channels = [c for value in getattr(a, "notify", None) or [] for c in value.split(",") if c]
-    on = [e for e in (getattr(a, "notify_on", None) or "").split(",") if e]
-    if getattr(a, "no_notify", False):
-        if channels or on:
-            raise UsageError("--no-notify cannot be combined with --notify or --notify-on")
-        return []
-    if on and not channels:
-        raise UsageError("--notify-on needs --notify CHANNEL")
-    if not channels:
-        return None
-    try:
-        return [msgspec.convert({"channels": channels, "on": on or list(DEFAULT_NOTIFY_ON)}, NotifyRule)]
-    except msgspec.ValidationError as exc:
-        raise UsageError(f"--notify/--notify-on: {exc}") from None
 
 
 def show(a: argparse.Namespace, value: T, human: Callable[[T], None]) -> int:
@@ -166,16 +131,21 @@ def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
 
 
-def _task_fields(t: Task) -> None:
+def _task_fields(t: Task, defaults: RunDefaults | None) -> None:
     spec = t.spec
+    cap = spec.log_cap_bytes
+    cwd = spec.working_dir
     render.fields([
         ("task", t.id), ("name", t.name), ("revision", t.revision),
         ("enabled", _yes(t.enabled)), ("command", render.command_text(spec)),
-        ("kind", t.kind), ("timeout", f"{spec.timeout_ms / 1000:g}s"),
-        ("overlap", spec.overlap), ("user", _user(t)), ("working dir", spec.working_dir),
+        ("kind", t.kind), ("timeout", render.span(spec.timeout_ms / 1000)),
+        ("overlap", spec.overlap), ("user", _user(t)),
+        ("working dir", cwd if cwd else f"{defaults.work_dir} (the default)" if defaults else "the daemon's default"),
+        ("log cap", render.size(cap) if cap else f"{render.size(defaults.log_cap_bytes)} (the default)"
+         if defaults else "the daemon's default"),
         ("retries", _retry_text(spec.retry)), ("notify", _notify_text(spec.notify)),
         ("env", ", ".join(sorted(spec.env)) or None), ("digest", t.content_digest),
-        ("updated", render.when(t.updated_at_ms)),
+        ("created", render.when(t.created_at_ms)), ("updated", render.when(t.updated_at_ms)),
     ])
 
 
@@ -211,16 +181,54 @@ def _task_page(c: Client, after: str | None) -> tuple[list[Task], str | None]:
     return page.tasks, page.next
 
 
+# A viewer holds task.read and trigger.read, not .inspect: it is shown the low-sensitivity
+# projections (no command, environment, cron expression), through the tools it may call.
+
+def _head_page(c: Client, after: str | None) -> tuple[list[TaskView], str | None]:
+    from edge.tools.ai.projections import TaskCursor, TaskListArgs, TaskPage
+
+    page = c.typed("qinglong.task.list", TaskListArgs(after=TaskCursor(task_id=after) if after else None, limit=64),
+                   TaskPage)
+    return page.tasks, page.next.task_id if isinstance(page.next, TaskCursor) else None
+
+
 def task_list(c: Client, a: argparse.Namespace) -> int:
+    empty = "no tasks yet: qledge task add NAME -- COMMAND"
+    if not c.may_call("qledge.task.list"):
+        return show_list(
+            a, all_pages(lambda after: _head_page(c, after)), empty,
+            lambda t: [t.task_id, str(t.revision), _yes(t.enabled), t.kind, render.when(t.updated_at_ms)],
+            ["TASK", "REV", "ENABLED", "KIND", "UPDATED"],
+        )
     return show_list(
-        a, all_pages(lambda after: _task_page(c, after)), "no tasks yet: qledge task add NAME -- COMMAND",
+        a, all_pages(lambda after: _task_page(c, after)), empty,
         lambda t: [t.id, str(t.revision), _yes(t.enabled), render.command_text(t.spec)],
         ["TASK", "REV", "ENABLED", "COMMAND"],
     )
 
 
+def _defaults(c: Client) -> RunDefaults | None:
+    return c.typed("qledge.status", status_tools.StatusArgs(), status_tools.Status).defaults
+
+
 def task_get(c: Client, a: argparse.Namespace) -> int:
-    return show(a, c.typed("qledge.task.get", task_tools.TaskId(task_id=a.name), Task), _task_fields)
+    if not c.may_call("qledge.task.get"):
+        from edge.tools.ai.projections import TaskDetailView, TaskGetArgs, TaskGetResult
+
+        found = c.typed("qinglong.task.get", TaskGetArgs(task_id=a.name), TaskGetResult)
+        if not isinstance(found.task, TaskDetailView):
+            raise CallFailed("not_found", f"task {a.name!r} not found")
+        return show(a, found.task, lambda t: render.fields([
+            ("task", t.task_id), ("name", t.name), ("revision", t.revision), ("enabled", _yes(t.enabled)),
+            ("kind", t.kind), ("digest", t.content_digest), ("created", render.when(t.created_at_ms)),
+            ("updated", render.when(t.updated_at_ms)),
+            ("command", "not shown: it needs task.inspect"),
+        ]))
+    task = c.typed("qledge.task.get", task_tools.TaskId(task_id=a.name), Task)
+    if a.json:
+        return show(a, task, lambda t: None)
+    defaults = _defaults(c)
+    return show(a, task, lambda t: _task_fields(t, defaults))
 
 
 def task_toggle(c: Client, a: argparse.Namespace) -> int:
@@ -230,77 +238,40 @@ def task_toggle(c: Client, a: argparse.Namespace) -> int:
 
 
 def task_rm(c: Client, a: argparse.Namespace) -> int:
-    done = c.typed("qledge.task.delete", task_tools.TaskRef(task_id=a.name), task_tools.Deleted)
-    return show(a, done, lambda d: print(f"task {d.task_id} deleted with {d.runs_deleted} runs"))
+    args = task_tools.DeleteArgs(task_id=a.name, with_triggers=a.with_triggers)
+    try:
+        done = c.typed("qledge.task.delete", args, task_tools.Deleted)
+    except CallFailed as exc:
+        if exc.code == "conflict" and "would be deleted with it" in exc.message:
+            raise CallFailed(exc.code, f"{exc.message}: delete them first, or run"
+                                       f" `qledge task rm {a.name} --with-triggers`") from None
+        raise
+    return show(a, done, lambda d: print(f"task {d.task_id} deleted with its {d.runs_deleted} finished runs"
+                                         + (" and its triggers" if a.with_triggers else "")))
 
 
 def run_start(c: Client, a: argparse.Namespace) -> int:
     run = c.typed("qledge.run.start", run_tools.StartArgs(task_id=a.task), Run)
-    if not a.wait:
+    if not a.wait and not a.follow:
         return show(a, run, lambda r: print(f"run {r.id} {r.status}"))
+    # Following: the output goes to stdout, the run's own lines to stderr.
+    status_out = sys.stderr if a.follow else sys.stdout
     if not a.json:
-        print(f"run {run.id} {run.status}", flush=True)
+        print(f"run {run.id} {run.status}", file=status_out, flush=True)
+    if a.follow:
+        from edge.cli.history import follow
+
+        follow(c, run.id)
     while True:
         waited = c.typed("qledge.run.wait", run_tools.WaitArgs(run_id=run.id, timeout_ms=30_000), run_tools.WaitResult)
         if waited.done:
             break
     final = waited.run
-    show(a, final, lambda r: print(render.run_line(r)))
-    return OK if final.status == "succeeded" else TOOL_ERROR
-
-
-def run_list(c: Client, a: argparse.Namespace) -> int:
-    page = c.typed("qledge.run.list", run_tools.ListArgs(task_id=a.task or None, limit=a.limit), run_tools.RunPage)
-    runs = page.runs
     if a.json:
-        render.json_out(runs)
-    elif not runs:
-        print("no runs")
+        render.json_out(final)
     else:
-        render.table(
-            [[r.id, r.task_id, r.status, r.origin, render.when(r.created_at_ms),
-              render.duration(r.started_at_ms, r.finished_at_ms),
-              "-" if r.exit_code is None else str(r.exit_code)] for r in runs],
-            ["RUN", "TASK", "STATUS", "ORIGIN", "CREATED", "TOOK", "EXIT"],
-        )
-    return OK
-
-
-def _run_fields(r: Run) -> None:
-    render.fields([
-        ("run", r.id), ("task", f"{r.task_id} (revision {r.task_revision})"), ("status", r.status),
-        ("origin", r.origin), ("trigger", r.trigger_id),
-        ("retry of", f"{r.retry_of} (attempt {r.attempt})" if r.retry_of else None),
-        ("retry due", render.when(r.retry_due_at_ms) if r.retry_due_at_ms else None),
-        ("created", render.when(r.created_at_ms)),
-        ("started", render.when(r.started_at_ms)), ("finished", render.when(r.finished_at_ms)),
-        ("took", render.duration(r.started_at_ms, r.finished_at_ms)), ("exit code", r.exit_code),
-        ("error", r.error_code), ("summary", r.error_summary),
-        ("log", f"{r.log_bytes} bytes" + (" (truncated)" if r.log_truncated else "")
-         + (f", dropped {render.when(r.log_dropped_at_ms)} (log quota)" if r.log_dropped_at_ms else "")),
-    ])
-
-
-def run_get(c: Client, a: argparse.Namespace) -> int:
-    return show(a, c.typed("qledge.run.get", run_tools.RunId(run_id=a.run), Run), _run_fields)
-
-
-def run_log(c: Client, a: argparse.Namespace) -> int:
-    offset = 0
-    out = sys.stdout.buffer
-    while True:
-        chunk = c.typed("qledge.run.log.read", run_tools.LogArgs(run_id=a.run, offset=offset), run_tools.LogChunk)
-        out.write(chunk.data)
-        offset += len(chunk.data)
-        if chunk.eof:
-            break
-    out.flush()
-    return OK
-
-
-def run_cancel(c: Client, a: argparse.Namespace) -> int:
-    cancelled = c.typed("qledge.run.cancel", run_tools.RunId(run_id=a.run), Run)
-    return show(a, cancelled, lambda r: print(render.run_line(r)))
+        print(render.run_line(final), file=status_out)
+    return OK if final.status == "succeeded" else TOOL_ERROR
 
 
 def token_create(c: Client, a: argparse.Namespace) -> int:
@@ -321,21 +292,29 @@ def _credential_state(x: Credential) -> str:
 
 def token_list(c: Client, a: argparse.Namespace) -> int:
     creds = c.typed("qledge.credential.list", Empty(), credential_tools.CredentialList).credentials
+    hidden = 0 if a.all else sum(1 for x in creds if x.revoked_at_ms)
+    if not a.all:
+        creds = [x for x in creds if not x.revoked_at_ms]
     if a.json:
         render.json_out(creds)
-    elif not creds:
-        print("no credentials")
-    else:
+        return OK
+    if creds:
         render.table(
-            [[x.id, x.name, x.role, render.when(x.created_at_ms), _credential_state(x)] for x in creds],
-            ["ID", "NAME", "ROLE", "CREATED", "STATE"],
+            [[x.id, x.name, x.role, ",".join(x.permissions) if x.permissions else "-", render.when(x.created_at_ms),
+              _credential_state(x)] for x in creds],
+            ["ID", "NAME", "ROLE", "PERMISSIONS", "CREATED", "STATE"],
         )
+    elif not hidden:
+        print("no credentials")
+    if hidden:
+        print(f"({hidden} revoked not shown: qledge token list --all)")
     return OK
 
 
 def token_revoke(c: Client, a: argparse.Namespace) -> int:
+    # The daemon takes a whole token for its id and never says it back; neither does this.
     revoked = c.typed("qledge.credential.revoke", credential_tools.RevokeArgs(id=a.id), Credential)
-    return show(a, revoked, lambda x: print(f"credential {x.id} revoked"))
+    return show(a, revoked, lambda x: print(f"credential {x.id} ({x.name}) revoked"))
 
 
 def _read_secret(name: str) -> str:
@@ -381,17 +360,14 @@ def secret_rm(c: Client, a: argparse.Namespace) -> int:
     return show(a, done, lambda d: print(f"secret {d.name} deleted"))
 
 
-def _mib(n: int) -> str:
-    return f"{n / 1048576:.1f} MiB"
-
-
 def _status_fields(s: status_tools.Status) -> None:
     counts = s.counts
     render.fields([
-        ("qledge", f"{s.version} (pid {s.pid}, up {s.uptime_s:.0f}s)"),
+        ("qledge", f"{s.version} (pid {s.pid}, up {render.duration(0, int(s.uptime_s * 1000))})"),
         ("loop", s.loop + (" (ssl loaded)" if s.ssl_loaded else " (ssl not loaded)")),
-        ("memory", f"{_mib(s.rss_bytes)} RSS, {_mib(s.hwm_bytes)} peak, {_mib(s.rss_anon_bytes)} anon"),
-        ("modules", s.module_count), ("database", f"{s.db_path} ({_mib(s.db_bytes)})"),
+        ("memory", f"{render.size(s.rss_bytes)} RSS, {render.size(s.hwm_bytes)} peak,"
+                   f" {render.size(s.rss_anon_bytes)} anon"),
+        ("modules", s.module_count), ("database", f"{s.db_path} ({render.size(s.db_bytes)})"),
         ("project", s.project),
         ("tasks", f"{counts.tasks} tasks, {counts.triggers} triggers, {counts.credentials} credentials"),
         ("runs", f"{counts.runs} stored, {counts.active_runs} active"),

@@ -713,8 +713,8 @@ def _copy_scripts(source_dir: str, dest: str, owner: pwd.struct_passwd, dry_run:
         _make_dirs(dest, made)
         free = shutil.disk_usage(dest).free
         if size + DISK_RESERVE > free:
-            raise UsageError(f"scripts need {size} bytes in {dest}, {free} are free (and {DISK_RESERVE} stay"
-                             " reserved); free some space or use --scripts-in-place")
+            raise CallFailed("resource_exhausted", f"scripts need {size} bytes in {dest}, {free} are free (and"
+                             f" {DISK_RESERVE} stay reserved); free some space or use --scripts-in-place")
         for src, dst in plan:
             _make_dirs(os.path.dirname(dst), made)
             shutil.copy2(src, dst)

@@ -1,6 +1,10 @@
-"""`qledge` entry point: argparse, dispatch, exit codes.
+"""`qledge` entry point: argparse, dispatch, the one error format and the exit codes.
 
-Exit codes: 0 ok, 1 tool error, 2 usage error, 3 daemon unreachable.
+Every error is one line on stderr, `qledge: <code>: <message>` (with --json, a JSON object
+`{"error": {"code", "message"}}`), whoever found it. Exit codes follow the code, never the
+place it was found: 0 ok; 2 invalid input (`invalid_argument`: usage, configuration, or an
+argument the daemon refused) and `qledge serve` refusing to start; 3 the daemon cannot be
+reached (`unavailable`); 1 every other error, and a waited run that did not succeed.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ if TYPE_CHECKING:
     import argparse
     from collections.abc import Callable
     from types import SimpleNamespace
+    from typing import NoReturn
 
     from edge.cli.client import Client
 
@@ -26,6 +31,35 @@ if TYPE_CHECKING:
 EXIT_OK, EXIT_TOOL, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 
 
+def exit_code(code: str) -> int:
+    """The exit code of an error with this code (see the module docstring)."""
+    return EXIT_USAGE if code == "invalid_argument" else EXIT_TOOL
+
+
+def report(code: str, message: str, as_json: bool) -> None:
+    """Print an error the one way it is printed."""
+    if as_json:
+        import json  # only on this path: the daemon's start-up must not pay for it
+
+        sys.stderr.write(json.dumps({"error": {"code": code, "message": message}}) + "\n")
+    else:
+        sys.stderr.write(f"qledge: {code}: {message}\n")
+
+
+def _parser_class() -> type[argparse.ArgumentParser]:
+    import argparse
+
+    from edge.cli.client import UsageError
+
+    class Parser(argparse.ArgumentParser):
+        """argparse whose usage errors take the one error format (and exit 2) like any other."""
+
+        def error(self, message: str) -> NoReturn:
+            raise UsageError(f"{message} (see: {self.prog} --help)")
+
+    return Parser
+
+
 def _common() -> argparse.ArgumentParser:
     import argparse
 
@@ -33,7 +67,10 @@ def _common() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--home", default=argparse.SUPPRESS, help="state directory ($QLEDGE_HOME)")
     p.add_argument("--socket", default=argparse.SUPPRESS, help="tool socket path ($QLEDGE_SOCKET)")
-    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
+    p.add_argument("--config", default=argparse.SUPPRESS, metavar="FILE",
+                   help="the daemon's TOML configuration, for its home and socket ($QLEDGE_CONFIG)")
+    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                   help="machine-readable output (errors too, as JSON on stderr)")
     return p
 
 
@@ -48,65 +85,49 @@ def _without_openssl_hashes() -> None:
 def build_parser() -> argparse.ArgumentParser:
     import argparse
 
+    import edge
+
     common = _common()
-    parser = argparse.ArgumentParser(
+    parser = _parser_class()(
         prog="qledge", parents=[common],
         description="A minimal-footprint task runtime for routers and small boards.",
     )
+    parser.add_argument("--version", action="version", version=f"qledge {edge.__version__}")
     verbs = parser.add_subparsers(dest="verb", metavar="COMMAND", required=True)
 
     def verb(sub: Subcommands, name: str, handler: Handler | None, help_text: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, parents=[common], help=help_text, description=help_text)
+        p = sub.add_parser(name, parents=[common], help=help_text, description=help_text,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
         p.set_defaults(handler=handler)
         return p
 
-    serve = verb(verbs, "serve", None, "run the daemon in the foreground")
-    serve.add_argument("--config", help="TOML configuration file (optional)")
+    verb(verbs, "serve", None, "run the daemon in the foreground (--config FILE, or $QLEDGE_CONFIG)")
 
     _without_openssl_hashes()
     from edge.cli import commands as c
+    from edge.cli import edit
 
     task = verbs.add_parser("task", help="manage tasks").add_subparsers(dest="action", metavar="ACTION", required=True)
     add = verb(task, "add", c.task_add, "add a task: qledge task add NAME [options] -- COMMAND [ARGS...]")
-    add.add_argument("name", help="task id (letters, digits, . _ -)")
-    add.add_argument("command", nargs="*", help=argparse.SUPPRESS)
-    add.add_argument("--timeout", type=float, metavar="S", help="kill the run after S seconds (default 3600)")
-    add.add_argument("--env", action="append", default=[], metavar="K=V", help="environment variable")
-    add.add_argument("--secret-env", action="append", default=[], metavar="K=SECRET",
-                     help="environment variable taken from a stored secret")
-    add.add_argument("--cwd", help="working directory (default /; never inside the state directory)")
-    add.add_argument("--user", help="run as this user (default: [runner] default_user, e.g. nobody)")
-    add.add_argument("--group", help="run with this group (default: the user's own)")
-    add.add_argument("--shell", action="store_true", help="run COMMAND through /bin/sh -c")
-    add.add_argument("--overlap", choices=("forbid", "allow", "replace"), default="forbid",
-                     help="what a new run does while one is active (default forbid)")
-    add.add_argument("--log-cap", type=int, metavar="BYTES", help="log cap for this task's runs")
-    add.add_argument("--retries", type=int, metavar="N", help="run a failed or timed-out run again, up to N times")
-    add.add_argument("--retry-delay", type=float, metavar="S", help="seconds before a retry (default 60)")
-    add.add_argument("--retry-backoff", type=float, metavar="F", help="multiply the delay by F for each next retry")
-    add.add_argument("--retry-max-delay", type=float, metavar="S", help="never wait longer than S seconds")
-    add.add_argument("--notify", action="append", metavar="CHANNEL[,…]",
-                     help="notify these channels (instead of the project's rules)")
-    add.add_argument("--notify-on", metavar="EVENT[,…]",
-                     help="failure, recovery, success, lost, skipped, every (default failure,recovery)")
-    add.add_argument("--no-notify", action="store_true", help="no notifications for this task")
+    edit.task_options(add, update=False)
+    _task_update_verb(task, verb)
     verb(task, "list", c.task_list, "list tasks")
     for action in ("get", "enable", "disable", "rm"):
         handler = {"get": c.task_get, "rm": c.task_rm}.get(action, c.task_toggle)
         p = verb(task, action, handler, f"{action} a task")
         p.add_argument("name", metavar="TASK")
+    task.choices["rm"].description = (
+        "delete a task: its revisions, its finished runs and their logs; refused while a run is"
+        " queued or running, and while the task has triggers unless --with-triggers")
+    task.choices["rm"].add_argument("--with-triggers", action="store_true",
+                                    help="delete the task's triggers (and their events) too")
 
     run = verbs.add_parser("run", help="start and inspect runs").add_subparsers(
         dest="action", metavar="ACTION", required=True)
     start = verb(run, "start", c.run_start, "start a run of a task now")
     start.add_argument("task", metavar="TASK")
     start.add_argument("--wait", action="store_true", help="wait until it finishes; exit 1 unless it succeeded")
-    lst = verb(run, "list", c.run_list, "list runs, newest first")
-    lst.add_argument("--task", metavar="TASK")
-    lst.add_argument("--limit", type=int, default=20, choices=range(1, 65), metavar="N", help="1..64 (default 20)")
-    for action, handler, text in (("get", c.run_get, "show a run"), ("log", c.run_log, "print a run's log"),
-                                  ("cancel", c.run_cancel, "cancel a run")):
-        verb(run, action, handler, text).add_argument("run", metavar="RUN")
+    _history_verbs(verbs, run, start, verb)
 
     _schedule_verbs(verbs, verb)
     _backup_verbs(verbs, verb)
@@ -123,14 +144,16 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--role", required=True, choices=("owner", "operator", "viewer"))
     create.add_argument("--name")
     create.add_argument("--permission", action="append", metavar="P",
-                        help="restrict to this permission (repeatable)")
-    verb(token, "list", c.token_list, "list credentials")
-    verb(token, "revoke", c.token_revoke, "revoke a credential").add_argument("id", metavar="ID")
+                        help="restrict to this permission (repeatable; an unknown one is refused with the list)")
+    verb(token, "list", c.token_list, "list credentials").add_argument(
+        "--all", action="store_true", help="revoked ones too")
+    verb(token, "revoke", c.token_revoke, "revoke a credential (by id, or by the whole token)").add_argument(
+        "id", metavar="ID")
 
     secret = verbs.add_parser("secret", help="secrets for task environments (values are never shown)").add_subparsers(
         dest="action", metavar="ACTION", required=True)
     verb(secret, "set", c.secret_set, "store a secret; the value is read from stdin or a prompt, never argv"
-         ).add_argument("name", metavar="NAME")
+         " (at most 16384 characters, no NUL)").add_argument("name", metavar="NAME")
     verb(secret, "list", c.secret_list, "list secret names and dates")
     verb(secret, "rm", c.secret_rm, "delete a secret").add_argument("name", metavar="NAME")
 
@@ -144,14 +167,49 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _task_update_verb(task: Subcommands, verb: Verb) -> None:
+    from edge.cli import edit
+
+    update = verb(task, "update", edit.task_update,
+                  "change a task: qledge task update TASK [options] [-- COMMAND [ARGS...]]")
+    edit.task_options(update, update=True)
+
+
+def _history_verbs(verbs: Subcommands, run: Subcommands, start: argparse.ArgumentParser, verb: Verb) -> None:
+    """Browsing what ran and what will: run list/get/log/cancel, qledge next, qledge audit."""
+    from edge.cli import history as h
+    from edge.cli.edit import bounded_int
+
+    start.add_argument("--follow", action="store_true",
+                       help="print the run's output as it comes, until it ends (implies --wait)")
+    lst = verb(run, "list", h.run_list, "list runs, newest first (a page at a time, or --all)")
+    h.list_options(lst)
+    for action, handler, text in (("get", h.run_get, "show a run"), ("log", h.run_log, "print a run's log"),
+                                  ("cancel", h.run_cancel, "cancel a run")):
+        p = verb(run, action, handler, text)
+        p.add_argument("run", metavar="RUN", help=h.RUN_HELP)
+        p.epilog = h.RUN_EPILOG
+    run.choices["log"].add_argument("--follow", "-f", action="store_true",
+                                    help="keep printing the output of a running run until it ends")
+    nxt = verb(verbs, "next", h.upcoming, "the next fires of every enabled trigger, in time order")
+    nxt.add_argument("--count", type=bounded_int("--count", 1, 100), default=10, metavar="N",
+                     help="how many (1..100, default 10)")
+    audit = verb(verbs, "audit", h.audit, "the security audit log, newest first (owners: audit.read)")
+    audit.add_argument("--limit", type=bounded_int("--limit", 1, 1000), default=20, metavar="N",
+                       help="how many rows (1..1000, default 20)")
+    audit.add_argument("--since", type=h.time_arg("--since"), metavar="WHEN",
+                       help="only rows from then on: a duration back from now (30m, 12h, 7d) or a date/time")
+
+
 def _schedule_verbs(verbs: Subcommands, verb: Verb) -> None:
+    from edge.cli import edit
     from edge.cli import schedule_commands as s
 
     cron = verbs.add_parser("cron", help="cron expressions (offline)").add_subparsers(
         dest="action", metavar="ACTION", required=True)
     nxt = verb(cron, "next", s.cron_next, "print the next fire times of a cron expression (no daemon needed)")
     nxt.add_argument("expression", metavar="EXPR", help="5 fields, or 6 with seconds first; or @daily etc.")
-    nxt.add_argument("--tz", metavar="TZ", help="IANA time zone (default: the device's, else UTC)")
+    nxt.add_argument("--tz", type=edit.zone_arg, metavar="TZ", help="IANA time zone (default: the device's, else UTC)")
     nxt.add_argument("--after", metavar="ISO8601", help="list fires after this time (default: now)")
     nxt.add_argument("--count", type=s.count, default=5, metavar="N", help="how many (1..1000, default 5)")
     nxt.set_defaults(offline=True)
@@ -162,11 +220,15 @@ def _schedule_verbs(verbs: Subcommands, verb: Verb) -> None:
     add.add_argument("task", metavar="TASK")
     add.add_argument("--cron", required=True, metavar="EXPR",
                      help="5 fields, or 6 with seconds first; @daily etc., @reboot (once per boot), @once (one shot)")
-    add.add_argument("--tz", metavar="TZ", help="IANA time zone (default: config `timezone`, the device's, UTC)")
+    add.add_argument("--tz", type=edit.zone_arg, metavar="TZ",
+                     help="IANA time zone (default: config `timezone`, the device's, UTC)")
     add.add_argument("--misfire", choices=("skip", "fire_once"), default="skip",
                      help="fires missed by more than 30s: skip them, or run the oldest once (default skip)")
-    add.add_argument("--jitter", type=int, default=0, metavar="S", help="delay each run by a random 0..S seconds")
+    add.add_argument("--jitter", type=edit.jitter, default=0, metavar="S",
+                     help="delay each run by a random 0..S seconds (S: 0..3600, default 0)")
     add.add_argument("--id", metavar="ID", help="trigger id (default TASK-N)")
+    add.epilog = edit.TRIGGER_LIMITS
+    _trigger_update_verb(trigger, verb)
     verb(trigger, "list", s.trigger_list, "list triggers")
     for action, handler in (("get", s.trigger_get), ("enable", s.trigger_toggle), ("disable", s.trigger_toggle),
                             ("rm", s.trigger_rm)):
@@ -176,7 +238,17 @@ def _schedule_verbs(verbs: Subcommands, verb: Verb) -> None:
     repin.add_argument("--task-revision", type=int, metavar="N", help="pin to this task revision instead")
     events = verb(trigger, "events", s.trigger_events, "fires that were skipped or refused, newest first")
     events.add_argument("trigger", metavar="TRIGGER", nargs="?")
-    events.add_argument("--limit", type=int, default=32, choices=range(1, 65), metavar="N", help="1..64 (default 32)")
+    events.add_argument("--limit", type=edit.bounded_int("--limit", 1, 64), default=32, metavar="N",
+                        help="1..64 (default 32)")
+
+
+def _trigger_update_verb(trigger: Subcommands, verb: Verb) -> None:
+    from edge.cli import edit
+
+    update = verb(trigger, "update", edit.trigger_update,
+                  "change a trigger's schedule; its task, enabled flag and events stay")
+    update.add_argument("trigger", metavar="TRIGGER")
+    edit.trigger_options(update)
 
 
 # `qledge import` takes a file, or names one of these sources (each its own subcommand).
@@ -262,10 +334,13 @@ def _serve(args: argparse.Namespace | SimpleNamespace) -> int:
     defer_hangups()  # first: a SIGHUP while starting must not end the daemon
     from edge.app import config as cfg
 
+    as_json = bool(getattr(args, "json", False))
+    path = getattr(args, "config", None) or os.environ.get("QLEDGE_CONFIG") or None
     try:
-        config = cfg.load(args.config)
+        config = cfg.load(path)
+        cfg.check_timezones(config, os.environ.get("TZ"))
     except cfg.ConfigError as exc:
-        print(f"qledge: {exc}", file=sys.stderr)
+        report("invalid_argument", str(exc), as_json)
         return EXIT_USAGE
     loop = choose_loop(config.loop)
     restrict_imports(loop)
@@ -273,8 +348,9 @@ def _serve(args: argparse.Namespace | SimpleNamespace) -> int:
     from edge.app.daemon import run_daemon
 
     socket_path = cfg.resolve_socket(getattr(args, "socket", None), config, home)
-    config_path = os.path.abspath(args.config) if args.config else None
-    return run_daemon(config, home, socket_path, loop, config_path=config_path)
+    config_path = os.path.abspath(path) if path else None
+    return run_daemon(config, home, socket_path, loop, config_path=config_path, report=lambda code, message: report(
+        code, message, as_json))
 
 
 # What the CLI and daemon import beyond the standard library, and where each comes from.
@@ -283,23 +359,26 @@ DEPENDENCIES = {"msgspec": "python3-msgspec", "apsw": "python3-apsw", "cronsim":
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # Known before parsing, so that a usage error is reported the way it was asked for.
+    as_json = "--json" in argv[: argv.index("--")] if "--" in argv else "--json" in argv
     for arg in argv:
         try:
             arg.encode()
         except UnicodeEncodeError:  # bytes that are not UTF-8 reach us as lone surrogates
-            print(f"qledge: argument {ascii(arg)} is not valid UTF-8", file=sys.stderr)
+            report("invalid_argument", f"argument {ascii(arg)} is not valid UTF-8", as_json)
             return EXIT_USAGE
     try:
-        return _main(argv)
+        return _main(argv, as_json)
     except ModuleNotFoundError as exc:
         if exc.name not in DEPENDENCIES:
             raise
-        print(f"qledge: the Python package {exc.name} is not installed: pip install {exc.name}"
-              f" (OpenWrt: opkg install {DEPENDENCIES[exc.name]})", file=sys.stderr)
+        # An installation that lacks a package is a configuration error (exit 2).
+        report("invalid_argument", f"the Python package {exc.name} is not installed: pip install {exc.name}"
+               f" (OpenWrt: opkg install {DEPENDENCIES[exc.name]})", as_json)
         return EXIT_USAGE
 
 
-def _main(argv: list[str]) -> int:
+def _main(argv: list[str], as_json: bool) -> int:
     if "mcp" in argv:  # the stdio bridge must not pay for argparse or msgspec
         from edge.cli.mcp_bridge import main as bridge
 
@@ -309,45 +388,70 @@ def _main(argv: list[str]) -> int:
     fast = _serve_fast_path(argv)
     if fast is not None:
         return _serve(fast)
-    head, command = _split_command(_import_file_alias(argv))
-    parser = build_parser()
-    args = parser.parse_args(head)
-    if command:
-        if getattr(args, "command", None) is None:
-            parser.error("`--` is only used by `task add`")
-        args.command = [*args.command, *command]
-    args.json = getattr(args, "json", False)
-    if args.verb == "serve":
-        return _serve(args)
-    if getattr(args, "offline", False):
-        return args.handler(args)
-    return _client_verb(args)
+    from edge.cli.client import BadReply, CallFailed, Unreachable, UsageError
 
-
-def _client_verb(args: argparse.Namespace) -> int:
-    from edge.cli.client import BadReply, CallFailed, Client, Unreachable
-    from edge.cli.commands import UsageError
-
-    path = client_socket(getattr(args, "socket", None), getattr(args, "home", None))
     try:
-        with Client(path, token=os.environ.get("QLEDGE_TOKEN") or None) as client:
-            return args.handler(client, args)
+        return _dispatch(argv)
     except UsageError as exc:
-        print(f"qledge: {exc}", file=sys.stderr)
+        report("invalid_argument", str(exc), as_json)
         return EXIT_USAGE
     except Unreachable as exc:
-        print(f"qledge: {exc}", file=sys.stderr)
+        report("unavailable", str(exc), as_json)
         return EXIT_UNREACHABLE
     except CallFailed as exc:
-        print(f"qledge: {exc.code}: {exc.message}", file=sys.stderr)
-        return EXIT_TOOL
+        report(exc.code, exc.message, as_json)
+        return exit_code(exc.code)
     except BadReply as exc:
-        print(f"qledge: {exc}", file=sys.stderr)
+        report("internal", str(exc), as_json)
         return EXIT_TOOL
     except BrokenPipeError:
         return EXIT_OK
     except KeyboardInterrupt:
         return 130
+
+
+def _dispatch(argv: list[str]) -> int:
+    from edge.app.config import tz_problem
+    from edge.cli.client import Client, UsageError
+
+    head, command = _split_command(_import_file_alias(argv))
+    parser = build_parser()
+    args = parser.parse_args(head)
+    if command:
+        if getattr(args, "command", None) is None:
+            parser.error("`--` is only used by `task add` and `task update`")
+        args.command = [*args.command, *command]
+    args.json = getattr(args, "json", False)
+    if args.verb == "serve":
+        return _serve(args)
+    # Times are printed in the local zone: a $TZ the C library does not know would make
+    # them silently UTC.
+    problem = tz_problem(os.environ.get("TZ"))
+    if problem:
+        raise UsageError(problem)
+    if getattr(args, "offline", False):
+        return args.handler(args)
+    path = _client_socket_for(args)
+    with Client(path, token=os.environ.get("QLEDGE_TOKEN") or None) as client:
+        return args.handler(client, args)
+
+
+def _client_socket_for(args: argparse.Namespace) -> str:
+    """Where the daemon listens: --socket, $QLEDGE_SOCKET, else what its config file says
+    (--config, $QLEDGE_CONFIG), resolved as the daemon resolves it, else client_socket()."""
+    from edge.cli.client import UsageError
+
+    flag_socket, flag_home = getattr(args, "socket", None), getattr(args, "home", None)
+    path = getattr(args, "config", None) or os.environ.get("QLEDGE_CONFIG")
+    if not path or flag_socket or os.environ.get("QLEDGE_SOCKET"):
+        return client_socket(flag_socket, flag_home)
+    from edge.app import config as cfg
+
+    try:
+        config = cfg.load(path)
+    except cfg.ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    return cfg.resolve_socket(None, config, cfg.resolve_home(flag_home, config))
 
 
 def client_socket(flag_socket: str | None, flag_home: str | None, system_dir: str | None = None) -> str:

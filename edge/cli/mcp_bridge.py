@@ -15,11 +15,21 @@ import os
 import select
 import sys
 
-from edge import home_socket
+from edge import default_home, home_socket
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
-USAGE = "usage: qledge mcp [--token-file FILE] [--home DIR] [--socket PATH] [--mcp-socket PATH]"
-_VALUED = ("--home", "--socket", "--mcp-socket", "--token-file")
+USAGE = "usage: qledge mcp [--token-file FILE] [--home DIR] [--socket PATH] [--mcp-socket PATH] [--config FILE]"
+HELP = f"""{USAGE}
+
+bridge stdio to the daemon's MCP socket, for AI clients (the daemon needs [mcp] enabled = true)
+
+options:
+  --token-file FILE  read the API token from FILE (else $QLEDGE_TOKEN; none: your uid, for owners)
+  --home DIR         the daemon's state directory ($QLEDGE_HOME)
+  --socket PATH      the daemon's tool socket ($QLEDGE_SOCKET)
+  --mcp-socket PATH  the MCP socket (default <home>/mcp.sock)
+  --config FILE      take home and sockets from the daemon's config file ($QLEDGE_CONFIG)"""
+_VALUED = ("--home", "--socket", "--mcp-socket", "--token-file", "--config")
 _CHUNK = 1 << 16
 _HELLO_TIMEOUT_S = 10.0
 _DRAIN_MS = 30_000  # after stdin ends, how long answers to what was already sent may take
@@ -27,8 +37,11 @@ _ACCEPTED = b'{"qledge":{"ok":true}}'
 
 
 class _Fail(Exception):
-    def __init__(self, message: str, code: int) -> None:
+    """One line, `qledge: <code>: <message>`, as every qledge command says what went wrong."""
+
+    def __init__(self, message: str, exit_code: int, code: str = "unavailable") -> None:
         super().__init__(message)
+        self.exit_code = exit_code
         self.code = code
 
 
@@ -39,12 +52,12 @@ def main(argv: list[str]) -> int | None:
         if options is None:
             return None
         if "help" in options:
-            print(USAGE)
+            print(HELP)
             return EXIT_OK
         return _bridge(options)
     except _Fail as exc:
-        print(f"qledge mcp: {exc}", file=sys.stderr)
-        return exc.code
+        print(f"qledge: {exc.code}: {exc}", file=sys.stderr)
+        return exc.exit_code
     except KeyboardInterrupt:
         return 130
 
@@ -62,10 +75,10 @@ def _parse(argv: list[str]) -> dict[str, str] | None:
             if not eq:
                 value = next(tokens, "")
             if not value:
-                raise _Fail(f"{name} needs a value\n{USAGE}", EXIT_USAGE)
+                raise _Fail(f"{name} needs a value ({USAGE})", EXIT_USAGE, "invalid_argument")
             options[name[2:]] = value
         elif token not in ("mcp", "--json"):  # --json: a global CLI flag, meaningless here
-            raise _Fail(f"unexpected argument {token!r}\n{USAGE}", EXIT_USAGE)
+            raise _Fail(f"unexpected argument {token!r} ({USAGE})", EXIT_USAGE, "invalid_argument")
     return options
 
 
@@ -88,14 +101,43 @@ def _token(options: dict[str, str]) -> str | None:
         with open(path, encoding="utf-8") as f:
             return f.read().strip() or None
     except (OSError, UnicodeDecodeError) as exc:
-        raise _Fail(f"cannot read token file {path}: {getattr(exc, 'strerror', None) or exc}", EXIT_USAGE) from None
+        raise _Fail(f"cannot read token file {path}: {getattr(exc, 'strerror', None) or exc}", EXIT_USAGE,
+                    "invalid_argument") from None
+
+
+def _configured(path: str) -> tuple[str | None, str | None, str | None]:
+    """home, socket and [mcp] socket from the daemon's config file (tomllib: only with one)."""
+    import tomllib
+
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise _Fail(f"cannot read config {path}: {exc.strerror}", EXIT_USAGE, "invalid_argument") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise _Fail(f"config {path} is not valid TOML: {exc}", EXIT_USAGE, "invalid_argument") from None
+    section = data.get("mcp")
+    mcp = section if isinstance(section, dict) else {}
+
+    def text(value: object) -> str | None:
+        return value if isinstance(value, str) else None
+
+    return text(data.get("home")), text(data.get("socket")), text(mcp.get("socket"))
 
 
 def _bridge(options: dict[str, str]) -> int:
     token = _token(options)
     home = options.get("home")
-    tool_socket = options.get("socket") or os.environ.get("QLEDGE_SOCKET") or home_socket("qledge.sock", home)
-    path = options.get("mcp-socket") or home_socket("mcp.sock", home)
+    config = options.get("config") or os.environ.get("QLEDGE_CONFIG")
+    tool_socket = options.get("socket") or os.environ.get("QLEDGE_SOCKET")
+    path = options.get("mcp-socket")
+    if config:  # as the daemon resolves them: flags and environment first, then the file
+        c_home, c_socket, c_mcp = _configured(config)
+        home = os.path.abspath(home or os.environ.get("QLEDGE_HOME") or c_home or default_home())
+        tool_socket = tool_socket or c_socket or os.path.join(home, "qledge.sock")
+        path = path or c_mcp or os.path.join(home, "mcp.sock")
+    tool_socket = tool_socket or home_socket("qledge.sock", home)
+    path = path or home_socket("mcp.sock", home)
     sock = _connect(path, tool_socket)
     try:
         pending = _hello(sock, path, token)
@@ -168,9 +210,9 @@ def _refused(answer: bytes, path: str) -> None:
     try:
         reply = json.loads(answer)["qledge"]
     except (ValueError, KeyError, TypeError):
-        raise _Fail(f"the daemon at {path} did not accept the session", EXIT_REFUSED) from None
+        raise _Fail(f"the daemon at {path} did not accept the session", EXIT_REFUSED, "internal") from None
     if reply.get("ok") is not True:
-        raise _Fail(f"{reply.get('code', 'unauthenticated')}: {reply.get('message', 'refused')}", EXIT_REFUSED)
+        raise _Fail(str(reply.get("message", "refused")), EXIT_REFUSED, str(reply.get("code", "unauthenticated")))
 
 
 def _pump(sock: _socket.socket, pending: bytes) -> int:

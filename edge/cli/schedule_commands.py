@@ -12,7 +12,9 @@ import msgspec
 
 from edge.app.config import default_zone
 from edge.cli import render
+from edge.cli.client import CallFailed, UsageError
 from edge.cli.commands import all_pages, show, show_list
+from edge.cli.edit import bounded_int
 from edge.core.schedule import REBOOT, Schedule, ScheduleError, days_ored, format_local, load_zone, local_time
 from edge.core.triggers import Trigger, TriggerEvent
 from edge.tools.builtin import triggers as trigger_tools
@@ -21,8 +23,9 @@ if TYPE_CHECKING:
     import argparse
 
     from edge.cli.client import Client
+    from edge.tools.ai.projections import TriggerView
 
-OK, USAGE = 0, 2
+OK = 0
 
 
 class Fire(msgspec.Struct, rename="camel"):
@@ -55,8 +58,7 @@ def cron_next(a: argparse.Namespace) -> int:
         schedule = Schedule(a.expression, a.tz or default_zone(None))
         after = _after_ms(a.after, schedule)
     except ScheduleError as exc:
-        print(f"qledge: {exc}", file=sys.stderr)
-        return USAGE
+        raise UsageError(str(exc)) from None
     if schedule.event is not None:
         print(f"note: {schedule.expression} is not a time: it fires "
               + ("once per boot of the device" if schedule.event == REBOOT else "once, when the trigger is armed"),
@@ -66,7 +68,7 @@ def cron_next(a: argparse.Namespace) -> int:
               " (as in busybox crond and qinglong)", file=sys.stderr)
     fires = list(islice(schedule.fires_after(after), a.count))
     if len(fires) < a.count:  # the calendar ends in 9999
-        print(f"qledge: {'no' if not fires else 'no more'} fire times before the year 10000", file=sys.stderr)
+        print(f"note: {'no' if not fires else 'no more'} fire times before the year 10000", file=sys.stderr)
     if a.json:
         render.json_out([
             Fire(at_ms=ms, local=local_time(ms, schedule.zone).isoformat(), timezone=schedule.zone_name)
@@ -78,17 +80,7 @@ def cron_next(a: argparse.Namespace) -> int:
     return OK
 
 
-def count(text: str) -> int:
-    """argparse type for --count: 1..1000."""
-    import argparse
-
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 1 <= value <= 1000:
-        raise argparse.ArgumentTypeError("must be 1..1000")
-    return value
+count = bounded_int("--count", 1, 1000)
 
 
 # -- triggers (through the daemon) ------------------------------------------------
@@ -99,11 +91,13 @@ def _fire(ms: int | None, zone_name: str, expression: str = "") -> str:
         return "at the next boot" if expression == REBOOT else "-"
     try:
         return format_local(ms, load_zone(zone_name))
-    except ScheduleError:  # this machine lacks the zone data: show UTC
-        return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(ms / 1000))
+    except ScheduleError:  # this machine lacks the zone data: the local time instead
+        return render.when(ms)
 
 
-def _next_fire(t: Trigger) -> str:
+def next_fire(t: Trigger) -> str:
+    """When the trigger fires next, in its own zone (`-`: disabled or never again; an
+    enabled @reboot not yet armed: at the next boot)."""
     return _fire(t.next_fire_at_ms, t.spec.timezone, t.spec.expression if t.enabled else "")
 
 
@@ -113,7 +107,7 @@ def _fields(t: Trigger) -> None:
         ("trigger", t.id), ("revision", t.revision),
         ("task", f"{t.task_id} (revision {t.task_revision})"), ("enabled", "yes" if t.enabled else "no"),
         ("cron", spec.expression), ("timezone", spec.timezone), ("misfire", spec.misfire),
-        ("jitter", f"{spec.jitter_s}s"), ("next fire", _next_fire(t)),
+        ("jitter", render.span(spec.jitter_s)), ("next fire", next_fire(t)),
         ("last run for", _fire(t.last_scheduled_at_ms, spec.timezone)), ("digest", t.content_digest),
         ("updated", render.when(t.updated_at_ms)),
     ])
@@ -126,7 +120,7 @@ def trigger_add(c: Client, a: argparse.Namespace) -> int:
     )
     trigger = c.typed("qledge.trigger.create", args, Trigger)
     return show(a, trigger, lambda t: print(
-        f"trigger {t.id} created for task {t.task_id} (revision {t.task_revision}); next fire {_next_fire(t)}"))
+        f"trigger {t.id} created for task {t.task_id} (revision {t.task_revision}); next fire {next_fire(t)}"))
 
 
 def _trigger_page(c: Client, after: str | None) -> tuple[list[Trigger], str | None]:
@@ -134,16 +128,53 @@ def _trigger_page(c: Client, after: str | None) -> tuple[list[Trigger], str | No
     return page.triggers, page.next
 
 
+def _head_page(c: Client, after: str | None) -> tuple[list[TriggerView], str | None]:
+    from edge.tools.ai.projections import TriggerCursor, TriggerListArgs, TriggerPage
+
+    args = TriggerListArgs(after=TriggerCursor(trigger_id=after) if after else None, limit=64)
+    page = c.typed("qinglong.trigger.list", args, TriggerPage)
+    return page.triggers, page.next.trigger_id if isinstance(page.next, TriggerCursor) else None
+
+
+def _viewer_fields(t: TriggerView) -> None:
+    render.fields([
+        ("trigger", t.trigger_id), ("revision", t.revision), ("task", f"{t.task_id} (revision {t.task_revision})"),
+        ("enabled", "yes" if t.enabled else "no"), ("updated", render.when(t.updated_at_ms)),
+        ("schedule", "not shown: it needs trigger.inspect (qledge next shows the coming fires)"),
+    ])
+
+
 def trigger_list(c: Client, a: argparse.Namespace) -> int:
+    if not c.may_call("qledge.trigger.list"):  # a viewer: the projection, without the schedule
+        return show_list(
+            a, all_pages(lambda after: _head_page(c, after)), "no triggers yet",
+            lambda t: [t.trigger_id, f"{t.task_id}@{t.task_revision}", "yes" if t.enabled else "no",
+                       render.when(t.updated_at_ms)],
+            ["TRIGGER", "TASK@REV", "ENABLED", "UPDATED"],
+        )
     return show_list(
         a, all_pages(lambda after: _trigger_page(c, after)), "no triggers yet: qledge trigger add TASK --cron EXPR",
         lambda t: [t.id, f"{t.task_id}@{t.task_revision}", "yes" if t.enabled else "no",
-                   t.spec.expression, t.spec.timezone, _next_fire(t)],
+                   t.spec.expression, t.spec.timezone, next_fire(t)],
         ["TRIGGER", "TASK@REV", "ENABLED", "CRON", "TIMEZONE", "NEXT FIRE"],
     )
 
 
+def _just_before(name: str) -> str:
+    """The greatest string below `name` that no Name can fall between (Names never hold
+    U+10FFFF): a keyset page after it starts at `name` itself."""
+    return name[:-1] + chr(ord(name[-1]) - 1) + "\U0010ffff"
+
+
 def trigger_get(c: Client, a: argparse.Namespace) -> int:
+    if not c.may_call("qledge.trigger.get"):
+        from edge.tools.ai.projections import TriggerCursor, TriggerListArgs, TriggerPage
+
+        args = TriggerListArgs(after=TriggerCursor(trigger_id=_just_before(a.trigger)), limit=1)
+        found = c.typed("qinglong.trigger.list", args, TriggerPage).triggers
+        if not found or found[0].trigger_id != a.trigger:
+            raise CallFailed("not_found", f"trigger {a.trigger!r} not found")
+        return show(a, found[0], _viewer_fields)
     return show(a, c.typed("qledge.trigger.get", trigger_tools.TriggerId(trigger_id=a.trigger), Trigger), _fields)
 
 

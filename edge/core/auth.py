@@ -35,6 +35,7 @@ DOMAIN_PERMISSIONS: tuple[str, ...] = (
     "status.read",
     "notify.read",  # notification channels (never the secrets they name), rules and the delivery log
     "notify.write",  # default rules, test messages, deleting channels (setting one also needs secret.export)
+    "audit.read",  # the security audit log
 )
 TASK_PRIVILEGED = "task.privileged"
 SECRET_USE = "secret.use"
@@ -43,10 +44,10 @@ _FAMILIES = frozenset({SECRET_USE})
 
 _VIEWER = frozenset({"task.read", "trigger.read", "run.read", "status.read"})
 # An operator holds none of these by default: a task that runs privileged, or reads a secret,
-# would let it act as an owner; an export with secrets shows their values. A credential's
-# list may give them by name (never through `*`).
+# would let it act as an owner; an export with secrets shows their values; the audit is the
+# owners'. A credential's list may give the first two by name (never through `*`).
 _OPERATOR = frozenset(DOMAIN_PERMISSIONS) - {
-    "credential.admin", "secret.write", "secret.export", TASK_PRIVILEGED, SECRET_USE}
+    "credential.admin", "secret.write", "secret.export", TASK_PRIVILEGED, SECRET_USE, "audit.read"}
 
 
 class Grant(msgspec.Struct, frozen=True):
@@ -185,6 +186,12 @@ class AuditRecord(msgspec.Struct, rename="camel"):
     reasons: list[str]
     transport: str
     request_id: str | None = None
+
+
+class AuditEntry(AuditRecord, rename="camel", kw_only=True):
+    """An audit row as read back: the record and its id (its place in the log)."""
+
+    id: int
 
 
 def tool_reason(tool_name: str) -> str:

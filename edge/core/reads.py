@@ -19,6 +19,9 @@ from edge.core.runs import ActorType, Origin, RunStatus
 from edge.core.text import MAX_SAFE_INT, SAFE_TEXT, Millis, Revision
 
 PAGE_DEFAULT = 32
+# Index entries one filtered page may examine: a filter that matches rarely still costs a
+# bounded read per page, and the page says where to go on (RunStore.search, AuditReader).
+SEARCH_BUDGET = 512
 WINDOW_LIMIT = 64  # task.runs.compare: the newest 64 runs are searched, a 65th proves older ones exist
 
 # What storage may hand back: bounded, control-free text.

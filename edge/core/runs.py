@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
+import signal
 from collections.abc import Callable
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
 from edge.core.errors import conflict
-from edge.core.text import Millis, ReadId
+from edge.core.text import Millis, Name, ReadId
 
 RunStatus = Literal["queued", "running", "succeeded", "failed", "cancelled", "timed_out", "lost"]
 Origin = Literal["scheduled", "manual", "fire_once", "agent", "retry"]
@@ -16,6 +18,13 @@ ActorType = Literal["user", "scheduler", "runner", "system"]
 
 ACTIVE: frozenset[str] = frozenset({"queued", "running"})
 TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "timed_out", "lost"})
+# What `TASK:latest-failed` means: the run did not succeed and nobody cancelled it.
+FAILED_STATUSES: tuple[RunStatus, ...] = ("failed", "timed_out", "lost")
+# Finished but not succeeded; rare, so an index of these alone costs writes only then
+# (schema migration 7: runs_unsuccessful_idx, runs_task_unsuccessful_idx).
+UNSUCCESSFUL: tuple[str, ...] = ("failed", "timed_out", "lost", "cancelled")
+STATUSES: tuple[str, ...] = ("queued", "running", "succeeded", "failed", "cancelled", "timed_out", "lost")
+ORIGINS: tuple[str, ...] = ("scheduled", "manual", "fire_once", "agent", "retry")
 
 _NEXT: dict[str, frozenset[str]] = {
     # A queued run may end without starting: cancelled, refused (failed) or lost.
@@ -65,6 +74,30 @@ class RunCursor(msgspec.Struct, rename="camel", forbid_unknown_fields=True, froz
 
     created_at_ms: Millis
     run_id: ReadId
+
+
+class RunQuery(msgspec.Struct, rename="camel", forbid_unknown_fields=True, omit_defaults=True):
+    """Which of a project's runs a list shows: every field given narrows it."""
+
+    task_id: Name | None = None
+    statuses: Annotated[list[RunStatus], msgspec.Meta(max_length=7)] = []  # any of these
+    origins: Annotated[list[Origin], msgspec.Meta(max_length=4)] = []  # any of these
+    since_ms: Millis | None = None  # created at or after
+    until_ms: Millis | None = None  # created before
+
+
+class RunSearch(msgspec.Struct):
+    """One page of a search: the runs found, and where the next page starts (None: no more)."""
+
+    runs: list[Run]
+    next: RunCursor | None
+
+
+class RunDefaults(msgspec.Struct, rename="camel"):
+    """What a run gets when its task does not say: shown beside a task's own settings."""
+
+    work_dir: str
+    log_cap_bytes: int
 
 
 class RunUpdate(msgspec.Struct, omit_defaults=True):
@@ -129,6 +162,66 @@ class Followers:
 def check_transition(current: str, target: str) -> None:
     if target not in _NEXT.get(current, frozenset()):
         raise conflict(f"run is {current}; it cannot become {target}")
+
+
+def exit_text(code: int) -> str:
+    """`exit 3`, or `killed by SIGTERM` for a process a signal ended (a negative code)."""
+    if code >= 0:
+        return f"exit {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
+
+
+# -- capped logs: the format every reader of a log may rely on ----------------------
+
+LOG_HEAD_MAX = 64 * 1024  # a log over its cap keeps at most this much of its beginning
+LOG_CAP_MARKER = re.compile(rb"\n\[qledge: log cap reached; [0-9]+ bytes dropped here\]\n")
+
+
+def log_cap_marker(dropped: int) -> bytes:
+    """The line between a capped log's head and its tail."""
+    return f"\n[qledge: log cap reached; {dropped} bytes dropped here]\n".encode()
+
+
+# -- naming a run -------------------------------------------------------------------
+
+MIN_PREFIX = 8
+_PREFIX = re.compile(r"^[0-9a-f-]+$")
+LATEST, LATEST_FAILED = "latest", "latest-failed"
+
+
+class RunReference(msgspec.Struct, frozen=True):
+    """How a person named a run: a whole id (`run_id`), possibly an id prefix (`prefix`,
+    tried when no run has that whole id), or a task's newest run (`TASK:latest`) or newest
+    failed one (`TASK:latest-failed`)."""
+
+    run_id: str | None = None
+    prefix: str | None = None
+    task_id: str | None = None
+    failed: bool = False
+
+
+def parse_reference(text: str) -> RunReference:
+    """Raises ValueError (one line) for a reference that cannot name a run."""
+    task, colon, which = text.rpartition(":")
+    if colon:
+        if which not in (LATEST, LATEST_FAILED) or not task:
+            raise ValueError(f"{text!r} names no run: use a run id, its first {MIN_PREFIX} or more characters,"
+                             f" TASK:{LATEST} or TASK:{LATEST_FAILED}")
+        return RunReference(task_id=task, failed=which == LATEST_FAILED)
+    lowered = text.lower()
+    if len(text) > 36 or not _PREFIX.match(lowered):
+        return RunReference(run_id=text)
+    # Could still be a whole id (ids are the store's to choose): looked up as one first.
+    return RunReference(run_id=text, prefix=lowered)
+
+
+def short_prefix(prefix: str) -> str:
+    """The message for a prefix too short to name a run."""
+    return (f"run id prefix {prefix!r} is too short: give at least {MIN_PREFIX} characters"
+            f" (or TASK:{LATEST})")
 
 
 def event_type(status: str) -> str:

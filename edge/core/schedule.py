@@ -304,13 +304,13 @@ def local_time(ms: int, zone: tzinfo) -> datetime:
 
 
 def format_local(ms: int, zone: tzinfo) -> str:
-    """`2024-03-10 03:00:00-04:00 EDT`: the local time, its UTC offset and zone abbreviation."""
+    """`2024-03-10 03:00:00 EDT`: the local time and its zone abbreviation (which tells the
+    two passes of a repeated hour apart: 02:30 CEST, then 02:30 CET), the one format of
+    every time the CLI prints. A zone without abbreviations shows its offset (`+04`)."""
     when = local_time(ms, zone)
-    text = when.isoformat(sep=" ", timespec="seconds" if ms % 1000 == 0 else "milliseconds")
-    abbreviation = when.tzname() or ""
-    if abbreviation and abbreviation[0] not in "+-":
-        text += f" {abbreviation}"
-    return text
+    text = when.strftime("%Y-%m-%d %H:%M:%S") + (f".{ms % 1000:03d}" if ms % 1000 else "")
+    abbreviation = when.tzname() or when.strftime("%z")
+    return f"{text} {abbreviation}" if abbreviation else text
 
 
 # -- misfires ---------------------------------------------------------------------

@@ -7,25 +7,38 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from edge.core.errors import ToolError, conflict
 from edge.core.schedule import Misfire
 from edge.core.text import Account, EnvName, Label, Name
 
 SPEC_SCHEMA = "qinglong/command@v1"
+
+# Every limit of a task spec, named once: the types below enforce them, and the CLI states
+# them (in its own units and flags) in its messages and its --help.
 DEFAULT_TIMEOUT_MS = 3_600_000  # an hour: a hung job must not hold a slot forever
+MIN_TIMEOUT_MS = 1000
 MAX_TIMEOUT_MS = 7 * 86_400_000
+MAX_ARGS = 256  # arguments after the program
+MAX_ARG_CHARS = 4096  # each argument, and the program's path
+MAX_SHELL_CHARS = 16384  # a --shell command
+MAX_ENV = 128  # environment entries
+MAX_ENV_VALUE_CHARS = 16384
+MIN_LOG_CAP = 4096
+MAX_LOG_CAP = 1 << 30
+MAX_PATH_CHARS = 4096  # the working directory
 
 Overlap = Literal["forbid", "allow", "replace"]
-_Arg = Annotated[str, msgspec.Meta(max_length=4096, pattern=r"^[^\x00]*$")]
+_Arg = Annotated[str, msgspec.Meta(max_length=MAX_ARG_CHARS, pattern=r"^[^\x00]*$")]
 
 
 class ArgvCommand(msgspec.Struct, tag="argv", tag_field="kind", forbid_unknown_fields=True):
-    file: Annotated[str, msgspec.Meta(min_length=1, max_length=4096, pattern=r"^[^\x00]*$")]
-    args: Annotated[list[_Arg], msgspec.Meta(max_length=256)] = []
+    file: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ARG_CHARS, pattern=r"^[^\x00]*$")]
+    args: Annotated[list[_Arg], msgspec.Meta(max_length=MAX_ARGS)] = []
 
 
 class ShellCommand(msgspec.Struct, tag="shell", tag_field="kind", forbid_unknown_fields=True):
-    command: Annotated[str, msgspec.Meta(min_length=1, max_length=16384, pattern=r"^[^\x00]*$")]
-    shell: Annotated[str, msgspec.Meta(min_length=1, max_length=4096, pattern=r"^[^\x00]*$")] = "/bin/sh"
+    command: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_SHELL_CHARS, pattern=r"^[^\x00]*$")]
+    shell: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ARG_CHARS, pattern=r"^[^\x00]*$")] = "/bin/sh"
 
 
 Command = ArgvCommand | ShellCommand
@@ -37,7 +50,7 @@ class SecretRef(msgspec.Struct, forbid_unknown_fields=True):
     secret: Name
 
 
-EnvValue = Annotated[str, msgspec.Meta(max_length=16384, pattern=r"^[^\x00]*$")] | SecretRef
+EnvValue = Annotated[str, msgspec.Meta(max_length=MAX_ENV_VALUE_CHARS, pattern=r"^[^\x00]*$")] | SecretRef
 # The runner sets these in every run (QLEDGE_RUN_ID is the marker crash recovery finds a
 # run's processes by); a task may not set or override them.
 RESERVED_ENV_PREFIX = "QLEDGE_"
@@ -61,6 +74,7 @@ class RetryPolicy(msgspec.Struct, rename="camel", forbid_unknown_fields=True, om
 # stopped while the run was active), `skipped` (a fire or retry that did not become a run),
 # `every` (every run that ends).
 NotifyEvent = Literal["failure", "recovery", "success", "lost", "skipped", "every"]
+NOTIFY_EVENTS: tuple[NotifyEvent, ...] = ("failure", "recovery", "success", "lost", "skipped", "every")
 DEFAULT_NOTIFY_ON: tuple[NotifyEvent, ...] = ("failure", "recovery")
 
 
@@ -104,11 +118,12 @@ def notice_targets(rules: list[NotifyRule], kinds: frozenset[NotifyEvent] | set[
 
 class TaskSpec(msgspec.Struct, rename="camel", forbid_unknown_fields=True, omit_defaults=True):
     command: Command
-    working_dir: Annotated[str, msgspec.Meta(min_length=1, max_length=4096, pattern=r"^[^\x00]*$")] | None = None
-    env: Annotated[dict[EnvName, EnvValue], msgspec.Meta(max_length=128)] = {}
-    timeout_ms: Annotated[int, msgspec.Meta(ge=1000, le=MAX_TIMEOUT_MS)] = DEFAULT_TIMEOUT_MS
+    working_dir: Annotated[
+        str, msgspec.Meta(min_length=1, max_length=MAX_PATH_CHARS, pattern=r"^[^\x00]*$")] | None = None
+    env: Annotated[dict[EnvName, EnvValue], msgspec.Meta(max_length=MAX_ENV)] = {}
+    timeout_ms: Annotated[int, msgspec.Meta(ge=MIN_TIMEOUT_MS, le=MAX_TIMEOUT_MS)] = DEFAULT_TIMEOUT_MS
     overlap: Overlap = "forbid"
-    log_cap_bytes: Annotated[int, msgspec.Meta(ge=4096, le=1 << 30)] | None = None
+    log_cap_bytes: Annotated[int, msgspec.Meta(ge=MIN_LOG_CAP, le=MAX_LOG_CAP)] | None = None
     # Who the run is: the user (and group; default the user's own) the runner switches to
     # before exec. None only in revisions written before tasks named one: the daemon's user.
     user: Account | None = None
@@ -155,6 +170,17 @@ class Task(msgspec.Struct, rename="camel"):
     @property
     def kind(self) -> str:
         return "argv" if isinstance(self.spec.command, ArgvCommand) else "shell"
+
+
+_NAMED = 5  # triggers a refusal names; the count covers the rest
+
+
+def has_triggers(task_id: str, trigger_ids: list[str]) -> ToolError:
+    """The refusal of deleting a task that has triggers without saying they go too (every
+    TaskStore says it the same way: how many, and the first few by name)."""
+    names = ", ".join(trigger_ids[:_NAMED]) + (", …" if len(trigger_ids) > _NAMED else "")
+    what = "1 trigger" if len(trigger_ids) == 1 else f"{len(trigger_ids)} triggers"
+    return conflict(f"task {task_id!r} has {what} ({names}), which would be deleted with it")
 
 
 _canonical = msgspec.json.Encoder(order="sorted")

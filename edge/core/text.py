@@ -13,15 +13,20 @@ import msgspec
 # No C0 controls or DEL anywhere in an identifier or short label.
 _NO_CONTROLS = r"^[^\x00-\x1f\x7f]+$"
 
+MAX_NAME = 128
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# The rules of Name and EnvName below, in words, for messages and --help.
+NAME_RULE = f"1-{MAX_NAME} letters, digits, '.', '_' or '-', starting with a letter or digit"
+ENV_NAME_RULE = f"1-{MAX_NAME} letters, digits or '_', not starting with a digit"
+
 Id = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=_NO_CONTROLS)]
 Label = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=_NO_CONTROLS)]
 # Names people type on the command line: task ids, secret names.
-Name = Annotated[
-    str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-]
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME, pattern=NAME_PATTERN)]
 # A user or group name as /etc/passwd and /etc/group spell them.
 Account = Annotated[str, msgspec.Meta(min_length=1, max_length=32, pattern=r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")]
-EnvName = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+EnvName = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME, pattern=ENV_NAME_PATTERN)]
 Limit = Annotated[int, msgspec.Meta(ge=1, le=64)]
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 

@@ -129,7 +129,7 @@ class SystemUsers:
     def working_dir(self, path: str | None, run_as: RunAs | None = None) -> str:
         where = path or self._work_dir
         if not os.path.isabs(where):
-            raise invalid(f"working directory {where!r} is not an absolute path")
+            raise invalid(f"working directory {where!r} is relative, not an absolute path: give an absolute path")
         real = os.path.realpath(where)
         if real == self._state_dir or real.startswith(self._state_dir.rstrip(os.sep) + os.sep):
             raise invalid(f"working directory {where} is inside the state directory {self._state_dir};"
@@ -170,6 +170,25 @@ def _unreachable(real: str, run_as: RunAs) -> str | None:
             return path
         path = os.path.join(path, part)
     return None
+
+
+DEFAULT_LANG = "C.UTF-8"
+_NO_LOGIN = ("nologin", "false")  # a service account's "shell": scripts that run $SHELL get /bin/sh
+
+
+def user_environment(uid: int, timezone: str, lang: str = DEFAULT_LANG) -> dict[str, str]:
+    """What a login would give the user a run executes as: HOME, USER, LOGNAME and SHELL
+    from its passwd entry (a uid without one gets its number, / and /bin/sh), and PATH,
+    LANG and TZ. Nothing of the daemon's own environment leaks into a run."""
+    try:
+        entry = pwd.getpwuid(uid)
+        name, home, shell = entry.pw_name, entry.pw_dir or "/", entry.pw_shell or "/bin/sh"
+    except KeyError:
+        name, home, shell = str(uid), "/", "/bin/sh"
+    if os.path.basename(shell) in _NO_LOGIN:
+        shell = "/bin/sh"
+    return {"HOME": home, "USER": name, "LOGNAME": name, "SHELL": shell, "PATH": DEFAULT_PATH, "LANG": lang,
+            "TZ": timezone}
 
 
 def argv(spec: TaskSpec) -> list[str]:

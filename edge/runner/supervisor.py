@@ -16,7 +16,7 @@ from edge.core.errors import ToolError, conflict, not_found
 from edge.core.handoff import Background, shielded
 from edge.core.ports.runtime import Clock, TaskUsers
 from edge.core.ports.stores import LogWriter, RunAdmission, RunLogFiles, RunStore, SecretStore, TaskStore
-from edge.core.runs import ActorType, Run, RunProcess, RunStatus, RunUpdate, summary
+from edge.core.runs import ActorType, Run, RunProcess, RunStatus, RunUpdate, exit_text, summary
 from edge.core.tasks import RunAs, SecretRef, Task
 from edge.runner import process
 
@@ -34,11 +34,12 @@ class RunnerSettings(msgspec.Struct, kw_only=True):
     kill_grace_s: float = 5.0
     log_cap_bytes: int = 1 << 20
     disk_reserve_bytes: int = 8 << 20
-    base_env: dict[str, str] = msgspec.field(default_factory=lambda: {"PATH": process.DEFAULT_PATH})
+    timezone: str = "UTC"  # a run's TZ (edge.app.config.run_timezone)
+    lang: str = process.DEFAULT_LANG  # a run's LANG
 
 
 class _Job:
-    __slots__ = ("run", "task", "proc", "cancel_reason", "done", "started")
+    __slots__ = ("run", "task", "proc", "cancel_reason", "done", "started", "chunks", "_grew")
 
     def __init__(self, run: Run) -> None:
         self.run = run
@@ -47,6 +48,22 @@ class _Job:
         self.cancel_reason: str | None = None
         self.done = asyncio.Event()
         self.started = False
+        self.chunks = 0  # output chunks written to the log so far (output_mark)
+        self._grew: asyncio.Event | None = None  # exists only while someone follows the log
+
+    def moved(self) -> None:
+        """Output arrived or the run ended: wake whoever follows the log."""
+        if self._grew is not None:
+            self._grew.set()
+            self._grew = None
+
+    async def wait_moved(self, timeout_s: float) -> None:
+        if self._grew is None:
+            self._grew = asyncio.Event()
+        grew = self._grew
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await grew.wait()
 
 
 class Runner:
@@ -111,6 +128,14 @@ class Runner:
                 async with asyncio.timeout(timeout_s):
                     await job.done.wait()
         return await self._runs.get(project, run_id)
+
+    async def output_mark(self, project: str, run_id: str, seen: int | None, timeout_s: float) -> int | None:
+        job = self._jobs.get(run_id)
+        if job is None or job.run.project_id != project:
+            return None
+        if seen is not None and job.chunks == seen and not job.done.is_set():
+            await job.wait_moved(timeout_s)
+        return job.chunks if run_id in self._jobs else None
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -215,6 +240,7 @@ class Runner:
         finally:
             self._jobs.pop(job.run.id, None)
             job.done.set()
+            job.moved()
 
     async def _run_process(self, job: _Job) -> None:
         run = job.run
@@ -234,7 +260,7 @@ class Runner:
             await self._finish(job, "failed", RunUpdate(error_code=code, error_summary=summary(exc.message)))
             return
         try:
-            env, secrets = await self._environment(task, run)
+            env, secrets = await self._environment(task, run, run_as)
         except ToolError as exc:
             await self._finish(job, "failed", RunUpdate(error_code="secret_missing", error_summary=exc.message))
             return
@@ -279,7 +305,7 @@ class Runner:
         )
         if job.cancel_reason is not None:  # cancelled while spawning
             self._background.spawn(process.stop_group(proc, self._grace_s()), f"stop-{run.id}")
-        pump = asyncio.create_task(_pump(proc, sink))
+        pump = asyncio.create_task(_pump(proc, sink, job))
         try:
             async with asyncio.timeout(task.spec.timeout_ms / 1000):
                 await proc.wait()
@@ -317,9 +343,11 @@ class Runner:
         return summary(f"only {_mib(free)} free in {where}; runs need"
                        f" {_mib(reserve)} ([runner] disk_reserve_bytes): free some space")
 
-    async def _environment(self, task: Task, run: Run) -> tuple[dict[str, str], list[bytes]]:
+    async def _environment(self, task: Task, run: Run, run_as: RunAs) -> tuple[dict[str, str], list[bytes]]:
         """The run's environment, and every secret value its output must not show."""
-        env = dict(self._settings.base_env)
+        settings = self._settings
+        # A login's variables for the user the run executes as (its task's, resolved above).
+        env = process.user_environment(run_as.uid, settings.timezone, settings.lang)
         refs = {k: v.secret for k, v in task.spec.env.items() if isinstance(v, SecretRef)}
         # Every secret of the project is redacted, not only the ones this task names:
         # a script may read one some other way.
@@ -360,10 +388,12 @@ class Runner:
         job.run = await self._runs.transition(latest.id, latest.version, status, now, "runner", update, detail)
 
 
-async def _pump(proc: asyncio.subprocess.Process, sink: LogWriter) -> None:
+async def _pump(proc: asyncio.subprocess.Process, sink: LogWriter, job: _Job) -> None:
     assert proc.stdout is not None
     while chunk := await proc.stdout.read(PIPE_CHUNK):
         sink.write(chunk)
+        job.chunks += 1
+        job.moved()
 
 
 def _mib(n: int) -> str:
@@ -383,7 +413,7 @@ def _outcome(job: _Job, code: int | None, size: int, truncated: bool, timeout_ms
         return "succeeded", update
     if code is not None and code < 0:
         update.error_code = "killed_by_signal"
-        update.error_summary = f"killed by signal {-code}"
+        update.error_summary = exit_text(code)
     else:
         update.error_code = "exit_nonzero"
         update.error_summary = f"exited with code {code}"

@@ -81,8 +81,9 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-def _utc(ms: int) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000))
+def _local(ms: int) -> str:
+    """The daemon's local time with its zone abbreviation, the format `qledge` prints."""
+    return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(ms / 1000))
 
 
 class Scheduler:
@@ -195,7 +196,7 @@ class Scheduler:
                 heapq.heapify(self._heap)
         if now < self._newest:
             if self._held_at is None:
-                log.warning("clock is behind the newest time seen (%s); scheduling holds", _utc(self._newest))
+                log.warning("clock is behind the newest time seen (%s); scheduling holds", _local(self._newest))
             self._held_at = now
             return min(MAX_SLEEP_S, (self._newest - now) / 1000 + 0.001)
         if self._held_at is not None:
@@ -275,12 +276,12 @@ class Scheduler:
         lines: dict[str, str] = {}
         if self._held_at is not None:
             lines["clock"] = (
-                f"waiting for sync (wall clock {_utc(self._held_at)} is behind {_utc(self._newest)},"
+                f"waiting for sync (wall clock {_local(self._held_at)} is behind {_local(self._newest)},"
                 " the newest time seen; scheduling resumes when it catches up)"
             )
         retries = sum(1 for _, key in self._heap if key.startswith(RETRY_KEY))
         armed = f"{len(self._heap) - retries} triggers armed" + (f", {retries} retries waiting" if retries else "")
-        lines["scheduler"] = armed + (f", next fire {_utc(self._heap[0][0])}" if self._heap else "")
+        lines["scheduler"] = armed + (f", next fire {_local(self._heap[0][0])}" if self._heap else "")
         return lines
 
 
@@ -336,6 +337,13 @@ class Triggers:
         self, project: str, trigger_id: str, task_revision: int | None, expected_revision: int | None, now_ms: int
     ) -> Trigger:
         trigger = await self._store.repin(project, trigger_id, task_revision, expected_revision, now_ms)
+        self._changed()
+        return trigger
+
+    async def update(
+        self, project: str, trigger_id: str, spec: CronSpec, expected_revision: int | None, now_ms: int
+    ) -> Trigger:
+        trigger = await self._store.update(project, trigger_id, spec, expected_revision, now_ms)
         self._changed()
         return trigger
 

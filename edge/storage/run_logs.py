@@ -22,8 +22,9 @@ from collections.abc import Callable, Iterable
 
 from edge.core.errors import unavailable
 from edge.core.ports.stores import LogRange
+from edge.core.runs import LOG_HEAD_MAX, log_cap_marker
 
-HEAD_MAX = 64 * 1024
+HEAD_MAX = LOG_HEAD_MAX
 SEGMENT_MAX = 256 * 1024  # fewer, larger files: creating and deleting them is the cost
 MIN_SECRET = 4  # shorter values would redact ordinary text
 MASK = b"***"
@@ -75,7 +76,7 @@ class Redactor:
 
 
 def marker(dropped: int) -> bytes:
-    return f"\n[qledge: log cap reached; {dropped} bytes dropped here]\n".encode()
+    return log_cap_marker(dropped)
 
 
 def incomplete_marker(reason: str, lost: int) -> bytes:

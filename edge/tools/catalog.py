@@ -33,6 +33,8 @@ CREDENTIALS: tuple[ToolInfo, ...] = (
          title="API credentials", deadline_s=WRITE_DEADLINE_S),
     info("qledge.credential.revoke", effect="write", risk="high", permission="credential.admin",
          title="Revoke an API credential"),
+    info("qledge.audit.list", effect="read", risk="high", permission="audit.read",
+         title="The security audit, newest first"),
 )
 SECRETS: tuple[ToolInfo, ...] = (
     info("qledge.secret.set", effect="write", risk="high", permission="secret.write",

@@ -9,6 +9,7 @@ from edge.core.errors import ToolError
 from edge.core.ports.runtime import Clock, RunController, StatusFacts, TaskUsers, TriggerService
 from edge.core.ports.stores import (
     AuditLog,
+    AuditReader,
     CredentialStore,
     Readers,
     RunLogFiles,
@@ -54,6 +55,7 @@ class Services(msgspec.Struct, frozen=True, kw_only=True):
     credentials: CredentialStore
     secrets: SecretStore
     audit: AuditLog
+    audit_reader: AuditReader
     logs: RunLogFiles
     log_reader: RunLogReader  # logs as tools read them (on a cluster, of a run on any node)
     readers: Readers

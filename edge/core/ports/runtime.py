@@ -10,7 +10,7 @@ from typing import Protocol
 from edge.core.tasks import ImportedTask, ImportTask
 from edge.core.ports.stores import TriggerStore
 from edge.core.reads import Counts
-from edge.core.runs import ActorType, Run
+from edge.core.runs import ActorType, Run, RunDefaults
 from edge.core.tasks import RunAs, Task
 from edge.core.triggers import CronSpec
 
@@ -113,6 +113,13 @@ class RunController(RunExecutor, Protocol):
         (one line for the caller), or None when there is room."""
         ...
 
+    async def output_mark(self, project: str, run_id: str, seen: int | None, timeout_s: float) -> int | None:
+        """How far the run's output has come: a count that moves with every chunk its log
+        receives. With `seen` given, first wait up to `timeout_s` until the count differs
+        from it or the run ends (no polling: the pump wakes the waiters). None when this
+        runner is not executing the run (it has ended, or was never handed over)."""
+        ...
+
 
 class TriggerService(TriggerStore, Protocol):
     """The trigger store as tools see it: every change wakes the scheduler."""
@@ -142,6 +149,11 @@ class StatusFacts(Protocol):
     def started_monotonic(self) -> float: ...
 
     async def counts(self, project: str) -> Counts: ...
+
+    def run_defaults(self) -> RunDefaults:
+        """The working directory and log cap a run gets when its task names none (the cap
+        as currently configured: a reload may change it)."""
+        ...
 
     def extra(self) -> dict[str, str]:
         """Capability-specific lines (the scheduler's clock state, the MCP socket)."""

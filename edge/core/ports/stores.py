@@ -16,10 +16,10 @@ from typing import Protocol
 
 import msgspec
 
-from edge.core.auth import AuditRecord, Credential, SecretInfo
+from edge.core.auth import AuditEntry, AuditRecord, Credential, SecretInfo
 from edge.core.tasks import ImportedTask, ImportRecord, ImportTask, SecretImport
 from edge.core.reads import Counts, OutcomeRow, RunEventSummary, RunSummary, TaskDetail, TaskHead, TriggerHead
-from edge.core.runs import ActorType, Run, RunCursor, RunEvent, RunProcess, RunStatus, RunUpdate
+from edge.core.runs import ActorType, Run, RunCursor, RunEvent, RunProcess, RunQuery, RunSearch, RunStatus, RunUpdate
 from edge.core.tasks import Task, TaskSpec
 from edge.core.triggers import Admission, CronSpec, ManualAdmission, Trigger, TriggerEvent
 
@@ -63,10 +63,11 @@ class TaskStore(Protocol):
         """Heads with id > after, ascending by id."""
         ...
 
-    async def delete(self, project: str, task_id: str, expected_revision: int | None) -> int:
+    async def delete(self, project: str, task_id: str, expected_revision: int | None, with_triggers: bool) -> int:
         """Delete the task with its revisions, triggers and finished runs, then (after the
         commit) the logs of those runs. Raises not_found, or conflict when the revision
-        moved or a run is still queued or running. Returns how many runs went."""
+        moved, a run is still queued or running, or (without `with_triggers`) the task has
+        triggers (the message says how many and names them). Returns how many runs went."""
         ...
 
     async def import_task(
@@ -115,6 +116,20 @@ class RunStore(Protocol):
     async def page(self, project: str, task_id: str | None, after: RunCursor | None, limit: int) -> list[Run]:
         """Runs of the project (or of one task) strictly after `after` in
         (created_at_ms DESC, id DESC) order, on an index (no scan, no sort)."""
+        ...
+
+    async def search(self, project: str, query: RunQuery, after: RunCursor | None, limit: int) -> RunSearch:
+        """Runs matching `query` strictly after `after` in (created_at_ms DESC, id DESC)
+        order, at most `limit`. Each page walks the one index that serves the filter and
+        examines at most SEARCH_BUDGET (edge.core.reads) of its entries: `next` is set when
+        `limit` runs were found and more may follow, or when the budget ran out first (the
+        page then has fewer runs, perhaps none, and the search goes on from `next`); None:
+        nothing more matches."""
+        ...
+
+    async def with_prefix(self, project: str, prefix: str, limit: int) -> list[str]:
+        """Ids of the project's runs that start with `prefix`, ascending, at most `limit`
+        (a range of the primary key)."""
         ...
 
     async def active(self) -> list[Run]:
@@ -168,6 +183,16 @@ class TriggerStore(Protocol):
     ) -> Trigger:
         """A new revision pinned to `task_revision` (None: the task's head); unchanged: the
         head. Raises not_found (trigger, task or revision) or conflict."""
+        ...
+
+    async def update(
+        self, project: str, trigger_id: str, spec: CronSpec, expected_revision: int | None, now_ms: int
+    ) -> Trigger:
+        """A new revision with `spec`, keeping its task, pin, enabled flag and events; an
+        enabled trigger is re-armed for the new schedule from the newest time on record
+        (so no fire already handled comes again). The same spec changes nothing and returns
+        the head. Raises invalid_argument for a spec that cannot be scheduled, not_found,
+        or conflict when the head is not at `expected_revision` (None: no check)."""
         ...
 
     async def delete(self, project: str, trigger_id: str, expected_revision: int | None) -> None:
@@ -299,6 +324,21 @@ class AuditLog(Protocol):
         configured row and age limits. Raises unavailable when it cannot be written: the
         caller then does nothing."""
         ...
+
+
+class AuditReader(Protocol):
+    """The security audit, read back for owners."""
+
+    async def page(self, project: str, since_ms: int | None, before_id: int | None, limit: int) -> AuditPage:
+        """The project's rows newest first (id DESC) with id < before_id and, when given,
+        at_ms >= since_ms; at most `limit`, examining at most SEARCH_BUDGET rows (the table
+        is bounded anyway). `next` is the before_id of the following page; None: no more."""
+        ...
+
+
+class AuditPage(msgspec.Struct):
+    entries: list[AuditEntry]
+    next: int | None
 
 
 # -- run logs -----------------------------------------------------------------------

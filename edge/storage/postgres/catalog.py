@@ -13,7 +13,7 @@ from edge.core.errors import conflict, invalid, not_found
 from edge.core.ports.stores import RunLogFiles
 from edge.core.schedule import ONCE, REBOOT, Schedule, ScheduleError
 from edge.core.tasks import SPEC_SCHEMA as TASK_SCHEMA
-from edge.core.tasks import ImportedTask, ImportRecord, ImportTask, Task, TaskSpec, content_digest
+from edge.core.tasks import ImportedTask, ImportRecord, ImportTask, Task, TaskSpec, content_digest, has_triggers
 from edge.core.triggers import SPEC_SCHEMA, CronSpec, Trigger, TriggerEvent
 from edge.storage.postgres.db import PgDatabase, Row, Tx
 
@@ -118,13 +118,19 @@ async def _new_task_revision(
     return task
 
 
-async def _delete_task(tx: Tx, project: str, task_id: str, expected: int | None) -> list[str]:
+async def _delete_task(tx: Tx, project: str, task_id: str, expected: int | None, with_triggers: bool) -> list[str]:
     await _lock_task(tx, project, task_id, expected)
     active = await tx.row(
         "SELECT id FROM runs WHERE project_id = %s AND task_id = %s AND status IN ('queued', 'running') LIMIT 1",
         (project, task_id))
     if active:
         raise conflict(f"task {task_id!r} has an active run ({active[0]}); cancel it first")
+    if not with_triggers:
+        # No trigger can appear unseen: a trigger insert's foreign-key check locks the task
+        # row (FOR KEY SHARE), which waits for this transaction's FOR UPDATE or holds it off.
+        found = [tid for (tid,) in await tx.rows(SQL_TASK_TRIGGERS, (project, task_id))]
+        if found:
+            raise has_triggers(task_id, found)
     removed = [r for (r,) in await tx.rows(
         "DELETE FROM runs WHERE project_id = %s AND task_id = %s RETURNING id", (project, task_id))]
     await tx.execute("DELETE FROM tasks WHERE project_id = %s AND id = %s", (project, task_id))
@@ -214,8 +220,8 @@ class PgTaskStore:
     async def imports(self, project: str, after: str | None, limit: int) -> list[ImportRecord]:
         return await self._db.tx(_imports, project, after or "", limit)
 
-    async def delete(self, project: str, task_id: str, expected_revision: int | None) -> int:
-        removed = await self._db.tx(_delete_task, project, task_id, expected_revision)
+    async def delete(self, project: str, task_id: str, expected_revision: int | None, with_triggers: bool) -> int:
+        removed = await self._db.tx(_delete_task, project, task_id, expected_revision, with_triggers)
         self._logs.remove(removed)
         return len(removed)
 
@@ -352,18 +358,25 @@ async def _head(tx: Tx, project: str, trigger_id: str, expected: int | None) -> 
     return trigger
 
 
-async def _revise(tx: Tx, current: Trigger, now: int, enabled: bool, task_revision: int) -> Trigger:
+async def _revise(
+    tx: Tx, current: Trigger, now: int, enabled: bool, task_revision: int, spec: CronSpec | None = None
+) -> Trigger:
+    """A new revision with the given flag, pin and (when given) spec; the cursor is re-armed
+    on enable and for a new spec."""
     nxt = current.next_fire_at_ms
-    if not enabled:
-        nxt = None
-        # a disabled @reboot trigger drops the fires that boots armed and no node admitted
+    if not enabled or spec is not None:
+        # a disabled @reboot trigger drops the fires that boots armed and no node admitted;
+        # so does a new schedule, armed as a new trigger's would be (@reboot: at the next boot)
         await tx.execute("DELETE FROM boot_fires WHERE project_id = %s AND trigger_id = %s",
                          (current.project_id, current.id))
-    elif not current.enabled or nxt is None:
-        nxt = await _arm(tx, _schedule(current.spec), now)
+    if not enabled:
+        nxt = None
+    elif spec is not None or not current.enabled or nxt is None:
+        nxt = await _arm(tx, _schedule(spec or current.spec), now)  # missed while disabled: not missed
     revision = current.revision + 1
+    changed = {"spec": spec, "content_digest": content_digest(spec)} if spec is not None else {}
     await _insert_trigger_revision(tx, msgspec.structs.replace(
-        current, revision=revision, enabled=enabled, task_revision=task_revision, updated_at_ms=now))
+        current, revision=revision, enabled=enabled, task_revision=task_revision, updated_at_ms=now, **changed))
     await tx.execute(
         "UPDATE triggers SET revision = %s, enabled = %s, task_revision = %s, updated_at_ms = %s,"
         " next_fire_at_ms = %s WHERE project_id = %s AND id = %s",
@@ -393,6 +406,15 @@ async def _repin(
     if pin == current.task_revision:
         return current
     return await _revise(tx, current, now, current.enabled, pin)
+
+
+async def _update_trigger(
+    tx: Tx, project: str, trigger_id: str, spec: CronSpec, expected: int | None, now: int
+) -> Trigger:
+    current = await _head(tx, project, trigger_id, expected)
+    if current.spec == spec:
+        return current
+    return await _revise(tx, current, now, current.enabled, current.task_revision, spec)
 
 
 async def disable_fired(tx: Tx, trigger: Trigger, now: int) -> None:
@@ -483,6 +505,12 @@ class PgTriggerStore:
         self, project: str, trigger_id: str, task_revision: int | None, expected_revision: int | None, now_ms: int
     ) -> Trigger:
         return await self._db.tx(_repin, project, trigger_id, task_revision, expected_revision, now_ms)
+
+    async def update(
+        self, project: str, trigger_id: str, spec: CronSpec, expected_revision: int | None, now_ms: int
+    ) -> Trigger:
+        _schedule(spec)  # refused before the transaction: a spec that cannot fire is never stored
+        return await self._db.tx(_update_trigger, project, trigger_id, spec, expected_revision, now_ms)
 
     async def delete(self, project: str, trigger_id: str, expected_revision: int | None) -> None:
         await self._db.tx(_delete_trigger, project, trigger_id, expected_revision)

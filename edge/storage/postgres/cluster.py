@@ -20,7 +20,7 @@ from edge.storage.postgres.notify import PgNotifyStore
 from edge.storage.postgres.reads import PgCountsReader, pg_readers
 from edge.storage.postgres.runs import Fences, PgClaims, PgRunLogReader, PgRunStore, Policy
 from edge.storage.postgres.schema import migrate
-from edge.storage.postgres.security import PgAuditLog, PgCredentialStore, PgSecretStore
+from edge.storage.postgres.security import PgAuditLog, PgAuditReader, PgCredentialStore, PgSecretStore
 
 __all__ = ["ClusterOptions", "NodeSettings", "Policy", "PgCluster", "open_cluster"]
 
@@ -58,6 +58,7 @@ class PgCluster:
         self.secrets = PgSecretStore(db)
         self.audit = PgAuditLog(db, node.node_id, options.audit_max_rows, options.audit_max_age_days,
                                 options.audit_spool)
+        self.audit_reader = PgAuditReader(db)
         self.readers = pg_readers(db)
         self.counts = PgCountsReader(db)
         self.log_reader = PgRunLogReader(db, files)

@@ -357,6 +357,13 @@ class ClusterRunner:
             return run
         return await self._until_finished(project, run, timeout_s)
 
+    async def output_mark(self, project: str, run_id: str, seen: int | None, timeout_s: float) -> int | None:
+        """The local runner's, for a run this node executes; None for one another node holds
+        (its log is readable here once it has finished: a follower reads on until then)."""
+        if self._node.holds(run_id):
+            return await self._local.output_mark(project, run_id, seen, timeout_s)
+        return None
+
     def disk_shortfall(self) -> str | None:
         """This node's: a start asked of it is refused as on a single device when its own
         state directory (where the run's log would be written, were it to claim the run)

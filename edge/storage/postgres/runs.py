@@ -24,17 +24,21 @@ import msgspec
 
 from edge.core.errors import ToolError, conflict, not_found
 from edge.core.ports.stores import LogRange, RunLogFiles
+from edge.core.reads import SEARCH_BUDGET
 from edge.core.runs import (
     ACTIVE,
     NOT_RETRIED_CODES,
     RETRIED,
     TERMINAL,
+    UNSUCCESSFUL,
     ActorType,
     Followers,
     Run,
     RunCursor,
     RunEvent,
     RunProcess,
+    RunQuery,
+    RunSearch,
     RunStatus,
     RunUpdate,
     check_transition,
@@ -299,6 +303,89 @@ async def _page(tx: Tx, project: str, task_id: str | None, after: RunCursor | No
     return [to_run(r) for r in rows]
 
 
+# -- search: filtered pages, one index each, a bounded walk per page (as on SQLite) ----
+
+# The partial indexes of schema version 4 are used when the query repeats their predicate:
+# hence these literal terms.
+_UNSUCCESSFUL_TERM = "status IN ({})".format(", ".join(f"'{s}'" for s in UNSUCCESSFUL))
+_ACTIVE_TERM = "status IN ('queued', 'running')"
+_UNSCHEDULED_TERM = "origin <> 'scheduled'"
+_BEFORE_EVERY_RUN = RunCursor(1 << 62, "\U0010ffff")  # ahead of every (created_at_ms, id) in DESC order
+SQL_SEARCH_RUNS = f"SELECT {COLUMNS} FROM runs WHERE project_id = %s AND id = ANY(%s)"
+
+
+def _active_only(query: RunQuery) -> bool:
+    return bool(query.statuses) and set(query.statuses) <= ACTIVE
+
+
+def scan_sql(query: RunQuery) -> str:
+    """The key walk of one search page: the terms that pick the index (what they do not
+    decide, search checks on each entry) and the cursor bound."""
+    terms = "" if query.task_id is None else " AND task_id = %s"
+    since = "" if query.since_ms is None else " AND created_at_ms >= %s"
+    if _active_only(query):
+        # Queued and running runs are few (the admission bound): all of them, from their own
+        # index, ordered here rather than walked in order.
+        return (f"SELECT id, created_at_ms, status, origin FROM runs WHERE project_id = %s{terms} AND {_ACTIVE_TERM}"
+                f" AND (created_at_ms, id) < (%s, %s){since}")
+    statuses = set(query.statuses)
+    if statuses and statuses <= set(UNSUCCESSFUL):
+        terms += f" AND {_UNSUCCESSFUL_TERM}"  # runs_unsuccessful_idx, runs_task_unsuccessful_idx
+    elif query.task_id is None and query.origins and "scheduled" not in query.origins:
+        terms += f" AND {_UNSCHEDULED_TERM}"  # runs_unscheduled_idx
+    return (f"SELECT id, created_at_ms, status, origin FROM runs WHERE project_id = %s{terms}"
+            f" AND (created_at_ms, id) < (%s, %s){since} ORDER BY created_at_ms DESC, id DESC LIMIT %s")
+
+
+def scan_params(project: str, query: RunQuery, after: RunCursor | None, budget: int) -> tuple[object, ...]:
+    bound = after or _BEFORE_EVERY_RUN
+    if query.until_ms is not None and (query.until_ms, "") < (bound.created_at_ms, bound.run_id):
+        bound = RunCursor(query.until_ms, "")  # created before `until`: ahead of every id at that ms
+    params: list[object] = [project]
+    if query.task_id is not None:
+        params.append(query.task_id)
+    params += [bound.created_at_ms, bound.run_id]
+    if query.since_ms is not None:
+        params.append(query.since_ms)
+    return tuple(params) if _active_only(query) else (*params, budget)
+
+
+async def _search(
+    tx: Tx, project: str, query: RunQuery, after: RunCursor | None, limit: int, budget: int = SEARCH_BUDGET,
+) -> RunSearch:
+    statuses, origins = set(query.statuses), set(query.origins)
+    entries = await tx.rows(scan_sql(query), scan_params(project, query, after, budget))
+    if _active_only(query):
+        entries.sort(key=lambda e: (e[1], e[0]), reverse=True)
+    hits: list[RunCursor] = []
+    last: RunCursor | None = None
+    for rid, created, status, origin in entries:
+        last = RunCursor(created, rid)
+        if (not statuses or status in statuses) and (not origins or origin in origins):
+            hits.append(last)
+            if len(hits) > limit:
+                break
+    nxt: RunCursor | None = None
+    if len(hits) > limit:
+        hits = hits[:limit]
+        nxt = hits[-1]
+    elif len(entries) == budget and not _active_only(query):
+        nxt = last  # more entries than one page may look at: go on from here
+    found = {r.id: r for r in map(to_run, await tx.rows(SQL_SEARCH_RUNS, (project, [h.run_id for h in hits])))}
+    return RunSearch(runs=[found[h.run_id] for h in hits if h.run_id in found], next=nxt)
+
+
+# A range of the primary key (its C collation orders ids byte by byte, as SQLite does).
+SQL_PREFIX = "SELECT id FROM runs WHERE id >= %s AND id < %s AND project_id = %s ORDER BY id LIMIT %s"
+
+
+async def _with_prefix(tx: Tx, project: str, prefix: str, limit: int) -> list[str]:
+    if not prefix:
+        return []
+    upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)  # the first string after every one with the prefix
+    return [rid for (rid,) in await tx.rows(SQL_PREFIX, (prefix, upper, project, limit))]
+
+
 async def _active(tx: Tx) -> list[Run]:
     return [to_run(r) for r in await tx.rows(f"SELECT {COLUMNS} FROM runs WHERE status IN ('queued', 'running')")]
 
@@ -374,6 +461,12 @@ class PgRunStore:
 
     async def page(self, project: str, task_id: str | None, after: RunCursor | None, limit: int) -> list[Run]:
         return await self._db.tx(_page, project, task_id, after, limit)
+
+    async def search(self, project: str, query: RunQuery, after: RunCursor | None, limit: int) -> RunSearch:
+        return await self._db.tx(_search, project, query, after, limit)
+
+    async def with_prefix(self, project: str, prefix: str, limit: int) -> list[str]:
+        return await self._db.tx(_with_prefix, project, prefix, limit)
 
     async def active(self) -> list[Run]:
         return await self._db.tx(_active)

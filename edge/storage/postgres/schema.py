@@ -282,11 +282,22 @@ UPDATE task_revisions SET spec = jsonb_set(spec::jsonb, '{env}', coalesce((
 WHERE EXISTS (SELECT 1 FROM jsonb_each(spec::jsonb -> 'env') AS e WHERE left(e.key, 7) = 'QLEDGE_');
 """
 
-# Retries and notifications (as SQLite's version 7): a failed run's pending retry and the run
+# Browsing history (as SQLite's version 7): run lists filtered by status or origin, each on
+# an index of its own. Only the rare values are indexed (finished but not succeeded; not
+# scheduled), so a quiet scheduled run that succeeds writes none of these.
+_V4 = """
+CREATE INDEX runs_unsuccessful_idx ON runs (project_id, created_at_ms DESC, id DESC)
+    WHERE status IN ('failed', 'timed_out', 'lost', 'cancelled');
+CREATE INDEX runs_task_unsuccessful_idx ON runs (project_id, task_id, created_at_ms DESC, id DESC)
+    WHERE status IN ('failed', 'timed_out', 'lost', 'cancelled');
+CREATE INDEX runs_unscheduled_idx ON runs (project_id, created_at_ms DESC, id DESC) WHERE origin <> 'scheduled';
+"""
+
+# Retries and notifications (as SQLite's version 8): a failed run's pending retry and the run
 # a retry retries; tasks whose last final outcome was a failure; channels (their spec names
 # secrets, never holds them), the default rules, the delivery queue (`claimed_by`: the node
 # delivering it, until its due time, the claim's end) and every attempt's outcome.
-_V4 = """
+_V5 = """
 ALTER TABLE runs ADD COLUMN retry_of text COLLATE "C";
 ALTER TABLE runs ADD COLUMN attempt integer;
 ALTER TABLE runs ADD COLUMN retry_due_at_ms bigint;
@@ -352,7 +363,7 @@ CREATE INDEX notify_attempts_channel_idx ON notify_attempts (project_id, channel
 CREATE INDEX notify_attempts_notification_idx ON notify_attempts (notification_id);
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)
 
 SQL_VERSION_TABLE = (
     "CREATE TABLE IF NOT EXISTS qledge_schema (version integer PRIMARY KEY, applied_at timestamptz NOT NULL)"

@@ -14,8 +14,10 @@ import stat
 
 import msgspec
 
-from edge.core.auth import AuditRecord, Credential, SecretInfo
+from edge.core.auth import AuditEntry, AuditRecord, Credential, SecretInfo
 from edge.core.errors import ToolError, conflict, unavailable
+from edge.core.ports.stores import AuditPage
+from edge.core.reads import SEARCH_BUDGET
 from edge.core.tasks import SecretImport
 from edge.storage.postgres.db import PgDatabase, Row, Tx
 
@@ -234,3 +236,41 @@ class PgAuditLog:
             os.unlink(self._spool)
         self._spooled = 0
         return len(records)
+
+
+# Newest first along the primary key (insertion order): no index of its own, so an audited
+# call writes no more than before; `since` is checked on each row, within the page's budget.
+SQL_AUDIT_PAGE = (
+    "SELECT id, at_ms, project_id, principal, tool, outcome, reasons, transport, request_id FROM security_audit"
+    " WHERE id < %s AND project_id = %s ORDER BY id DESC LIMIT %s"
+)
+_NO_ROW = 1 << 62
+_reasons_decoder = msgspec.json.Decoder(list[str])
+
+
+async def _audit_page(
+    tx: Tx, project: str, since_ms: int | None, before_id: int | None, limit: int, budget: int,
+) -> AuditPage:
+    rows = await tx.rows(SQL_AUDIT_PAGE, (_NO_ROW if before_id is None else before_id, project, budget))
+    entries: list[AuditEntry] = []
+    for rid, at, proj, principal, tool, outcome, reasons, transport, request_id in rows:
+        if since_ms is not None and at < since_ms:
+            continue
+        if len(entries) == limit:
+            return AuditPage(entries=entries, next=entries[-1].id)
+        entries.append(AuditEntry(
+            id=rid, at_ms=at, project_id=proj, principal=principal, tool=tool, outcome=outcome,
+            reasons=_reasons_decoder.decode(reasons), transport=transport, request_id=request_id))
+    return AuditPage(entries=entries, next=rows[-1][0] if len(rows) == budget else None)
+
+
+class PgAuditReader:
+    """AuditReader (edge.core.ports.stores) on PostgreSQL: the rows every node wrote (rows a
+    node holds in its spool while PostgreSQL is unreachable appear once they are moved)."""
+
+    def __init__(self, db: PgDatabase, budget: int = SEARCH_BUDGET) -> None:
+        self._db = db
+        self._budget = budget
+
+    async def page(self, project: str, since_ms: int | None, before_id: int | None, limit: int) -> AuditPage:
+        return await self._db.tx(_audit_page, project, since_ms, before_id, limit, self._budget)

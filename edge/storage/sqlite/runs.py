@@ -10,16 +10,21 @@ import msgspec
 
 from edge.core.errors import conflict, not_found
 from edge.core.ports.stores import RunLogFiles
+from edge.core.reads import SEARCH_BUDGET
 from edge.core.runs import (
+    ACTIVE,
     NOT_RETRIED_CODES,
     RETRIED,
     TERMINAL,
+    UNSUCCESSFUL,
     ActorType,
     Followers,
     Run,
     RunCursor,
     RunEvent,
     RunProcess,
+    RunQuery,
+    RunSearch,
     RunStatus,
     RunUpdate,
     check_transition,
@@ -199,6 +204,94 @@ def page(conn: apsw.Connection, project: str, task_id: str | None, after: RunCur
     return [_run(row) for row in rows]
 
 
+# -- search: filtered pages, one index each, a bounded walk per page --------------------
+
+# Each filter is served by the index its terms name: a partial index is used only when the
+# query repeats its WHERE term exactly, hence these literal terms.
+_UNSUCCESSFUL_TERM = "status IN ({})".format(", ".join(f"'{s}'" for s in UNSUCCESSFUL))
+_ACTIVE_TERM = "status IN ('queued', 'running')"
+_UNSCHEDULED_TERM = "origin != 'scheduled'"
+_SCAN = "SELECT id, created_at_ms, status, origin FROM runs WHERE project_id = ?"
+_ORDER = " AND (created_at_ms, id) < (?, ?){since} ORDER BY created_at_ms DESC, id DESC LIMIT ?"
+
+
+def _active_only(query: RunQuery) -> bool:
+    return bool(query.statuses) and set(query.statuses) <= ACTIVE
+
+
+def scan_sql(query: RunQuery) -> str:
+    """The key walk of one search page: the terms that pick the index (what they do not
+    decide, search() checks on each entry) and the cursor bound."""
+    task = "" if query.task_id is None else " AND task_id = ?"
+    since = "" if query.since_ms is None else " AND created_at_ms >= ?"
+    if _active_only(query):
+        # Queued and running runs are few by construction (the admission bound): all of
+        # them, from their own index, ordered by search() rather than walked in order.
+        return (f"SELECT id, created_at_ms, status, origin FROM runs INDEXED BY runs_active_idx"
+                f" WHERE project_id = ?{task} AND {_ACTIVE_TERM} AND (created_at_ms, id) < (?, ?){since} LIMIT ?")
+    terms = task
+    statuses = set(query.statuses)
+    if statuses and statuses <= set(UNSUCCESSFUL):
+        terms += f" AND {_UNSUCCESSFUL_TERM}"  # runs_unsuccessful_idx, runs_task_unsuccessful_idx
+    elif query.task_id is None and query.origins and "scheduled" not in query.origins:
+        terms += f" AND {_UNSCHEDULED_TERM}"  # runs_unscheduled_idx
+    return _SCAN + terms + _ORDER.format(since=since)
+
+
+def _scan_params(project: str, query: RunQuery, after: RunCursor | None, budget: int) -> tuple:
+    bound = after or _BEFORE_EVERY_RUN
+    if query.until_ms is not None and (query.until_ms, "") < (bound.created_at_ms, bound.run_id):
+        bound = RunCursor(query.until_ms, "")  # created before `until`: ahead of every id at that ms
+    params: list = [project]
+    if query.task_id is not None:
+        params.append(query.task_id)
+    params += [bound.created_at_ms, bound.run_id]
+    if query.since_ms is not None:
+        params.append(query.since_ms)
+    return (*params, -1 if _active_only(query) else budget)  # the active runs: all of them
+
+
+def search(
+    conn: apsw.Connection, project: str, query: RunQuery, after: RunCursor | None, limit: int,
+    budget: int = SEARCH_BUDGET,
+) -> RunSearch:
+    statuses, origins = set(query.statuses), set(query.origins)
+    hits: list[RunCursor] = []
+    last: RunCursor | None = None
+    scanned = 0
+    cursor = conn.execute(scan_sql(query), _scan_params(project, query, after, budget))
+    try:
+        entries = sorted(cursor, key=lambda e: (e[1], e[0]), reverse=True) if _active_only(query) else cursor
+        for rid, created, status, origin in entries:
+            scanned += 1
+            last = RunCursor(created, rid)
+            if (not statuses or status in statuses) and (not origins or origin in origins):
+                hits.append(last)
+                if len(hits) > limit:
+                    break
+    finally:
+        cursor.close()
+    nxt: RunCursor | None = None
+    if len(hits) > limit:
+        hits = hits[:limit]
+        nxt = hits[-1]
+    elif scanned == budget and not _active_only(query):
+        nxt = last  # more entries than one page may look at: go on from here
+    runs = [run for run in (get(conn, project, key.run_id) for key in hits) if run is not None]
+    return RunSearch(runs=runs, next=nxt)
+
+
+# `+project_id`: the primary key's range, never a walk of a project index and a sort.
+SQL_PREFIX = "SELECT id FROM runs WHERE id >= ? AND id < ? AND +project_id = ? ORDER BY id LIMIT ?"
+
+
+def with_prefix(conn: apsw.Connection, project: str, prefix: str, limit: int) -> list[str]:
+    if not prefix:
+        return []
+    upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)  # the first string after every one with the prefix
+    return [rid for (rid,) in conn.execute(SQL_PREFIX, (prefix, upper, project, limit))]
+
+
 def active(conn: apsw.Connection) -> list[Run]:
     return [_run(row) for row in conn.execute(SQL_ACTIVE)]
 
@@ -305,6 +398,12 @@ class SqliteRunStore:
 
     async def page(self, project: str, task_id: str | None, after: RunCursor | None, limit: int) -> list[Run]:
         return await self._db.run(page, project, task_id, after, limit)
+
+    async def search(self, project: str, query: RunQuery, after: RunCursor | None, limit: int) -> RunSearch:
+        return await self._db.run(search, project, query, after, limit)
+
+    async def with_prefix(self, project: str, prefix: str, limit: int) -> list[str]:
+        return await self._db.run(with_prefix, project, prefix, limit)
 
     async def active(self) -> list[Run]:
         return await self._db.run(active)

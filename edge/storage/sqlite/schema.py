@@ -238,6 +238,18 @@ UPDATE task_revisions SET spec = json_set(spec, '$.env', json((
 WHERE EXISTS (SELECT 1 FROM json_each(task_revisions.spec, '$.env') WHERE key GLOB 'QLEDGE_*');
 """
 
+# Browsing history: run lists filtered by status or origin, each on an index of its own.
+# Only the rare values are indexed (finished but not succeeded; not scheduled), so a quiet
+# scheduled run that succeeds writes none of these; the common values are served by the
+# general indexes, where nearly every entry matches.
+_V7 = """
+CREATE INDEX runs_unsuccessful_idx ON runs (project_id, created_at_ms DESC, id DESC)
+    WHERE status IN ('failed', 'timed_out', 'lost', 'cancelled');
+CREATE INDEX runs_task_unsuccessful_idx ON runs (project_id, task_id, created_at_ms DESC, id DESC)
+    WHERE status IN ('failed', 'timed_out', 'lost', 'cancelled');
+CREATE INDEX runs_unscheduled_idx ON runs (project_id, created_at_ms DESC, id DESC) WHERE origin != 'scheduled';
+"""
+
 # Retries and notifications. A failed run whose retry is pending carries its due time (a
 # small partial index: the scheduler reads it at start); a retry names the run it retries.
 # `failing_tasks`: tasks whose last final outcome was a failure, so their next success is a
@@ -245,7 +257,7 @@ WHERE EXISTS (SELECT 1 FROM json_each(task_revisions.spec, '$.env') WHERE key GL
 # names secrets, never holds them), the project's default rules, the delivery queue (one
 # row per message, coalesced while untried; `claimed_by` while a delivery is in flight)
 # and every attempt's outcome. Queue rows and attempts are trimmed on write.
-_V7 = """
+_V8 = """
 ALTER TABLE runs ADD COLUMN retry_of TEXT;
 ALTER TABLE runs ADD COLUMN attempt INTEGER;
 ALTER TABLE runs ADD COLUMN retry_due_at_ms INTEGER;
@@ -313,8 +325,7 @@ CREATE INDEX notify_attempts_channel_idx ON notify_attempts (project_id, channel
 CREATE INDEX notify_attempts_notification_idx ON notify_attempts (notification_id);
 """
 
-
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8)
 
 
 class SchemaTooNew(apsw.SQLError):

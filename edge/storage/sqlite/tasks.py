@@ -8,7 +8,7 @@ import msgspec
 from edge.core.errors import conflict, not_found
 from edge.core.tasks import ImportedTask, ImportRecord, ImportTask
 from edge.core.ports.stores import RunLogFiles
-from edge.core.tasks import SPEC_SCHEMA, Task, TaskSpec, content_digest
+from edge.core.tasks import SPEC_SCHEMA, Task, TaskSpec, content_digest, has_triggers
 from edge.core.triggers import CronSpec
 from edge.storage.sqlite import triggers as trigger_sql
 from edge.storage.sqlite.db import Database, immediate
@@ -173,13 +173,21 @@ SQL_TASK_ACTIVE = "SELECT id FROM runs WHERE project_id = ? AND task_id = ? AND 
 SQL_DELETE_TASK_RUNS = "DELETE FROM runs WHERE project_id = ? AND task_id = ? RETURNING id"
 
 
-def delete(conn: apsw.Connection, project: str, task_id: str, expected: int | None) -> list[str]:
+def _refuse_triggers(conn: apsw.Connection, project: str, task_id: str) -> None:
+    found = [tid for (tid,) in conn.execute(SQL_TASK_TRIGGERS, (project, task_id))]
+    if found:
+        raise has_triggers(task_id, found)
+
+
+def delete(conn: apsw.Connection, project: str, task_id: str, expected: int | None, with_triggers: bool) -> list[str]:
     """Delete the task and its finished runs; returns the run ids (their logs go after the commit)."""
     with immediate(conn):
         _head_revision(conn, project, task_id, expected)
         active = conn.execute(SQL_TASK_ACTIVE, (project, task_id)).fetchone()
         if active:
             raise conflict(f"task {task_id!r} has an active run ({active[0]}); cancel it first")
+        if not with_triggers:
+            _refuse_triggers(conn, project, task_id)
         removed = [rid for (rid,) in conn.execute(SQL_DELETE_TASK_RUNS, (project, task_id))]
         conn.execute("DELETE FROM tasks WHERE project_id = ? AND id = ?", (project, task_id))
     return removed
@@ -223,7 +231,7 @@ class SqliteTaskStore:
     async def page(self, project: str, after: str | None, limit: int) -> list[Task]:
         return await self._db.run(page, project, after or "", limit)
 
-    async def delete(self, project: str, task_id: str, expected_revision: int | None) -> int:
-        removed = await self._db.run(delete, project, task_id, expected_revision)
+    async def delete(self, project: str, task_id: str, expected_revision: int | None, with_triggers: bool) -> int:
+        removed = await self._db.run(delete, project, task_id, expected_revision, with_triggers)
         self._logs.remove(removed)
         return len(removed)

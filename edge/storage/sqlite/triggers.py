@@ -186,16 +186,20 @@ def _head(conn: apsw.Connection, project: str, trigger_id: str, expected: int | 
     return trigger
 
 
-def _revise(conn: apsw.Connection, current: Trigger, now: int, enabled: bool, task_revision: int) -> Trigger:
-    """A new revision with the given flag and pin; the cursor is re-armed on enable."""
+def _revise(
+    conn: apsw.Connection, current: Trigger, now: int, enabled: bool, task_revision: int, spec: CronSpec | None = None
+) -> Trigger:
+    """A new revision with the given flag, pin and (when given) spec; the cursor is re-armed
+    on enable and for a new spec."""
     nxt = current.next_fire_at_ms
     if not enabled:
         nxt = None
-    elif not current.enabled or nxt is None:
-        nxt = _arm(conn, _schedule(current.spec), now)  # missed while disabled: not missed
+    elif spec is not None or not current.enabled or nxt is None:
+        nxt = _arm(conn, _schedule(spec or current.spec), now)  # missed while disabled: not missed
     revision = current.revision + 1
+    changed = {"spec": spec, "content_digest": content_digest(spec)} if spec is not None else {}
     _insert_revision(conn, msgspec.structs.replace(
-        current, revision=revision, enabled=enabled, task_revision=task_revision, updated_at_ms=now))
+        current, revision=revision, enabled=enabled, task_revision=task_revision, updated_at_ms=now, **changed))
     conn.execute(
         "UPDATE triggers SET revision = ?, enabled = ?, task_revision = ?, updated_at_ms = ?, next_fire_at_ms = ?"
         " WHERE project_id = ? AND id = ?",
@@ -231,6 +235,17 @@ def repin(
 def disable_fired(conn: apsw.Connection, trigger: Trigger, now: int) -> None:
     """A one-shot (`@once`) that has fired disables itself, by a new revision."""
     _revise(conn, trigger, now, False, trigger.task_revision)
+
+
+def update(
+    conn: apsw.Connection, project: str, trigger_id: str, spec: CronSpec, expected: int | None, now: int
+) -> Trigger:
+    _schedule(spec)  # refused before the transaction: a spec that cannot fire is never stored
+    with immediate(conn):
+        current = _head(conn, project, trigger_id, expected)
+        if current.spec == spec:
+            return current
+        return _revise(conn, current, now, current.enabled, current.task_revision, spec)
 
 
 def follow_task(conn: apsw.Connection, project: str, task_id: str, old: int, new: int, now: int) -> None:
@@ -300,6 +315,11 @@ class SqliteTriggerStore:
         self, project: str, trigger_id: str, task_revision: int | None, expected_revision: int | None, now_ms: int
     ) -> Trigger:
         return await self._db.run(repin, project, trigger_id, task_revision, expected_revision, now_ms)
+
+    async def update(
+        self, project: str, trigger_id: str, spec: CronSpec, expected_revision: int | None, now_ms: int
+    ) -> Trigger:
+        return await self._db.run(update, project, trigger_id, spec, expected_revision, now_ms)
 
     async def delete(self, project: str, trigger_id: str, expected_revision: int | None) -> None:
         await self._db.run(delete, project, trigger_id, expected_revision)

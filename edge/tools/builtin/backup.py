@@ -250,12 +250,18 @@ async def _plan_triggers(ctx: ToolContext, items: list[ExportedTrigger], report:
 
 async def _apply_trigger(ctx: ToolContext, item: ExportedTrigger, here: Trigger | None) -> None:
     ref = trigger_tools.TriggerRef(trigger_id=item.id)
-    if here is not None and (here.task_id, here.spec) == (item.task_id, item.spec):
+    spec = item.spec
+    if here is not None and here.task_id == item.task_id:
+        # Another schedule: a new revision of the same trigger (its events and history stay).
+        if here.spec != spec:
+            await trigger_tools.update(ctx, trigger_tools.UpdateArgs(
+                trigger_id=item.id, expected_revision=here.revision, expression=spec.expression,
+                timezone=spec.timezone, misfire=spec.misfire, jitter_s=spec.jitter_s))
+        await trigger_tools.repin(ctx, trigger_tools.RepinArgs(trigger_id=item.id))  # runs the head it imports
         await (trigger_tools.enable if item.enabled else trigger_tools.disable)(ctx, ref)
         return
-    if here is not None:  # another schedule or task: the trigger is made anew (its events go)
+    if here is not None:  # another task: the trigger is made anew (its events go)
         await trigger_tools.delete(ctx, trigger_tools.TriggerRef(trigger_id=item.id, expected_revision=here.revision))
-    spec = item.spec
     await trigger_tools.create(ctx, trigger_tools.CreateArgs(
         task_id=item.task_id, expression=spec.expression, timezone=spec.timezone, misfire=spec.misfire,
         jitter_s=spec.jitter_s, trigger_id=item.id))

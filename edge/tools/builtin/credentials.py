@@ -1,4 +1,5 @@
-"""API credential tools. A token's secret is shown once, at creation, and never stored."""
+"""API credential tools, and the security audit for owners. A token's secret is shown once,
+at creation, and never stored."""
 
 from __future__ import annotations
 
@@ -7,11 +8,20 @@ from typing import Annotated
 
 import msgspec
 
-from edge.core.auth import TOKEN_PREFIX, Credential, Role, token_digest, valid_permission
+from edge.core.auth import (
+    DOMAIN_PERMISSIONS,
+    TOKEN_PREFIX,
+    AuditEntry,
+    Credential,
+    Role,
+    parse_token,
+    token_digest,
+    valid_permission,
+)
 from edge.core.errors import invalid, not_found
-from edge.core.text import Id, Label
-from edge.tools.context import ToolContext
+from edge.core.text import Id, Label, Limit, Millis, NonNegative
 from edge.tools import catalog
+from edge.tools.context import ToolContext
 from edge.tools.definition import Empty, declared
 
 _Permission = Annotated[str, msgspec.Meta(min_length=1, max_length=160, pattern=r"^[a-z*][a-zA-Z0-9_.:*-]*$")]
@@ -36,9 +46,23 @@ class RevokeArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
     id: Id
 
 
+class AuditArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
+    since_ms: Millis | None = None
+    before: NonNegative | None = None  # `next` of the previous page
+    limit: Limit = 32
+
+
+class AuditList(msgspec.Struct, rename="camel", omit_defaults=True):
+    entries: list[AuditEntry]
+    next: int | None = None
+
+
+VALID_PERMISSIONS = (*DOMAIN_PERMISSIONS, "secret.use:<secret>", "tool.call:<tool>", "tool.call:<prefix>*", "*")
+
+
 def _check_permission(permission: str) -> None:
     if not valid_permission(permission):
-        raise invalid(f"unknown permission {permission!r}")
+        raise invalid(f"unknown permission {permission!r}; valid: {', '.join(VALID_PERMISSIONS)}")
 
 
 async def create(ctx: ToolContext, args: CreateArgs) -> Created:
@@ -59,14 +83,24 @@ async def list_credentials(ctx: ToolContext, args: Empty) -> CredentialList:
 
 
 async def revoke(ctx: ToolContext, args: RevokeArgs) -> Credential:
-    cred = await ctx.services.credentials.revoke(ctx.project, args.id, ctx.now_ms())
+    # A whole token is accepted for its id, and never repeated back: its secret stays unsaid.
+    parsed = parse_token(args.id)
+    cid = parsed[0] if parsed else args.id
+    cred = await ctx.services.credentials.revoke(ctx.project, cid, ctx.now_ms())
     if cred is None:
-        raise not_found(f"credential {args.id} not found")
+        shown = cid if cid.isalnum() and len(cid) <= 32 else "with that id"
+        raise not_found(f"no credential {shown}")
     return cred
+
+
+async def audit(ctx: ToolContext, args: AuditArgs) -> AuditList:
+    found = await ctx.services.audit_reader.page(ctx.project, args.since_ms, args.before, args.limit)
+    return AuditList(entries=found.entries, next=found.next)
 
 
 TOOLS = declared(catalog.CREDENTIALS, {
     "qledge.credential.create": (create, CreateArgs, Created),
     "qledge.credential.list": (list_credentials, Empty, CredentialList),
     "qledge.credential.revoke": (revoke, RevokeArgs, Credential),
+    "qledge.audit.list": (audit, AuditArgs, AuditList),
 })

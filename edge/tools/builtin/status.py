@@ -10,6 +10,7 @@ import msgspec
 import edge
 from edge.core.auth import missing_permission
 from edge.core.reads import Counts
+from edge.core.runs import RunDefaults
 from edge.tools.context import ToolContext, ToolInfo
 from edge.tools.definition import Empty, tool
 
@@ -32,6 +33,7 @@ class Status(msgspec.Struct, rename="camel", omit_defaults=True):
     db_bytes: int
     project: str
     counts: Counts
+    defaults: RunDefaults | None = None  # what a run gets when its task does not say
     extra: dict[str, str] = {}
     modules: list[str] | None = None
 
@@ -73,6 +75,7 @@ async def status(ctx: ToolContext, args: StatusArgs) -> Status:
         db_bytes=db_bytes,
         project=ctx.project,
         counts=await facts.counts(ctx.project),
+        defaults=facts.run_defaults(),
         extra=facts.extra(),
         modules=modules if args.include_modules else None,
     )

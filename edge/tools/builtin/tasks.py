@@ -12,7 +12,7 @@ import msgspec
 from edge.core.errors import invalid, not_found
 from edge.core.reads import keyset
 from edge.core.schedule import ScheduleError, normalize
-from edge.core.tasks import ImportedTask, ImportKey, ImportRecord, ImportTask, Task, TaskSpec
+from edge.core.tasks import ArgvCommand, ImportedTask, ImportKey, ImportRecord, ImportTask, Task, TaskSpec
 from edge.core.text import Label, Limit, Name, NonNegative
 from edge.core.triggers import CronSpec
 from edge.tools.context import ToolContext
@@ -39,6 +39,12 @@ class TaskId(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
 class TaskRef(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
     task_id: Name
     expected_revision: NonNegative | None = None
+
+
+class DeleteArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
+    task_id: Name
+    expected_revision: NonNegative | None = None
+    with_triggers: bool = False  # without it, a task that has triggers is not deleted
 
 
 class ListArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
@@ -81,7 +87,18 @@ def _named(ctx: ToolContext, spec: TaskSpec) -> TaskSpec:
     return msgspec.structs.replace(spec, user=ctx.services.users.default_user)
 
 
+def check_program(spec: TaskSpec) -> None:
+    """A run never resolves a path against the daemon's own directory: a program given as
+    a path is absolute (a bare name is looked up in PATH). The working directory's rule is
+    TaskUsers.working_dir's, applied by ToolContext.may_run."""
+    command = spec.command
+    if isinstance(command, ArgvCommand) and "/" in command.file and not command.file.startswith("/"):
+        raise invalid(f"program {command.file!r} is a relative path: give an absolute path,"
+                      " or a name to look up in PATH")
+
+
 async def create(ctx: ToolContext, args: CreateArgs) -> Task:
+    check_program(args.spec)
     name = args.name or args.task_id
     spec = _named(ctx, args.spec)
     privileged = ctx.may_run(f"task {args.task_id}", spec)
@@ -89,6 +106,7 @@ async def create(ctx: ToolContext, args: CreateArgs) -> Task:
 
 
 async def update(ctx: ToolContext, args: UpdateArgs) -> Task:
+    check_program(args.spec)
     spec = _named(ctx, args.spec)
     privileged = ctx.may_run(f"task {args.task_id}", spec)
     return await ctx.services.tasks.update(
@@ -118,14 +136,15 @@ async def disable(ctx: ToolContext, args: TaskRef) -> Task:
     return await ctx.services.tasks.set_enabled(ctx.project, args.task_id, False, args.expected_revision, ctx.now_ms())
 
 
-async def delete(ctx: ToolContext, args: TaskRef) -> Deleted:
-    runs = await ctx.services.tasks.delete(ctx.project, args.task_id, args.expected_revision)
+async def delete(ctx: ToolContext, args: DeleteArgs) -> Deleted:
+    runs = await ctx.services.tasks.delete(ctx.project, args.task_id, args.expected_revision, args.with_triggers)
     return Deleted(task_id=args.task_id, runs_deleted=runs)
 
 
 async def import_task(ctx: ToolContext, args: ImportTask) -> ImportedTask:
     """A task with its triggers from an import (crond, qinglong), once per import key;
     checked like any task the caller writes."""
+    check_program(args.spec)
     args = msgspec.structs.replace(args, spec=_named(ctx, args.spec))
     privileged = ctx.may_run(f"task {args.task_id}", args.spec)
     triggers = ctx.services.triggers
@@ -155,8 +174,8 @@ TOOLS = [
          title="Enable a task"),
     tool("qledge.task.disable", disable, TaskRef, Task, effect="write", risk="medium", permission="task.write",
          title="Disable a task"),
-    tool("qledge.task.delete", delete, TaskRef, Deleted, effect="write", risk="medium", permission="task.write",
-         title="Delete a task, its triggers and its finished runs"),
+    tool("qledge.task.delete", delete, DeleteArgs, Deleted, effect="write", risk="medium", permission="task.write",
+         title="Delete a task and its finished runs (and, with withTriggers, its triggers)"),
     tool("qledge.import.task", import_task, ImportTask, ImportedTask, effect="write", risk="medium",
          permission=("task.write", "trigger.write"),
          title="Create a task with its triggers from an import, once per import key"),

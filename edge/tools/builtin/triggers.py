@@ -1,16 +1,19 @@
 """Trigger management tools: full cron specs, for owners and operators.
 
 A trigger makes the task revision it is pinned to runnable on a schedule: creating one,
-repinning one and enabling one are checked against what that revision runs
-(ToolContext.may_run), like writing the task itself."""
+repinning one, enabling one and giving an enabled one a new schedule are checked against
+what that revision runs (ToolContext.may_run), like writing the task itself."""
 
 from __future__ import annotations
 
+import heapq
+import itertools
+from collections.abc import Iterator
 from typing import Annotated
 
 import msgspec
 
-from edge.core.errors import invalid, not_found
+from edge.core.errors import conflict, invalid, not_found
 from edge.core.reads import keyset
 from edge.core.schedule import Misfire, ScheduleError, normalize
 from edge.core.text import Limit, Name, NonNegative
@@ -20,14 +23,18 @@ from edge.tools.context import ToolContext
 from edge.tools.definition import tool
 
 _Revision = Annotated[int, msgspec.Meta(ge=1)]
+_Expression = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+_Zone = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+_Jitter = Annotated[int, msgspec.Meta(ge=0, le=MAX_JITTER_S)]
+MAX_UPCOMING = 100
 
 
 class CreateArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
     task_id: Name
-    expression: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
-    timezone: Annotated[str, msgspec.Meta(min_length=1, max_length=64)] | None = None
+    expression: _Expression
+    timezone: _Zone | None = None
     misfire: Misfire = "skip"
-    jitter_s: Annotated[int, msgspec.Meta(ge=0, le=MAX_JITTER_S)] = 0
+    jitter_s: _Jitter = 0
     trigger_id: Name | None = None
     task_revision: _Revision | None = None  # default: the task's current revision
 
@@ -45,6 +52,34 @@ class RepinArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
     trigger_id: Name
     task_revision: _Revision | None = None  # default: the task's current revision
     expected_revision: NonNegative | None = None
+
+
+class UpdateArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
+    """A new schedule for a trigger: the fields given replace the head's; its task, pin,
+    enabled flag and events stay. Compare-and-set on `expected_revision` when given."""
+
+    trigger_id: Name
+    expected_revision: NonNegative | None = None
+    expression: _Expression | None = None
+    timezone: _Zone | None = None
+    misfire: Misfire | None = None
+    jitter_s: _Jitter | None = None
+
+
+class UpcomingArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
+    count: Annotated[int, msgspec.Meta(ge=1, le=MAX_UPCOMING)] = 10
+
+
+class UpcomingFire(msgspec.Struct, rename="camel"):
+    at_ms: int
+    trigger_id: str
+    task_id: str
+    timezone: str
+    jitter_s: int = 0
+
+
+class Upcoming(msgspec.Struct, rename="camel"):
+    fires: list[UpcomingFire]
 
 
 class ListArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
@@ -82,18 +117,66 @@ async def _pinned(ctx: ToolContext, task_id: str, revision: int | None, what: st
     return task
 
 
-async def create(ctx: ToolContext, args: CreateArgs) -> Trigger:
-    triggers = ctx.services.triggers
+def _checked(expression: str, timezone: str, misfire: Misfire, jitter_s: int) -> CronSpec:
     try:
-        spec = CronSpec(
-            expression=normalize(args.expression), timezone=args.timezone or triggers.default_timezone,
-            misfire=args.misfire, jitter_s=args.jitter_s,
-        )
+        spec = CronSpec(expression=normalize(expression), timezone=timezone, misfire=misfire, jitter_s=jitter_s)
         spec.schedule()  # the zone must load here, not at the first fire
     except ScheduleError as exc:
         raise invalid(str(exc)) from None
+    return spec
+
+
+async def create(ctx: ToolContext, args: CreateArgs) -> Trigger:
+    triggers = ctx.services.triggers
+    spec = _checked(args.expression, args.timezone or triggers.default_timezone, args.misfire, args.jitter_s)
     task = await _pinned(ctx, args.task_id, args.task_revision, "a trigger for")
     return await triggers.create(ctx.project, args.trigger_id, args.task_id, task.revision, spec, ctx.now_ms())
+
+
+async def update(ctx: ToolContext, args: UpdateArgs) -> Trigger:
+    head = await get(ctx, TriggerId(trigger_id=args.trigger_id))
+    if args.expected_revision is not None and head.revision != args.expected_revision:
+        raise conflict(f"trigger {head.id!r} is at revision {head.revision}, not {args.expected_revision}")
+    old = head.spec
+    spec = _checked(
+        old.expression if args.expression is None else args.expression, args.timezone or old.timezone,
+        old.misfire if args.misfire is None else args.misfire, old.jitter_s if args.jitter_s is None else args.jitter_s,
+    )
+    if head.enabled and spec != old:
+        # A new schedule re-arms the trigger: it decides anew when its revision runs, so it
+        # is checked like making that revision runnable (a disabled one is, when enabled).
+        await _pinned(ctx, head.task_id, head.task_revision, "a trigger of")
+    # The store checks the revision again, in the transaction that writes.
+    return await ctx.services.triggers.update(ctx.project, head.id, spec, head.revision, ctx.now_ms())
+
+
+def _fires(t: Trigger) -> Iterator[tuple[int, str]]:
+    """The trigger's cursor, then every fire after it: what it will do, in order."""
+    assert t.next_fire_at_ms is not None
+    yield t.next_fire_at_ms, t.id
+    try:
+        schedule = t.spec.schedule()
+    except ScheduleError:  # its zone data is gone: the cursor is all that is known
+        return
+    for ms in schedule.fires_after(t.next_fire_at_ms):
+        yield ms, t.id
+
+
+async def upcoming(ctx: ToolContext, args: UpcomingArgs) -> Upcoming:
+    armed: dict[str, Trigger] = {}
+    after: str | None = None
+    while True:  # every trigger; a router has tens of them
+        page = await ctx.services.triggers.page(ctx.project, after, 64)
+        armed.update((t.id, t) for t in page if t.enabled and t.next_fire_at_ms is not None)
+        if len(page) < 64:
+            break
+        after = page[-1].id
+    merged = heapq.merge(*(_fires(t) for t in armed.values()))
+    return Upcoming(fires=[
+        UpcomingFire(at_ms=ms, trigger_id=tid, task_id=armed[tid].task_id, timezone=armed[tid].spec.timezone,
+                     jitter_s=armed[tid].spec.jitter_s)
+        for ms, tid in itertools.islice(merged, args.count)
+    ])
 
 
 async def get(ctx: ToolContext, args: TriggerId) -> Trigger:
@@ -147,6 +230,8 @@ TOOLS = [
          permission="trigger.write", title="Enable a trigger"),
     tool("qledge.trigger.disable", disable, TriggerRef, Trigger, effect="write", risk="medium",
          permission="trigger.write", title="Disable a trigger"),
+    tool("qledge.trigger.update", update, UpdateArgs, Trigger, effect="write", risk="medium",
+         permission="trigger.write", title="Change a trigger's schedule (a new revision; events kept)"),
     tool("qledge.trigger.repin", repin, RepinArgs, Trigger, effect="write", risk="medium",
          permission="trigger.write", title="Pin a trigger to a task revision"),
     tool("qledge.trigger.delete", delete, TriggerRef, Deleted, effect="write", risk="medium",
@@ -155,6 +240,10 @@ TOOLS = [
          permission="trigger.inspect", title="A trigger with its full spec"),
     tool("qledge.trigger.list", list_triggers, ListArgs, TriggerPage, effect="read", risk="medium",
          permission="trigger.inspect", title="Triggers with their full specs"),
-    tool("qledge.trigger.events", events, EventArgs, EventPage, effect="read", risk="medium",
-         permission="trigger.inspect", title="Fires that were skipped or refused"),
+    # Fire times, outcomes and reasons, never an expression: what viewers (trigger.read)
+    # may see, like the scheduled times of runs (run.read).
+    tool("qledge.trigger.events", events, EventArgs, EventPage, effect="read", risk="low",
+         permission="trigger.read", title="Fires that were skipped or refused"),
+    tool("qledge.trigger.upcoming", upcoming, UpcomingArgs, Upcoming, effect="read", risk="low",
+         permission="trigger.read", title="The next fires of every enabled trigger, in time order"),
 ]
