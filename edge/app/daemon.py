@@ -130,6 +130,7 @@ class Daemon:
             await asyncio.gather(*(listener.stop(forced=self._forced) for listener in g.listeners))
             await g.scheduler.stop()
             await g.runner.shutdown()
+            g.workers.notices.close()
 
     def stop(self) -> None:
         """The first call stops gracefully; a second one forces: no more waiting for calls

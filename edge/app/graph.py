@@ -15,7 +15,8 @@ from collections.abc import Callable
 import msgspec
 
 from edge.app.config import Config, default_zone
-from edge.core.clock import SystemClock
+from edge.core.clock import LoopTimers, SystemClock
+from edge.core.notices import Notices
 from edge.core.ports.runtime import Clock
 from edge.core.ports.stores import AuditLog, CountsReader, CredentialStore, Readers, SecretStore
 from edge.core.reads import Counts
@@ -127,19 +128,22 @@ def runner_settings(config: Config, home: str) -> RunnerSettings:
 
 
 class Workers(msgspec.Struct, frozen=True, kw_only=True):
-    """What runs in the background: the runner and the scheduler that feeds it."""
+    """What runs in the background: the runner and the scheduler that feeds it, and the
+    system-log lines both write about runs and fires (one rate limit per task)."""
 
     runner: Runner
     scheduler: Scheduler
     settings: RunnerSettings
+    notices: Notices
 
 
 def build_workers(config: Config, home: str, stores: Stores, clock: Clock) -> Workers:
     settings = runner_settings(config, home)
+    notices = Notices(clock, LoopTimers())
     runner = Runner(runs=stores.runs, tasks=stores.tasks, admission=stores.admission, secrets=stores.secrets,
-                    logs=stores.logs, clock=clock, settings=settings)
-    scheduler = Scheduler(stores.admission, stores.runs, runner, clock, config.project)
-    return Workers(runner=runner, scheduler=scheduler, settings=settings)
+                    logs=stores.logs, clock=clock, settings=settings, notices=notices)
+    scheduler = Scheduler(stores.admission, stores.runs, runner, clock, config.project, notices=notices)
+    return Workers(runner=runner, scheduler=scheduler, settings=settings, notices=notices)
 
 
 def trigger_zone(configured: str | None) -> str:

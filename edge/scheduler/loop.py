@@ -21,11 +21,12 @@ from typing import Any
 from edge.core.clock import LoopTimers
 from edge.core.errors import ToolError
 from edge.core.handoff import Background, shielded
+from edge.core.notices import Notices, fires_skipped, more_fires_skipped
 from edge.core.ports.runtime import Clock, RunExecutor, Sleeper, TimerHandle, Timers
 from edge.core.ports.stores import RunAdmission, RunStore, TriggerStore
 from edge.core.runs import Run
 from edge.core.schedule import GRACE_MS
-from edge.core.triggers import Admission, CronSpec, Trigger, TriggerEvent
+from edge.core.triggers import Admission, CronSpec, SkippedFires, Trigger, TriggerEvent
 
 log = logging.getLogger("qledge.scheduler")
 
@@ -67,6 +68,17 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
+class _Streak:
+    """Consecutive fires of a trigger with one outcome: the first had its line."""
+
+    __slots__ = ("first", "last", "more")
+
+    def __init__(self, first: SkippedFires) -> None:
+        self.first = first
+        self.last = first
+        self.more: int | None = 0  # fires since the first; None: too many to count
+
+
 def _utc(ms: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000))
 
@@ -84,6 +96,7 @@ class Scheduler:
         timers: Timers | None = None,
         rng: Callable[[], float] = random.random,
         grace_ms: int = GRACE_MS,
+        notices: Notices | None = None,
     ) -> None:
         self._store = admission
         self._runs = runs
@@ -94,6 +107,8 @@ class Scheduler:
         self._timers = timers or LoopTimers()
         self._rng = rng
         self._grace_ms = grace_ms
+        self._notices = notices or Notices(clock, self._timers)
+        self._streaks: dict[str, _Streak] = {}  # trigger id → fires skipped in a row
         self._heap: list[tuple[int, str]] = []
         self._reload = True
         self._newest = 0
@@ -132,6 +147,8 @@ class Scheduler:
             with contextlib.suppress(ToolError):
                 await self._runner.cancel(self._project, run_id, "shutdown")
         self._pending.clear()
+        for trigger_id in list(self._streaks):
+            self._end_streak(trigger_id)
         with contextlib.suppress(ToolError):
             await self._store.save_time(self._newest)
 
@@ -194,6 +211,7 @@ class Scheduler:
         self._apply(trigger_id, admission, now)
 
     def _apply(self, trigger_id: str, admission: Admission, now: int) -> None:
+        self._announce(trigger_id, admission)
         if admission.gone or admission.cursor is None:
             return  # deleted, disabled or never firing again: off the heap
         cursor = now + RETRY_MS if admission.retry else max(admission.cursor, now + 1)
@@ -229,6 +247,36 @@ class Scheduler:
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         self._background.spawn(coro)
+
+    # -- the system log -------------------------------------------------------------
+
+    def _announce(self, trigger_id: str, admission: Admission) -> None:
+        """A line for the first of consecutive fires with one outcome; the others are
+        counted and said in one line when that streak ends (a run is admitted, the outcome
+        changes, the scheduler stops)."""
+        order: list[tuple[int, SkippedFires | None]] = [(s.first_ms, s) for s in admission.skipped]
+        order += [(r.scheduled_for_ms or 0, None) for r in admission.runs]
+        for _, fires in sorted(order, key=lambda item: item[0]):
+            if fires is None:
+                self._end_streak(trigger_id)
+                continue
+            streak = self._streaks.get(trigger_id)
+            if streak is not None and (streak.first.type, streak.first.reason) == (fires.type, fires.reason):
+                if streak.last.last_ms is None or fires.first_ms > streak.last.last_ms:  # not a retry of one fire
+                    streak.more = None if streak.more is None or fires.fires is None else streak.more + fires.fires
+                    streak.last = fires
+                continue
+            self._end_streak(trigger_id)
+            self._say(*fires_skipped(trigger_id, fires), fires)
+            self._streaks[trigger_id] = _Streak(fires)
+
+    def _end_streak(self, trigger_id: str) -> None:
+        streak = self._streaks.pop(trigger_id, None)
+        if streak is not None and streak.more != 0:
+            self._say(*more_fires_skipped(trigger_id, streak.last, streak.more), streak.last)
+
+    def _say(self, level: int, line: str, fires: SkippedFires) -> None:
+        self._notices.say(log, fires.task_id, level, line, f"{fires.type} ({fires.reason})")
 
     # -- status -------------------------------------------------------------------
 

@@ -74,10 +74,13 @@ class RunStore(Protocol):
 
     async def transition(
         self, run_id: str, expected_version: int, status: RunStatus, now_ms: int, actor: ActorType,
-        update: RunUpdate, detail: str | None = None,
+        update: RunUpdate, detail: str | None = None, started: RunUpdate | None = None,
     ) -> Run:
         """Compare-and-set on `expected_version`: set `status` and the columns `update`
-        names, append the `run.<status>` event. A run that reaches a terminal status also
+        names, append the `run.<status>` event. `started` (for a queued run whose start
+        was not recorded yet): first record `running` by the runner at
+        `started.started_at_ms` with the columns it names, in the same transaction, so
+        a quick run costs one write instead of two. A run that reaches a terminal status also
         applies retention in that transaction (runs per task, age, log quota; bounded per
         write) and, after the commit, removes the logs of the runs it deleted. Raises
         not_found, or conflict when the version moved or the transition is not allowed.

@@ -13,7 +13,7 @@ from edge.core.ids import uuid7
 from edge.core.runs import ActorType, Run
 from edge.core.schedule import ScheduleError, plan
 from edge.core.tasks import Task
-from edge.core.triggers import Admission, ManualAdmission, Trigger
+from edge.core.triggers import Admission, EventType, ManualAdmission, SkipReason, SkippedFires, Trigger
 from edge.storage.sqlite import runs as run_sql
 from edge.storage.sqlite import triggers as trigger_sql
 from edge.storage.sqlite.db import Database, immediate, one
@@ -32,7 +32,6 @@ SQL_ACTIVE_FOR_TASK = "SELECT id FROM runs WHERE project_id = ? AND task_id = ? 
 # The runner's slots and queue are shared by every project it runs.
 SQL_ACTIVE_COUNT = "SELECT count(*) FROM runs WHERE status IN ('queued', 'running')"
 SQL_BY_KEY = "SELECT id FROM runs WHERE idempotency_key = ?"
-SQL_NEWEST_RUN = "SELECT max(created_at_ms) FROM runs WHERE project_id = ?"
 SQL_MOVE_CURSOR = "UPDATE triggers SET next_fire_at_ms = ?, last_scheduled_at_ms = ? WHERE project_id = ? AND id = ?"
 SQL_SAVE_TIME = (
     "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = max(value, excluded.value)"
@@ -43,12 +42,8 @@ def armed(conn: apsw.Connection, project: str) -> list[tuple[int, str]]:
     return [(nxt, tid) for nxt, tid in conn.execute(SQL_ARMED, (project,))]
 
 
-def newest_time(conn: apsw.Connection, project: str) -> int:
-    """The newest wall-clock time on record: saved by the scheduler, or stamped on a run
-    or an audit row (every tool call writes one)."""
-    audit = conn.execute("SELECT at_ms FROM security_audit ORDER BY id DESC LIMIT 1").fetchone()
-    run = conn.execute(SQL_NEWEST_RUN, (project,)).fetchone()
-    return max([trigger_sql.clock_mark(conn)] + [r[0] for r in (audit, run) if r and isinstance(r[0], int)])
+newest_time = trigger_sql.newest_time
+SQL_NEWEST_RUN = trigger_sql.SQL_NEWEST_RUN
 
 
 def save_time(conn: apsw.Connection, now: int) -> None:
@@ -62,7 +57,7 @@ def _save_time_tx(conn: apsw.Connection, now: int) -> None:
 
 def _gate(
     conn: apsw.Connection, project: str, task_id: str, overlap: str, capacity: int, replacing: list[str]
-) -> tuple[str | None, str | None]:
+) -> tuple[SkipReason | None, str | None]:
     """(None, None) when a new run may be queued, else (reason, blocking run id).
     Under `replace` the active runs are added to `replacing` instead."""
     active = [r for (r,) in conn.execute(SQL_ACTIVE_FOR_TASK, (project, task_id)) if r not in replacing]
@@ -101,26 +96,31 @@ def admit_fires(
         except ScheduleError:  # zone data went missing: keep the cursor, say so once, retry later
             trigger_sql.record_event(conn, project, trig.id, "refused", "timezone_unavailable", trig.next_fire_at_ms,
                                      trig.next_fire_at_ms, 1, now, trig.last_scheduled_at_ms)
-            return Admission(cursor=trig.next_fire_at_ms, retry=True)
+            due = trig.next_fire_at_ms
+            refused = SkippedFires(trig.task_id, "refused", "timezone_unavailable", due, due, 1)
+            return Admission(cursor=trig.next_fire_at_ms, retry=True, skipped=[refused])
         todo = plan(schedule, trig.next_fire_at_ms, now, trig.spec.misfire, grace_ms)
         if not todo.admit and todo.missed is None:
             if todo.cursor != trig.next_fire_at_ms:  # the cursor was no fire time (zone rules changed)
                 conn.execute(SQL_MOVE_CURSOR, (todo.cursor, trig.last_scheduled_at_ms, project, trig.id))
             return Admission(cursor=todo.cursor)  # nothing due yet
         last_admitted = trig.last_scheduled_at_ms
+        skipped: list[SkippedFires] = []
         if todo.missed is not None:
             m = todo.missed
             trigger_sql.record_event(conn, project, trig.id, "skipped", "misfire", m.first_ms, m.last_ms, m.fires,
                                      now, last_admitted)
+            skipped.append(SkippedFires(trig.task_id, "skipped", "misfire", m.first_ms, m.last_ms, m.fires))
         enabled, overlap = one(conn, SQL_PINNED_TASK, (project, trig.task_id, trig.task_revision))
         admitted: list[Run] = []
         replacing: list[str] = []
         for fire, origin in todo.admit:
-            reason = "task_disabled" if not enabled else _gate(
+            reason: SkipReason | None = "task_disabled" if not enabled else _gate(
                 conn, project, trig.task_id, overlap, capacity, replacing)[0]
             if reason is not None:
-                kind = "refused" if reason == "queue_full" else "skipped"
+                kind: EventType = "refused" if reason == "queue_full" else "skipped"
                 trigger_sql.record_event(conn, project, trig.id, kind, reason, fire, fire, 1, now, last_admitted)
+                skipped.append(SkippedFires(trig.task_id, kind, reason, fire, fire, 1))
                 continue
             if conn.execute(SQL_BY_KEY, (f"cron:{trig.id}:{trig.revision}:{fire}",)).fetchone() is not None:
                 continue  # admitted before: the key makes a repeat impossible
@@ -128,8 +128,9 @@ def admit_fires(
             admitted.append(run_sql.insert(conn, _scheduled_run(trig, fire, origin, now, jitter), "scheduler"))
             last_admitted = fire
         conn.execute(SQL_MOVE_CURSOR, (todo.cursor, last_admitted, project, trig.id))
-        save_time(conn, now)
-    return Admission(runs=admitted, cancel=replacing, cursor=todo.cursor)
+        if not admitted:  # an admitted run carries the time itself (newest_time reads it): one page less
+            save_time(conn, now)
+    return Admission(runs=admitted, cancel=replacing, cursor=todo.cursor, skipped=skipped)
 
 
 def admit_manual(conn: apsw.Connection, task: Task, actor: ActorType, now: int, capacity: int) -> ManualAdmission:

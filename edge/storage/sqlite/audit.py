@@ -6,10 +6,13 @@ import apsw
 import msgspec
 
 from edge.core.auth import AuditRecord
-from edge.storage.sqlite.db import Database, immediate
+from edge.storage.sqlite.db import Database, immediate, one
 
 _reasons = msgspec.json.Encoder()
 PRUNE_BATCH = 64  # rows one write may delete: bounded cost per call, converges over calls
+# Over max_rows, the oldest go down to max_rows - TRIM at once: deleting one row per call
+# rebalances the oldest pages on every call, about two more pages written per call.
+TRIM = 32
 SQL_PRUNE = (
     "DELETE FROM security_audit WHERE id IN (SELECT id FROM (SELECT id, at_ms FROM security_audit"
     " ORDER BY id LIMIT ?) WHERE id <= ? OR at_ms < ?)"
@@ -27,7 +30,9 @@ def append(conn: apsw.Connection, record: AuditRecord, max_rows: int, min_at_ms:
         newest = conn.last_insert_rowid()
         # Look only at the oldest few rows (id order is insertion order), so one write
         # never scans the table; each write trims a little until both bounds hold.
-        conn.execute(SQL_PRUNE, (PRUNE_BATCH, newest - max_rows, min_at_ms))
+        oldest = one(conn, "SELECT min(id) FROM security_audit")[0]
+        over = oldest is not None and oldest <= newest - max_rows
+        conn.execute(SQL_PRUNE, (PRUNE_BATCH, newest - max_rows + min(TRIM, max_rows // 4) if over else 0, min_at_ms))
 
 
 class SqliteAuditLog:

@@ -206,7 +206,22 @@ INSERT INTO meta (key, value)
     SELECT 'run_log_bytes:' || project_id, sum(log_bytes * (log_dropped_at_ms IS NULL)) FROM runs GROUP BY project_id;
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4)
+# Ascending time indexes: SQLite walks an index backwards for ORDER BY ... DESC just as well,
+# but a new row lands at the right edge of an ascending index, where a full leaf costs one
+# new page, while at the left edge of a descending one it rebalances three (about three
+# times the pages written per insert, on flash).
+_V5 = """
+DROP INDEX runs_task_created_idx;
+DROP INDEX runs_project_created_idx;
+DROP INDEX trigger_events_trigger_idx;
+DROP INDEX trigger_events_project_idx;
+CREATE INDEX runs_task_created_idx ON runs (project_id, task_id, created_at_ms, id);
+CREATE INDEX runs_project_created_idx ON runs (project_id, created_at_ms, id);
+CREATE INDEX trigger_events_trigger_idx ON trigger_events (project_id, trigger_id, id);
+CREATE INDEX trigger_events_project_idx ON trigger_events (project_id, id);
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)
 
 
 def migrate(conn: apsw.Connection) -> int:
