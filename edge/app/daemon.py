@@ -98,6 +98,7 @@ class Daemon:
     async def _serve(self, db: Database, pepper: bytes) -> None:
         g = Graph(self.config, self.home, self.socket_path, self.loop_name, db, pepper, self.clock)
         self._graph = g
+        await g.hold_clock()
         # Before anything is served: nothing a dead daemon left may stay `running`.
         await g.runner.recover()
         await g.scheduler.start()
@@ -130,6 +131,7 @@ class Daemon:
             await asyncio.gather(*(listener.stop(forced=self._forced) for listener in g.listeners))
             await g.scheduler.stop()
             await g.runner.shutdown()
+            await g.settle()
             g.workers.notices.close()
 
     def stop(self) -> None:

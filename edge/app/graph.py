@@ -15,7 +15,8 @@ from collections.abc import Callable
 import msgspec
 
 from edge.app.config import Config, default_zone
-from edge.core.clock import LoopTimers, SystemClock
+from edge.core.clock import EPOCH_FLOOR_MS, LoopTimers, SteadyClock, SystemClock
+from edge.core.handoff import Background
 from edge.core.notices import Notices
 from edge.core.ports.runtime import Clock
 from edge.core.ports.stores import AuditLog, CountsReader, CredentialStore, Readers, SecretStore
@@ -137,12 +138,14 @@ class Workers(msgspec.Struct, frozen=True, kw_only=True):
     notices: Notices
 
 
-def build_workers(config: Config, home: str, stores: Stores, clock: Clock) -> Workers:
+def build_workers(config: Config, home: str, stores: Stores, clock: Clock, wall: Clock | None = None) -> Workers:
+    """`clock` stamps what the runner records; the scheduler plans fires on `wall` (the
+    wall clock itself, which it holds on while that is behind; default: `clock`)."""
     settings = runner_settings(config, home)
     notices = Notices(clock, LoopTimers())
     runner = Runner(runs=stores.runs, tasks=stores.tasks, admission=stores.admission, secrets=stores.secrets,
                     logs=stores.logs, clock=clock, settings=settings, notices=notices)
-    scheduler = Scheduler(stores.admission, stores.runs, runner, clock, config.project, notices=notices)
+    scheduler = Scheduler(stores.admission, stores.runs, runner, wall or clock, config.project, notices=notices)
     return Workers(runner=runner, scheduler=scheduler, settings=settings, notices=notices)
 
 
@@ -203,21 +206,45 @@ def mcp_server(config: Config, home: str, chain: Chain, facts: DaemonFacts) -> U
 
 
 class Graph:
-    """Everything the daemon runs. Start: runner recovery → scheduler → listeners."""
+    """Everything the daemon runs. Start: `hold_clock` → runner recovery → scheduler →
+    listeners."""
 
     def __init__(
         self, config: Config, home: str, socket_path: str, loop: str, db: Database, pepper: bytes,
         clock: Clock | None = None,
     ) -> None:
-        clock = clock or SystemClock()
+        wall = clock or SystemClock()
+        self._project = config.project
+        # Records are stamped on the steady clock; the scheduler alone reads the wall clock.
+        self.stamps = SteadyClock(wall)
+        self.stamps.on_jump = self._clock_jumped
+        self._background = Background(log)
         self.stores = build_stores(db, config, home)
-        self.workers = build_workers(config, home, self.stores, clock)
-        self.facts = DaemonFacts(db.path, loop, clock, self.stores.counts)
+        self.workers = build_workers(config, home, self.stores, self.stamps, wall)
+        self.facts = DaemonFacts(db.path, loop, self.stamps, self.stores.counts)
         self.facts.add_extra(self.workers.scheduler.status)
         registry = Registry([*builtin_tools(), *ai_tools()])
-        services = build_services(config, self.stores, self.workers, self.facts, registry, pepper, clock)
+        services = build_services(config, self.stores, self.workers, self.facts, registry, pepper, self.stamps)
         self.chain = build_chain(config, services, registry)
         self.listeners = build_listeners(config, home, socket_path, self.chain, self.facts)
+
+    async def hold_clock(self) -> None:
+        """Before anything is stamped: while the wall clock is behind the newest time on
+        record (or EPOCH_FLOOR_MS), stamps count on from that time."""
+        newest = await self.stores.admission.newest_time(self._project)
+        self.stamps.hold_from(max(newest, EPOCH_FLOOR_MS))
+
+    def _clock_jumped(self, after_ms: int, upto_ms: int, shift_ms: int) -> None:
+        self._background.spawn(self._restamp(after_ms, upto_ms, shift_ms), "restamp")
+
+    async def _restamp(self, after_ms: int, upto_ms: int, shift_ms: int) -> None:
+        moved = await self.stores.admission.restamp(after_ms, upto_ms, shift_ms)
+        log.info("the clock was set forward by %.0fs: %d runs (and their events and audit rows) stamped while it"
+                 " was behind moved by as much", shift_ms / 1000, moved)
+
+    async def settle(self) -> None:
+        """Wait for background work of the graph itself (moving stamps after a clock jump)."""
+        await self._background.wait()
 
     @property
     def runner(self) -> Runner:

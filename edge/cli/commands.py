@@ -298,6 +298,7 @@ def _status_fields(s: status_tools.Status) -> None:
         ("project", s.project),
         ("tasks", f"{counts.tasks} tasks, {counts.triggers} triggers, {counts.credentials} credentials"),
         ("runs", f"{counts.runs} stored, {counts.active_runs} active"),
+        ("written", f"{_mib(s.written_bytes)} since start, about {_mib(s.written_bytes_per_day)} a day at this rate"),
         *sorted(s.extra.items()),
     ])
 

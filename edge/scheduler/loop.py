@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from edge.core.clock import LoopTimers
+from edge.core.clock import EPOCH_FLOOR_MS, LoopTimers
 from edge.core.errors import ToolError
 from edge.core.handoff import Background, shielded
 from edge.core.notices import Notices, fires_skipped, more_fires_skipped
@@ -128,8 +128,9 @@ class Scheduler:
         self._task = asyncio.create_task(self._loop(), name="scheduler")
 
     async def load(self) -> None:
-        """Read the clock mark; the heap is read by the first tick."""
-        self._newest = await self._store.newest_time(self._project)
+        """Read the clock mark; the heap is read by the first tick. A wall clock before
+        EPOCH_FLOOR_MS was never set, even on a fresh database."""
+        self._newest = max(EPOCH_FLOOR_MS, await self._store.newest_time(self._project))
         self._saved_at = self._clock.now_ms()
         self._reload = True
 

@@ -188,6 +188,12 @@ class RunAdmission(Protocol):
         """Raise the clock mark to `now_ms` (never lowers it)."""
         ...
 
+    async def restamp(self, after_ms: int, upto_ms: int, shift_ms: int) -> int:
+        """The clock jumped: add `shift_ms` to every time in (after_ms, upto_ms] of runs,
+        their events and the audit log, and raise the clock mark to match, in one
+        transaction. Returns how many runs moved."""
+        ...
+
 
 # -- security -----------------------------------------------------------------------
 

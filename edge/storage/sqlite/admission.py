@@ -55,6 +55,31 @@ def _save_time_tx(conn: apsw.Connection, now: int) -> None:
         save_time(conn, now)
 
 
+# What age retention and run lists order by: the times of runs, their events and the audit.
+RESTAMPED = (
+    ("runs", ("created_at_ms", "queued_at_ms", "started_at_ms", "finished_at_ms", "log_dropped_at_ms")),
+    ("run_events", ("created_at_ms",)),
+    ("security_audit", ("at_ms",)),
+)
+
+
+def restamp(conn: apsw.Connection, after: int, upto: int, shift: int) -> int:
+    """Move every time in (after, upto] of RESTAMPED by `shift`, in one transaction;
+    returns how many runs moved. Rare (once per boot with an unset clock), so it may walk
+    those tables."""
+    with immediate(conn):
+        moved = 0
+        for table, columns in RESTAMPED:
+            # A NULL time stays NULL; (c > ?1 AND c <= ?2) is 1 inside the range, else 0.
+            sets = ", ".join(f"{c} = {c} + ?3 * ({c} > ?1 AND {c} <= ?2)" for c in columns)
+            where = " OR ".join(f"({c} > ?1 AND {c} <= ?2)" for c in columns)
+            conn.execute(f"UPDATE {table} SET {sets} WHERE {where}", (after, upto, shift))
+            if table == "runs":
+                moved = conn.changes()
+        save_time(conn, upto + shift)
+    return moved
+
+
 def _gate(
     conn: apsw.Connection, project: str, task_id: str, overlap: str, capacity: int, replacing: list[str]
 ) -> tuple[SkipReason | None, str | None]:
@@ -182,3 +207,6 @@ class SqliteAdmission:
 
     async def save_time(self, now_ms: int) -> None:
         await self._db.run(_save_time_tx, now_ms)
+
+    async def restamp(self, after_ms: int, upto_ms: int, shift_ms: int) -> int:
+        return await self._db.run(restamp, after_ms, upto_ms, shift_ms)
