@@ -131,7 +131,6 @@ class Daemon:
             await asyncio.gather(*(listener.stop(forced=self._forced) for listener in g.listeners))
             await g.scheduler.stop()
             await g.runner.shutdown()
-            await g.settle()
             g.workers.notices.close()
 
     def stop(self) -> None:

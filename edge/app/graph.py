@@ -16,7 +16,6 @@ import msgspec
 
 from edge.app.config import Config, default_zone
 from edge.core.clock import EPOCH_FLOOR_MS, LoopTimers, SteadyClock, SystemClock
-from edge.core.handoff import Background
 from edge.core.notices import Notices
 from edge.core.ports.runtime import Clock
 from edge.core.ports.stores import AuditLog, CountsReader, CredentialStore, Readers, SecretStore
@@ -218,7 +217,6 @@ class Graph:
         # Records are stamped on the steady clock; the scheduler alone reads the wall clock.
         self.stamps = SteadyClock(wall)
         self.stamps.on_jump = self._clock_jumped
-        self._background = Background(log)
         self.stores = build_stores(db, config, home)
         self.workers = build_workers(config, home, self.stores, self.stamps, wall)
         self.facts = DaemonFacts(db.path, loop, self.stamps, self.stores.counts)
@@ -235,16 +233,8 @@ class Graph:
         self.stamps.hold_from(max(newest, EPOCH_FLOOR_MS))
 
     def _clock_jumped(self, after_ms: int, upto_ms: int, shift_ms: int) -> None:
-        self._background.spawn(self._restamp(after_ms, upto_ms, shift_ms), "restamp")
-
-    async def _restamp(self, after_ms: int, upto_ms: int, shift_ms: int) -> None:
-        moved = await self.stores.admission.restamp(after_ms, upto_ms, shift_ms)
-        log.info("the clock was set forward by %.0fs: %d runs (and their events and audit rows) stamped while it"
-                 " was behind moved by as much", shift_ms / 1000, moved)
-
-    async def settle(self) -> None:
-        """Wait for background work of the graph itself (moving stamps after a clock jump)."""
-        await self._background.wait()
+        # Called inside the stamp that saw the jump, before that stamp's write is queued.
+        self.stores.admission.restamp(after_ms, upto_ms, shift_ms)
 
     @property
     def runner(self) -> Runner:

@@ -188,10 +188,12 @@ class RunAdmission(Protocol):
         """Raise the clock mark to `now_ms` (never lowers it)."""
         ...
 
-    async def restamp(self, after_ms: int, upto_ms: int, shift_ms: int) -> int:
+    def restamp(self, after_ms: int, upto_ms: int, shift_ms: int) -> None:
         """The clock jumped: add `shift_ms` to every time in (after_ms, upto_ms] of runs,
         their events and the audit log, and raise the clock mark to match, in one
-        transaction. Returns how many runs moved."""
+        transaction that storage runs before any call made after this one (so no write
+        stamped after the jump, age retention included, comes first). Never raises; a
+        storage fault is logged."""
         ...
 
 

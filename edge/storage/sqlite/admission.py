@@ -4,6 +4,7 @@ router's 1970 boot. Implements RunAdmission (edge.core.ports.stores)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import apsw
@@ -17,6 +18,8 @@ from edge.core.triggers import Admission, EventType, ManualAdmission, SkipReason
 from edge.storage.sqlite import runs as run_sql
 from edge.storage.sqlite import triggers as trigger_sql
 from edge.storage.sqlite.db import Database, immediate, one
+
+log = logging.getLogger("qledge.store")
 
 SQL_ARMED = (
     "SELECT next_fire_at_ms, id FROM triggers WHERE project_id = ? AND next_fire_at_ms IS NOT NULL"
@@ -208,5 +211,11 @@ class SqliteAdmission:
     async def save_time(self, now_ms: int) -> None:
         await self._db.run(_save_time_tx, now_ms)
 
-    async def restamp(self, after_ms: int, upto_ms: int, shift_ms: int) -> int:
-        return await self._db.run(restamp, after_ms, upto_ms, shift_ms)
+    def restamp(self, after_ms: int, upto_ms: int, shift_ms: int) -> None:
+        self._db.before_next(_restamp_logged, after_ms, upto_ms, shift_ms)
+
+
+def _restamp_logged(conn: apsw.Connection, after: int, upto: int, shift: int) -> None:
+    moved = restamp(conn, after, upto, shift)
+    log.info("the clock was set forward by %.0fs: %d runs (with their events) and the audit rows stamped while it"
+             " was behind moved by as much", shift / 1000, moved)

@@ -91,7 +91,14 @@ def adopt_page_size(conn: apsw.Connection) -> None:
         return
     # The page size of a WAL database cannot change: leave WAL (a checkpoint), rewrite in
     # rollback-journal mode (a crash midway rolls back), then configure goes back to WAL.
-    if conn.pragma("journal_mode", "delete") != "delete":
+    conn.set_busy_timeout(0)  # someone else has it open: do not wait, keep the pages
+    try:
+        mode = conn.pragma("journal_mode", "delete")
+    except apsw.BusyError:
+        mode = "busy"
+    finally:
+        conn.set_busy_timeout(5000)
+    if mode != "delete":
         log.info("database keeps its %d-byte pages: another connection has it open", current)
         return
     conn.pragma("page_size", PAGE_SIZE)
@@ -112,12 +119,38 @@ def immediate(conn: apsw.Connection) -> Iterator[None]:
     conn.execute("COMMIT")
 
 
+class _Pending:
+    """Work queued by `Database.before_next`; `done` once it ran (well or not)."""
+
+    __slots__ = ("fn", "args", "done")
+
+    def __init__(self, fn: Callable[..., object], args: tuple[Any, ...]) -> None:
+        self.fn, self.args, self.done = fn, args, False
+
+
+def _first(conn: apsw.Connection, pending: list[_Pending], fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    for item in pending:
+        item.done = True
+        try:
+            item.fn(conn, *item.args)
+        except apsw.Error as exc:  # its own fault must not fail the call it rides on
+            log.error("storage error in %s: %s", getattr(item.fn, "__qualname__", item.fn), exc)
+    return fn(conn, *args)
+
+
 class Database:
     """Owns the connection; `run` executes a function with it in the worker thread."""
 
     def __init__(self, conn: apsw.AsyncConnection, path: str) -> None:
         self._conn = conn
         self.path = path
+        self._pending: list[_Pending] = []
+
+    def before_next(self, fn: Callable[..., object], *args: Any) -> None:
+        """Run `fn(conn, *args)` in the worker before whatever `run` is called next, so it
+        precedes every call made from now on (not a task that starts later); used when
+        storage must change before anything else is written."""
+        self._pending.append(_Pending(fn, args))
 
     @classmethod
     async def open(cls, path: str, synchronous: str = "NORMAL", cache_kib: int = 512) -> Database:
@@ -137,18 +170,32 @@ class Database:
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn(conn, *args)` in the worker; storage faults become `unavailable`."""
+        pending, self._pending = self._pending, []
         try:
+            if pending:
+                return await self._conn.async_run(_first, self._conn, pending, fn, args)
             return await self._conn.async_run(fn, self._conn, *args)
         except ToolError:
             raise
-        except apsw.Error as exc:
-            log.error("storage error in %s: %s", getattr(fn, "__qualname__", fn), exc)
-            raise unavailable() from exc
+        except BaseException as exc:
+            # Cancelled before the worker took it: what rode on it goes with the next call.
+            self._pending[:0] = [item for item in pending if not item.done]
+            if isinstance(exc, apsw.Error):
+                log.error("storage error in %s: %s", getattr(fn, "__qualname__", fn), exc)
+                raise unavailable() from exc
+            raise
 
     async def close(self) -> None:
+        if self._pending:
+            with suppress(ToolError):
+                await self.run(_nothing)
         with suppress(apsw.Error):  # closing matters more than the planner's statistics
             await self._conn.async_run(_optimize, self._conn)
         await self._conn.aclose()
+
+
+def _nothing(conn: apsw.Connection) -> None:
+    pass
 
 
 def _optimize(conn: apsw.Connection) -> None:
