@@ -131,7 +131,7 @@ async def test_a_task_over_its_limit_loses_its_oldest_runs_together(make, home, 
         await s.finished("a", T0 + i)
         counts.append(len(s.ids(conn)))
     assert max(counts) == limit and min(counts[limit:]) == low
-    trims = [i for i, (a, b) in enumerate(zip(counts, counts[1:])) if b < a]
+    trims = [i for i, (a, b) in enumerate(zip(counts, counts[1:], strict=False)) if b < a]
     period = limit - low + 1  # finishes from one trim to the next
     assert trims == [limit - 1, limit - 1 + period, limit - 1 + 2 * period]
     assert s.ids(conn) == [f"run-{n:06d}" for n in range(len(counts) - counts[-1] + 1, len(counts) + 1)]
