@@ -199,3 +199,19 @@ def test_status_shows_the_bytes_written_since_start_and_a_rate_per_day(daemon):
     assert abs(then["writtenBytesPerDay"] - per_day) <= per_day * 0.05
     line = next(x for x in daemon.cli("status").stdout.splitlines() if x.startswith("written"))
     assert re.search(r"^written: +\d+\.\d MiB since start, about \d+\.\d MiB a day at this rate$", line), line
+
+
+def test_an_exclusive_lock_keeps_the_wal_index_in_memory_and_others_out(daemon_factory):
+    d = daemon_factory(config="[store]\nexclusive_lock = true\n").start()
+    d.cli("task", "add", "t", "--", "true")
+    run = d.call("qledge.run.start", {"taskId": "t"})
+    assert d.call("qledge.run.wait", {"runId": run["id"], "timeoutMs": 20_000})["run"]["status"] == "succeeded"
+    assert os.path.exists(os.path.join(d.home, "qledge.db-wal"))
+    assert not os.path.exists(os.path.join(d.home, "qledge.db-shm"))  # nothing mapped, nothing written back
+    other = apsw.Connection(os.path.join(d.home, "qledge.db"))
+    with pytest.raises(apsw.BusyError):
+        other.execute("SELECT count(*) FROM runs").fetchone()
+    other.close()
+    d.stop()
+    with d.db() as db:  # once the daemon is gone, the file is anyone's again
+        assert db.execute("SELECT status FROM runs").fetchall() == [("succeeded",)]

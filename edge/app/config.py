@@ -22,6 +22,9 @@ class AuthConfig(msgspec.Struct, forbid_unknown_fields=True):
 class StoreConfig(msgspec.Struct, forbid_unknown_fields=True):
     synchronous: Literal["OFF", "NORMAL", "FULL", "EXTRA"] = "NORMAL"
     cache_kib: Annotated[int, msgspec.Meta(ge=64, le=1 << 20)] = 512
+    # Hold the database for this daemon alone: no -shm file is mapped and written back to
+    # flash (about half of what a run a minute writes), but nothing else may open it.
+    exclusive_lock: bool = False
 
 
 class RunnerConfig(msgspec.Struct, forbid_unknown_fields=True):

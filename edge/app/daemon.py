@@ -87,7 +87,8 @@ class Daemon:
         cfg = self.config
         pepper = load_pepper(os.path.join(self.home, "pepper"))
         try:
-            db = await Database.open(os.path.join(self.home, "qledge.db"), cfg.store.synchronous, cfg.store.cache_kib)
+            db = await Database.open(os.path.join(self.home, "qledge.db"), cfg.store.synchronous, cfg.store.cache_kib,
+                                     cfg.store.exclusive_lock)
         except Exception as exc:
             raise StartupError(f"cannot open the database in {self.home}: {exc}") from None
         try:

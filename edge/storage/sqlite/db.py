@@ -49,16 +49,21 @@ WAL_CHECKPOINT_BYTES = 4 << 20
 CONVERT_MAX_BYTES = 64 << 20
 
 
-def configure(conn: apsw.Connection, synchronous: str, cache_kib: int) -> None:
+def configure(conn: apsw.Connection, synchronous: str, cache_kib: int, exclusive: bool = False) -> None:
     """Apply what apsw.bestpractice recommends, as plain pragmas.
 
     Importing apsw.bestpractice pulls in apsw.ext (~3.4 MiB RSS), so the same settings
     are spelled out here: busy timeout, WAL, foreign keys, no double-quoted string
     literals, the planner's optimize hook, recursive triggers. Before WAL: the page size
-    (a new database takes it at once, an existing one only by being rewritten).
+    (a new database takes it at once, an existing one only by being rewritten) and, when
+    `exclusive`, the exclusive locking mode: then WAL keeps its index in this process's
+    memory instead of a shared `-shm` file, whose pages the kernel would write back to
+    flash after every transaction, and no other process can open the database.
     """
     conn.set_busy_timeout(5000)
     adopt_page_size(conn)
+    if exclusive:
+        conn.pragma("locking_mode", "exclusive")
     conn.pragma("journal_mode", "wal")
     conn.pragma("foreign_keys", "ON")
     conn.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
@@ -153,7 +158,9 @@ class Database:
         self._pending.append(_Pending(fn, args))
 
     @classmethod
-    async def open(cls, path: str, synchronous: str = "NORMAL", cache_kib: int = 512) -> Database:
+    async def open(
+        cls, path: str, synchronous: str = "NORMAL", cache_kib: int = 512, exclusive: bool = False
+    ) -> Database:
         if synchronous.upper() not in SYNCHRONOUS:
             raise ValueError(f"synchronous must be one of {', '.join(SYNCHRONOUS)}")
         # apsw documents passing the controller class; its stub declares the protocol for instances.
@@ -161,7 +168,7 @@ class Database:
         old = os.umask(0o077)  # the database holds credentials digests and secrets
         try:
             conn = await apsw.Connection.as_async(path)
-            await conn.async_run(configure, conn, synchronous.upper(), cache_kib)
+            await conn.async_run(configure, conn, synchronous.upper(), cache_kib, exclusive)
         finally:
             os.umask(old)
         db = cls(conn, path)
