@@ -136,9 +136,12 @@ def test_mcp_daemon_idle_memory(idle):
 def test_default_daemon_modules(idle):
     modules = idle["default"]["modules"]
     REPORT["default_modules"] = modules
-    # edge.core.imports: the import planner runs in the CLI; the daemon needs only its shapes (core.tasks)
+    # edge.core.imports: the import planner runs in the CLI; the daemon needs only its shapes (core.tasks).
+    # hashlib, hmac, secrets, random: SHA-256 and the kernel's random bytes suffice (edge.core.ids);
+    # those would map their other hash modules, base64 and zlib (about 0.4 MiB).
     for absent in ("edge.mcp", "edge.storage.postgres", "edge.core.ports.cluster", "psycopg", "ssl", "_ssl",
-                   "_hashlib", "argparse", "edge.core.imports"):
+                   "_hashlib", "argparse", "edge.core.imports", "hashlib", "hmac", "secrets", "random", "base64",
+                   "edge.core.excerpt"):
         assert not [m for m in modules if m == absent or m.startswith(absent + ".")], absent
 
 

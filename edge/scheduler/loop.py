@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import heapq
 import logging
-import random
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -21,7 +20,7 @@ from typing import Any
 from edge.core.clock import EPOCH_FLOOR_MS, LoopTimers
 from edge.core.errors import ToolError
 from edge.core.handoff import Background, shielded
-from edge.core.ids import uuid7
+from edge.core.ids import random_fraction, uuid7
 from edge.core.notices import Notices, fires_skipped, more_fires_skipped
 from edge.core.ports.runtime import Clock, RunExecutor, Sleeper, TimerHandle, Timers
 from edge.core.tasks import ImportedTask, ImportTask
@@ -108,7 +107,7 @@ class Scheduler:
         *,
         sleeper: Sleeper | None = None,
         timers: Timers | None = None,
-        rng: Callable[[], float] = random.random,
+        rng: Callable[[], float] = random_fraction,
         grace_ms: int = GRACE_MS,
         boot_id_path: str = BOOT_ID_PATH,
         notices: Notices | None = None,

@@ -3,7 +3,6 @@ at creation, and never stored."""
 
 from __future__ import annotations
 
-import secrets
 from typing import Annotated
 
 import msgspec
@@ -19,6 +18,7 @@ from edge.core.auth import (
     valid_permission,
 )
 from edge.core.errors import invalid, not_found
+from edge.core.ids import token_hex
 from edge.core.text import Id, Label, Limit, Millis, NonNegative
 from edge.tools.context import ToolContext
 from edge.tools.definition import WRITE_DEADLINE_S, Empty, tool
@@ -67,8 +67,8 @@ def _check_permission(permission: str) -> None:
 async def create(ctx: ToolContext, args: CreateArgs) -> Created:
     for permission in args.permissions or ():
         _check_permission(permission)
-    cid = secrets.token_hex(6)
-    secret = secrets.token_hex(20)
+    cid = token_hex(6)
+    secret = token_hex(20)
     cred = Credential(
         id=cid, project_id=ctx.project, name=args.name or f"{args.role}-{cid}", role=args.role,
         permissions=args.permissions, created_at_ms=ctx.now_ms(),
