@@ -48,10 +48,12 @@ from edge.storage.sqlite.runs import SqliteRunStore
 from edge.storage.sqlite.security import SqliteAuditLog, SqliteAuditReader, SqliteCredentialStore, SqliteSecretStore
 from edge.storage.sqlite.tasks import SqliteTaskStore
 from edge.storage.sqlite.triggers import SqliteTriggerStore
-from edge.tools.catalog import ai_tools, builtin_tools
+from edge.tools.ai import log_excerpt, projections, runs, task_runs_compare
+from edge.tools.builtin import backup, credentials, secrets, status, tasks, triggers
+from edge.tools.builtin import runs as run_tools
 from edge.tools.chain import Authenticator, Chain
 from edge.tools.context import Services
-from edge.tools.definition import Registry
+from edge.tools.definition import Registry, Tool
 from edge.transports.tool_socket import ToolServer
 from edge.transports.unix import UnixListener
 
@@ -185,6 +187,17 @@ def build_workers(
     scheduler = Scheduler(stores.admission, stores.runs, controller, wall or clock, config.project, notices=notices)
     return Workers(runner=runner, scheduler=scheduler, settings=settings, controller=controller, users=users,
                    notices=notices)
+
+
+def builtin_tools() -> list[Tool]:
+    """The `qledge.*` management tools the CLI uses."""
+    return [*tasks.TOOLS, *triggers.TOOLS, *run_tools.TOOLS, *credentials.TOOLS, *secrets.TOOLS, *status.TOOLS,
+            *backup.TOOLS]
+
+
+def ai_tools() -> list[Tool]:
+    """The `qinglong.*` read tools offered to AI clients."""
+    return [*projections.TOOLS, *runs.TOOLS, *task_runs_compare.TOOLS, *log_excerpt.TOOLS]
 
 
 def trigger_zone(configured: str | None) -> str:
