@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from edge.notify.handle import TOOL_INFOS
-from edge.tools.catalog import ai_tools, builtin_tools, deferred_tools
+from edge.app.graph import ai_tools, builtin_tools, deferred_tools
 from edge.tools.context import ToolContext
 from edge.tools.definition import Deferred, Empty, Registry, Tool, declared, info
 
@@ -54,8 +54,8 @@ def test_a_module_that_differs_from_its_declaration_is_refused():
 
 
 def test_every_deferred_group_loads_as_declared():
-    """The catalog's groups and the notify tools: each module builds exactly what was
-    declared (what the daemon listed before loading it)."""
+    """The groups composition declares and the notify tools: each module builds exactly
+    what was declared (what the daemon listed before loading it)."""
     registry = Registry([*builtin_tools(), *ai_tools()], deferred_tools())
     for group in deferred_tools():
         for declared_info in group.infos:
@@ -67,8 +67,8 @@ def test_every_deferred_group_loads_as_declared():
     assert [t.info() for t in notify_tools(None, None, None)] == list(TOOL_INFOS)  # type: ignore[arg-type]
 
 
-def test_the_catalog_leaves_rarely_used_tool_modules_unloaded():
-    code = ("import sys; from edge.tools.catalog import builtin_tools, ai_tools, deferred_tools;"
+def test_rarely_used_tool_modules_stay_unloaded():
+    code = ("import sys; from edge.app.graph import builtin_tools, ai_tools, deferred_tools;"
             " from edge.tools.definition import Registry;"
             " Registry([*builtin_tools(), *ai_tools()], deferred_tools());"
             " print(sorted(m for m in sys.modules if m.startswith('edge.tools.builtin')))")

@@ -69,7 +69,7 @@ class Daemon:
             raise StartupError(f"cannot check free space in {home}: {exc.strerror}") from None
         try:
             db = await Database.open(os.path.join(home, "qledge.db"), cfg.store.synchronous, cfg.store.cache_kib,
-                                     ballast=ballast)
+                                     ballast=ballast, exclusive=cfg.store.exclusive_lock)
         except OpenError as exc:
             raise StartupError(str(exc)) from None
         try:
@@ -82,6 +82,7 @@ class Daemon:
         for problem in g.workers.users.problems():
             raise StartupError(problem, "invalid_argument")  # the configuration, on this system
         self._graph = g
+        await g.hold_clock()
         # Before anything is served: nothing a dead daemon left may stay `running`.
         await g.runner.recover()
         if g.notifier is not None:  # what is queued (a lost run's message too) goes out now
@@ -129,6 +130,7 @@ class Daemon:
             if node is not None:
                 await node.stop()  # claim nothing more; what this node holds is recorded below
             await g.runner.shutdown()
+            g.workers.notices.close()
             if node is not None:
                 await node.close()
 

@@ -17,7 +17,8 @@ import msgspec
 
 from edge.app.config import Config, default_zone, run_timezone
 from edge.app.home import StartupError, private_dir
-from edge.core.clock import LoopTimers, SystemClock
+from edge.core.clock import EPOCH_FLOOR_MS, LoopTimers, SteadyClock, SystemClock
+from edge.core.notices import Notices
 from edge.core.ports.runtime import Clock, RunController
 from edge.core.ports.stores import (
     AuditLog,
@@ -47,10 +48,12 @@ from edge.storage.sqlite.runs import SqliteRunStore
 from edge.storage.sqlite.security import SqliteAuditLog, SqliteAuditReader, SqliteCredentialStore, SqliteSecretStore
 from edge.storage.sqlite.tasks import SqliteTaskStore
 from edge.storage.sqlite.triggers import SqliteTriggerStore
-from edge.tools.catalog import ai_tools, builtin_tools, deferred_tools
+from edge.tools.ai import log_excerpt, projections, runs, task_runs_compare
+from edge.tools.builtin import status, tasks, triggers
+from edge.tools.builtin import runs as run_tools
 from edge.tools.chain import Authenticator, Chain
-from edge.tools.context import Services
-from edge.tools.definition import Deferred, Registry, Tool
+from edge.tools.context import Services, ToolInfo
+from edge.tools.definition import WRITE_DEADLINE_S, Deferred, Registry, Tool, info
 from edge.transports.tool_socket import ToolServer
 from edge.transports.unix import UnixListener
 
@@ -173,7 +176,8 @@ def task_users(config: Config, home: str) -> SystemUsers:
 
 
 class Workers(msgspec.Struct, frozen=True, kw_only=True):
-    """What runs in the background: the runner and the scheduler that feeds it. `controller`
+    """What runs in the background: the runner and the scheduler that feeds it, and the
+    system-log lines both write about runs and fires (one rate limit per task). `controller`
     is the runner as tools and the scheduler see it: the runner itself, or on a cluster
     node the cluster's runner, which hands runs to whichever node claims them."""
 
@@ -182,20 +186,94 @@ class Workers(msgspec.Struct, frozen=True, kw_only=True):
     settings: RunnerSettings
     controller: RunController
     users: SystemUsers
+    notices: Notices
 
 
 def build_workers(
     config: Config, home: str, stores: Stores, clock: Clock,
-    distribute: Callable[[Runner], RunController] | None = None,
+    distribute: Callable[[Runner, Notices], RunController] | None = None, wall: Clock | None = None,
 ) -> Workers:
+    """`clock` stamps what the runner records; the scheduler plans fires on `wall` (the
+    wall clock itself, which it holds on while that is behind; default: `clock`)."""
     settings = runner_settings(config, home)
     users = task_users(config, home)
+    notices = Notices(clock, LoopTimers())
     runner = Runner(runs=stores.runs, tasks=stores.tasks, admission=stores.admission, secrets=stores.secrets,
-                    logs=stores.logs, clock=clock, settings=settings, users=users)
-    controller = runner if distribute is None else distribute(runner)
-    scheduler = Scheduler(stores.admission, stores.runs, controller, clock, config.project)
+                    logs=stores.logs, clock=clock, settings=settings, users=users, notices=notices)
+    controller = runner if distribute is None else distribute(runner, notices)
+    scheduler = Scheduler(stores.admission, stores.runs, controller, wall or clock, config.project, notices=notices)
     stores.followers.retry = scheduler.retry_due
-    return Workers(runner=runner, scheduler=scheduler, settings=settings, controller=controller, users=users)
+    return Workers(runner=runner, scheduler=scheduler, settings=settings, controller=controller, users=users,
+                   notices=notices)
+
+
+def builtin_tools() -> list[Tool]:
+    """The `qledge.*` management tools the CLI uses and the daemon loads with itself."""
+    return [*tasks.TOOLS, *triggers.TOOLS, *run_tools.TOOLS, *status.TOOLS]
+
+
+def ai_tools() -> list[Tool]:
+    """The `qinglong.*` read tools offered to AI clients."""
+    return [*projections.TOOLS, *runs.TOOLS, *task_runs_compare.TOOLS, *log_excerpt.TOOLS]
+
+
+# Management tools an idle daemon rarely needs (export and import, API credentials and the
+# audit, secrets): declared here, their modules loaded by their first call (Deferred). The
+# registry checks each module's tools against these when it loads them (a test loads all).
+_IMPORT_DEADLINE_S = 4 * WRITE_DEADLINE_S
+BACKUP_TOOLS: tuple[ToolInfo, ...] = (
+    info("qledge.export", effect="read", risk="high", permission=("task.inspect", "trigger.inspect"),
+         title="Tasks and triggers at their heads, for an export"),
+    info("qledge.secret.export", effect="read", risk="high", permission="secret.export",
+         title="Secret values, for an export made with secrets"),
+    info("qledge.import", effect="write", risk="high", permission=("task.write", "trigger.write"),
+         deadline_s=_IMPORT_DEADLINE_S, title="Create or (with replace) overwrite tasks and triggers from an export"),
+    info("qledge.secret.import", effect="write", risk="high", permission="secret.write",
+         deadline_s=_IMPORT_DEADLINE_S, title="Store secrets from an export"),
+)
+CREDENTIAL_TOOLS: tuple[ToolInfo, ...] = (
+    info("qledge.credential.create", effect="write", risk="high", permission="credential.admin",
+         title="Create an API credential"),
+    info("qledge.credential.list", effect="read", risk="high", permission="credential.admin",
+         title="API credentials", deadline_s=WRITE_DEADLINE_S),
+    info("qledge.credential.revoke", effect="write", risk="high", permission="credential.admin",
+         title="Revoke an API credential"),
+    info("qledge.audit.list", effect="read", risk="high", permission="audit.read",
+         title="The security audit, newest first"),
+)
+SECRET_TOOLS: tuple[ToolInfo, ...] = (
+    info("qledge.secret.set", effect="write", risk="high", permission="secret.write",
+         title="Store a secret (create or replace); its value is never returned"),
+    info("qledge.secret.list", effect="read", risk="high", permission="secret.read", title="Secret names and dates",
+         deadline_s=WRITE_DEADLINE_S),
+    info("qledge.import.secret", effect="write", risk="high", permission="secret.write",
+         title="Store a secret from an import, once per import key; never replaces one"),
+    info("qledge.secret.delete", effect="write", risk="high", permission="secret.write", title="Delete a secret"),
+)
+
+
+def _backup_tools() -> list[Tool]:
+    from edge.tools.builtin import backup
+
+    return backup.TOOLS
+
+
+def _credential_tools() -> list[Tool]:
+    from edge.tools.builtin import credentials
+
+    return credentials.TOOLS
+
+
+def _secret_tools() -> list[Tool]:
+    from edge.tools.builtin import secrets
+
+    return secrets.TOOLS
+
+
+def deferred_tools() -> list[Deferred]:
+    """The management tools loaded by their first call."""
+    return [Deferred(infos=BACKUP_TOOLS, load=_backup_tools), Deferred(infos=CREDENTIAL_TOOLS, load=_credential_tools),
+            Deferred(infos=SECRET_TOOLS, load=_secret_tools)]
 
 
 def build_notifier(config: Config, stores: Stores, clock: Clock) -> tuple[NotifierHandle | None, list[Deferred]]:
@@ -358,11 +436,11 @@ class Cluster:
             audit=pg.audit, audit_reader=pg.audit_reader, readers=pg.readers, counts=pg.counts,
             followers=pg.followers, notify=pg.notify_store)
 
-    def distribute(self, runner: Runner) -> RunController:
+    def distribute(self, runner: Runner, notices: Notices) -> RunController:
         from edge.storage.postgres.cluster import PgCluster
 
         assert isinstance(self._adapters, PgCluster)
-        self.node, controller = self._adapters.runtime(runner)
+        self.node, controller = self._adapters.runtime(runner, notices)
         return controller
 
     async def close(self) -> None:
@@ -386,8 +464,8 @@ def default_node_id(home: str) -> str:
 
 
 class Graph:
-    """Everything the daemon runs. Start: runner recovery → cluster node → scheduler →
-    listeners."""
+    """Everything the daemon runs. Start: `hold_clock` → runner recovery → cluster node →
+    scheduler → listeners."""
 
     def __init__(
         self, config: Config, home: str, socket_path: str, loop: str, db: Database | None, pepper: bytes,
@@ -399,10 +477,19 @@ class Graph:
         else:
             assert db is not None
             self.stores = build_stores(db, config, home)
-        clock = clock or SystemClock()
+        wall = clock or SystemClock()
+        self._project = config.project
         self.cluster = cluster
-        self.workers = build_workers(config, home, self.stores, clock, cluster.distribute if cluster else None)
-        self.facts = DaemonFacts(self.stores.location, loop, clock, self.stores.counts, self.workers.settings,
+        # Records are stamped on the steady clock; the scheduler alone reads the wall clock
+        # (on a cluster node, PostgreSQL's).
+        self.stamps = SteadyClock(wall)
+        if cluster is None:
+            # Not on a cluster node: every node holds on its own, from the newest time it
+            # saw, so the ranges they would move overlap; their stamps keep their order.
+            self.stamps.on_jump = self._clock_jumped
+        self.workers = build_workers(config, home, self.stores, self.stamps, cluster.distribute if cluster else None,
+                                     wall)
+        self.facts = DaemonFacts(self.stores.location, loop, self.stamps, self.stores.counts, self.workers.settings,
                                  config.runner.work_dir)
         self.facts.add_extra(self.workers.scheduler.status)
         if cluster is not None and cluster.node is not None:
@@ -412,13 +499,23 @@ class Graph:
         ballast = db.ballast if db is not None else None
         if ballast is not None:
             self.facts.add_extra(lambda: {"disk": _disk_line(ballast)})
-        self.notifier, deferred = build_notifier(config, self.stores, clock)
+        self.notifier, deferred = build_notifier(config, self.stores, self.stamps)
         if self.notifier is not None:
             self.facts.add_extra(self.notifier.status)
         registry = Registry([*builtin_tools(), *ai_tools()], [*deferred_tools(), *deferred])
-        services = build_services(config, self.stores, self.workers, self.facts, registry, pepper, clock)
+        services = build_services(config, self.stores, self.workers, self.facts, registry, pepper, self.stamps)
         self.chain = build_chain(config, services, registry)
         self.listeners = build_listeners(config, home, socket_path, self.chain, self.facts)
+
+    async def hold_clock(self) -> None:
+        """Before anything is stamped: while the wall clock is behind the newest time on
+        record (or EPOCH_FLOOR_MS), stamps count on from that time."""
+        newest = await self.stores.admission.newest_time(self._project)
+        self.stamps.hold_from(max(newest, EPOCH_FLOOR_MS))
+
+    def _clock_jumped(self, after_ms: int, upto_ms: int, shift_ms: int) -> None:
+        # Called inside the stamp that saw the jump, before that stamp's write is queued.
+        self.stores.admission.restamp(after_ms, upto_ms, shift_ms)
 
     @property
     def runner(self) -> Runner:

@@ -371,6 +371,8 @@ def _status_fields(s: status_tools.Status) -> None:
         ("project", s.project),
         ("tasks", f"{counts.tasks} tasks, {counts.triggers} triggers, {counts.credentials} credentials"),
         ("runs", f"{counts.runs} stored, {counts.active_runs} active"),
+        ("written", f"{render.size(s.written_bytes)} since start, about {render.size(s.written_bytes_per_day)} a day"
+                    " at this rate"),
         *sorted(s.extra.items()),
     ])
 

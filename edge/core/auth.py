@@ -3,12 +3,12 @@ Permission checks fail closed."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 from collections.abc import Iterable
 from typing import Literal
 
 import msgspec
+
+from edge.core.ids import digests_equal, hmac_sha256
 
 Role = Literal["owner", "operator", "viewer"]
 Outcome = Literal["allowed", "denied", "unauthenticated"]
@@ -165,11 +165,11 @@ def parse_token(token: str) -> tuple[str, str] | None:
 
 
 def token_digest(pepper: bytes, secret: str) -> bytes:
-    return hmac.new(pepper, secret.encode(), hashlib.sha256).digest()
+    return hmac_sha256(pepper, secret.encode())
 
 
 def digest_matches(expected: bytes, pepper: bytes, secret: str) -> bool:
-    return hmac.compare_digest(expected, token_digest(pepper, secret))
+    return digests_equal(expected, token_digest(pepper, secret))
 
 
 # -- audit ---------------------------------------------------------------------------

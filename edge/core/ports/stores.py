@@ -97,10 +97,13 @@ class RunStore(Protocol):
 
     async def transition(
         self, run_id: str, expected_version: int, status: RunStatus, now_ms: int, actor: ActorType,
-        update: RunUpdate, detail: str | None = None,
+        update: RunUpdate, detail: str | None = None, started: RunUpdate | None = None,
     ) -> Run:
         """Compare-and-set on `expected_version`: set `status` and the columns `update`
-        names, append the `run.<status>` event. A run that reaches a terminal status also,
+        names, append the `run.<status>` event. `started` (for a queued run whose start
+        was not recorded yet): first record `running` by the runner at
+        `started.started_at_ms` with the columns it names, in the same transaction, so
+        a quick run costs one write instead of two. A run that reaches a terminal status also,
         in that transaction: gets its retry's due time (`retry_due_at_ms`, a
         `run.retry_scheduled` event) when it failed or timed out and its task revision
         retries it; keeps its task's failing mark and queues the notifications its rules
@@ -263,6 +266,14 @@ class RunAdmission(Protocol):
 
     async def save_time(self, now_ms: int) -> None:
         """Raise the clock mark to `now_ms` (never lowers it)."""
+        ...
+
+    def restamp(self, after_ms: int, upto_ms: int, shift_ms: int) -> None:
+        """The clock jumped: add `shift_ms` to every time in (after_ms, upto_ms] of runs,
+        their events and the audit log, and raise the clock mark to match, in one
+        transaction that storage runs before any call made after this one (so no write
+        stamped after the jump, age retention included, comes first). Never raises; a
+        storage fault is logged."""
         ...
 
 

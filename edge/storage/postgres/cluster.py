@@ -9,6 +9,7 @@ import time
 import msgspec
 
 from edge.core.errors import ToolError
+from edge.core.notices import Notices
 from edge.core.ports.runtime import RunController
 from edge.core.ports.stores import RunLogFiles
 from edge.core.runs import Followers
@@ -71,10 +72,12 @@ class PgCluster:
             self._notify = PgNotifyStore(self.db, self.settings.node_id)
         return self._notify
 
-    def runtime(self, local: RunController) -> tuple[Node, ClusterRunner]:
-        """The node's background side and its runner as tools and the scheduler see it."""
-        node = Node(self.db, self.claims, self.nodes, self.clock, self.settings, local, self.audit.flush)
-        return node, ClusterRunner(local, node, self.admission, self.runs, self.claims, self.clock, self.settings)
+    def runtime(self, local: RunController, notices: Notices) -> tuple[Node, ClusterRunner]:
+        """The node's background side and its runner as tools and the scheduler see it;
+        `notices`: the daemon's system-log lines (runs this node records lost or cancels)."""
+        node = Node(self.db, self.claims, self.nodes, self.clock, self.settings, local, notices, self.audit.flush)
+        return node, ClusterRunner(local, node, self.admission, self.runs, self.claims, self.clock, self.settings,
+                                   notices)
 
     async def close(self) -> None:
         await self.db.close()

@@ -22,6 +22,7 @@ import psycopg
 
 from edge.core.errors import ToolError, conflict, not_found
 from edge.core.handoff import Background, shielded
+from edge.core.notices import Notices, run_finished
 from edge.core.ports.cluster import NodeRegistry, RunClaims
 from edge.core.ports.runtime import Clock, RunController
 from edge.core.ports.stores import RunAdmission, RunStore
@@ -125,9 +126,10 @@ class Node:
     """ClusterNode (edge.core.ports.cluster): heartbeat, claim loop and hint listener."""
 
     def __init__(self, db: PgDatabase, claims: RunClaims, nodes: NodeRegistry, clock: DbClock,
-                 settings: NodeSettings, local: RunController,
+                 settings: NodeSettings, local: RunController, notices: Notices,
                  after_reconnect: Callable[[], Awaitable[int]] | None = None) -> None:
         self._db = db
+        self._notices = notices  # the runner's: one rate limit per task for every line of this daemon
         self._claims = claims
         self._nodes = nodes
         self._clock = clock
@@ -140,7 +142,7 @@ class Node:
         self._loops: list[asyncio.Task[None]] = []
         self._background = Background(log)
         self._changed: Callable[[], None] = lambda: None
-        self._notices: Callable[[], None] = lambda: None
+        self._queued: Callable[[], None] = lambda: None  # notifications were queued (the notify hint)
         self._up_since: float | None = None  # monotonic time of the first heartbeat since (re)connecting
         self._alive = 0
         self._claiming = False
@@ -155,7 +157,7 @@ class Node:
                     notices_queued: Callable[[], None] | None = None) -> None:
         self._changed = triggers_changed
         if notices_queued is not None:
-            self._notices = notices_queued
+            self._queued = notices_queued
         self._claiming = True
         await self._beat()
         for loop in (self._heartbeat_loop(), self._claim_loop(), self._listen_loop()):
@@ -209,8 +211,9 @@ class Node:
             # After a reconnect the other nodes get a lease to renew theirs before anything
             # of theirs is taken for lost.
             if time.monotonic() - self._up_since >= s.lease_s:
-                for run_id in await self._claims.reap():
-                    log.warning("run %s: its node's lease expired; recorded lost", run_id)
+                for run in await self._claims.reap():  # said by the node that recorded it, once
+                    level, line = run_finished(run)
+                    self._notices.say(log, run.task_id, level, line, run.status)
             self._alive = await self._nodes.alive()
         except ToolError:
             self._up_since = None
@@ -274,7 +277,7 @@ class Node:
                 await conn.execute("LISTEN qledge")
                 attempt = 0
                 self._changed()  # re-poll after every reconnect: hints sent meanwhile are gone
-                self._notices()
+                self._queued()
                 self.wake()
                 async for note in conn.notifies():
                     if note.payload == "run":
@@ -282,7 +285,7 @@ class Node:
                     elif note.payload == "trigger":
                         self._changed()
                     elif note.payload == "notify":
-                        self._notices()
+                        self._queued()
                     elif note.payload == "cancel":
                         with contextlib.suppress(ToolError):
                             await self._apply_cancels()
@@ -302,8 +305,9 @@ class ClusterRunner:
     by any node."""
 
     def __init__(self, local: RunController, node: Node, admission: RunAdmission, runs: RunStore,
-                 claims: RunClaims, clock: Clock, settings: NodeSettings) -> None:
+                 claims: RunClaims, clock: Clock, settings: NodeSettings, notices: Notices) -> None:
         self._local = local
+        self._notices = notices
         self._node = node
         self._admission = admission
         self._runs = runs
@@ -341,9 +345,12 @@ class ClusterRunner:
                 return await self._until_finished(project, run, self._settings.cancel_wait_s)
             try:  # queued and claimed by nobody: cancelled here (a claim meanwhile moves its version)
                 now = self._clock.now_ms()
-                return await self._runs.transition(
+                cancelled = await self._runs.transition(
                     run.id, run.version, "cancelled", now, "user",
                     RunUpdate(finished_at_ms=now, error_summary=f"cancelled: {reason}"), reason)
+                level, line = run_finished(cancelled, reason)
+                self._notices.say(log, cancelled.task_id, level, line, cancelled.status)
+                return cancelled
             except ToolError as exc:
                 if exc.code != "conflict":
                     raise

@@ -153,15 +153,21 @@ def _schedule_retry(conn: apsw.Connection, run: Run, now: int) -> Run:
 def transition(
     conn: apsw.Connection, run_id: str, expected_version: int, status: RunStatus, now: int,
     actor: ActorType, update: RunUpdate, detail: str | None, policy: retention.Policy,
+    started: RunUpdate | None = None,
 ) -> tuple[Run, list[str], int]:
-    """Compare-and-set on `version`; the event is appended in the same transaction. A run
-    that finishes also, in it: gets its retry's due time when its task retries it, queues
-    the notifications its rules ask for, and applies retention. Returns the run, the ids
-    of the runs whose logs must go once this has committed, and how many notifications
-    were queued."""
+    """Compare-and-set on `version`; the event is appended in the same transaction (after
+    `running`, when `started` says the start was not recorded yet). A run that finishes
+    also, in it: gets its retry's due time when its task retries it, queues the
+    notifications its rules ask for, and applies retention. Returns the run, the ids of the
+    runs whose logs must go once this has committed, and how many notifications were
+    queued."""
     removed: list[str] = []
     queued = 0
     with immediate(conn):
+        if started is not None:
+            at = started.started_at_ms if started.started_at_ms is not None else now
+            expected_version = apply_transition(
+                conn, run_id, expected_version, "running", at, "runner", started, None).version
         run = apply_transition(conn, run_id, expected_version, status, now, actor, update, detail)
         if status in TERMINAL:
             run = _schedule_retry(conn, run, now)
@@ -379,10 +385,10 @@ class SqliteRunStore:
 
     async def transition(
         self, run_id: str, expected_version: int, status: RunStatus, now_ms: int,
-        actor: ActorType, update: RunUpdate, detail: str | None = None,
+        actor: ActorType, update: RunUpdate, detail: str | None = None, started: RunUpdate | None = None,
     ) -> Run:
         run, removed, queued = await self._db.run(
-            transition, run_id, expected_version, status, now_ms, actor, update, detail, self._policy)
+            transition, run_id, expected_version, status, now_ms, actor, update, detail, self._policy, started)
         self._logs.remove(removed)
         if run.retry_due_at_ms is not None and run.terminal:
             self._followers.retry(run.id, run.retry_due_at_ms)

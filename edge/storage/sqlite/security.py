@@ -173,6 +173,9 @@ class SqliteSecretStore:
 _reasons = msgspec.json.Encoder()
 _reasons_decoder = msgspec.json.Decoder(list[str])
 PRUNE_BATCH = 64  # rows one write may delete: bounded cost per call, converges over calls
+# Over max_rows, the oldest go down to max_rows - AUDIT_TRIM at once: deleting one row per
+# call rebalances the oldest pages on every call, about two more pages written per call.
+AUDIT_TRIM = 32
 SQL_PRUNE = (
     "DELETE FROM security_audit WHERE id IN (SELECT id FROM (SELECT id, at_ms FROM security_audit"
     " ORDER BY id LIMIT ?) WHERE id <= ? OR at_ms < ?)"
@@ -190,7 +193,10 @@ def append_audit(conn: apsw.Connection, record: AuditRecord, max_rows: int, min_
         newest = conn.last_insert_rowid()
         # Look only at the oldest few rows (id order is insertion order), so one write
         # never scans the table; each write trims a little until both bounds hold.
-        conn.execute(SQL_PRUNE, (PRUNE_BATCH, newest - max_rows, min_at_ms))
+        oldest = one(conn, "SELECT min(id) FROM security_audit")[0]
+        over = oldest is not None and oldest <= newest - max_rows
+        cut = newest - max_rows + min(AUDIT_TRIM, max_rows // 4) if over else 0
+        conn.execute(SQL_PRUNE, (PRUNE_BATCH, cut, min_at_ms))
 
 
 # Newest first along the rowid (insertion order): no index of its own, so an audited call

@@ -18,7 +18,6 @@ from typing import Any, Literal, TypeVar
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from edge.core.excerpt import normalize
 from edge.core.reads import (
     PAGE_DEFAULT,
     RunSummary,
@@ -31,7 +30,7 @@ from edge.core.reads import (
     valid_row,
 )
 from edge.core.runs import TERMINAL, Origin, RunStatus
-from edge.core.text import PageLimit, ReadId
+from edge.core.text import PageLimit, ReadId, normalize
 from edge.tools.context import ToolContext
 from edge.tools.definition import Handler, Risk, Tool, tool
 

@@ -21,8 +21,7 @@ from edge.tools.builtin import secrets as secret_tools
 from edge.tools.builtin import tasks as task_tools
 from edge.tools.builtin import triggers as trigger_tools
 from edge.tools.context import ToolContext
-from edge.tools import catalog
-from edge.tools.definition import declared
+from edge.tools.definition import WRITE_DEADLINE_S, tool
 
 FORMAT: Literal["qledge-export"] = "qledge-export"
 FORMAT_VERSION: Literal[1] = 1
@@ -308,10 +307,16 @@ async def import_secrets(ctx: ToolContext, args: SecretImportArgs) -> ImportRepo
 
 # Import plans and writes up to 2 x 64 items, each its own transaction: a write's deadline
 # per item would be too short for a whole batch on slow flash.
+_IMPORT_DEADLINE_S = 4 * WRITE_DEADLINE_S
 
-TOOLS = declared(catalog.BACKUP, {
-    "qledge.export": (export, ExportArgs, ExportPage),
-    "qledge.secret.export": (export_secrets, SecretExportArgs, SecretPage),
-    "qledge.import": (import_state, ImportArgs, ImportReport),
-    "qledge.secret.import": (import_secrets, SecretImportArgs, ImportReport),
-})
+TOOLS = [
+    tool("qledge.export", export, ExportArgs, ExportPage, effect="read", risk="high",
+         permission=("task.inspect", "trigger.inspect"), title="Tasks and triggers at their heads, for an export"),
+    tool("qledge.secret.export", export_secrets, SecretExportArgs, SecretPage, effect="read", risk="high",
+         permission="secret.export", title="Secret values, for an export made with secrets"),
+    tool("qledge.import", import_state, ImportArgs, ImportReport, effect="write", risk="high",
+         permission=("task.write", "trigger.write"), deadline_s=_IMPORT_DEADLINE_S,
+         title="Create or (with replace) overwrite tasks and triggers from an export"),
+    tool("qledge.secret.import", import_secrets, SecretImportArgs, ImportReport, effect="write", risk="high",
+         permission="secret.write", deadline_s=_IMPORT_DEADLINE_S, title="Store secrets from an export"),
+]

@@ -3,7 +3,6 @@ at creation, and never stored."""
 
 from __future__ import annotations
 
-import secrets
 from typing import Annotated
 
 import msgspec
@@ -19,10 +18,10 @@ from edge.core.auth import (
     valid_permission,
 )
 from edge.core.errors import invalid, not_found
+from edge.core.ids import token_hex
 from edge.core.text import Id, Label, Limit, Millis, NonNegative
-from edge.tools import catalog
 from edge.tools.context import ToolContext
-from edge.tools.definition import Empty, declared
+from edge.tools.definition import WRITE_DEADLINE_S, Empty, tool
 
 _Permission = Annotated[str, msgspec.Meta(min_length=1, max_length=160, pattern=r"^[a-z*][a-zA-Z0-9_.:*-]*$")]
 
@@ -68,8 +67,8 @@ def _check_permission(permission: str) -> None:
 async def create(ctx: ToolContext, args: CreateArgs) -> Created:
     for permission in args.permissions or ():
         _check_permission(permission)
-    cid = secrets.token_hex(6)
-    secret = secrets.token_hex(20)
+    cid = token_hex(6)
+    secret = token_hex(20)
     cred = Credential(
         id=cid, project_id=ctx.project, name=args.name or f"{args.role}-{cid}", role=args.role,
         permissions=args.permissions, created_at_ms=ctx.now_ms(),
@@ -98,9 +97,13 @@ async def audit(ctx: ToolContext, args: AuditArgs) -> AuditList:
     return AuditList(entries=found.entries, next=found.next)
 
 
-TOOLS = declared(catalog.CREDENTIALS, {
-    "qledge.credential.create": (create, CreateArgs, Created),
-    "qledge.credential.list": (list_credentials, Empty, CredentialList),
-    "qledge.credential.revoke": (revoke, RevokeArgs, Credential),
-    "qledge.audit.list": (audit, AuditArgs, AuditList),
-})
+TOOLS = [
+    tool("qledge.credential.create", create, CreateArgs, Created, effect="write", risk="high",
+         permission="credential.admin", title="Create an API credential"),
+    tool("qledge.credential.list", list_credentials, Empty, CredentialList, effect="read", risk="high",
+         permission="credential.admin", title="API credentials", deadline_s=WRITE_DEADLINE_S),
+    tool("qledge.credential.revoke", revoke, RevokeArgs, Credential, effect="write", risk="high",
+         permission="credential.admin", title="Revoke an API credential"),
+    tool("qledge.audit.list", audit, AuditArgs, AuditList, effect="read", risk="high", permission="audit.read",
+         title="The security audit, newest first"),
+]

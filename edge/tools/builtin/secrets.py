@@ -12,8 +12,7 @@ from edge.core.errors import not_found
 from edge.core.tasks import ImportKey, SecretImport
 from edge.core.text import Name
 from edge.tools.context import ToolContext
-from edge.tools import catalog
-from edge.tools.definition import Empty, declared
+from edge.tools.definition import WRITE_DEADLINE_S, Empty, tool
 
 # An environment value: no NUL, bounded like any other env value of a task.
 Value = Annotated[str, msgspec.Meta(min_length=1, max_length=16384, pattern=r"^[^\x00]*$")]
@@ -66,9 +65,13 @@ async def import_secret(ctx: ToolContext, args: ImportArgs) -> Imported:
     return Imported(name=args.name, status=status)
 
 
-TOOLS = declared(catalog.SECRETS, {
-    "qledge.secret.set": (set_secret, SetArgs, SecretInfo),
-    "qledge.secret.list": (list_secrets, Empty, SecretList),
-    "qledge.import.secret": (import_secret, ImportArgs, Imported),
-    "qledge.secret.delete": (delete, NameArgs, Deleted),
-})
+TOOLS = [
+    tool("qledge.secret.set", set_secret, SetArgs, SecretInfo, effect="write", risk="high", permission="secret.write",
+         title="Store a secret (create or replace); its value is never returned"),
+    tool("qledge.secret.list", list_secrets, Empty, SecretList, effect="read", risk="high", permission="secret.read",
+         title="Secret names and dates", deadline_s=WRITE_DEADLINE_S),
+    tool("qledge.import.secret", import_secret, ImportArgs, Imported, effect="write", risk="high",
+         permission="secret.write", title="Store a secret from an import, once per import key; never replaces one"),
+    tool("qledge.secret.delete", delete, NameArgs, Deleted, effect="write", risk="high", permission="secret.write",
+         title="Delete a secret"),
+]
