@@ -21,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = "edge"
 
 # Optional capabilities, shipped only by the profiles that include them.
-OPTIONAL = {"mcp": "edge/mcp/"}
+OPTIONAL = {"mcp": "edge/mcp/", "agent": "edge/agent/"}
 PROFILES: dict[str, tuple[str, ...]] = {
     "edge": (),
     "edge-mcp": ("mcp",),

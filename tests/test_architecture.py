@@ -19,6 +19,8 @@ ALLOWED = {
     "tools": {"core"},
     "transports": {"core", "tools"},
     "mcp": {"core", "tools", "transports"},
+    # The child of an AI run: core shapes and the blocking socket client, nothing of the daemon.
+    "agent": {"core", "transports", "cli"},
     "app": {"core", "storage", "runner", "scheduler", "tools", "transports", "mcp"},
     "cli": {"core", "tools", "transports", "app"},
 }
@@ -39,6 +41,9 @@ def _imports() -> list[tuple[str, str, str]]:
             for node in ast.walk(tree):
                 if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("edge"):
                     found.append((rel, layer, node.module))
+                    # `from edge.tools import agent` imports edge.tools.agent too
+                    if "." in node.module:
+                        found += [(rel, layer, f"{node.module}.{a.name}") for a in node.names]
                 elif isinstance(node, ast.Import):
                     found += [(rel, layer, a.name) for a in node.names if a.name.startswith("edge")]
     return found
@@ -56,6 +61,18 @@ def test_layers_import_only_inward():
 def test_optional_capabilities_are_imported_only_by_composition():
     importers = {rel for rel, _, module in _imports() if module.startswith("edge.mcp")}
     assert importers <= {"app/graph.py"} | {r for r in importers if r.startswith("mcp" + os.sep)}
+
+
+def test_the_agent_child_is_imported_by_nothing_outside_it():
+    importers = {rel for rel, _, module in _imports() if module == "edge.agent" or module.startswith("edge.agent.")}
+    assert {r for r in importers if not r.startswith("agent" + os.sep)} == set()
+
+
+def test_the_daemon_side_of_the_agent_is_reached_from_composition_and_the_cli_only():
+    daemon_side = ("edge.tools.agent", "edge.storage.sqlite.evidence")
+    importers = {rel for rel, _, module in _imports() if module in daemon_side}
+    assert importers <= {"app/graph.py", "cli/commands.py"}
+    assert "app/graph.py" in importers
 
 
 def test_every_port_is_in_the_architecture_document():

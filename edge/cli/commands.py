@@ -12,10 +12,21 @@ from typing import TYPE_CHECKING, TypeVar
 import msgspec
 
 from edge.cli import render
-from edge.cli.client import Client
+from edge.cli.client import CallFailed, Client
 from edge.core.auth import Credential, SecretInfo
 from edge.core.runs import Run
-from edge.core.tasks import DEFAULT_TIMEOUT_MS, ArgvCommand, Command, SecretRef, ShellCommand, Task, TaskSpec
+from edge.core.tasks import (
+    DEFAULT_TIMEOUT_MS,
+    AgentBudget,
+    AgentInstruction,
+    ArgvCommand,
+    Command,
+    SecretRef,
+    ShellCommand,
+    Task,
+    TaskSpec,
+)
+from edge.tools import agent as agent_tools
 from edge.tools.builtin import credentials as credential_tools
 from edge.tools.builtin import runs as run_tools
 from edge.tools.builtin import secrets as secret_tools
@@ -101,6 +112,9 @@ def _yes(flag: bool) -> str:
 
 def _task_fields(t: Task) -> None:
     spec = t.spec
+    if isinstance(spec.command, AgentInstruction):
+        _agent_task_fields(t, spec.command)
+        return
     render.fields([
         ("task", t.id), ("name", t.name), ("revision", t.revision),
         ("enabled", _yes(t.enabled)), ("command", render.command_text(spec)),
@@ -144,17 +158,20 @@ def task_rm(c: Client, a: argparse.Namespace) -> int:
     return show(a, done, lambda d: print(f"task {d.task_id} deleted with {d.runs_deleted} runs"))
 
 
+def _waited(c: Client, run_id: str) -> Run:
+    while True:
+        waited = c.typed("qledge.run.wait", run_tools.WaitArgs(run_id=run_id, timeout_ms=30_000), run_tools.WaitResult)
+        if waited.done:
+            return waited.run
+
+
 def run_start(c: Client, a: argparse.Namespace) -> int:
     run = c.typed("qledge.run.start", run_tools.StartArgs(task_id=a.task), Run)
     if not a.wait:
         return show(a, run, lambda r: print(f"run {r.id} {r.status}"))
     if not a.json:
         print(f"run {run.id} {run.status}", flush=True)
-    while True:
-        waited = c.typed("qledge.run.wait", run_tools.WaitArgs(run_id=run.id, timeout_ms=30_000), run_tools.WaitResult)
-        if waited.done:
-            break
-    final = waited.run
+    final = _waited(c, run.id)
     show(a, final, lambda r: print(render.run_line(r)))
     return OK if final.status == "succeeded" else TOOL_ERROR
 
@@ -192,16 +209,18 @@ def run_get(c: Client, a: argparse.Namespace) -> int:
     return show(a, c.typed("qledge.run.get", run_tools.RunId(run_id=a.run), Run), _run_fields)
 
 
-def run_log(c: Client, a: argparse.Namespace) -> int:
-    offset = 0
-    out = sys.stdout.buffer
+def _log(c: Client, run_id: str) -> bytes:
+    data = bytearray()
     while True:
-        chunk = c.typed("qledge.run.log.read", run_tools.LogArgs(run_id=a.run, offset=offset), run_tools.LogChunk)
-        out.write(chunk.data)
-        offset += len(chunk.data)
+        chunk = c.typed("qledge.run.log.read", run_tools.LogArgs(run_id=run_id, offset=len(data)), run_tools.LogChunk)
+        data += chunk.data
         if chunk.eof:
-            break
-    out.flush()
+            return bytes(data)
+
+
+def run_log(c: Client, a: argparse.Namespace) -> int:
+    sys.stdout.buffer.write(_log(c, a.run))
+    sys.stdout.buffer.flush()
     return OK
 
 
@@ -303,6 +322,113 @@ def _status_fields(s: status_tools.Status) -> None:
 
 def status(c: Client, a: argparse.Namespace) -> int:
     return show(a, c.typed("qledge.status", status_tools.StatusArgs(), status_tools.Status), _status_fields)
+
+
+# -- the AI operator ---------------------------------------------------------------------
+
+AGENT_OFF = (
+    "the AI operator is off; to turn it on, set [agent] enabled = true, base_url and model (and api_key_file)"
+    " in the daemon's config and restart it"
+)
+
+
+def _agent(c: Client, tool: str, args: msgspec.Struct, result: type[T]) -> T:
+    """An agent tool, which only a daemon with [agent] enabled has."""
+    try:
+        return c.typed(tool, args, result)
+    except CallFailed as exc:
+        if exc.code == "invalid_argument" and exc.message == f"unknown tool {tool!r}":
+            raise UsageError(AGENT_OFF) from None
+        raise
+
+
+class AskResult(msgspec.Struct, rename="camel"):
+    run: Run
+    answer: str | None  # the run's log when it succeeded
+
+
+def ask(c: Client, a: argparse.Namespace) -> int:
+    question = " ".join(a.question).strip()
+    if not question:
+        raise UsageError("ask a question, e.g. qledge ask \"why did backup fail last night?\"")
+    run = _agent(c, "qledge.agent.ask", agent_tools.AskArgs(instruction=question, profile=a.profile), Run)
+    if not a.wait:
+        return show(a, run, lambda r: print(f"run {r.id} {r.status}; its answer will be its log:"
+                                            f" qledge run log {r.id}"))
+    if not a.json:
+        print(f"run {run.id} {run.status}", file=sys.stderr, flush=True)
+    final = _waited(c, run.id)
+    text = _log(c, final.id).decode("utf-8", "replace") if final.status == "succeeded" else None
+    if a.json:
+        render.json_out(AskResult(run=final, answer=text))
+    elif text is not None:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    else:
+        print(render.run_line(final), file=sys.stderr)
+    return OK if final.status == "succeeded" else TOOL_ERROR
+
+
+def agent_add(c: Client, a: argparse.Namespace) -> int:
+    budget = AgentBudget(rounds=a.rounds, input_tokens=a.input_tokens, output_tokens=a.output_tokens,
+                         cost_usd=a.cost_usd, wall_clock_s=a.wall_clock)
+    given = any(getattr(budget, f) is not None for f in budget.__struct_fields__)
+    spec = TaskSpec(command=AgentInstruction(instruction=a.instruction, budget=budget if given else None,
+                                             profile=a.profile), overlap=a.overlap)
+    task = c.typed("qledge.task.create", task_tools.CreateArgs(task_id=a.name, spec=spec), Task)
+    return show(a, task, lambda t: print(f"AI task {t.id} created (revision {t.revision});"
+                                         f" run it with qledge run start {t.id}, or add a trigger"))
+
+
+def _agent_task_fields(t: Task, command: AgentInstruction) -> None:
+    budget = command.budget
+    overrides = ", ".join(f"{k} {getattr(budget, k):g}" for k in AgentBudget.__struct_fields__
+                          if budget is not None and getattr(budget, k) is not None)
+    render.fields([
+        ("task", t.id), ("name", t.name), ("revision", t.revision), ("enabled", _yes(t.enabled)),
+        ("kind", "agent (qinglong/agent@v1)"), ("instruction", command.instruction),
+        ("profile", command.profile), ("budget", overrides or "the configured defaults"),
+        ("overlap", t.spec.overlap), ("digest", t.content_digest), ("updated", render.when(t.updated_at_ms)),
+    ])
+
+
+def _cost(usd: float | None) -> str:
+    return "unknown" if usd is None else f"${usd:.4f}"
+
+
+def agent_list(c: Client, a: argparse.Namespace) -> int:
+    page = _agent(c, "qinglong.agent.history.list", agent_tools.HistoryListArgs(limit=a.limit),
+                  agent_tools.HistoryPage)
+    return show_list(
+        a, page.records, "no AI runs yet: qledge ask \"...\"",
+        lambda r: [r.run_id, r.task_id, r.state + (f" ({r.budget})" if r.budget else ""), str(r.rounds),
+                   f"{r.input_tokens}/{r.output_tokens}" + ("~" if r.usage_estimated else ""), _cost(r.cost_usd),
+                   render.when(r.created_at_ms)],
+        ["RUN", "TASK", "STATE", "ROUNDS", "TOKENS IN/OUT", "COST", "CREATED"],
+    )
+
+
+def _record_fields(r: agent_tools.HistoryDetailView) -> None:
+    render.fields([
+        ("run", r.run_id), ("task", f"{r.task_id} (revision {r.task_revision})"),
+        ("state", r.state + (f" ({r.budget})" if r.budget else "")), ("error", r.error_code), ("why", r.error),
+        ("provider", f"{r.model} at {r.provider}"), ("instruction", r.instruction),
+        ("usage", f"{r.input_tokens} in, {r.output_tokens} out" + (" (estimated)" if r.usage_estimated else "")),
+        ("cost", _cost(r.cost_usd)), ("tools", ", ".join(r.tool_sequence) or None),
+        ("answer", r.answer_summary), ("created", render.when(r.created_at_ms)),
+        ("finished", render.when(r.finished_at_ms)), ("position", f"{r.position_before} -> {r.position_after}"),
+    ])
+    for rnd in r.per_round:
+        print(f"  round {rnd.round}: {rnd.model}, {rnd.input_tokens}/{rnd.output_tokens} tokens,"
+              f" {rnd.response_chars} chars" + (f", {', '.join(rnd.tools)}" if rnd.tools else "")
+              + (f": {rnd.plan}" if rnd.plan else ""))
+
+
+def agent_get(c: Client, a: argparse.Namespace) -> int:
+    found = _agent(c, "qinglong.agent.history.get", agent_tools.HistoryGetArgs(run_id=a.run),
+                   agent_tools.HistoryGetResult)
+    if not isinstance(found.record, agent_tools.HistoryDetailView):
+        raise CallFailed("not_found", f"no evidence record for run {a.run}")
+    return show(a, found.record, _record_fields)
 
 
 def call(c: Client, a: argparse.Namespace) -> int:

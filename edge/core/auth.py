@@ -39,10 +39,11 @@ _OPERATOR = frozenset(DOMAIN_PERMISSIONS) - {"credential.admin", "secret.write"}
 class Principal(msgspec.Struct, frozen=True):
     """Who is calling. `subject` is what the audit log records (never a secret)."""
 
-    subject: str  # "uid:1000" or "credential:<id>"
+    subject: str  # "uid:1000", "credential:<id>" or "agent:<run id>"
     role: Role
     permissions: frozenset[str]
     credential_id: str | None = None
+    run_id: str | None = None  # a run-scoped credential: the run it was minted for
 
 
 class Credential(msgspec.Struct, rename="camel"):

@@ -37,7 +37,7 @@ class TaskHead(msgspec.Struct, frozen=True):
     task_id: _RowText
     revision: Revision
     name: _RowLabel
-    kind: Literal["argv", "shell"]
+    kind: Literal["argv", "shell", "agent"]
     spec_schema: _Schema
     enabled: bool
     updated_at_ms: Millis
@@ -105,6 +105,107 @@ class Counts(msgspec.Struct, rename="camel"):
     runs: int
     active_runs: int
     credentials: int
+
+
+# -- the evidence history of AI runs (seed 001) --------------------------------------
+# A projection, not a trace: identity and outcome, the instruction, provider and model,
+# usage and cost, per-round metadata, tool names, bounded error and answer summary, and
+# the store's change position before and after. Never tool results, logs, prompts or secrets.
+
+EVIDENCE_TEXT_MAX = 500  # plan, error and answer summary, in characters
+ROUND_TOOLS_MAX = 16
+EvidenceState = Literal["running", "succeeded", "failed", "cancelled", "budget_exhausted", "timed_out", "lost"]
+BudgetName = Literal["rounds", "input_tokens", "output_tokens", "cost_usd", "wall_clock"]
+_Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_SAFE_INT)]
+_ShortText = Annotated[str, msgspec.Meta(min_length=1, max_length=EVIDENCE_TEXT_MAX, pattern=SAFE_TEXT)]
+_ToolName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")]
+_Code = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_]*$")]
+_Model = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=SAFE_TEXT)]
+
+
+class RoundMeta(msgspec.Struct, rename="camel", forbid_unknown_fields=True, frozen=True):
+    """One model round as the evidence keeps it: what the child reports after each response."""
+
+    round: Annotated[int, msgspec.Meta(ge=1, le=1000)]
+    model: _Model
+    input_tokens: _Count
+    output_tokens: _Count
+    usage_estimated: bool  # the server sent no usage: conservative estimates
+    response_chars: _Count
+    tools: Annotated[list[_ToolName], msgspec.Meta(max_length=ROUND_TOOLS_MAX)] = []  # calls asked for, in order
+    plan: _ShortText | None = None  # the model's own one-line plan
+
+
+class OutcomeReport(msgspec.Struct, rename="camel", forbid_unknown_fields=True, frozen=True):
+    """How an AI run's child says it ended (the runner still decides the run's status)."""
+
+    outcome: Literal["succeeded", "failed", "budget_exhausted"]
+    error_code: _Code | None = None
+    budget: BudgetName | None = None
+    message: Annotated[str, msgspec.Meta(max_length=EVIDENCE_TEXT_MAX)] | None = None
+    answer_summary: Annotated[str, msgspec.Meta(max_length=EVIDENCE_TEXT_MAX)] | None = None
+
+
+class EvidenceSummary(msgspec.Struct, frozen=True):
+    """The low-sensitivity columns of one record: no free text."""
+
+    project_id: _RowText
+    run_id: _RowText
+    task_id: _RowText
+    task_revision: Revision
+    state: EvidenceState
+    error_code: _Code | None
+    budget: BudgetName | None
+    provider: _RowText
+    model: _Model
+    rounds: _Count
+    input_tokens: _Count
+    output_tokens: _Count
+    usage_estimated: bool
+    cost_usd: Annotated[float, msgspec.Meta(ge=0)] | None  # None: unknown, never zero for lack of prices
+    created_at_ms: Millis
+    finished_at_ms: Millis | None
+
+
+class EvidenceDetail(EvidenceSummary, frozen=True):
+    instruction: Annotated[str, msgspec.Meta(min_length=1, max_length=2000)]
+    round_meta: Annotated[list[RoundMeta], msgspec.Meta(max_length=1000)]
+    error: Annotated[str, msgspec.Meta(max_length=EVIDENCE_TEXT_MAX)] | None
+    answer_summary: Annotated[str, msgspec.Meta(max_length=EVIDENCE_TEXT_MAX)] | None
+    position_before: _Count
+    position_after: _Count | None
+
+
+class EvidenceOpen(msgspec.Struct, frozen=True, kw_only=True):
+    """What is known of an AI run when it starts (or ends without having started)."""
+
+    project_id: str
+    run_id: str
+    task_id: str
+    task_revision: int
+    instruction: str
+    provider: str
+    model: str
+    cost_known: bool  # prices are configured: the cost starts at zero, else it is unknown
+
+
+class EvidenceEnd(msgspec.Struct, frozen=True, kw_only=True):
+    """How an AI run ended."""
+
+    project_id: str
+    run_id: str
+    state: EvidenceState
+    error_code: str | None = None
+    budget: BudgetName | None = None
+    error: str | None = None
+    answer_summary: str | None = None
+
+
+class EvidenceCursor(msgspec.Struct, rename="camel", forbid_unknown_fields=True, frozen=True):
+    """A position in (createdAtMs DESC, runId DESC) order."""
+
+    created_at_ms: Millis
+    run_id: Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=SAFE_TEXT)]
 
 
 # -- guards -----------------------------------------------------------------------

@@ -7,7 +7,7 @@ import contextlib
 import os
 import signal
 
-from edge.core.tasks import ArgvCommand, TaskSpec
+from edge.core.tasks import ArgvCommand, ShellCommand, TaskSpec
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -16,10 +16,13 @@ def argv(spec: TaskSpec) -> list[str]:
     command = spec.command
     if isinstance(command, ArgvCommand):
         return [command.file, *command.args]
-    return [command.shell, "-c", command.command]
+    if isinstance(command, ShellCommand):
+        return [command.shell, "-c", command.command]
+    raise ValueError("an AI task is not a command")
 
 
-async def spawn(args: list[str], cwd: str, env: dict[str, str]) -> asyncio.subprocess.Process:
+async def spawn(args: list[str], cwd: str, env: dict[str, str], pass_fds: tuple[int, ...] = ()
+                ) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         *args,
         stdin=asyncio.subprocess.DEVNULL,
@@ -28,7 +31,27 @@ async def spawn(args: list[str], cwd: str, env: dict[str, str]) -> asyncio.subpr
         cwd=cwd,
         env=env,
         start_new_session=True,  # own session and process group: we can stop all of it
+        pass_fds=pass_fds,
     )
+
+
+def job_descriptor(data: bytes, fallback_dir: str) -> int:
+    """An anonymous, unlinked file holding `data`, positioned at its start: what an AI run's
+    child reads its job from (the runner passes it with pass_fds; it has no name anyone
+    could open). Falls back to an O_TMPFILE (0600) where memfd_create is missing."""
+    try:
+        fd = os.memfd_create("qledge-job", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        fd = os.open(fallback_dir, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _stat(pid: int) -> list[bytes] | None:

@@ -14,10 +14,10 @@ import msgspec
 
 from edge.core.errors import ToolError, conflict, not_found
 from edge.core.handoff import Background, shielded
-from edge.core.ports.runtime import Clock
+from edge.core.ports.runtime import AgentRuns, Clock
 from edge.core.ports.stores import LogWriter, RunAdmission, RunLogFiles, RunStore, SecretStore, TaskStore
 from edge.core.runs import ActorType, Run, RunProcess, RunStatus, RunUpdate, summary
-from edge.core.tasks import SecretRef, Task
+from edge.core.tasks import AgentInstruction, AgentLaunch, SecretRef, Task
 from edge.runner import process
 
 log = logging.getLogger("qledge.runner")
@@ -39,7 +39,7 @@ class RunnerSettings(msgspec.Struct, kw_only=True):
 
 
 class _Job:
-    __slots__ = ("run", "task", "proc", "cancel_reason", "done", "started")
+    __slots__ = ("run", "task", "proc", "cancel_reason", "done", "started", "spec", "agent")
 
     def __init__(self, run: Run) -> None:
         self.run = run
@@ -48,12 +48,14 @@ class _Job:
         self.cancel_reason: str | None = None
         self.done = asyncio.Event()
         self.started = False
+        self.spec: Task | None = None  # the task revision it runs, once read
+        self.agent = False  # an AI run: its own slots, a child with a run credential, evidence
 
 
 class Runner:
     def __init__(
         self, *, runs: RunStore, tasks: TaskStore, admission: RunAdmission, secrets: SecretStore, logs: RunLogFiles,
-        clock: Clock, settings: RunnerSettings,
+        clock: Clock, settings: RunnerSettings, agents: AgentRuns | None = None,
     ) -> None:
         self._runs = runs
         self._tasks = tasks
@@ -63,6 +65,8 @@ class Runner:
         self._clock = clock
         self._settings = settings
         self._slots = asyncio.Semaphore(settings.concurrency)
+        self._agents = agents
+        self._agent_slots = asyncio.Semaphore(agents.concurrency if agents is not None else 1)
         self._jobs: dict[str, _Job] = {}
         self._background = Background(log)  # hand-offs and process-group stops
         self._closing = False  # shutting down: what is submitted now is cancelled, not run
@@ -94,10 +98,13 @@ class Runner:
             if run.terminal:
                 raise conflict(f"run {run_id} already finished ({run.status})")
             # Active in storage but not ours (e.g. admitted but not yet submitted).
-            return await self._runs.transition(
+            run = await self._runs.transition(
                 run.id, run.version, "cancelled", self._clock.now_ms(), "user",
                 RunUpdate(finished_at_ms=self._clock.now_ms(), error_summary=f"cancelled: {reason}"), reason,
             )
+            if self._agents is not None:
+                await self._agents.ended(run, None)
+            return run
         self._request_cancel(job, reason)
         await job.done.wait()
         final = await self._runs.get(project, run_id)
@@ -170,10 +177,12 @@ class Runner:
             else:
                 detail = "no process was left" if proc.pid else "it had not started"
             now = self._clock.now_ms()
-            await self._runs.transition(run.id, run.version, "lost", now, "system", RunUpdate(
+            lost = await self._runs.transition(run.id, run.version, "lost", now, "system", RunUpdate(
                 finished_at_ms=now, error_code="daemon_lost", log_bytes=size, log_truncated=truncated,
                 error_summary=f"the daemon stopped while this run was {run.status}; {detail}",
             ), detail)
+            if self._agents is not None:
+                await self._agents.ended(lost, task)
             log.warning("run %s was left %s by a daemon that stopped: %s", run.id, run.status, detail)
         except (ToolError, OSError) as exc:
             log.error("run %s could not be reconciled: %s", run.id, exc)
@@ -193,8 +202,13 @@ class Runner:
             if job.cancel_reason is not None:  # cancelled before it was ever queued for a slot
                 await self._finish(job, "cancelled", RunUpdate(error_summary=f"cancelled: {job.cancel_reason}"))
                 return
+            run = job.run
             try:
-                await self._slots.acquire()
+                # The task revision says which slots to wait for: AI runs have their own.
+                job.spec = await self._tasks.get(run.project_id, run.task_id, run.task_revision)
+                job.agent = job.spec is not None and isinstance(job.spec.spec.command, AgentInstruction)
+                slots = self._agent_slots if job.agent and self._agents is not None else self._slots
+                await slots.acquire()
             except asyncio.CancelledError:
                 await self._finish(job, "cancelled", RunUpdate(error_summary=f"cancelled: {job.cancel_reason}"))
                 return
@@ -205,7 +219,7 @@ class Runner:
                     return
                 await self._run_process(job)
             finally:
-                self._slots.release()
+                slots.release()
         except ToolError as exc:
             log.error("run %s could not be recorded: %s", job.run.id, exc.message)
         except Exception:
@@ -217,11 +231,14 @@ class Runner:
             job.done.set()
 
     async def _run_process(self, job: _Job) -> None:
-        run = job.run
-        task = await self._tasks.get(run.project_id, run.task_id, run.task_revision)
+        run, task = job.run, job.spec
         if task is None:
             await self._finish(job, "failed", RunUpdate(
                 error_code="task_missing", error_summary=f"task {run.task_id} revision {run.task_revision} is gone"))
+            return
+        if job.agent and self._agents is None:
+            await self._finish(job, "failed", RunUpdate(error_code="agent_disabled", error_summary=(
+                "this is an AI task and the AI operator is off ([agent] enabled = false)")))
             return
         short = self._disk_shortfall()
         if short is not None:
@@ -232,6 +249,13 @@ class Runner:
         except ToolError as exc:
             await self._finish(job, "failed", RunUpdate(error_code="secret_missing", error_summary=exc.message))
             return
+        launch: AgentLaunch | None = None
+        if job.agent and self._agents is not None:
+            try:
+                launch = await self._agents.launch(task, run)
+            except ToolError as exc:
+                await self._finish(job, "failed", RunUpdate(error_code="agent_config", error_summary=exc.message))
+                return
         try:
             sink = self._logs.create(run.id, self._log_cap(task), secrets)
         except OSError as exc:
@@ -239,15 +263,27 @@ class Runner:
                 error_code="log_unavailable", error_summary=summary(f"cannot create the log file: {exc}")))
             return
         try:
-            await self._supervise(job, task, env, sink)
+            await self._supervise(job, task, env, sink, launch)
         finally:
             sink.close()
 
-    async def _supervise(self, job: _Job, task: Task, env: dict[str, str], sink: LogWriter) -> None:
-        run = job.run
+    async def _spawn(self, task: Task, env: dict[str, str], launch: AgentLaunch | None) -> asyncio.subprocess.Process:
         cwd = task.spec.working_dir or self._settings.work_dir
+        if launch is None:
+            return await process.spawn(process.argv(task.spec), cwd, env)
+        # The child of an AI run reads its job (credential included) from an inherited descriptor.
+        fd = process.job_descriptor(launch.job, self._settings.work_dir)
         try:
-            proc = await process.spawn(process.argv(task.spec), cwd, env)
+            return await process.spawn([*launch.argv, "--job-fd", str(fd)], cwd, {**env, **launch.env}, (fd,))
+        finally:
+            os.close(fd)
+
+    async def _supervise(
+        self, job: _Job, task: Task, env: dict[str, str], sink: LogWriter, launch: AgentLaunch | None
+    ) -> None:
+        run = job.run
+        try:
+            proc = await self._spawn(task, env, launch)
         except OSError as exc:
             size = sink.close()
             await self._finish(job, "failed", RunUpdate(
@@ -262,8 +298,9 @@ class Runner:
         if job.cancel_reason is not None:  # cancelled while spawning
             self._background.spawn(process.stop_group(proc, self._grace_s()), f"stop-{run.id}")
         pump = asyncio.create_task(_pump(proc, sink))
+        timeout_s = launch.timeout_s if launch is not None else task.spec.timeout_ms / 1000
         try:
-            async with asyncio.timeout(task.spec.timeout_ms / 1000):
+            async with asyncio.timeout(timeout_s):
                 await proc.wait()
         except TimeoutError:
             job.cancel_reason = job.cancel_reason or "timeout"
@@ -273,7 +310,10 @@ class Runner:
                 await asyncio.shield(pump)
         pump.cancel()
         size = sink.close()
-        await self._finish(job, *_outcome(job, proc.returncode, size, sink.truncated, task.spec.timeout_ms))
+        status, update = _outcome(job, proc.returncode, size, sink.truncated, timeout_s)
+        if launch is not None and self._agents is not None:
+            status = self._agents.exited(run.id, status, update)  # its credential dies with it
+        await self._finish(job, status, update)
 
     def _log_cap(self, task: Task | None) -> int:
         return (task.spec.log_cap_bytes if task else None) or self._settings.log_cap_bytes
@@ -295,10 +335,13 @@ class Runner:
                        f" {_mib(reserve)} ([runner] disk_reserve_bytes): free some space")
 
     async def _environment(self, task: Task, run: Run) -> tuple[dict[str, str], list[bytes]]:
-        """The run's environment, and every secret value its output must not show."""
+        """The run's environment, and every secret value its output must not show. An AI
+        run's child gets the base environment only: its job comes on a descriptor."""
         env = dict(self._settings.base_env)
         env["QLEDGE_RUN_ID"] = run.id
         env["QLEDGE_TASK_ID"] = task.id
+        if isinstance(task.spec.command, AgentInstruction):
+            return env, [v.encode() for v in await self._secrets.values(task.project_id)]
         refs = {k: v.secret for k, v in task.spec.env.items() if isinstance(v, SecretRef)}
         # Every secret of the project is redacted, not only the ones this task names:
         # a script may read one some other way.
@@ -325,15 +368,22 @@ class Runner:
         # only when another writer got there first is the row read again.
         current = job.run
         try:
-            job.run = await self._runs.transition(current.id, current.version, status, now, "runner", update, detail)
-            return
-        except ToolError as exc:
-            if exc.code != "conflict":
-                raise
-        latest = await self._runs.get(current.project_id, current.id)
-        if latest is None or latest.terminal:
-            return
-        job.run = await self._runs.transition(latest.id, latest.version, status, now, "runner", update, detail)
+            try:
+                job.run = await self._runs.transition(
+                    current.id, current.version, status, now, "runner", update, detail)
+                return
+            except ToolError as exc:
+                if exc.code != "conflict":
+                    raise
+            latest = await self._runs.get(current.project_id, current.id)
+            if latest is None or latest.terminal:
+                job.run = latest or job.run
+                return
+            job.run = await self._runs.transition(latest.id, latest.version, status, now, "runner", update, detail)
+        finally:
+            # Unread (cancelled before its task was read): only the task can tell if it was an AI run.
+            if self._agents is not None and (job.agent or job.spec is None) and job.run.terminal:
+                await self._agents.ended(job.run, job.spec)
 
 
 async def _pump(proc: asyncio.subprocess.Process, sink: LogWriter) -> None:
@@ -346,11 +396,11 @@ def _mib(n: int) -> str:
     return f"{n / 1048576:.1f} MiB"
 
 
-def _outcome(job: _Job, code: int | None, size: int, truncated: bool, timeout_ms: int) -> tuple[RunStatus, RunUpdate]:
+def _outcome(job: _Job, code: int | None, size: int, truncated: bool, timeout_s: float) -> tuple[RunStatus, RunUpdate]:
     update = RunUpdate(exit_code=code, log_bytes=size, log_truncated=truncated)
     if job.cancel_reason == "timeout":
         update.error_code = "timeout"
-        update.error_summary = f"timed out after {timeout_ms / 1000:g}s"
+        update.error_summary = f"timed out after {timeout_s:g}s"
         return "timed_out", update
     if job.cancel_reason is not None:
         update.error_summary = summary(f"cancelled: {job.cancel_reason}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from collections.abc import Iterable
 from typing import Any
 
@@ -24,7 +25,9 @@ from edge.core.auth import (
     missing_permission,
     parse_token,
     role_permissions,
+    token_digest,
     tool_reason,
+    TOKEN_PREFIX,
 )
 from edge.core.errors import ToolError, invalid
 from edge.core.ports.stores import CredentialStore
@@ -41,6 +44,34 @@ class AuthFailure(Exception):
         self.subject = subject
 
 
+class RunCredentialRegistry:
+    """RunCredentials (edge.core.ports.runtime): tokens minted for one run each, kept in
+    memory only (their HMAC digest, as for stored credentials). Nothing is written, so no
+    credential of a run outlives the daemon, and nothing is left to revoke after a crash."""
+
+    def __init__(self, pepper: bytes) -> None:
+        self._pepper = pepper
+        self._live: dict[str, tuple[bytes, Principal]] = {}  # credential id -> (digest, principal)
+
+    def mint(self, run_id: str, permissions: frozenset[str]) -> str:
+        self.revoke(run_id)  # one live credential per run
+        cid = "r" + secrets.token_hex(10)  # never the 12 hex digits of a stored credential's id
+        secret = secrets.token_hex(20)
+        principal = Principal(subject=f"agent:{run_id}", role="viewer", permissions=permissions, credential_id=cid,
+                              run_id=run_id)
+        self._live[cid] = (token_digest(self._pepper, secret), principal)
+        return f"{TOKEN_PREFIX}{cid}_{secret}"
+
+    def revoke(self, run_id: str) -> bool:
+        gone = [cid for cid, (_, p) in self._live.items() if p.run_id == run_id]
+        for cid in gone:
+            del self._live[cid]
+        return bool(gone)
+
+    def lookup(self, credential_id: str) -> tuple[bytes, Principal] | None:
+        return self._live.get(credential_id)
+
+
 class Authenticator:
     def __init__(
         self,
@@ -49,12 +80,14 @@ class Authenticator:
         owner_uids: Iterable[int],
         project: str,
         read_tools: Iterable[str],
+        run_credentials: RunCredentialRegistry | None = None,
     ) -> None:
         self._credentials = credentials
         self._pepper = pepper
         self._owner_uids = frozenset(owner_uids)
         self._project = project
         self._roles = {role: role_permissions(role, read_tools) for role in ("owner", "operator", "viewer")}
+        self._runs = run_credentials
 
     async def authenticate(self, caller: Caller) -> Principal:
         if caller.token is not None:
@@ -70,6 +103,11 @@ class Authenticator:
             raise AuthFailure("credential_malformed", "anonymous")
         cid, secret = parsed
         subject = f"credential:{cid}" if len(cid) <= 32 and cid.isalnum() else "anonymous"
+        minted = self._runs.lookup(cid) if self._runs is not None else None
+        if minted is not None:
+            if not digest_matches(minted[0], self._pepper, secret):
+                raise AuthFailure("credential_mismatch", minted[1].subject)
+            return minted[1]
         found = await self._credentials.lookup(cid)
         if found is None:
             raise AuthFailure("credential_unknown", subject)
@@ -90,6 +128,8 @@ class Authenticator:
         """The chain's last step: a credential revoked since authentication fails here."""
         if principal.credential_id is None:
             return True
+        if principal.run_id is not None:
+            return self._runs is not None and self._runs.lookup(principal.credential_id) is not None
         found = await self._credentials.lookup(principal.credential_id)
         return found is not None and found[0].revoked_at_ms is None
 

@@ -206,7 +206,47 @@ INSERT INTO meta (key, value)
     SELECT 'run_log_bytes:' || project_id, sum(log_bytes * (log_dropped_at_ms IS NULL)) FROM runs GROUP BY project_id;
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4)
+# The evidence history of AI runs (seed 001), and the store's change position: a counter
+# raised by triggers on every run event, task or trigger revision and deletion, so an
+# evidence record can say what the store looked like before and after the run.
+_BUMP = "UPDATE meta SET value = value + 1 WHERE key = 'change_seq';"
+_V5 = f"""
+INSERT INTO meta (key, value) VALUES ('change_seq', 0) ON CONFLICT (key) DO NOTHING;
+CREATE TRIGGER change_seq_run_event AFTER INSERT ON run_events BEGIN {_BUMP} END;
+CREATE TRIGGER change_seq_task_revision AFTER INSERT ON task_revisions BEGIN {_BUMP} END;
+CREATE TRIGGER change_seq_trigger_revision AFTER INSERT ON trigger_revisions BEGIN {_BUMP} END;
+CREATE TRIGGER change_seq_run_delete AFTER DELETE ON runs BEGIN {_BUMP} END;
+CREATE TRIGGER change_seq_task_delete AFTER DELETE ON tasks BEGIN {_BUMP} END;
+CREATE TRIGGER change_seq_trigger_delete AFTER DELETE ON triggers BEGIN {_BUMP} END;
+CREATE TABLE agent_evidence (
+    seq INTEGER PRIMARY KEY,
+    run_id TEXT NOT NULL UNIQUE,
+    project_id TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    task_revision INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    error_code TEXT,
+    budget TEXT,
+    error TEXT,
+    instruction TEXT NOT NULL,
+    provider TEXT NOT NULL,
+    model TEXT NOT NULL,
+    rounds TEXT NOT NULL DEFAULT '[]',
+    round_count INTEGER NOT NULL DEFAULT 0,
+    input_tokens INTEGER NOT NULL DEFAULT 0,
+    output_tokens INTEGER NOT NULL DEFAULT 0,
+    usage_estimated INTEGER NOT NULL DEFAULT 0,
+    cost_usd REAL,
+    answer_summary TEXT,
+    position_before INTEGER NOT NULL,
+    position_after INTEGER,
+    created_at_ms INTEGER NOT NULL,
+    finished_at_ms INTEGER
+) STRICT;
+CREATE INDEX agent_evidence_created_idx ON agent_evidence (project_id, created_at_ms DESC, run_id DESC);
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)
 
 
 def migrate(conn: apsw.Connection) -> int:
