@@ -2,7 +2,7 @@
 scripted replies in order, every request recorded (path, headers, decoded body).
 
 A script step is a reply body (dict), a `Step` (status, delay, raw bytes, headers, a hang),
-or a callable taking the decoded request and returning either (to answer with what the
+or a callable taking the recorded `Request` and returning either (to answer with what the
 conversation holds, e.g. a run id from an earlier tool result).
 """
 
@@ -99,7 +99,7 @@ class FakeProvider:
                     step = provider.script.pop(0) if provider.script else Step(
                         {"error": {"message": "the test script has no more replies"}}, status=500)
                 if callable(step):
-                    step = step(body)
+                    step = step(request)
                 if not isinstance(step, Step):
                     step = Step(step)
                 if step.delay_s == float("inf"):

@@ -16,6 +16,7 @@ from edge.core.reads import BudgetName
 from edge.core.tasks import Limits, ProviderSettings
 
 BYTES_PER_TOKEN = 2
+COST_EPSILON_USD = 1e-9  # binary floating point must not turn an exact fit into a refusal
 RESERVE_S = 2.0  # kept back from the wall clock to report the outcome before the runner's kill
 
 
@@ -58,7 +59,7 @@ class Budget:
                                      f" next reply > {limits.output_tokens:,}")
         if self.prices is not None:
             need = self._cost(request_tokens, self.max_output)
-            if self.cost_usd + need > limits.cost_usd:
+            if self.cost_usd + need > limits.cost_usd + COST_EPSILON_USD:
                 return "cost_usd", (f"${self.cost_usd:.4f} spent + up to ${need:.4f} for the next request"
                                     f" > ${limits.cost_usd:g}")
         if self.remaining_s() <= 0:
