@@ -20,8 +20,14 @@ import zipfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = "edge"
 
-# Optional capabilities, shipped only by the profiles that include them.
-OPTIONAL = {"mcp": "edge/mcp/", "agent": "edge/agent/"}
+# Optional capabilities, shipped only by the profiles that include them: a path prefix, or
+# several. The AI operator is its child (edge/agent/) and the daemon's side of it, which the
+# daemon loads only when [agent] is enabled.
+OPTIONAL: dict[str, str | tuple[str, ...]] = {
+    "mcp": "edge/mcp/",
+    "agent": ("edge/agent/", "edge/app/agent.py", "edge/core/agent.py", "edge/storage/sqlite/evidence.py",
+              "edge/tools/agent.py"),
+}
 PROFILES: dict[str, tuple[str, ...]] = {
     "edge": (),
     "edge-mcp": ("mcp",),
@@ -35,7 +41,8 @@ SHEBANG = b"#!/usr/bin/env python3\n"
 
 def profile_files(profile: str, root: str = ROOT) -> list[str]:
     """Sorted paths, relative to `root`, of the files under edge/ the profile ships."""
-    excluded = tuple(prefix for name, prefix in OPTIONAL.items() if name not in PROFILES[profile])
+    excluded = tuple(prefix for name, prefixes in OPTIONAL.items() if name not in PROFILES[profile]
+                     for prefix in ((prefixes,) if isinstance(prefixes, str) else prefixes))
     found: list[str] = []
     for dirpath, dirnames, filenames in os.walk(os.path.join(root, PACKAGE)):
         dirnames[:] = [d for d in dirnames if d != "__pycache__"]

@@ -56,6 +56,7 @@ def wait(d: DaemonProcess, run_id: str, timeout_s: float = 60.0) -> dict:
 def record(d: DaemonProcess, run_id: str) -> dict:
     found = d.call("qinglong.agent.history.get", {"runId": run_id})
     assert found["found"], found
+    found["record"]["toolSequence"] = [name for r in found["record"]["perRound"] for name in r["tools"]]
     return found["record"]
 
 

@@ -36,6 +36,7 @@ class Request:
     raw: bytes
     received_at: float
     handled_s: float = 0.0  # how long the server spent on it (delays included)
+    response_bytes: int = 0
 
 
 def usage(prompt: int = 100, completion: int = 20) -> dict[str, int]:
@@ -108,6 +109,7 @@ class FakeProvider:
                     time.sleep(step.delay_s)
                 data = step.body if isinstance(step.body, bytes) else json.dumps(step.body).encode()
                 request.handled_s = time.monotonic() - started
+                request.response_bytes = len(data)
                 try:
                     self.send_response(step.status)
                     for key, value in step.headers.items():

@@ -16,7 +16,7 @@ import pytest
 from edge.agent.budget import Budget, estimate_tokens
 from edge.agent.prompt import RESULT_MAX_BYTES, Conversation, ToolResult, new_marker
 from edge.agent.provider import ChatClient, ProviderError, parse
-from edge.core.tasks import Limits, OfferedTool, ProviderSettings
+from edge.core.agent import Limits, OfferedTool, ProviderSettings
 from fake_provider import FakeProvider, Step, answer, self_signed, tool_call
 
 LIMITS = Limits(rounds=3, input_tokens=1000, output_tokens=500, cost_usd=1.0, wall_clock_s=60, tool_calls_per_round=8)

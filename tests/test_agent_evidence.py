@@ -10,7 +10,7 @@ import os
 import apsw
 import pytest
 
-from edge.core.reads import EvidenceCursor, EvidenceEnd, EvidenceOpen, RoundMeta
+from edge.core.agent import EvidenceCursor, EvidenceEnd, EvidenceOpen, RoundMeta
 from edge.storage.sqlite.db import Database
 from edge.storage.sqlite.evidence import MAX_AGE_MS, MAX_RECORDS, PRUNE_BATCH, SQL_PAGE, SqliteEvidenceStore
 from support import assert_uses_index
@@ -33,7 +33,9 @@ def meta(n: int, estimated: bool = False) -> RoundMeta:
 async def store(home):
     db = await Database.open(os.path.join(home, "qledge.db"))
     sql = apsw.Connection(os.path.join(home, "qledge.db"))
-    yield SqliteEvidenceStore(db), sql
+    evidence = SqliteEvidenceStore(db)
+    evidence.db = db  # for writes through the daemon's own connection
+    yield evidence, sql
     sql.close()
     await db.close()
 
@@ -100,19 +102,24 @@ async def test_without_prices_the_cost_is_unknown_from_the_start(store):
     assert (await evidence.get("default", "run-00001")).cost_usd is None
 
 
+def _three_changes(conn: apsw.Connection) -> None:
+    conn.execute("INSERT INTO tasks (project_id, id, name, revision, enabled, created_at_ms, updated_at_ms)"
+                 " VALUES ('default', 't', 't', 1, 1, 1, 1)")
+    conn.execute("UPDATE tasks SET name = 'u' WHERE id = 't'")
+    conn.execute("DELETE FROM tasks WHERE id = 't'")
+
+
 async def test_end_finishes_once_and_inserts_a_record_that_was_never_opened(store):
     evidence, sql = store
     await evidence.open(opened(1), T0)
     before = (await evidence.get("default", "run-00001")).position_before
-    sql.execute("INSERT INTO tasks (project_id, id, name, revision, enabled, created_at_ms, updated_at_ms)"
-                " VALUES ('default', 't', 't', 1, 1, 1, 1)")
-    sql.execute("DELETE FROM tasks WHERE id = 't'")  # a change: the position moves
+    await evidence.db.run(_three_changes)
     await evidence.end(EvidenceEnd(project_id="default", run_id="run-00001", state="succeeded",
                                    answer_summary="all fine"), opened(1), T0 + 5)
     await evidence.end(EvidenceEnd(project_id="default", run_id="run-00001", state="lost"), opened(1), T0 + 6)
     record = await evidence.get("default", "run-00001")
     assert (record.state, record.answer_summary, record.finished_at_ms) == ("succeeded", "all fine", T0 + 5)
-    assert record.position_after == before + 1
+    assert record.position_after == before + 4  # the record's own insert and the three changes
     await evidence.end(EvidenceEnd(project_id="default", run_id="run-00002", state="cancelled",
                                    error="cancelled: user"), opened(2), T0 + 7)
     record = await evidence.get("default", "run-00002")
@@ -135,3 +142,20 @@ async def test_the_history_page_rides_its_index(store):
     _, sql = store
     assert_uses_index(sql, SQL_PAGE, ("default", 1 << 62, "\U0010ffff", 33), "agent_evidence_created_idx",
                       big_tables=("agent_evidence",))
+
+
+async def test_positions_only_grow_across_daemons(home):
+    path = os.path.join(home, "qledge.db")
+    db = await Database.open(path)
+    first = SqliteEvidenceStore(db)
+    await first.open(opened(1), T0)
+    await first.end(EvidenceEnd(project_id="default", run_id="run-00001", state="succeeded"), opened(1), T0)
+    highest = (await first.get("default", "run-00001")).position_after
+    await db.close()
+    db = await Database.open(path)  # the next daemon: its connection starts counting from zero again
+    try:
+        second = SqliteEvidenceStore(db)
+        await second.open(opened(2), T0 + 1)
+        assert (await second.get("default", "run-00002")).position_before == highest + 1
+    finally:
+        await db.close()

@@ -13,22 +13,14 @@ import msgspec
 import pytest
 
 from edge.app.config import Config
-from edge.app.graph import (
-    DaemonFacts,
-    agent_service,
-    agent_tools,
-    build_chain,
-    build_services,
-    build_stores,
-    build_workers,
-)
+from edge.app.graph import DaemonFacts, agent_service, build_chain, build_services, build_stores, build_workers
 from edge.cli.client import CallFailed, Client
 from edge.core.clock import SystemClock
 from edge.core.errors import ToolError
 from edge.core.tasks import AgentInstruction, TaskSpec
 from edge.storage.sqlite.db import Database
 from edge.tools.catalog import ai_tools, builtin_tools
-from edge.tools.chain import RunCredentialRegistry
+from edge.tools.agent import RunCredentialRegistry
 from edge.tools.context import Caller
 from edge.tools.definition import Registry
 from edge.transports.tool_socket import ToolServer
@@ -60,9 +52,9 @@ class Daemon:
         self.db = await Database.open(os.path.join(self.home, "qledge.db"))
         stores = build_stores(self.db, config, self.home)
         self.credentials = RecordingCredentials(pepper)
-        agent = agent_service(config, self.socket, self.db, stores, clock, self.credentials)
+        agent = agent_service(config, self.socket, self.db, stores, clock, pepper, self.credentials)
         workers = build_workers(config, self.home, stores, clock, agent)
-        self.registry = Registry([*builtin_tools(), *ai_tools(), *agent_tools(agent)])
+        self.registry = Registry([*builtin_tools(), *ai_tools(), *agent.tools()])
         agent.offer(self.registry.tools())
         facts = DaemonFacts(self.db.path, "asyncio", clock, stores.counts)
         self.services = build_services(config, stores, workers, facts, self.registry, pepper, clock)

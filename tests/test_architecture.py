@@ -68,11 +68,50 @@ def test_the_agent_child_is_imported_by_nothing_outside_it():
     assert {r for r in importers if not r.startswith("agent" + os.sep)} == set()
 
 
-def test_the_daemon_side_of_the_agent_is_reached_from_composition_and_the_cli_only():
-    daemon_side = ("edge.tools.agent", "edge.storage.sqlite.evidence")
-    importers = {rel for rel, _, module in _imports() if module in daemon_side}
-    assert importers <= {"app/graph.py", "cli/commands.py"}
-    assert "app/graph.py" in importers
+# The AI operator's modules outside edge/agent: shipped by the profiles that include it, loaded
+# by the daemon only when [agent] is enabled.
+AGENT_SIDE = {"app/agent.py", "core/agent.py", "storage/sqlite/evidence.py", "tools/agent.py"}
+
+
+def _eager_imports(tree: ast.Module) -> set[str]:
+    """Modules imported when the module loads: not inside functions, not under TYPE_CHECKING."""
+    found: set[str] = set()
+
+    def visit(nodes: list[ast.stmt]) -> None:
+        for node in nodes:
+            if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+                visit(node.orelse)
+            elif isinstance(node, (ast.If, ast.Try)):
+                visit(node.body)
+                visit(getattr(node, "orelse", []))
+                for handler in getattr(node, "handlers", []):
+                    visit(handler.body)
+                visit(getattr(node, "finalbody", []))
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                found.add(node.module)
+                found.update(f"{node.module}.{a.name}" for a in node.names)
+            elif isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+
+    visit(tree.body)
+    return found
+
+
+def test_nothing_the_default_daemon_loads_imports_the_agent_side_eagerly():
+    agent = {"edge." + rel[:-3].replace(os.sep, ".") for rel in AGENT_SIDE}
+    wrong = []
+    for dirpath, _, files in os.walk(EDGE):
+        for name in files:
+            rel = os.path.relpath(os.path.join(dirpath, name), EDGE)
+            if not name.endswith(".py") or rel in AGENT_SIDE or rel.startswith("agent" + os.sep):
+                continue
+            with open(os.path.join(dirpath, name)) as f:
+                eager = _eager_imports(ast.parse(f.read()))
+            wrong += [f"{rel} imports {m}" for m in sorted(eager & agent)]
+    assert wrong == []
+    lazy = {rel for rel, _, module in _imports() if module in agent} - AGENT_SIDE
+    assert {r for r in lazy if not r.startswith("agent" + os.sep)} == {
+        "app/graph.py", "cli/commands.py", "core/ports/runtime.py", "core/ports/stores.py", "runner/supervisor.py"}
 
 
 def test_every_port_is_in_the_architecture_document():

@@ -75,14 +75,16 @@ def pyz_dir():
 
 
 def test_profiles_ship_only_their_capabilities(tmp_path):
+    agent = ["edge/agent/__main__.py", "edge/app/agent.py", "edge/core/agent.py", "edge/storage/sqlite/evidence.py",
+             "edge/tools/agent.py"]
     for rel in ("edge/__init__.py", "edge/app/daemon.py", "edge/mcp/server.py", "edge/storage/sqlite/db.py",
-                "edge/app/__pycache__/x.pyc"):
+                "edge/app/__pycache__/x.pyc", *agent):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("")
     base = ["edge/__init__.py", "edge/app/daemon.py", "edge/storage/sqlite/db.py"]
     assert build.profile_files("edge", str(tmp_path)) == base
     assert build.profile_files("edge-mcp", str(tmp_path)) == sorted([*base, "edge/mcp/server.py"])
-    assert build.profile_files("full", str(tmp_path)) == sorted([*base, "edge/mcp/server.py"])
+    assert build.profile_files("full", str(tmp_path)) == sorted([*base, "edge/mcp/server.py", *agent])
     assert build.module_name("edge/__init__.py") == "edge"
     assert build.module_name("edge/app/daemon.py") == "edge.app.daemon"
 

@@ -22,7 +22,7 @@ if "hashlib" not in sys.modules:
 
 import msgspec  # noqa: E402
 
-from edge.core.tasks import AgentJob  # noqa: E402
+from edge.core.agent import AgentJob  # noqa: E402
 
 EXIT_ANSWERED, EXIT_FAILED = 0, 1
 JOB_MAX_BYTES = 1 << 20

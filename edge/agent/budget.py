@@ -12,8 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from edge.core.reads import BudgetName
-from edge.core.tasks import Limits, ProviderSettings
+from edge.core.agent import BudgetName, Limits, ProviderSettings
 
 BYTES_PER_TOKEN = 2
 COST_EPSILON_USD = 1e-9  # binary floating point must not turn an exact fit into a refusal

@@ -24,8 +24,15 @@ from edge.agent.prompt import Conversation, ToolResult, new_marker
 from edge.agent.provider import ProviderError, Reply, ToolCall, parse
 from edge.agent.tools import DaemonGone, Reporter, ToolFailure, Toolbox
 from edge.core.excerpt import normalize
-from edge.core.reads import EVIDENCE_TEXT_MAX, ROUND_TOOLS_MAX, BudgetName, OutcomeReport, RoundMeta
-from edge.core.tasks import AgentJob
+from edge.core.agent import (
+    EVIDENCE_TEXT_MAX,
+    ROUND_TOOLS_MAX,
+    UNKNOWN_TOOL,
+    AgentJob,
+    BudgetName,
+    OutcomeReport,
+    RoundMeta,
+)
 
 RETRY_AFTER_MAX_S = 30.0
 
@@ -48,12 +55,6 @@ class Stop(Exception):
 
 def _line(text: str, limit: int = EVIDENCE_TEXT_MAX) -> str:
     return " ".join(normalize(text).split())[:limit]
-
-
-def _tool_name(name: str) -> str:
-    """A tool name as the evidence may keep it."""
-    ok = name and len(name) <= 64 and all(c.isascii() and (c.isalnum() or c in "_.:-") for c in name)
-    return name if ok else "invalid_tool_name"
 
 
 class Operator:
@@ -169,7 +170,9 @@ class Operator:
             round=number, model=_line(reply.model or self.job.provider.model, 128) or self.job.provider.model,
             input_tokens=input_tokens, output_tokens=output_tokens, usage_estimated=estimated,
             response_chars=len(reply.content) + sum(len(c.arguments_json) for c in reply.tool_calls),
-            tools=[_tool_name(c.name) for c in reply.tool_calls[:ROUND_TOOLS_MAX]], plan=plan,
+            # Names the model made up are not kept: the evidence holds offered names only.
+            tools=[c.name if c.name in self._names else UNKNOWN_TOOL for c in reply.tool_calls[:ROUND_TOOLS_MAX]],
+            plan=plan,
         )
         try:
             self.reporter.round(meta)

@@ -22,7 +22,7 @@ import msgspec
 
 from edge.agent.provider import Reply
 from edge.core.excerpt import normalize
-from edge.core.tasks import OfferedTool
+from edge.core.agent import OfferedTool
 
 RESULT_MAX_BYTES = 16 * 1024
 MARKER_CHARS = 8  # "^" + 6 hex digits + "^"

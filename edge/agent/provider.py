@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 
 import edge
-from edge.core.tasks import ProviderSettings, endpoint
+from edge.core.agent import ProviderSettings, endpoint
 
 MAX_RESPONSE_BYTES = 2 << 20
 RETRY_STATUS = frozenset({408, 409, 425, 429})  # and every 5xx

@@ -11,8 +11,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from edge.cli.client import CallFailed, Client, Unreachable
-from edge.core.reads import OutcomeReport, RoundMeta
-from edge.core.tasks import OfferedTool
+from edge.core.agent import OfferedTool, OutcomeReport, RoundMeta
 
 
 class ToolFailure(Exception):

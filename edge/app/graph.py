@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from edge.app.config import AgentConfig, AgentProfile, Config, default_zone
+from edge.app.config import Config, default_zone
 from edge.core.clock import SystemClock
-from edge.core.ports.runtime import AgentRuns, Clock
+from edge.core.ports.runtime import AgentRuns, Clock, RunCredentials
 from edge.core.ports.stores import AuditLog, CountsReader, CredentialStore, Readers, SecretStore
 from edge.core.reads import Counts
 from edge.core.schedule import ScheduleError, load_zone
@@ -35,14 +35,13 @@ from edge.storage.sqlite.secrets import SqliteSecretStore
 from edge.storage.sqlite.tasks import SqliteTaskStore
 from edge.storage.sqlite.triggers import SqliteTriggerStore
 from edge.tools.catalog import ai_tools, builtin_tools
-from edge.tools.chain import Authenticator, Chain, RunCredentialRegistry
+from edge.tools.chain import Authenticator, Chain
 from edge.tools.context import Services
-from edge.tools.definition import Registry, Tool
+from edge.tools.definition import Registry
 from edge.transports.tool_socket import ToolServer
 from edge.transports.unix import UnixListener
 
 if TYPE_CHECKING:
-    from edge.core.tasks import ProviderSettings
     from edge.tools.agent import AgentService
 
 log = logging.getLogger("qledge")
@@ -169,84 +168,12 @@ def build_services(
 
 
 def build_chain(
-    config: Config, services: Services, registry: Registry, run_credentials: RunCredentialRegistry | None = None
+    config: Config, services: Services, registry: Registry, run_credentials: RunCredentials | None = None
 ) -> Chain:
     owners = config.auth.owner_uids if config.auth.owner_uids is not None else sorted({os.getuid(), 0})
     auth = Authenticator(services.credentials, services.pepper, owners, config.project, registry.read_tool_names(),
                          run_credentials)
     return Chain(registry, auth, services)
-
-
-# -- the AI operator (edge.tools.agent, edge.storage.sqlite.evidence; its child edge.agent is never imported) --
-
-
-def _checked(provider: ProviderSettings, where: str) -> ProviderSettings:
-    """One clear line for each problem of a provider ([agent], or a profile over it)."""
-    from edge.core.tasks import endpoint
-
-    url = provider.base_url
-    if not url:
-        raise StartupError(f"{where} base_url is required (e.g. https://api.openai.com/v1)")
-    if endpoint(url) is None:
-        raise StartupError(f"{where} base_url {url!r} must be http(s)://host[:port][/path]")
-    if not provider.model:
-        raise StartupError(f"{where} model is required (e.g. gpt-4o-mini)")
-    if provider.proxy is not None:
-        proxy = endpoint(provider.proxy)
-        if proxy is None or proxy.scheme != "http" or proxy.path:
-            raise StartupError(f"{where} proxy {provider.proxy!r} must be http://host:port")
-    for key, path in (("api_key_file", provider.api_key_file), ("ca_file", provider.ca_file)):
-        if path is None:
-            continue
-        try:
-            mode = os.stat(path).st_mode
-        except OSError as exc:
-            raise StartupError(f"{where} {key} {path}: {exc.strerror}") from None
-        if key == "api_key_file" and mode & 0o077:
-            raise StartupError(f"{where} api_key_file {path} has mode {mode & 0o777:04o}; it must be 0600")
-    return provider
-
-
-def _overlay(provider: ProviderSettings, profile: AgentProfile) -> ProviderSettings:
-    given = {k: v for k, v in msgspec.structs.asdict(profile).items() if v is not None}
-    return msgspec.structs.replace(provider, **given)
-
-
-def agent_service(
-    config: Config, socket_path: str, db: Database, stores: Stores, clock: Clock, credentials: RunCredentialRegistry
-) -> AgentService:
-    """The AI operator's side of the daemon ([agent] enabled), its configuration checked."""
-    import importlib.util
-
-    if importlib.util.find_spec("edge.agent") is None:  # finds it without importing it
-        raise StartupError("the AI operator is not included in this build")
-    from edge.core.tasks import Limits, ProviderSettings
-    from edge.storage.sqlite.evidence import SqliteEvidenceStore
-    from edge.tools.agent import AgentService, AgentSettings
-
-    a: AgentConfig = config.agent
-    provider = _checked(ProviderSettings(
-        base_url=a.base_url or "", model=a.model or "", api_key_file=a.api_key_file, ca_file=a.ca_file, proxy=a.proxy,
-        request_timeout_s=a.request_timeout_s, max_output_tokens=a.max_output_tokens,
-        max_tokens_param=a.max_tokens_param, context_window_tokens=a.context_window_tokens,
-        input_usd_per_mtok=a.input_usd_per_mtok, output_usd_per_mtok=a.output_usd_per_mtok, retries=a.retries,
-    ), "[agent]")
-    profiles = {name: _checked(_overlay(provider, p), f"[agent.profiles.{name}]") for name, p in a.profiles.items()}
-    limits = Limits(rounds=a.budget_rounds, input_tokens=a.budget_input_tokens, output_tokens=a.budget_output_tokens,
-                    cost_usd=a.budget_cost_usd, wall_clock_s=a.budget_wall_clock_s,
-                    tool_calls_per_round=a.tool_calls_per_round)
-    settings = AgentSettings(provider=provider, profiles=profiles, limits=limits, read_logs=a.read_logs,
-                             concurrency=a.concurrency, socket=socket_path)
-    return AgentService(settings=settings, credentials=credentials, evidence=SqliteEvidenceStore(db),
-                        tasks=stores.tasks, secrets=stores.secrets, clock=clock)
-
-
-def agent_tools(agent: AgentService | None) -> list[Tool]:
-    if agent is None:
-        return []
-    from edge.tools.agent import agent_tools as tools
-
-    return tools(agent)
 
 
 def build_listeners(
@@ -275,6 +202,22 @@ def mcp_server(config: Config, home: str, chain: Chain, facts: DaemonFacts) -> U
     return server
 
 
+# -- the AI operator ([agent] enabled: edge.app.agent; its child, edge.agent, is never imported) --
+
+
+def agent_service(
+    config: Config, socket_path: str, db: Database, stores: Stores, clock: Clock, pepper: bytes,
+    credentials: RunCredentials | None = None,
+) -> AgentService:
+    import importlib.util
+
+    if importlib.util.find_spec("edge.agent") is None:  # finds it without importing it
+        raise StartupError("the AI operator is not included in this build")
+    from edge.app.agent import build_agent
+
+    return build_agent(config, socket_path, db, stores, clock, pepper, credentials)
+
+
 # -- the daemon's graph -------------------------------------------------------------
 
 
@@ -287,18 +230,16 @@ class Graph:
     ) -> None:
         clock = clock or SystemClock()
         self.stores = build_stores(db, config, home)
-        credentials = RunCredentialRegistry(pepper) if config.agent.enabled else None
-        agent = agent_service(config, socket_path, db, self.stores, clock, credentials) if credentials else None
+        agent = agent_service(config, socket_path, db, self.stores, clock, pepper) if config.agent.enabled else None
         self.workers = build_workers(config, home, self.stores, clock, agent)
         self.facts = DaemonFacts(db.path, loop, clock, self.stores.counts)
         self.facts.add_extra(self.workers.scheduler.status)
-        registry = Registry([*builtin_tools(), *ai_tools(), *agent_tools(agent)])
+        registry = Registry([*builtin_tools(), *ai_tools(), *(agent.tools() if agent else [])])
         if agent is not None:
             agent.offer(registry.tools())
-            provider = agent.settings.provider
-            self.facts.add_extra(lambda: {"agent": f"{provider.model} at {provider.base_url}"})
+            self.facts.add_extra(agent.status)
         services = build_services(config, self.stores, self.workers, self.facts, registry, pepper, clock)
-        self.chain = build_chain(config, services, registry, credentials)
+        self.chain = build_chain(config, services, registry, agent.credentials if agent else None)
         self.listeners = build_listeners(config, home, socket_path, self.chain, self.facts)
 
     @property

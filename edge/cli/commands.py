@@ -26,7 +26,6 @@ from edge.core.tasks import (
     Task,
     TaskSpec,
 )
-from edge.tools import agent as agent_tools
 from edge.tools.builtin import credentials as credential_tools
 from edge.tools.builtin import runs as run_tools
 from edge.tools.builtin import secrets as secret_tools
@@ -37,6 +36,9 @@ from edge.tools.definition import Empty
 if TYPE_CHECKING:
     import argparse
     from collections.abc import Callable
+    from types import ModuleType
+
+    from edge.tools import agent as agent_tools
 
 OK, TOOL_ERROR = 0, 1
 
@@ -332,6 +334,15 @@ AGENT_OFF = (
 )
 
 
+def _agent_tools() -> ModuleType:
+    """The agent's tool shapes: only builds that include the AI operator have them."""
+    try:
+        from edge.tools import agent
+    except ImportError:
+        raise UsageError("the AI operator is not included in this build") from None
+    return agent
+
+
 def _agent(c: Client, tool: str, args: msgspec.Struct, result: type[T]) -> T:
     """An agent tool, which only a daemon with [agent] enabled has."""
     try:
@@ -351,7 +362,8 @@ def ask(c: Client, a: argparse.Namespace) -> int:
     question = " ".join(a.question).strip()
     if not question:
         raise UsageError("ask a question, e.g. qledge ask \"why did backup fail last night?\"")
-    run = _agent(c, "qledge.agent.ask", agent_tools.AskArgs(instruction=question, profile=a.profile), Run)
+    tools = _agent_tools()
+    run = _agent(c, "qledge.agent.ask", tools.AskArgs(instruction=question, profile=a.profile), Run)
     if not a.wait:
         return show(a, run, lambda r: print(f"run {r.id} {r.status}; its answer will be its log:"
                                             f" qledge run log {r.id}"))
@@ -396,8 +408,8 @@ def _cost(usd: float | None) -> str:
 
 
 def agent_list(c: Client, a: argparse.Namespace) -> int:
-    page = _agent(c, "qinglong.agent.history.list", agent_tools.HistoryListArgs(limit=a.limit),
-                  agent_tools.HistoryPage)
+    tools = _agent_tools()
+    page = _agent(c, "qinglong.agent.history.list", tools.HistoryListArgs(limit=a.limit), tools.HistoryPage)
     return show_list(
         a, page.records, "no AI runs yet: qledge ask \"...\"",
         lambda r: [r.run_id, r.task_id, r.state + (f" ({r.budget})" if r.budget else ""), str(r.rounds),
@@ -413,7 +425,7 @@ def _record_fields(r: agent_tools.HistoryDetailView) -> None:
         ("state", r.state + (f" ({r.budget})" if r.budget else "")), ("error", r.error_code), ("why", r.error),
         ("provider", f"{r.model} at {r.provider}"), ("instruction", r.instruction),
         ("usage", f"{r.input_tokens} in, {r.output_tokens} out" + (" (estimated)" if r.usage_estimated else "")),
-        ("cost", _cost(r.cost_usd)), ("tools", ", ".join(r.tool_sequence) or None),
+        ("cost", _cost(r.cost_usd)), ("tools", ", ".join(t for rnd in r.per_round for t in rnd.tools) or None),
         ("answer", r.answer_summary), ("created", render.when(r.created_at_ms)),
         ("finished", render.when(r.finished_at_ms)), ("position", f"{r.position_before} -> {r.position_after}"),
     ])
@@ -424,11 +436,21 @@ def _record_fields(r: agent_tools.HistoryDetailView) -> None:
 
 
 def agent_get(c: Client, a: argparse.Namespace) -> int:
-    found = _agent(c, "qinglong.agent.history.get", agent_tools.HistoryGetArgs(run_id=a.run),
-                   agent_tools.HistoryGetResult)
-    if not isinstance(found.record, agent_tools.HistoryDetailView):
-        raise CallFailed("not_found", f"no evidence record for run {a.run}")
-    return show(a, found.record, _record_fields)
+    tools = _agent_tools()
+    record: agent_tools.HistoryDetailView | None = None
+    after = 0
+    while True:  # the record comes with its rounds a page at a time
+        found = _agent(c, "qinglong.agent.history.get", tools.HistoryGetArgs(run_id=a.run, after_round=after),
+                       tools.HistoryGetResult)
+        if not isinstance(found.record, tools.HistoryDetailView):
+            raise CallFailed("not_found", f"no evidence record for run {a.run}")
+        if record is None:
+            record = found.record
+        else:
+            record.per_round += found.record.per_round
+        if not isinstance(found.next_after_round, int):
+            return show(a, record, _record_fields)
+        after = found.next_after_round
 
 
 def call(c: Client, a: argparse.Namespace) -> int:

@@ -6,8 +6,7 @@ it). Also what the runner hands the child of an AI run (AgentJob)."""
 from __future__ import annotations
 
 import hashlib
-import re
-from typing import Annotated, Literal, NamedTuple
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -106,96 +105,3 @@ _canonical = msgspec.json.Encoder(order="sorted")
 def content_digest(spec: msgspec.Struct) -> str:
     """SHA-256 of the canonical JSON of a spec: equal specs, equal digests."""
     return "sha256:" + hashlib.sha256(_canonical.encode(spec)).hexdigest()
-
-
-# -- what the runner hands the child of an AI run --------------------------------------
-
-_URL = re.compile(
-    r"^(?P<scheme>https?)://(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)"
-    r"(?::(?P<port>[0-9]{1,5}))?(?P<path>/[^?#\s]*)?$"
-)
-
-
-class Endpoint(NamedTuple):
-    scheme: str
-    host: str
-    port: int
-    path: str  # without a trailing slash
-
-    @property
-    def where(self) -> str:
-        """host, or host:port when the port is not the scheme's own."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return host if self.port == (443 if self.scheme == "https" else 80) else f"{host}:{self.port}"
-
-
-def endpoint(url: str) -> Endpoint | None:
-    """`http(s)://host[:port][/path]`, nothing else (no user info, query or fragment); None otherwise."""
-    m = _URL.match(url)
-    if m is None or (m["port"] is not None and not 0 < int(m["port"]) < 65536):
-        return None
-    default = 443 if m["scheme"] == "https" else 80
-    return Endpoint(m["scheme"], m["host"].strip("[]"), int(m["port"] or default), (m["path"] or "").rstrip("/"))
-
-
-Budget = Literal["rounds", "input_tokens", "output_tokens", "cost_usd", "wall_clock"]
-
-
-class ProviderSettings(msgspec.Struct, kw_only=True):
-    """One OpenAI-compatible chat-completions endpoint (the [agent] section or a profile)."""
-
-    base_url: str
-    model: str
-    api_key_file: str | None = None  # read by the child, never by the daemon
-    ca_file: str | None = None  # None: the system's trust store
-    proxy: str | None = None  # None: direct (the environment's proxy variables are never used)
-    request_timeout_s: float = 120.0
-    max_output_tokens: int = 4096
-    max_tokens_param: str = "max_tokens"
-    context_window_tokens: int = 65536
-    input_usd_per_mtok: float | None = None
-    output_usd_per_mtok: float | None = None
-    retries: int = 2
-
-
-class Limits(msgspec.Struct, kw_only=True):
-    """The budgets of one AI run, after its overrides were lowered to the configured maxima."""
-
-    rounds: int
-    input_tokens: int
-    output_tokens: int
-    cost_usd: float
-    wall_clock_s: int
-    tool_calls_per_round: int
-
-
-class OfferedTool(msgspec.Struct, kw_only=True):
-    """A tool the model may call: the daemon's name, description and JSON schema of its arguments."""
-
-    name: str
-    description: str
-    parameters: msgspec.Raw  # a JSON object
-
-
-class AgentJob(msgspec.Struct, kw_only=True):
-    """Everything the child needs, passed on an inherited descriptor (never argv or the
-    environment): where the daemon is, the run's credential, the instruction, the
-    provider, the budgets and the tools it may offer the model."""
-
-    run_id: str
-    task_id: str
-    socket: str
-    token: str
-    instruction: str
-    provider: ProviderSettings
-    limits: Limits
-    tools: list[OfferedTool]
-
-
-class AgentLaunch(msgspec.Struct, kw_only=True):
-    """How the runner starts the child of an AI run."""
-
-    argv: list[str]
-    env: dict[str, str]  # added to the run's base environment
-    job: bytes  # the encoded AgentJob, handed over on an inherited descriptor
-    timeout_s: float  # the wall-clock budget: the runner kills the child when it is spent

@@ -9,6 +9,7 @@ import contextlib
 import logging
 import os
 import signal
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -17,8 +18,11 @@ from edge.core.handoff import Background, shielded
 from edge.core.ports.runtime import AgentRuns, Clock
 from edge.core.ports.stores import LogWriter, RunAdmission, RunLogFiles, RunStore, SecretStore, TaskStore
 from edge.core.runs import ActorType, Run, RunProcess, RunStatus, RunUpdate, summary
-from edge.core.tasks import AgentInstruction, AgentLaunch, SecretRef, Task
+from edge.core.tasks import AgentInstruction, SecretRef, Task
 from edge.runner import process
+
+if TYPE_CHECKING:
+    from edge.core.agent import AgentLaunch
 
 log = logging.getLogger("qledge.runner")
 

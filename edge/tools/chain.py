@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 from collections.abc import Iterable
 from typing import Any
 
@@ -25,11 +24,10 @@ from edge.core.auth import (
     missing_permission,
     parse_token,
     role_permissions,
-    token_digest,
     tool_reason,
-    TOKEN_PREFIX,
 )
 from edge.core.errors import ToolError, invalid
+from edge.core.ports.runtime import RunCredentials
 from edge.core.ports.stores import CredentialStore
 from edge.tools.context import Caller, Services, ToolContext
 from edge.tools.definition import Entry, Registry
@@ -44,34 +42,6 @@ class AuthFailure(Exception):
         self.subject = subject
 
 
-class RunCredentialRegistry:
-    """RunCredentials (edge.core.ports.runtime): tokens minted for one run each, kept in
-    memory only (their HMAC digest, as for stored credentials). Nothing is written, so no
-    credential of a run outlives the daemon, and nothing is left to revoke after a crash."""
-
-    def __init__(self, pepper: bytes) -> None:
-        self._pepper = pepper
-        self._live: dict[str, tuple[bytes, Principal]] = {}  # credential id -> (digest, principal)
-
-    def mint(self, run_id: str, permissions: frozenset[str]) -> str:
-        self.revoke(run_id)  # one live credential per run
-        cid = "r" + secrets.token_hex(10)  # never the 12 hex digits of a stored credential's id
-        secret = secrets.token_hex(20)
-        principal = Principal(subject=f"agent:{run_id}", role="viewer", permissions=permissions, credential_id=cid,
-                              run_id=run_id)
-        self._live[cid] = (token_digest(self._pepper, secret), principal)
-        return f"{TOKEN_PREFIX}{cid}_{secret}"
-
-    def revoke(self, run_id: str) -> bool:
-        gone = [cid for cid, (_, p) in self._live.items() if p.run_id == run_id]
-        for cid in gone:
-            del self._live[cid]
-        return bool(gone)
-
-    def lookup(self, credential_id: str) -> tuple[bytes, Principal] | None:
-        return self._live.get(credential_id)
-
-
 class Authenticator:
     def __init__(
         self,
@@ -80,7 +50,7 @@ class Authenticator:
         owner_uids: Iterable[int],
         project: str,
         read_tools: Iterable[str],
-        run_credentials: RunCredentialRegistry | None = None,
+        run_credentials: RunCredentials | None = None,
     ) -> None:
         self._credentials = credentials
         self._pepper = pepper

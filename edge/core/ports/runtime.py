@@ -5,12 +5,16 @@ the daemon's facts). Adapters live beside what they adapt; composition wires the
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
+from edge.core.auth import Principal
 from edge.core.ports.stores import TriggerStore
 from edge.core.reads import Counts
 from edge.core.runs import ActorType, Run, RunStatus, RunUpdate
-from edge.core.tasks import AgentLaunch, Task
+from edge.core.tasks import Task
+
+if TYPE_CHECKING:  # the AI operator's shapes load only with it
+    from edge.core.agent import AgentLaunch
 
 
 class Clock(Protocol):
@@ -90,6 +94,10 @@ class RunCredentials(Protocol):
     def revoke(self, run_id: str) -> bool:
         """The run's credential stops working at once, for the next call and for the chain's
         re-check of calls in flight. True when one was live."""
+        ...
+
+    def lookup(self, credential_id: str) -> tuple[bytes, Principal] | None:
+        """For authentication: the HMAC digest of a live credential's secret and its principal."""
         ...
 
 

@@ -12,29 +12,18 @@ Rules every adapter keeps, so each contract below can be short:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
 from edge.core.auth import AuditRecord, Credential, SecretInfo
-from edge.core.reads import (
-    Counts,
-    EvidenceCursor,
-    EvidenceDetail,
-    EvidenceEnd,
-    EvidenceOpen,
-    EvidenceSummary,
-    OutcomeRow,
-    RoundMeta,
-    RunEventSummary,
-    RunSummary,
-    TaskDetail,
-    TaskHead,
-    TriggerHead,
-)
+from edge.core.reads import Counts, OutcomeRow, RunEventSummary, RunSummary, TaskDetail, TaskHead, TriggerHead
 from edge.core.runs import ActorType, Run, RunCursor, RunEvent, RunProcess, RunStatus, RunUpdate
 from edge.core.tasks import Task, TaskSpec
 from edge.core.triggers import Admission, CronSpec, ManualAdmission, Trigger, TriggerEvent
+
+if TYPE_CHECKING:  # the AI operator's shapes load only with it (edge.core.agent)
+    from edge.core.agent import EvidenceCursor, EvidenceDetail, EvidenceEnd, EvidenceOpen, EvidenceSummary, RoundMeta
 
 # -- tasks, runs, triggers ----------------------------------------------------------
 

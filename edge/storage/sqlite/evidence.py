@@ -7,6 +7,12 @@ than MAX_AGE_MS before the inserting write's clock (the device clock: a clock se
 prunes early or late, which changes nothing else). Each insert looks at the PRUNE_BATCH
 oldest rows only, so its cost is bounded and the table converges. The rule covers the
 whole table, as one daemon serves one project.
+
+The store's change position, recorded before and after each run, costs no write: it is the
+number of rows the daemon's connection has changed since it opened, above a base taken once
+per daemon from the highest position any record holds. So within one daemon's life the
+difference of two positions is exactly the number of rows changed in between, and across
+restarts positions only grow.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import apsw
 import msgspec
 
 from edge.core.errors import unavailable
-from edge.core.reads import EvidenceCursor, EvidenceDetail, EvidenceEnd, EvidenceOpen, EvidenceSummary, RoundMeta
+from edge.core.agent import EvidenceCursor, EvidenceDetail, EvidenceEnd, EvidenceOpen, EvidenceSummary, RoundMeta
 from edge.storage.sqlite.db import Database, immediate, one
 
 MAX_RECORDS = 500
@@ -25,7 +31,7 @@ PRUNE_BATCH = 16
 _round = msgspec.json.Encoder()
 _rounds = msgspec.json.Decoder(list[RoundMeta])
 
-SQL_POSITION = "SELECT coalesce((SELECT value FROM meta WHERE key = 'change_seq'), 0)"
+SQL_HIGHEST = "SELECT max(coalesce(max(position_before), 0), coalesce(max(position_after), 0)) FROM agent_evidence"
 SQL_INSERT = (
     "INSERT INTO agent_evidence (run_id, project_id, task_id, task_revision, state, instruction, provider, model,"
     " cost_usd, position_before, created_at_ms) VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?)"
@@ -62,19 +68,30 @@ _AHEAD_OF_ALL = EvidenceCursor(created_at_ms=1 << 62, run_id="\U0010ffff")
 _USAGE_ESTIMATED = 12  # column index in SUMMARY
 
 
-def _insert(conn: apsw.Connection, record: EvidenceOpen, now: int) -> None:
-    (position,) = one(conn, SQL_POSITION)
+class Position:
+    """The change position of one daemon's connection (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        self._base: int | None = None
+
+    def __call__(self, conn: apsw.Connection) -> int:
+        if self._base is None:  # once per daemon, at its first record: at most MAX_RECORDS rows
+            self._base = int(one(conn, SQL_HIGHEST)[0] or 0) + 1 - conn.total_changes()
+        return self._base + conn.total_changes()
+
+
+def _insert(conn: apsw.Connection, record: EvidenceOpen, now: int, position: Position) -> None:
     conn.execute(SQL_INSERT, (
         record.run_id, record.project_id, record.task_id, record.task_revision, record.instruction,
-        record.provider, record.model, 0.0 if record.cost_known else None, position, now,
+        record.provider, record.model, 0.0 if record.cost_known else None, position(conn), now,
     ))
     (newest,) = one(conn, "SELECT coalesce(max(seq), 0) FROM agent_evidence")
     conn.execute(SQL_PRUNE, (PRUNE_BATCH, newest - MAX_RECORDS, now - MAX_AGE_MS))
 
 
-def open_record(conn: apsw.Connection, record: EvidenceOpen, now: int) -> None:
+def open_record(conn: apsw.Connection, record: EvidenceOpen, now: int, position: Position) -> None:
     with immediate(conn):
-        _insert(conn, record, now)
+        _insert(conn, record, now, position)
 
 
 def add_round(conn: apsw.Connection, project: str, run_id: str, meta: RoundMeta, cost: float | None) -> bool:
@@ -84,15 +101,14 @@ def add_round(conn: apsw.Connection, project: str, run_id: str, meta: RoundMeta,
         return conn.changes() > 0
 
 
-def end_record(conn: apsw.Connection, end: EvidenceEnd, started: EvidenceOpen, now: int) -> None:
+def end_record(conn: apsw.Connection, end: EvidenceEnd, started: EvidenceOpen, now: int, position: Position) -> None:
     with immediate(conn):
         found = conn.execute("SELECT 1 FROM agent_evidence WHERE run_id = ? AND project_id = ?",
                              (end.run_id, end.project_id)).fetchone()
         if found is None:
-            _insert(conn, started, now)
-        (position,) = one(conn, SQL_POSITION)
-        conn.execute(SQL_END, (end.state, end.error_code, end.budget, end.error, end.answer_summary, position, now,
-                               end.run_id, end.project_id))
+            _insert(conn, started, now, position)
+        conn.execute(SQL_END, (end.state, end.error_code, end.budget, end.error, end.answer_summary, position(conn),
+                               now, end.run_id, end.project_id))
 
 
 def _flags(row: tuple) -> tuple:
@@ -124,15 +140,16 @@ class SqliteEvidenceStore:
 
     def __init__(self, db: Database) -> None:
         self._db = db
+        self._position = Position()
 
     async def open(self, record: EvidenceOpen, now_ms: int) -> None:
-        await self._db.run(open_record, record, now_ms)
+        await self._db.run(open_record, record, now_ms, self._position)
 
     async def add_round(self, project: str, run_id: str, meta: RoundMeta, cost_usd: float | None) -> bool:
         return await self._db.run(add_round, project, run_id, meta, cost_usd)
 
     async def end(self, end: EvidenceEnd, started: EvidenceOpen, now_ms: int) -> None:
-        await self._db.run(end_record, end, started, now_ms)
+        await self._db.run(end_record, end, started, now_ms, self._position)
 
     async def page(self, project: str, after: EvidenceCursor | None, limit: int) -> list[EvidenceSummary]:
         return await self._db.run(page, project, after or _AHEAD_OF_ALL, limit)

@@ -206,18 +206,9 @@ INSERT INTO meta (key, value)
     SELECT 'run_log_bytes:' || project_id, sum(log_bytes * (log_dropped_at_ms IS NULL)) FROM runs GROUP BY project_id;
 """
 
-# The evidence history of AI runs (seed 001), and the store's change position: a counter
-# raised by triggers on every run event, task or trigger revision and deletion, so an
-# evidence record can say what the store looked like before and after the run.
-_BUMP = "UPDATE meta SET value = value + 1 WHERE key = 'change_seq';"
-_V5 = f"""
-INSERT INTO meta (key, value) VALUES ('change_seq', 0) ON CONFLICT (key) DO NOTHING;
-CREATE TRIGGER change_seq_run_event AFTER INSERT ON run_events BEGIN {_BUMP} END;
-CREATE TRIGGER change_seq_task_revision AFTER INSERT ON task_revisions BEGIN {_BUMP} END;
-CREATE TRIGGER change_seq_trigger_revision AFTER INSERT ON trigger_revisions BEGIN {_BUMP} END;
-CREATE TRIGGER change_seq_run_delete AFTER DELETE ON runs BEGIN {_BUMP} END;
-CREATE TRIGGER change_seq_task_delete AFTER DELETE ON tasks BEGIN {_BUMP} END;
-CREATE TRIGGER change_seq_trigger_delete AFTER DELETE ON triggers BEGIN {_BUMP} END;
+# The evidence history of AI runs (seed 001): one row per run, `seq` its insertion order
+# (retention trims the oldest), listed newest first by creation time.
+_V5 = """
 CREATE TABLE agent_evidence (
     seq INTEGER PRIMARY KEY,
     run_id TEXT NOT NULL UNIQUE,
