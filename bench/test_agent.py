@@ -28,7 +28,7 @@ from edge.cli.client import Client
 from edge.core.agent import EvidenceEnd, EvidenceOpen, RoundMeta
 from edge.storage.sqlite.db import Database
 from edge.storage.sqlite.evidence import SqliteEvidenceStore
-from edge.tools.agent import detail_view
+from edge.tools.agent import ROUND_PAGE, detail_view
 from fake_provider import FakeProvider, Step, answer, self_signed, tool_call, usage
 
 MiB = 1 << 20
@@ -222,7 +222,7 @@ def _normal_round(n: int) -> RoundMeta:
 
 
 async def _table(path: str, records: int, rounds: int, make_round, instruction: str, error: str | None,
-                 answer_text: str) -> tuple[int, int]:
+                 answer_text: str) -> tuple[int, int, int]:
     db = await Database.open(path)
     store = SqliteEvidenceStore(db)
     try:
@@ -239,10 +239,11 @@ async def _table(path: str, records: int, rounds: int, make_round, instruction: 
                             1_800_000_000_000 + i + 1)
         row = await store.get("default", opened.run_id)
         single = len(_json.encode(detail_view(row)))
+        page = len(_json.encode(detail_view(row, 0, ROUND_PAGE)))  # what one history.get answers
         table = await db.run(lambda conn: conn.execute(
             "SELECT sum(pgsize) FROM dbstat WHERE name IN ('agent_evidence', 'agent_evidence_created_idx',"
             " 'sqlite_autoindex_agent_evidence_1')").fetchone()[0])
-        return single, table
+        return single, page, table
     finally:
         await db.close()
 
@@ -260,8 +261,9 @@ def test_evidence_sizes(shape):
         else:
             args = (3, _normal_round, "Why did last night's backup fail?", None,
                     "The backup failed because the disk is full (run 01a2…).")
-        single, table = asyncio.run(_table(path, 500, *args))
-        RESULTS.setdefault("records", {})[shape] = {"single_bytes": single, "table_500_bytes": table}
+        single, page, table = asyncio.run(_table(path, 500, *args))
+        RESULTS.setdefault("records", {})[shape] = {"single_bytes": single, "first_page_bytes": page,
+                                                    "table_500_bytes": table}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

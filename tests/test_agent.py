@@ -472,3 +472,47 @@ def test_a_build_without_the_agent_refuses_to_start_with_one_line(home, provider
                             env={**os.environ, "QLEDGE_HOME": home}, capture_output=True, text=True, timeout=30)
     assert result.returncode == 1
     assert result.stderr == "qledge: the AI operator is not included in this build\n"
+
+
+def test_the_daemon_loads_nothing_of_the_child_even_after_ai_runs(agent, provider):
+    d = agent(read_logs=False)
+    provider.add(tool_call("qinglong.run.list", {}), answer("备份失败：磁盘已满。"))
+    run = start_and_wait(d, ai_task(d, "cjk")["id"])
+    assert run["status"] == "succeeded" and log(d, run["id"]) == "备份失败：磁盘已满。\n"
+    offered = {t["function"]["name"] for t in provider.requests[0].body["tools"]}
+    assert offered == READ_TOOLS - {"qinglong.run.log.excerpt"}  # read_logs = false
+    modules = d.call("qledge.status", {"includeModules": True})["modules"]
+    assert "edge.tools.agent" in modules and "edge.storage.sqlite.evidence" in modules
+    for absent in ("edge.agent", "ssl", "_ssl", "http"):  # (urllib: the editable install loads it)
+        assert not [m for m in modules if m == absent or m.startswith(absent + ".")], absent
+    assert re.search(r"^agent: +test-model at http", d.cli("status").stdout, re.M)
+
+
+def test_the_default_daemon_loads_nothing_of_the_operator(daemon):
+    modules = daemon.call("qledge.status", {"includeModules": True})["modules"]
+    for absent in ("edge.agent", "edge.core.agent", "edge.tools.agent", "edge.storage.sqlite.evidence",
+                   "edge.app.agent", "ssl", "http"):
+        assert not [m for m in modules if m == absent or m.startswith(absent + ".")], absent
+
+
+def test_each_question_is_a_revision_of_the_ask_task_and_keeps_its_run(agent, provider):
+    d = agent()
+    provider.add(answer("first answer"), answer("second answer"))
+    runs = []
+    for question in ("first question?", "second question?"):
+        asked = d.cli("ask", question, "--json")
+        assert asked.returncode == 0, asked.stderr
+        runs.append(json.loads(asked.stdout))
+    finished = [wait(d, r["id"]) for r in runs]
+    assert [r["taskRevision"] for r in finished] == [1, 2] and all(r["status"] == "succeeded" for r in finished)
+    assert [record(d, r["id"])["instruction"] for r in finished] == ["first question?", "second question?"]
+    assert d.call("qledge.task.get", {"taskId": "ask"})["spec"]["overlap"] == "allow"
+
+
+def test_ask_will_not_take_over_a_command_task_named_ask(agent):
+    d = agent()
+    d.cli("task", "add", "ask", "--", "true")
+    asked = d.cli("ask", "hello?")
+    assert asked.returncode == 1
+    assert asked.stderr.strip() == ("qledge: conflict: task 'ask' exists and is not an AI task;"
+                                    " `qledge ask` needs that name")

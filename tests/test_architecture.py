@@ -70,7 +70,7 @@ def test_the_agent_child_is_imported_by_nothing_outside_it():
 
 # The AI operator's modules outside edge/agent: shipped by the profiles that include it, loaded
 # by the daemon only when [agent] is enabled.
-AGENT_SIDE = {"app/agent.py", "core/agent.py", "storage/sqlite/evidence.py", "tools/agent.py"}
+AGENT_SIDE = {"app/agent.py", "core/agent.py", "core/ports/agent.py", "storage/sqlite/evidence.py", "tools/agent.py"}
 
 
 def _eager_imports(tree: ast.Module) -> set[str]:
@@ -111,7 +111,7 @@ def test_nothing_the_default_daemon_loads_imports_the_agent_side_eagerly():
     assert wrong == []
     lazy = {rel for rel, _, module in _imports() if module in agent} - AGENT_SIDE
     assert {r for r in lazy if not r.startswith("agent" + os.sep)} == {
-        "app/graph.py", "cli/commands.py", "core/ports/runtime.py", "core/ports/stores.py", "runner/supervisor.py"}
+        "app/graph.py", "cli/commands.py", "runner/supervisor.py", "tools/chain.py"}
 
 
 def test_every_port_is_in_the_architecture_document():

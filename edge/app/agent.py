@@ -5,16 +5,51 @@ evidence store, the run credentials and the service the runner and the tools sha
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from edge.app.config import AgentConfig, AgentProfile, Config
 from edge.app.graph import StartupError, Stores
 from edge.core.agent import Limits, ProviderSettings, endpoint
-from edge.core.ports.runtime import Clock, RunCredentials
+from edge.core.ports.runtime import Clock
+from edge.core.agent import EvidenceCursor, EvidenceDetail, EvidenceEnd, EvidenceOpen, EvidenceSummary, RoundMeta
 from edge.storage.sqlite.db import Database
-from edge.storage.sqlite.evidence import SqliteEvidenceStore
 from edge.tools.agent import AgentService, AgentSettings, RunCredentialRegistry
+
+if TYPE_CHECKING:
+    from edge.core.ports.agent import AgentEvidenceStore, RunCredentials
+
+
+class EvidenceOnFirstUse:
+    """AgentEvidenceStore: the SQLite adapter, imported at the first record or history read
+    (an idle daemon never needs it)."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._store: AgentEvidenceStore | None = None
+
+    def _real(self) -> AgentEvidenceStore:
+        if self._store is None:
+            from edge.storage.sqlite.evidence import SqliteEvidenceStore
+
+            self._store = SqliteEvidenceStore(self._db)
+        return self._store
+
+    async def open(self, record: EvidenceOpen, now_ms: int) -> None:
+        await self._real().open(record, now_ms)
+
+    async def add_round(self, project: str, run_id: str, meta: RoundMeta, cost_usd: float | None) -> bool:
+        return await self._real().add_round(project, run_id, meta, cost_usd)
+
+    async def end(self, end: EvidenceEnd, started: EvidenceOpen, now_ms: int) -> None:
+        await self._real().end(end, started, now_ms)
+
+    async def page(self, project: str, after: EvidenceCursor | None, limit: int) -> list[EvidenceSummary]:
+        return await self._real().page(project, after, limit)
+
+    async def get(self, project: str, run_id: str) -> EvidenceDetail | None:
+        return await self._real().get(project, run_id)
 
 
 def _checked(provider: ProviderSettings, where: str) -> ProviderSettings:
@@ -66,4 +101,4 @@ def build_agent(
     settings = AgentSettings(provider=provider, profiles=profiles, limits=limits, read_logs=a.read_logs,
                              concurrency=a.concurrency, socket=socket_path)
     return AgentService(settings=settings, credentials=credentials or RunCredentialRegistry(pepper),
-                        evidence=SqliteEvidenceStore(db), tasks=stores.tasks, secrets=stores.secrets, clock=clock)
+                        evidence=EvidenceOnFirstUse(db), tasks=stores.tasks, secrets=stores.secrets, clock=clock)

@@ -17,7 +17,7 @@ import msgspec
 
 from edge.app.config import Config, default_zone
 from edge.core.clock import SystemClock
-from edge.core.ports.runtime import AgentRuns, Clock, RunCredentials
+from edge.core.ports.runtime import Clock
 from edge.core.ports.stores import AuditLog, CountsReader, CredentialStore, Readers, SecretStore
 from edge.core.reads import Counts
 from edge.core.schedule import ScheduleError, load_zone
@@ -42,6 +42,7 @@ from edge.transports.tool_socket import ToolServer
 from edge.transports.unix import UnixListener
 
 if TYPE_CHECKING:
+    from edge.core.ports.agent import AgentRuns, RunCredentials
     from edge.tools.agent import AgentService
 
 log = logging.getLogger("qledge")

@@ -404,7 +404,7 @@ def _agent_task_fields(t: Task, command: AgentInstruction) -> None:
 
 
 def _cost(usd: float | None) -> str:
-    return "unknown" if usd is None else f"${usd:.4f}"
+    return "unknown" if usd is None else f"${usd:.6f}"
 
 
 def agent_list(c: Client, a: argparse.Namespace) -> int:

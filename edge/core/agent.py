@@ -6,7 +6,7 @@ edge.storage.sqlite.evidence); the default daemon never imports it."""
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal, NamedTuple
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -20,7 +20,7 @@ _URL = re.compile(
 )
 
 
-class Endpoint(NamedTuple):
+class Endpoint(msgspec.Struct, frozen=True, array_like=True):
     scheme: str
     host: str
     port: int

@@ -15,7 +15,7 @@ import msgspec
 
 from edge.core.errors import ToolError, conflict, not_found
 from edge.core.handoff import Background, shielded
-from edge.core.ports.runtime import AgentRuns, Clock
+from edge.core.ports.runtime import Clock
 from edge.core.ports.stores import LogWriter, RunAdmission, RunLogFiles, RunStore, SecretStore, TaskStore
 from edge.core.runs import ActorType, Run, RunProcess, RunStatus, RunUpdate, summary
 from edge.core.tasks import AgentInstruction, SecretRef, Task
@@ -23,6 +23,7 @@ from edge.runner import process
 
 if TYPE_CHECKING:
     from edge.core.agent import AgentLaunch
+    from edge.core.ports.agent import AgentRuns
 
 log = logging.getLogger("qledge.runner")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -27,10 +27,12 @@ from edge.core.auth import (
     tool_reason,
 )
 from edge.core.errors import ToolError, invalid
-from edge.core.ports.runtime import RunCredentials
 from edge.core.ports.stores import CredentialStore
 from edge.tools.context import Caller, Services, ToolContext
 from edge.tools.definition import Entry, Registry
+
+if TYPE_CHECKING:
+    from edge.core.ports.agent import RunCredentials
 
 log = logging.getLogger("qledge.tools")
 

@@ -5,16 +5,12 @@ the daemon's facts). Adapters live beside what they adapt; composition wires the
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from edge.core.auth import Principal
 from edge.core.ports.stores import TriggerStore
 from edge.core.reads import Counts
-from edge.core.runs import ActorType, Run, RunStatus, RunUpdate
+from edge.core.runs import ActorType, Run
 from edge.core.tasks import Task
-
-if TYPE_CHECKING:  # the AI operator's shapes load only with it
-    from edge.core.agent import AgentLaunch
 
 
 class Clock(Protocol):
@@ -79,54 +75,6 @@ class RunController(RunExecutor, Protocol):
 
     async def wait(self, project: str, run_id: str, timeout_s: float) -> Run | None:
         """The run once it has finished or `timeout_s` has passed; None when missing."""
-        ...
-
-
-class RunCredentials(Protocol):
-    """Credentials minted for one run, held in memory only: a daemon that dies takes them
-    with it, so nothing outlives the run it was made for."""
-
-    def mint(self, run_id: str, permissions: frozenset[str]) -> str:
-        """A new token for `run_id` alone, granting exactly `permissions`; its principal is
-        `agent:<run id>`."""
-        ...
-
-    def revoke(self, run_id: str) -> bool:
-        """The run's credential stops working at once, for the next call and for the chain's
-        re-check of calls in flight. True when one was live."""
-        ...
-
-    def lookup(self, credential_id: str) -> tuple[bytes, Principal] | None:
-        """For authentication: the HMAC digest of a live credential's secret and its principal."""
-        ...
-
-
-class AgentRuns(Protocol):
-    """AI runs (tasks whose command is an agent instruction) as the runner sees them."""
-
-    @property
-    def concurrency(self) -> int:
-        """How many AI runs may execute at once: they have slots of their own, beside the
-        runner's, so they never hold up commands."""
-        ...
-
-    async def launch(self, task: Task, run: Run) -> AgentLaunch:
-        """Mint the run's credential, open its evidence record, and say how to start its
-        child. Raises ToolError (e.g. a profile that is not configured): the run then fails
-        with error code `agent_config` and that message."""
-        ...
-
-    def exited(self, run_id: str, status: RunStatus, update: RunUpdate) -> RunStatus:
-        """The child is gone: revoke its credential now, and fold in the outcome it reported
-        (a failure it explained keeps its own error code and summary). Updates `update`;
-        returns the status to record."""
-        ...
-
-    async def ended(self, run: Run, task: Task | None) -> None:
-        """Finish the evidence of an AI run that reached a terminal status, whatever the path
-        (runs that never started and runs recovered as `lost` too; `task` None: look it up,
-        and do nothing for a command task), and revoke its credential if still live. Never
-        raises: a record that cannot be written is logged once and changes nothing else."""
         ...
 
 

@@ -12,7 +12,7 @@ Rules every adapter keeps, so each contract below can be short:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import msgspec
 
@@ -21,9 +21,6 @@ from edge.core.reads import Counts, OutcomeRow, RunEventSummary, RunSummary, Tas
 from edge.core.runs import ActorType, Run, RunCursor, RunEvent, RunProcess, RunStatus, RunUpdate
 from edge.core.tasks import Task, TaskSpec
 from edge.core.triggers import Admission, CronSpec, ManualAdmission, Trigger, TriggerEvent
-
-if TYPE_CHECKING:  # the AI operator's shapes load only with it (edge.core.agent)
-    from edge.core.agent import EvidenceCursor, EvidenceDetail, EvidenceEnd, EvidenceOpen, EvidenceSummary, RoundMeta
 
 # -- tasks, runs, triggers ----------------------------------------------------------
 
@@ -187,37 +184,6 @@ class RunAdmission(Protocol):
     async def save_time(self, now_ms: int) -> None:
         """Raise the clock mark to `now_ms` (never lowers it)."""
         ...
-
-
-class AgentEvidenceStore(Protocol):
-    """The evidence history of AI runs (seed 001): one bounded record per run, a projection
-    and never a trace. Retention is applied by the writes that insert (`open`, and `end`
-    when it has to insert): the newest `max_records` and none created more than `max_age`
-    before the insert's clock, both; each insert deletes at most a few of the oldest
-    records, so its cost is bounded and the table converges. Nothing points at these rows:
-    a record pruned early or late changes nothing else."""
-
-    async def open(self, record: EvidenceOpen, now_ms: int) -> None:
-        """Insert the record of an AI run that starts (state `running`), with the store's
-        change position; a record that exists is left as it is."""
-        ...
-
-    async def add_round(self, project: str, run_id: str, meta: RoundMeta, cost_usd: float | None) -> bool:
-        """Append one round's metadata and add its usage to the totals; `cost_usd` None makes
-        the record's cost unknown for good. False when there is no such open record."""
-        ...
-
-    async def end(self, end: EvidenceEnd, started: EvidenceOpen, now_ms: int) -> None:
-        """Set a record's terminal state, error, answer summary, finish time and the change
-        position after; when there is no record (its open failed, or it never started),
-        insert it from `started` first."""
-        ...
-
-    async def page(self, project: str, after: EvidenceCursor | None, limit: int) -> list[EvidenceSummary]:
-        """Records strictly after `after` in (created_at_ms DESC, run_id DESC) order, on an index."""
-        ...
-
-    async def get(self, project: str, run_id: str) -> EvidenceDetail | None: ...
 
 
 # -- security -----------------------------------------------------------------------
