@@ -16,6 +16,7 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import msgspec
 import psycopg
@@ -29,6 +30,9 @@ from edge.core.runs import ActorType, Run, RunUpdate
 from edge.core.tasks import Task
 from edge.storage.postgres.db import PgDatabase, Tx
 from edge.storage.postgres.runs import NOW_MS
+
+if TYPE_CHECKING:
+    from edge.core.ports.agent import AgentRuns
 
 log = logging.getLogger("qledge.cluster")
 
@@ -295,8 +299,9 @@ class ClusterRunner:
     by any node."""
 
     def __init__(self, local: RunController, node: Node, admission: RunAdmission, runs: RunStore,
-                 claims: RunClaims, clock: Clock, settings: NodeSettings) -> None:
+                 claims: RunClaims, clock: Clock, settings: NodeSettings, agents: AgentRuns | None = None) -> None:
         self._local = local
+        self._agents = agents  # an AI run cancelled before any node took it still gets its record
         self._node = node
         self._admission = admission
         self._runs = runs
@@ -334,12 +339,16 @@ class ClusterRunner:
                 return await self._until_finished(project, run, self._settings.cancel_wait_s)
             try:  # queued and claimed by nobody: cancelled here (a claim meanwhile moves its version)
                 now = self._clock.now_ms()
-                return await self._runs.transition(
+                cancelled = await self._runs.transition(
                     run.id, run.version, "cancelled", now, "user",
                     RunUpdate(finished_at_ms=now, error_summary=f"cancelled: {reason}"), reason)
             except ToolError as exc:
                 if exc.code != "conflict":
                     raise
+                continue
+            if self._agents is not None:
+                await self._agents.ended(cancelled, None)
+            return cancelled
         raise conflict(f"run {run_id} kept changing; try again")
 
     async def wait(self, project: str, run_id: str, timeout_s: float) -> Run | None:
