@@ -1,7 +1,7 @@
-"""The evidence history's store on a real SQLite file: retention on insert (the 501st record
-prunes the oldest; a 91-day-old record goes, with an injected clock), bounded deletes,
-totals and unknown cost, ending a record that was never opened, the change position, and
-the real query plan of the history page."""
+"""The evidence history's SQLite store beyond the contract every backend meets
+(tests/test_port_contracts.py: retention on insert, bounded deletes, totals and unknown
+cost, ending a record never opened, pages): the change position's arithmetic on the
+daemon's connection, across daemons, and the real query plan of the history page."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import os
 import apsw
 import pytest
 
-from edge.core.agent import EvidenceCursor, EvidenceEnd, EvidenceOpen, RoundMeta
+from edge.core.agent import EvidenceEnd, EvidenceOpen, RoundMeta
 from edge.storage.sqlite.db import Database
-from edge.storage.sqlite.evidence import MAX_AGE_MS, MAX_RECORDS, PRUNE_BATCH, SQL_PAGE, SqliteEvidenceStore
+from edge.storage.sqlite.evidence import SQL_PAGE, SqliteEvidenceStore
 from support import assert_uses_index
 
 DAY = 86_400_000
@@ -44,64 +44,6 @@ def count(sql: apsw.Connection) -> int:
     return sql.execute("SELECT count(*) FROM agent_evidence").fetchone()[0]
 
 
-async def test_the_501st_record_prunes_the_oldest(store):
-    evidence, sql = store
-    for n in range(MAX_RECORDS):
-        await evidence.open(opened(n), T0 + n)
-    assert count(sql) == MAX_RECORDS
-    await evidence.open(opened(MAX_RECORDS), T0 + MAX_RECORDS)
-    assert count(sql) == MAX_RECORDS
-    assert await evidence.get("default", "run-00000") is None
-    assert await evidence.get("default", "run-00001") is not None
-
-
-async def test_a_91_day_old_record_is_pruned_by_the_next_insert(store):
-    evidence, sql = store
-    await evidence.open(opened(1), T0)
-    await evidence.open(opened(2), T0 + 89 * DAY)
-    await evidence.open(opened(3), T0 + 90 * DAY)  # exactly 90 days: kept
-    assert count(sql) == 3
-    await evidence.open(opened(4), T0 + 91 * DAY)  # the device clock says 91 days later
-    assert await evidence.get("default", "run-00001") is None
-    assert [r.run_id for r in await evidence.page("default", None, 10)] == ["run-00004", "run-00003", "run-00002"]
-    assert MAX_AGE_MS == 90 * DAY
-
-
-async def test_each_insert_deletes_a_bounded_number_of_rows(store):
-    evidence, sql = store
-    for n in range(40):
-        await evidence.open(opened(n), T0 + n)
-    await evidence.open(opened(99), T0 + 200 * DAY)  # all 40 are too old, only the oldest few go at once
-    assert count(sql) == 41 - PRUNE_BATCH
-    for n in range(100, 104):
-        await evidence.open(opened(n), T0 + 200 * DAY)
-    assert count(sql) == 5  # converged over the next writes
-
-
-async def test_rounds_add_up_and_an_estimated_round_makes_the_cost_unknown(store):
-    evidence, _ = store
-    await evidence.open(opened(1), T0)
-    assert await evidence.add_round("default", "run-00001", meta(1), 0.25)
-    assert await evidence.add_round("default", "run-00001", meta(2), 0.5)
-    record = await evidence.get("default", "run-00001")
-    assert (record.rounds, record.input_tokens, record.output_tokens, record.cost_usd) == (2, 300, 30, 0.75)
-    assert [r.plan for r in record.round_meta] == ["plan 1", "plan 2"]
-    assert await evidence.add_round("default", "run-00001", meta(3, estimated=True), None)
-    record = await evidence.get("default", "run-00001")
-    assert record.usage_estimated and record.cost_usd is None
-    assert await evidence.add_round("default", "run-00001", meta(4), 1.0)
-    assert (await evidence.get("default", "run-00001")).cost_usd is None  # unknown stays unknown
-    assert not await evidence.add_round("default", "elsewhere", meta(1), 1.0)
-    assert not await evidence.add_round("other-project", "run-00001", meta(5), 1.0)
-
-
-async def test_without_prices_the_cost_is_unknown_from_the_start(store):
-    evidence, _ = store
-    await evidence.open(opened(1, cost_known=False), T0)
-    await evidence.add_round("default", "run-00001", meta(1), None)
-    assert (await evidence.get("default", "run-00001")).cost_usd is None
-
-
 def _three_changes(conn: apsw.Connection) -> None:
     conn.execute("INSERT INTO tasks (project_id, id, name, revision, enabled, created_at_ms, updated_at_ms)"
                  " VALUES ('default', 't', 't', 1, 1, 1, 1)")
@@ -125,17 +67,6 @@ async def test_end_finishes_once_and_inserts_a_record_that_was_never_opened(stor
     record = await evidence.get("default", "run-00002")
     assert (record.state, record.error, record.instruction, record.rounds) == (
         "cancelled", "cancelled: user", "question 2", 0)
-
-
-async def test_pages_are_newest_first_keysets(store):
-    evidence, _ = store
-    for n in range(5):
-        await evidence.open(opened(n), T0 + n // 2)  # equal times: the run id breaks the tie
-    first = await evidence.page("default", None, 3)
-    assert [r.run_id for r in first] == ["run-00004", "run-00003", "run-00002"]
-    after = EvidenceCursor(created_at_ms=first[-1].created_at_ms, run_id=first[-1].run_id)
-    assert [r.run_id for r in await evidence.page("default", after, 3)] == ["run-00001", "run-00000"]
-    assert await evidence.page("other-project", None, 3) == []
 
 
 async def test_the_history_page_rides_its_index(store):

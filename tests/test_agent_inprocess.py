@@ -1,11 +1,13 @@
-"""The AI run's credential, in-process: the daemon's own graph (real SQLite file, real chain,
-real tool socket, the real runner starting the real child against a scripted provider). The
-one double: the daemon's credential registry, subclassed only to remember the tokens it
-mints, so the test can hold the very credential the child holds."""
+"""The AI run's credential, in-process: the daemon's own graph (a real SQLite file, or a
+cluster node on a real PostgreSQL; real chain, real tool socket, the real runner starting
+the real child against a scripted provider). The one double: the daemon's credential
+registry, subclassed only to remember the tokens it mints, so the test can hold the very
+credential the child holds."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 
@@ -14,6 +16,7 @@ import pytest
 
 from edge.app.config import Config
 from edge.app.graph import (
+    Cluster,
     DaemonFacts,
     agent_service,
     build_chain,
@@ -49,35 +52,88 @@ class RecordingCredentials(RunCredentialRegistry):
 
 
 class Daemon:
-    def __init__(self, home: str, provider: FakeProvider) -> None:
+    """The daemon's graph on SQLite, or as a cluster node on PostgreSQL (`dsn`): the node's
+    claim loop hands the run to its runner, and its evidence and audit are PostgreSQL's."""
+
+    def __init__(self, home: str, provider: FakeProvider, dsn: str | None = None) -> None:
         self.home = home
         self.provider = provider
         self.socket = os.path.join(home, "qledge.sock")
+        self.dsn = dsn
+        self.db: Database | None = None
+        self.cluster: Cluster | None = None
 
     async def open(self) -> Daemon:
-        config = msgspec.convert({"agent": {"enabled": True, "base_url": self.provider.url, "model": "m"}}, Config)
+        keys: dict = {"agent": {"enabled": True, "base_url": self.provider.url, "model": "m"}}
+        if self.dsn is not None:
+            keys["cluster"] = {"dsn": self.dsn, "node": "n1", "lease_s": 3, "heartbeat_s": 0.5, "poll_s": 0.5}
+        config = msgspec.convert(keys, Config)
         clock, pepper = SystemClock(), b"p" * 32
-        self.db = await Database.open(os.path.join(self.home, "qledge.db"))
-        stores = build_stores(self.db, config, self.home)
         self.credentials = RecordingCredentials(pepper)
         users = task_users(config, self.home)
-        agent = agent_service(config, stores, clock, pepper, users, credentials=self.credentials, db=self.db)
-        workers = build_workers(config, self.home, stores, clock, agents=agent, users=users)
+        distribute = None
+        if self.dsn is None:
+            self.db = await Database.open(os.path.join(self.home, "qledge.db"))
+            stores = build_stores(self.db, config, self.home)
+            agent = agent_service(config, stores, clock, pepper, users, credentials=self.credentials, db=self.db)
+        else:
+            self.cluster = cluster = Cluster(config, self.home)
+            await cluster.open()
+            assert cluster.stores is not None and cluster.clock is not None
+            stores, clock = cluster.stores, cluster.clock
+            agent = agent_service(config, stores, clock, pepper, users, cluster.evidence, self.credentials)
+            distribute = functools.partial(cluster.distribute, agents=agent)
+        workers = build_workers(config, self.home, stores, clock, distribute, agent, users)
         self.registry = Registry([*builtin_tools(), *ai_tools(), *agent.tools()])
         agent.offer(self.registry.tools())
-        facts = DaemonFacts(self.db.path, "asyncio", clock, stores.counts, workers.settings, "/")
+        facts = DaemonFacts(stores.location, "asyncio", clock, stores.counts, workers.settings, "/")
         self.services = build_services(config, stores, workers, facts, self.registry, pepper, clock)
         self.chain = build_chain(config, self.services, self.registry, self.credentials)
-        self.runner = workers.runner
+        self.local = workers.runner
+        self.runner = workers.controller  # on a cluster node, the cluster's runner
         self.server = ToolServer(self.chain, self.socket, config.max_frame_bytes)
         agent.serve_with(self.server.attach)
+        if self.cluster is not None and self.cluster.node is not None:
+            await self.cluster.node.start(workers.scheduler.changed)
         await self.server.start()
         return self
 
     async def close(self) -> None:
         await self.server.stop()
-        await self.runner.shutdown()
-        await self.db.close()
+        node = self.cluster.node if self.cluster is not None else None
+        if node is not None:
+            await node.stop()
+        await self.local.shutdown()
+        if node is not None:
+            await node.close()
+        if self.cluster is not None:
+            await self.cluster.close()
+        if self.db is not None:
+            await self.db.close()
+
+    async def audit_count(self, principal: str, outcome: str) -> int:
+        query = "SELECT count(*) FROM security_audit WHERE principal = {0} AND outcome = {0}"
+        if self.db is not None:
+            return await self.db.run(lambda conn: conn.execute(query.format("?"), (principal, outcome)).fetchone()[0])
+        import psycopg
+
+        assert self.dsn is not None
+        async with await psycopg.AsyncConnection.connect(self.dsn) as conn:
+            cur = await conn.execute(query.format("%s"), (principal, outcome))
+            found = await cur.fetchone()
+            assert found is not None
+            return int(found[0])
+
+    async def recent_audit(self, count: int) -> list[str]:
+        query = "SELECT principal FROM security_audit ORDER BY id DESC LIMIT {}"
+        if self.db is not None:
+            return await self.db.run(lambda conn: [r[0] for r in conn.execute(query.format("?"), (count,))])
+        import psycopg
+
+        assert self.dsn is not None
+        async with await psycopg.AsyncConnection.connect(self.dsn) as conn:
+            cur = await conn.execute(query.format("%s"), (count,))
+            return [r[0] for r in await cur.fetchall()]
 
     async def owner(self, tool: str, args: dict) -> object:
         result = await self.chain.call(tool, json.dumps(args).encode(), "json", Caller("socket", peer_uid=os.getuid()))
@@ -99,10 +155,11 @@ def code_with(socket: str, token: str, tool: str, args: dict | None = None) -> s
     return "ok"
 
 
-@pytest.fixture
-async def daemon(home):
+@pytest.fixture(params=["sqlite", "postgres"])
+async def daemon(request, home):
     provider = FakeProvider()
-    d = await Daemon(home, provider).open()
+    dsn = request.getfixturevalue("pg_dsn") if request.param == "postgres" else None
+    d = await Daemon(home, provider, dsn).open()
     yield d
     await d.close()
     provider.close()
@@ -134,11 +191,8 @@ async def test_the_run_credential_is_refused_every_write_tool_and_dead_after_the
     token = daemon.credentials.minted[run_id]
     for name in ("qinglong.run.list", "qledge.agent.round", "qledge.agent.outcome"):
         assert await asyncio.to_thread(code_with, daemon.socket, token, name) == "unauthenticated"
-    rows = daemon.db  # the refusals were audited as the run's principal
-    audit = await rows.run(lambda conn: conn.execute(
-        "SELECT count(*) FROM security_audit WHERE principal = ? AND outcome = 'denied'", (f"agent:{run_id}",)
-    ).fetchone()[0])
-    assert audit == len(others)
+    # The refusals were audited as the run's principal.
+    assert await daemon.audit_count(f"agent:{run_id}", "denied") == len(others)
 
 
 async def test_cancel_during_a_provider_call_revokes_the_credential(daemon):
@@ -164,3 +218,29 @@ async def test_only_a_run_credential_may_report(daemon):
                 "round": 1, "model": "m", "inputTokens": 1, "outputTokens": 1, "usageEstimated": False,
                 "responseChars": 1})
         assert err.value.code == "permission_denied"
+
+
+async def test_a_connection_made_for_a_child_trusts_its_token_only(daemon):
+    """Both ends of a child's connection are the daemon's, so the kernel names the daemon (an
+    owner by uid) as the peer: on such a connection, only a token counts."""
+    import socket
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    daemon.server.attach(ours)
+    daemon.credentials.mint("r-probe", frozenset({"tool.call:qinglong.run.list", "run.read"}))
+    token = daemon.credentials.minted["r-probe"]
+
+    def calls() -> tuple[str, str, str]:
+        with Client("a child's connection", connected=theirs, timeout_s=10) as client:
+            codes = []
+            for tok, tool in ((None, "qinglong.run.list"), (None, "qledge.status"), (token, "qinglong.run.list")):
+                client.token = tok
+                try:
+                    client.call(tool, {})
+                    codes.append("ok")
+                except CallFailed as exc:
+                    codes.append(exc.code)
+            return codes[0], codes[1], codes[2]
+
+    assert await asyncio.to_thread(calls) == ("unauthenticated", "unauthenticated", "ok")
+    assert await daemon.recent_audit(3) == ["agent:r-probe", "anonymous", "anonymous"]

@@ -473,8 +473,11 @@ async def lose_untaken(tx: Tx, project: str, node: str) -> list[str]:
 
 
 async def _ask_cancel(tx: Tx, project: str, run_id: str, reason: str) -> bool:
+    # Only a run some node holds is asked: one that no node took is cancelled by the caller
+    # at once (a compare-and-set that a claim meanwhile makes fail), not left to wait for a slot.
     asked = await tx.execute(
-        "UPDATE runs SET cancel_reason = %s WHERE id = %s AND project_id = %s AND status IN ('queued', 'running')",
+        "UPDATE runs SET cancel_reason = %s WHERE id = %s AND project_id = %s AND status IN ('queued', 'running')"
+        " AND node_id IS NOT NULL",
         (reason, run_id, project))
     if asked:
         await tx.notify("cancel")
