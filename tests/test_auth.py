@@ -139,3 +139,22 @@ def test_tools_list_shows_only_what_the_caller_may_call(daemon):
     seen = {t["name"] for t in daemon.call("qledge.tools.list", token=viewer)["tools"]}
     assert "qledge.task.create" not in seen and "qinglong.run.log.excerpt" not in seen
     assert {"qledge.status", "qinglong.task.list", "qinglong.run.list"} <= seen
+
+
+@pytest.mark.parametrize("key_bytes", [0, 1, 32, 63, 64, 65, 200])
+def test_token_digests_are_hmac_sha256_without_hashlib(key_bytes):
+    """The daemon digests tokens with CPython's builtin SHA-256 (hashlib and hmac cost it
+    ~0.23 MiB idle); the result is exactly the standard library's HMAC-SHA256."""
+    import hashlib
+    import hmac
+    import os
+
+    from edge.core.auth import compare_digest, digest_matches, hmac_sha256, sha256, token_digest
+
+    key, message = os.urandom(key_bytes), os.urandom(3 * key_bytes + 1)
+    assert hmac_sha256(key, message) == hmac.new(key, message, "sha256").digest()
+    assert token_digest(key, "s3cret") == hmac.new(key, b"s3cret", hashlib.sha256).digest()
+    assert digest_matches(token_digest(key, "s3cret"), key, "s3cret")
+    assert not digest_matches(token_digest(key, "s3cret"), key, "s3cre7")
+    assert sha256(message).hexdigest() == hashlib.sha256(message).hexdigest()
+    assert compare_digest(b"ab", b"ab") and not compare_digest(b"ab", b"ac")

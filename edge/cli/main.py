@@ -75,9 +75,9 @@ def _common() -> argparse.ArgumentParser:
 
 
 def _without_openssl_hashes() -> None:
-    """The command modules import the tool modules, whose edge.core.auth imports hashlib and hmac.
-    Nothing the CLI runs needs OpenSSL's hashes: use CPython's builtin ones rather than map
-    libcrypto (~3.5 MiB), as the daemon does (edge.app.lean.restrict_imports)."""
+    """Some commands import hashlib (the import planner's keys; edge.core.auth uses the builtin
+    SHA-256 directly). Nothing the CLI runs needs OpenSSL's hashes: use CPython's builtin ones
+    rather than map libcrypto (~3.5 MiB), as the daemon does (edge.app.lean.restrict_imports)."""
     if "hashlib" not in sys.modules and "hmac" not in sys.modules:
         sys.modules.setdefault("_hashlib", None)  # type: ignore[arg-type]
 

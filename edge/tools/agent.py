@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import socket
 import sys
 from collections.abc import Awaitable, Callable
@@ -96,8 +95,8 @@ class RunCredentialRegistry:
 
     def mint(self, run_id: str, permissions: frozenset[str]) -> str:
         self.revoke(run_id)  # one live credential per run
-        cid = "r" + secrets.token_hex(10)  # never the 12 hex digits of a stored credential's id
-        secret = secrets.token_hex(20)
+        cid = "r" + os.urandom(10).hex()  # never the 12 hex digits of a stored credential's id
+        secret = os.urandom(20).hex()
         principal = Principal(subject=f"agent:{run_id}", role="viewer", permissions=Grant(permissions),
                               credential_id=cid, run_id=run_id)
         self._live[cid] = (token_digest(self._pepper, secret), principal)

@@ -3,7 +3,7 @@ at creation, and never stored."""
 
 from __future__ import annotations
 
-import secrets
+import os
 from typing import Annotated
 
 import msgspec
@@ -67,8 +67,9 @@ def _check_permission(permission: str) -> None:
 async def create(ctx: ToolContext, args: CreateArgs) -> Created:
     for permission in args.permissions or ():
         _check_permission(permission)
-    cid = secrets.token_hex(6)
-    secret = secrets.token_hex(20)
+    # os.urandom, as secrets.token_hex reads it (the secrets module would load hmac and hashlib).
+    cid = os.urandom(6).hex()
+    secret = os.urandom(20).hex()
     cred = Credential(
         id=cid, project_id=ctx.project, name=args.name or f"{args.role}-{cid}", role=args.role,
         permissions=args.permissions, created_at_ms=ctx.now_ms(),
