@@ -390,7 +390,7 @@ def test_disabled_agent_ask_says_how_to_enable_it(daemon):
     assert asked.returncode == 2
     (line,) = asked.stderr.strip().splitlines()
     assert line.startswith("qledge: invalid_argument: the AI operator is off") and "[agent] enabled = true" in line
-    assert daemon.cli("agent", "list").stderr.startswith("qledge: the AI operator is off")
+    assert daemon.cli("agent", "list").stderr.startswith("qledge: invalid_argument: the AI operator is off")
     # An AI task created anyway fails clearly when run.
     ai_task(daemon, "later")
     run = start_and_wait(daemon, "later")

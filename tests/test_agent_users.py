@@ -92,6 +92,7 @@ def test_the_child_becomes_the_agent_user_before_it_talks_to_the_provider(provid
         path = os.path.join(home, name)
         assert os.path.exists(path)
         assert not _can_read_as(nobody.pw_uid, nobody.pw_gid, path), path
+    assert d.call("qledge.status", {})["extra"]["agent"].endswith("; its runs are nobody")
     # The run itself: its environment is that user's login, its log the answer.
     assert log(d, run["id"]).strip() == "looked"
     assert record(d, run["id"])["state"] == "succeeded"

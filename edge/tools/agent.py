@@ -194,7 +194,8 @@ class AgentService:
 
     def status(self) -> dict[str, str]:
         """The line `qledge status` shows."""
-        return {"agent": f"{self.settings.provider.model} at {self.settings.provider.base_url}"}
+        who = f"its runs are {self.settings.user}" if self._users.can_switch else "its runs are the daemon's user"
+        return {"agent": f"{self.settings.provider.model} at {self.settings.provider.base_url}; {who}"}
 
     def offer(self, tools: list[Tool]) -> None:
         """The registered tools: the AI read tools become the model's, and the run credential's."""
