@@ -83,7 +83,7 @@ class Daemon:
             stores, clock = cluster.stores, cluster.clock
             agent = agent_service(config, stores, clock, pepper, users, cluster.evidence, self.credentials)
             distribute = functools.partial(cluster.distribute, agents=agent)
-        workers = build_workers(config, self.home, stores, clock, distribute, agent, users)
+        workers = build_workers(config, self.home, stores, clock, distribute, agents=agent, users=users)
         self.registry = Registry([*builtin_tools(), *ai_tools(), *agent.tools()])
         agent.offer(self.registry.tools())
         facts = DaemonFacts(stores.location, "asyncio", clock, stores.counts, workers.settings, "/")
