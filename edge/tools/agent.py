@@ -26,7 +26,6 @@ from msgspec import UNSET, UnsetType
 import edge
 from edge.core.auth import TOKEN_PREFIX, Grant, Principal, token_digest
 from edge.core.errors import ToolError, conflict, invalid, unavailable
-from edge.core.excerpt import normalize, redact
 from edge.core.ports.runtime import Clock, TaskUsers
 from edge.core.ports.stores import SecretStore, TaskStore
 from edge.core.agent import (
@@ -51,7 +50,7 @@ from edge.core.agent import (
 from edge.core.reads import PAGE_DEFAULT, keyset, storage_fault, valid_page, valid_row
 from edge.core.runs import Run, RunStatus, RunUpdate, summary
 from edge.core.tasks import INSTRUCTION_MAX, AgentBudget, AgentInstruction, Task, TaskSpec
-from edge.core.text import Name, PageLimit, ReadId
+from edge.core.text import Name, PageLimit, ReadId, normalize
 from edge.tools.ai.projections import ai_read_tool
 from edge.tools.context import ToolContext
 from edge.tools.definition import Tool, object_schema, tool
@@ -332,6 +331,8 @@ class AgentService:
         """Model-made text for the evidence: one bounded line, controls neutralized, secrets masked."""
         if not text:
             return None
+        from edge.core.excerpt import redact  # its rules load at the first record, as the excerpt's
+
         line = " ".join(normalize(text).split())[:EVIDENCE_TEXT_MAX]
         return redact(line, await self._secrets.values(project)).text or None
 
