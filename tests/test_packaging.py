@@ -78,8 +78,10 @@ def pyz_dir():
 
 
 def test_profiles_ship_only_their_capabilities(tmp_path):
+    agent = ["edge/agent/__main__.py", "edge/app/agent.py", "edge/core/agent.py", "edge/storage/sqlite/evidence.py",
+             "edge/tools/agent.py"]
     for rel in ("edge/__init__.py", "edge/app/daemon.py", "edge/mcp/server.py", "edge/storage/sqlite/db.py",
-                "edge/storage/sqlite/notify.py", "edge/notify/send.py", "edge/app/__pycache__/x.pyc"):
+                "edge/storage/sqlite/notify.py", "edge/notify/send.py", "edge/app/__pycache__/x.pyc", *agent):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("")
     base = ["edge/__init__.py", "edge/app/daemon.py", "edge/storage/sqlite/db.py"]
@@ -88,7 +90,7 @@ def test_profiles_ship_only_their_capabilities(tmp_path):
     assert build.profile_files("edge-notify", str(tmp_path)) == sorted(
         [*base, "edge/notify/send.py", "edge/storage/sqlite/notify.py"])
     assert build.profile_files("full", str(tmp_path)) == sorted(
-        [*base, "edge/mcp/server.py", "edge/notify/send.py", "edge/storage/sqlite/notify.py"])
+        [*base, "edge/mcp/server.py", "edge/notify/send.py", "edge/storage/sqlite/notify.py", *agent])
     assert build.module_name("edge/__init__.py") == "edge"
     assert build.module_name("edge/app/daemon.py") == "edge.app.daemon"
 
@@ -111,8 +113,9 @@ def test_a_profile_exists_only_when_its_contents_differ(pyz_dir):
     assert set(listed) == set(build.PROFILES), listed  # the README lists exactly the profiles that exist
     for profile, capabilities in build.PROFILES.items():
         for capability in capabilities:
-            for prefix in build.OPTIONAL[capability]:
-                assert f"`{prefix}`" in listed[profile], (profile, capability, prefix)
+            prefixes = build.OPTIONAL[capability]
+            first = prefixes if isinstance(prefixes, str) else prefixes[0]
+            assert f"`{first}`" in listed[profile], (profile, capability)
 
 
 def test_zipapp_is_reproducible_and_its_manifest_is_true(pyz_dir):

@@ -17,6 +17,8 @@ from edge.core.auth import Credential, SecretInfo
 from edge.core.runs import Run, RunDefaults
 from edge.core.tasks import (
     DEFAULT_TIMEOUT_MS,
+    AgentBudget,
+    AgentInstruction,
     ArgvCommand,
     Command,
     NotifyRule,
@@ -37,6 +39,9 @@ from edge.tools.definition import Empty
 if TYPE_CHECKING:
     import argparse
     from collections.abc import Callable
+    from types import ModuleType
+
+    from edge.tools import agent as agent_tools
 
     from edge.tools.ai.projections import TaskView
 
@@ -133,6 +138,9 @@ def _yes(flag: bool) -> str:
 
 def _task_fields(t: Task, defaults: RunDefaults | None) -> None:
     spec = t.spec
+    if isinstance(spec.command, AgentInstruction):
+        _agent_task_fields(t, spec.command)
+        return
     cap = spec.log_cap_bytes
     cwd = spec.working_dir
     render.fields([
@@ -250,6 +258,13 @@ def task_rm(c: Client, a: argparse.Namespace) -> int:
                                          + (" and its triggers" if a.with_triggers else "")))
 
 
+def _waited(c: Client, run_id: str) -> Run:
+    while True:
+        waited = c.typed("qledge.run.wait", run_tools.WaitArgs(run_id=run_id, timeout_ms=30_000), run_tools.WaitResult)
+        if waited.done:
+            return waited.run
+
+
 def run_start(c: Client, a: argparse.Namespace) -> int:
     run = c.typed("qledge.run.start", run_tools.StartArgs(task_id=a.task), Run)
     if not a.wait and not a.follow:
@@ -262,11 +277,7 @@ def run_start(c: Client, a: argparse.Namespace) -> int:
         from edge.cli.history import follow
 
         follow(c, run.id)
-    while True:
-        waited = c.typed("qledge.run.wait", run_tools.WaitArgs(run_id=run.id, timeout_ms=30_000), run_tools.WaitResult)
-        if waited.done:
-            break
-    final = waited.run
+    final = _waited(c, run.id)
     if a.json:
         render.json_out(final)
     else:
@@ -379,6 +390,142 @@ def _status_fields(s: status_tools.Status) -> None:
 
 def status(c: Client, a: argparse.Namespace) -> int:
     return show(a, c.typed("qledge.status", status_tools.StatusArgs(), status_tools.Status), _status_fields)
+
+
+# -- the AI operator ---------------------------------------------------------------------
+
+AGENT_OFF = (
+    "the AI operator is off; to turn it on, set [agent] enabled = true, base_url and model (and api_key_file)"
+    " in the daemon's config and restart it"
+)
+
+
+def _agent_tools() -> ModuleType:
+    """The agent's tool shapes: only builds that include the AI operator have them."""
+    try:
+        from edge.tools import agent
+    except ImportError:
+        raise UsageError("the AI operator is not included in this build") from None
+    return agent
+
+
+def _agent(c: Client, tool: str, args: msgspec.Struct, result: type[T]) -> T:
+    """An agent tool, which only a daemon with [agent] enabled has."""
+    try:
+        return c.typed(tool, args, result)
+    except CallFailed as exc:
+        if exc.code == "invalid_argument" and exc.message == f"unknown tool {tool!r}":
+            raise UsageError(AGENT_OFF) from None
+        raise
+
+
+def _log(c: Client, run_id: str) -> bytes:
+    data = bytearray()
+    while True:
+        chunk = c.typed("qledge.run.log.read", run_tools.LogArgs(run_id=run_id, offset=len(data)), run_tools.LogChunk)
+        data += chunk.data
+        if chunk.eof:
+            return bytes(data)
+
+
+class AskResult(msgspec.Struct, rename="camel"):
+    run: Run
+    answer: str | None  # the run's log when it succeeded
+
+
+def ask(c: Client, a: argparse.Namespace) -> int:
+    question = " ".join(a.question).strip()
+    if not question:
+        raise UsageError("ask a question, e.g. qledge ask \"why did backup fail last night?\"")
+    tools = _agent_tools()
+    run = _agent(c, "qledge.agent.ask", tools.AskArgs(instruction=question, profile=a.profile), Run)
+    if not a.wait:
+        return show(a, run, lambda r: print(f"run {r.id} {r.status}; its answer will be its log:"
+                                            f" qledge run log {r.id}"))
+    if not a.json:
+        print(f"run {run.id} {run.status}", file=sys.stderr, flush=True)
+    final = _waited(c, run.id)
+    text = _log(c, final.id).decode("utf-8", "replace") if final.status == "succeeded" else None
+    if a.json:
+        render.json_out(AskResult(run=final, answer=text))
+    elif text is not None:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    else:
+        print(render.run_line(final), file=sys.stderr)
+    return OK if final.status == "succeeded" else TOOL_ERROR
+
+
+def agent_add(c: Client, a: argparse.Namespace) -> int:
+    budget = AgentBudget(rounds=a.rounds, input_tokens=a.input_tokens, output_tokens=a.output_tokens,
+                         cost_usd=a.cost_usd, wall_clock_s=a.wall_clock)
+    given = any(getattr(budget, f) is not None for f in budget.__struct_fields__)
+    spec = TaskSpec(command=AgentInstruction(instruction=a.instruction, budget=budget if given else None,
+                                             profile=a.profile), overlap=a.overlap)
+    task = c.typed("qledge.task.create", task_tools.CreateArgs(task_id=a.name, spec=spec), Task)
+    return show(a, task, lambda t: print(f"AI task {t.id} created (revision {t.revision});"
+                                         f" run it with qledge run start {t.id}, or add a trigger"))
+
+
+def _agent_task_fields(t: Task, command: AgentInstruction) -> None:
+    budget = command.budget
+    overrides = ", ".join(f"{k} {getattr(budget, k):g}" for k in AgentBudget.__struct_fields__
+                          if budget is not None and getattr(budget, k) is not None)
+    render.fields([
+        ("task", t.id), ("name", t.name), ("revision", t.revision), ("enabled", _yes(t.enabled)),
+        ("kind", "agent (qinglong/agent@v1)"), ("instruction", command.instruction),
+        ("profile", command.profile), ("budget", overrides or "the configured defaults"),
+        ("overlap", t.spec.overlap), ("digest", t.content_digest), ("updated", render.when(t.updated_at_ms)),
+    ])
+
+
+def _cost(usd: float | None) -> str:
+    return "unknown" if usd is None else f"${usd:.6f}"
+
+
+def agent_list(c: Client, a: argparse.Namespace) -> int:
+    tools = _agent_tools()
+    page = _agent(c, "qinglong.agent.history.list", tools.HistoryListArgs(limit=a.limit), tools.HistoryPage)
+    return show_list(
+        a, page.records, "no AI runs yet: qledge ask \"...\"",
+        lambda r: [r.run_id, r.task_id, r.state + (f" ({r.budget})" if r.budget else ""), str(r.rounds),
+                   f"{r.input_tokens}/{r.output_tokens}" + ("~" if r.usage_estimated else ""), _cost(r.cost_usd),
+                   render.when(r.created_at_ms)],
+        ["RUN", "TASK", "STATE", "ROUNDS", "TOKENS IN/OUT", "COST", "CREATED"],
+    )
+
+
+def _record_fields(r: agent_tools.HistoryDetailView) -> None:
+    render.fields([
+        ("run", r.run_id), ("task", f"{r.task_id} (revision {r.task_revision})"),
+        ("state", r.state + (f" ({r.budget})" if r.budget else "")), ("error", r.error_code), ("why", r.error),
+        ("provider", f"{r.model} at {r.provider}"), ("instruction", r.instruction),
+        ("usage", f"{r.input_tokens} in, {r.output_tokens} out" + (" (estimated)" if r.usage_estimated else "")),
+        ("cost", _cost(r.cost_usd)), ("tools", ", ".join(t for rnd in r.per_round for t in rnd.tools) or None),
+        ("answer", r.answer_summary), ("created", render.when(r.created_at_ms)),
+        ("finished", render.when(r.finished_at_ms)), ("position", f"{r.position_before} -> {r.position_after}"),
+    ])
+    for rnd in r.per_round:
+        print(f"  round {rnd.round}: {rnd.model}, {rnd.input_tokens}/{rnd.output_tokens} tokens,"
+              f" {rnd.response_chars} chars" + (f", {', '.join(rnd.tools)}" if rnd.tools else "")
+              + (f": {rnd.plan}" if rnd.plan else ""))
+
+
+def agent_get(c: Client, a: argparse.Namespace) -> int:
+    tools = _agent_tools()
+    record: agent_tools.HistoryDetailView | None = None
+    after = 0
+    while True:  # the record comes with its rounds a page at a time
+        found = _agent(c, "qinglong.agent.history.get", tools.HistoryGetArgs(run_id=a.run, after_round=after),
+                       tools.HistoryGetResult)
+        if not isinstance(found.record, tools.HistoryDetailView):
+            raise CallFailed("not_found", f"no evidence record for run {a.run}")
+        if record is None:
+            record = found.record
+        else:
+            record.per_round += found.record.per_round
+        if not isinstance(found.next_after_round, int):
+            return show(a, record, _record_fields)
+        after = found.next_after_round
 
 
 def call(c: Client, a: argparse.Namespace) -> int:

@@ -75,9 +75,9 @@ def _common() -> argparse.ArgumentParser:
 
 
 def _without_openssl_hashes() -> None:
-    """The command modules import the tool modules, whose edge.core.auth imports hashlib and hmac.
-    Nothing the CLI runs needs OpenSSL's hashes: use CPython's builtin ones rather than map
-    libcrypto (~3.5 MiB), as the daemon does (edge.app.lean.restrict_imports)."""
+    """Some commands import hashlib (the import planner's keys; edge.core.auth uses the builtin
+    SHA-256 directly). Nothing the CLI runs needs OpenSSL's hashes: use CPython's builtin ones
+    rather than map libcrypto (~3.5 MiB), as the daemon does (edge.app.lean.restrict_imports)."""
     if "hashlib" not in sys.modules and "hmac" not in sys.modules:
         sys.modules.setdefault("_hashlib", None)  # type: ignore[arg-type]
 
@@ -131,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _schedule_verbs(verbs, verb)
     _backup_verbs(verbs, verb)
+    _agent_verbs(verbs, verb)
     try:  # a build without notifications has no `qledge notify`
         from edge.notify.cli import add_notify_verbs
     except ImportError:
@@ -291,6 +292,31 @@ def _import_file_alias(argv: list[str]) -> list[str]:
     if j < n and argv[j] not in IMPORT_SOURCES:
         return [*argv[: i + 1], "file", *argv[i + 1 :]]
     return argv
+
+
+def _agent_verbs(verbs: Subcommands, verb: Verb) -> None:
+    from edge.cli import commands as c
+
+    ask = verb(verbs, "ask", c.ask, "ask the AI operator a question about this device's tasks and runs")
+    ask.add_argument("question", nargs="+", metavar="QUESTION")
+    ask.add_argument("--wait", action="store_true", help="wait for the answer and print it")
+    ask.add_argument("--profile", metavar="NAME", help="an [agent.profiles.NAME] of the daemon's config")
+    agent = verbs.add_parser("agent", help="AI tasks and the AI operator's history").add_subparsers(
+        dest="action", metavar="ACTION", required=True)
+    add = verb(agent, "add", c.agent_add, 'add an AI task: qledge agent add NAME "instruction"')
+    add.add_argument("name", help="task id (letters, digits, . _ -)")
+    add.add_argument("instruction", help="what the operator is to do (at most 2000 characters)")
+    add.add_argument("--profile", metavar="NAME", help="an [agent.profiles.NAME] of the daemon's config")
+    add.add_argument("--overlap", choices=("forbid", "allow", "replace"), default="forbid",
+                     help="what a new run does while one is active (default forbid)")
+    add.add_argument("--rounds", type=int, metavar="N", help="at most N model rounds (never above the config's)")
+    add.add_argument("--input-tokens", type=int, metavar="N", help="input token budget")
+    add.add_argument("--output-tokens", type=int, metavar="N", help="output token budget")
+    add.add_argument("--cost-usd", type=float, metavar="USD", help="estimated cost budget")
+    add.add_argument("--wall-clock", type=int, metavar="S", help="wall-clock budget in seconds")
+    lst = verb(agent, "list", c.agent_list, "the AI operator's past runs (its evidence history), newest first")
+    lst.add_argument("--limit", type=int, default=20, choices=range(1, 65), metavar="N", help="1..64 (default 20)")
+    verb(agent, "get", c.agent_get, "one AI run's evidence record").add_argument("run", metavar="RUN")
 
 
 def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:

@@ -36,8 +36,10 @@ class McpServer(UnixListener):
         self.catalog = p.Catalog(chain.registry.tools())
         self.max_line_bytes = max_line_bytes
 
-    async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        session = Session(self, reader, writer)
+    async def _serve_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, trusted: bool = True
+    ) -> None:
+        session = Session(self, reader, writer, trusted)
         try:
             await session.run()
         except (ConnectionError, _Close):
@@ -58,11 +60,13 @@ class _Close(Exception):
 class Session:
     """Per-connection state: the presented credential, the handshake flag and calls in flight."""
 
-    def __init__(self, server: McpServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self, server: McpServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, trusted: bool = True
+    ) -> None:
         self.server = server
         self.reader = reader
         self.writer = writer
-        self.uid = peer_uid(writer.get_extra_info("socket"))
+        self.uid = peer_uid(writer.get_extra_info("socket")) if trusted else None
         self.token: str | None = None
         self.initialized = False  # a handshake-era session: requests may omit the _meta envelope
         self.calls: dict[int | str, asyncio.Task] = {}

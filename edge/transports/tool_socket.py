@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 
 import msgspec
 
@@ -23,9 +24,28 @@ class ToolServer(UnixListener):
         super().__init__(path)
         self._chain = chain
         self._max_frame = max_frame
+        self._attaching: set[asyncio.Task[None]] = set()  # attached connections not yet tracked
 
-    async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        uid = peer_uid(writer.get_extra_info("socket"))
+    def attach(self, sock: socket.socket) -> None:
+        """Serve `sock`, one end of a connection the daemon made for a child it started (an
+        AI run's). Its peer is never trusted by uid (the daemon made both ends, so the
+        kernel names the daemon's own): every call on it needs a token."""
+        task = asyncio.get_running_loop().create_task(self._attached(sock), name="tool-attached")
+        self._attaching.add(task)
+        task.add_done_callback(self._attaching.discard)
+
+    async def _attached(self, sock: socket.socket) -> None:
+        try:
+            reader, writer = await asyncio.open_unix_connection(sock=sock)
+        except OSError:
+            sock.close()
+            return
+        await self._track(reader, writer, trusted=False)
+
+    async def _serve_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, trusted: bool = True
+    ) -> None:
+        uid = peer_uid(writer.get_extra_info("socket")) if trusted else None
         in_flight: set[asyncio.Task[None]] = set()
         slots = asyncio.Semaphore(MAX_IN_FLIGHT)
         try:

@@ -53,18 +53,21 @@ class UnixListener(abc.ABC):
         if self._connections:
             await asyncio.gather(*self._connections, return_exceptions=True)
 
-    async def _track(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _track(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, trusted: bool = True) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._connections[task] = (reader, writer)
         try:
-            await self._serve_connection(reader, writer)
+            await self._serve_connection(reader, writer, trusted)
         finally:
             self._connections.pop(task, None)
 
     @abc.abstractmethod
-    async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Serve one connection until its input ends, answering what it asked before that."""
+    async def _serve_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, trusted: bool = True
+    ) -> None:
+        """Serve one connection until its input ends, answering what it asked before that.
+        `trusted` False: the peer's uid (SO_PEERCRED) is not to be believed."""
 
 
 def _stop_reading(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

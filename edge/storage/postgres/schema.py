@@ -293,11 +293,42 @@ CREATE INDEX runs_task_unsuccessful_idx ON runs (project_id, task_id, created_at
 CREATE INDEX runs_unscheduled_idx ON runs (project_id, created_at_ms DESC, id DESC) WHERE origin <> 'scheduled';
 """
 
-# Retries and notifications (as SQLite's version 8): a failed run's pending retry and the run
+# The evidence history of AI runs (as SQLite's version 8, seed 001): one row per run, `seq`
+# its insertion order (retention trims the oldest), listed newest first by creation time.
+_V5 = """
+CREATE TABLE agent_evidence (
+    seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    run_id text COLLATE "C" NOT NULL UNIQUE,
+    project_id text COLLATE "C" NOT NULL,
+    task_id text COLLATE "C" NOT NULL,
+    task_revision integer NOT NULL,
+    state text NOT NULL,
+    error_code text,
+    budget text,
+    error text,
+    instruction text NOT NULL,
+    provider text NOT NULL,
+    model text NOT NULL,
+    rounds jsonb NOT NULL DEFAULT '[]',
+    round_count integer NOT NULL DEFAULT 0,
+    input_tokens bigint NOT NULL DEFAULT 0,
+    output_tokens bigint NOT NULL DEFAULT 0,
+    usage_estimated boolean NOT NULL DEFAULT false,
+    cost_usd double precision,
+    answer_summary text,
+    position_before bigint NOT NULL,
+    position_after bigint,
+    created_at_ms bigint NOT NULL,
+    finished_at_ms bigint
+);
+CREATE INDEX agent_evidence_created_idx ON agent_evidence (project_id, created_at_ms DESC, run_id DESC);
+"""
+
+# Retries and notifications (as SQLite's version 10): a failed run's pending retry and the run
 # a retry retries; tasks whose last final outcome was a failure; channels (their spec names
 # secrets, never holds them), the default rules, the delivery queue (`claimed_by`: the node
 # delivering it, until its due time, the claim's end) and every attempt's outcome.
-_V5 = """
+_V6 = """
 ALTER TABLE runs ADD COLUMN retry_of text COLLATE "C";
 ALTER TABLE runs ADD COLUMN attempt integer;
 ALTER TABLE runs ADD COLUMN retry_due_at_ms bigint;
@@ -363,7 +394,7 @@ CREATE INDEX notify_attempts_channel_idx ON notify_attempts (project_id, channel
 CREATE INDEX notify_attempts_notification_idx ON notify_attempts (notification_id);
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
 
 SQL_VERSION_TABLE = (
     "CREATE TABLE IF NOT EXISTS qledge_schema (version integer PRIMARY KEY, applied_at timestamptz NOT NULL)"

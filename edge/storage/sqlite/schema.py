@@ -274,6 +274,37 @@ CREATE INDEX runs_task_unsuccessful_idx ON runs (project_id, task_id, created_at
 CREATE INDEX runs_unscheduled_idx ON runs (project_id, created_at_ms, id) WHERE origin != 'scheduled';
 """
 
+# The evidence history of AI runs (seed 001): one row per run, `seq` its insertion order
+# (retention trims the oldest), listed newest first by creation time.
+_V9 = """
+CREATE TABLE agent_evidence (
+    seq INTEGER PRIMARY KEY,
+    run_id TEXT NOT NULL UNIQUE,
+    project_id TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    task_revision INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    error_code TEXT,
+    budget TEXT,
+    error TEXT,
+    instruction TEXT NOT NULL,
+    provider TEXT NOT NULL,
+    model TEXT NOT NULL,
+    rounds TEXT NOT NULL DEFAULT '[]',
+    round_count INTEGER NOT NULL DEFAULT 0,
+    input_tokens INTEGER NOT NULL DEFAULT 0,
+    output_tokens INTEGER NOT NULL DEFAULT 0,
+    usage_estimated INTEGER NOT NULL DEFAULT 0,
+    cost_usd REAL,
+    answer_summary TEXT,
+    position_before INTEGER NOT NULL,
+    position_after INTEGER,
+    created_at_ms INTEGER NOT NULL,
+    finished_at_ms INTEGER
+) STRICT;
+CREATE INDEX agent_evidence_created_idx ON agent_evidence (project_id, created_at_ms, run_id);
+"""
+
 # Retries and notifications. A failed run whose retry is pending carries its due time (a
 # small partial index: the scheduler reads it at start); a retry names the run it retries.
 # `failing_tasks`: tasks whose last final outcome was a failure, so their next success is a
@@ -281,7 +312,7 @@ CREATE INDEX runs_unscheduled_idx ON runs (project_id, created_at_ms, id) WHERE 
 # names secrets, never holds them), the project's default rules, the delivery queue (one
 # row per message, coalesced while untried; `claimed_by` while a delivery is in flight)
 # and every attempt's outcome. Queue rows and attempts are trimmed on write.
-_V9 = """
+_V10 = """
 ALTER TABLE runs ADD COLUMN retry_of TEXT;
 ALTER TABLE runs ADD COLUMN attempt INTEGER;
 ALTER TABLE runs ADD COLUMN retry_due_at_ms INTEGER;
@@ -349,7 +380,7 @@ CREATE INDEX notify_attempts_channel_idx ON notify_attempts (project_id, channel
 CREATE INDEX notify_attempts_notification_idx ON notify_attempts (notification_id);
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10)
 
 
 class SchemaTooNew(apsw.SQLError):
