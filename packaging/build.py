@@ -25,8 +25,9 @@ PACKAGE = "edge"
 # daemon loads only when [agent] is enabled.
 OPTIONAL: dict[str, str | tuple[str, ...]] = {
     "mcp": "edge/mcp/",
-    "agent": ("edge/agent/", "edge/app/agent.py", "edge/core/agent.py", "edge/core/ports/agent.py",
-              "edge/storage/sqlite/evidence.py", "edge/tools/agent.py"),
+    "agent": ("edge/agent/", "edge/app/agent.py", "edge/core/agent.py", "edge/core/ledger.py",
+              "edge/core/ports/agent.py", "edge/storage/sqlite/evidence.py", "edge/storage/sqlite/ledger.py",
+              "edge/tools/agent.py", "edge/tools/missions.py"),
 }
 PROFILES: dict[str, tuple[str, ...]] = {
     "edge": (),

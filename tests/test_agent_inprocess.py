@@ -98,16 +98,19 @@ async def daemon(home):
     provider.close()
 
 
+# The run's own tools: its reports and its mission's ledger.
+OWN = {"qledge.agent.round", "qledge.agent.outcome", *(f"qledge.agent.specialist.{op}" for op in (
+    "delegate", "correct", "revoke", "items", "prepare", "commit"))}
+
+
 async def test_the_run_credential_is_refused_every_write_tool_and_dead_after_the_run(daemon):
     seen: dict[str, str] = {}
     qinglong = sorted(t.name for t in daemon.registry.tools() if t.name.startswith("qinglong."))
-    others = sorted(t.name for t in daemon.registry.tools()
-                    if not t.name.startswith("qinglong.") and t.name not in ("qledge.agent.round",
-                                                                             "qledge.agent.outcome"))
+    others = sorted(t.name for t in daemon.registry.tools() if not t.name.startswith("qinglong.") and t.name not in OWN)
 
     def while_running(request):  # in the provider's thread, while the child waits for this reply
         (run_id, token), = daemon.credentials.minted.items()
-        for name in [*others, *qinglong]:
+        for name in [*others, *qinglong, *OWN]:
             seen[name] = code_with(daemon.socket, token, name, {"taskId": "x", "runId": run_id})
         return answer("done")
 
@@ -115,14 +118,14 @@ async def test_the_run_credential_is_refused_every_write_tool_and_dead_after_the
     run_id = await daemon.ai_run("probe")
     final = await daemon.runner.wait("default", run_id, 60)
     assert final is not None and final.status == "succeeded", final
-    writes = {t.name for t in daemon.registry.tools() if t.effect == "write"} - {"qledge.agent.round",
-                                                                                 "qledge.agent.outcome"}
+    writes = {t.name for t in daemon.registry.tools() if t.effect == "write"} - OWN
     assert writes and all(seen[name] == "permission_denied" for name in writes), seen
     assert all(seen[name] == "permission_denied" for name in others), seen  # qledge.* reads too
     assert all(seen[name] != "permission_denied" for name in qinglong), seen  # exactly the qinglong.* reads
-    # Dead once the run has ended: for every tool, the reporting ones included.
+    assert all(seen[name] not in ("permission_denied", "unauthenticated") for name in OWN), seen  # and its own
+    # Dead once the run has ended: for every tool, the reporting and ledger ones included.
     token = daemon.credentials.minted[run_id]
-    for name in ("qinglong.run.list", "qledge.agent.round", "qledge.agent.outcome"):
+    for name in ("qinglong.run.list", *sorted(OWN)):
         assert await asyncio.to_thread(code_with, daemon.socket, token, name) == "unauthenticated"
     rows = daemon.db  # the refusals were audited as the run's principal
     audit = await rows.run(lambda conn: conn.execute(

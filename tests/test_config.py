@@ -146,6 +146,10 @@ def _keys(struct: type, prefix: str = "") -> list[str]:
             from edge.app.config import AgentProfile
 
             found += [f"[agent.profiles.NAME] {f.name}" for f in msgspec.structs.fields(AgentProfile)]
+        elif field.name == "specialists":
+            from edge.app.config import SpecialistConfig
+
+            found += [f"[agent.specialists.NAME] {f.name}" for f in msgspec.structs.fields(SpecialistConfig)]
         else:
             found.append(prefix + field.name)
     return found

@@ -63,6 +63,18 @@ class AgentProfile(msgspec.Struct, forbid_unknown_fields=True):
     max_output_tokens: Annotated[int, msgspec.Meta(ge=16, le=1_000_000)] | None = None
 
 
+class SpecialistConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """A no-tool specialist the operator may consult; for a default one, unset keys keep its own."""
+
+    enabled: bool = True
+    description: Annotated[str, msgspec.Meta(min_length=1, max_length=200)] | None = None
+    system: Annotated[str, msgspec.Meta(min_length=1, max_length=4000)] | None = None
+    max_output_tokens: Annotated[int, msgspec.Meta(ge=16, le=1_000_000)] | None = None
+
+
+SpecialistName = Annotated[str, msgspec.Meta(min_length=1, max_length=32, pattern=r"^[a-z][a-z0-9-]*$")]
+
+
 class AgentConfig(msgspec.Struct, forbid_unknown_fields=True):
     enabled: bool = False
     base_url: str | None = None  # an OpenAI-compatible API root, e.g. https://api.openai.com/v1
@@ -86,6 +98,7 @@ class AgentConfig(msgspec.Struct, forbid_unknown_fields=True):
     budget_wall_clock_s: Annotated[int, msgspec.Meta(ge=5, le=86_400)] = 600
     tool_calls_per_round: Annotated[int, msgspec.Meta(ge=1, le=16)] = 8
     profiles: dict[Name, AgentProfile] = {}
+    specialists: dict[SpecialistName, SpecialistConfig] = {}
 
 
 class Config(msgspec.Struct, forbid_unknown_fields=True):

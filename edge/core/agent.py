@@ -78,6 +78,28 @@ class OfferedTool(msgspec.Struct, kw_only=True):
     parameters: msgspec.Raw  # a JSON object
 
 
+# The operator model's specialist tools (seed 003): handled in the child, offered nowhere else.
+PARENT_TOOLS = ("specialist.delegate", "specialist.correct", "specialist.revoke", "specialist.ask",
+                "specialist.items")
+
+
+class SpecialistSpec(msgspec.Struct, kw_only=True):
+    """A no-tool role the operator may consult: [agent.specialists.NAME], defaults included."""
+
+    name: str
+    description: str  # one line for the operator's tool descriptions
+    system: str  # its system text
+    max_output_tokens: int  # the reply reserved in its context window and budgets
+
+
+class MissionJob(msgspec.Struct, kw_only=True):
+    """The run as an attempt of its mission, and the specialists it may consult."""
+
+    mission_id: str
+    attempt: int
+    specialists: list[SpecialistSpec]
+
+
 class AgentJob(msgspec.Struct, kw_only=True):
     """Everything the child needs, passed on an inherited descriptor (never argv or the
     environment): where the daemon is, the run's credential, the instruction, the
@@ -91,6 +113,7 @@ class AgentJob(msgspec.Struct, kw_only=True):
     provider: ProviderSettings
     limits: Limits
     tools: list[OfferedTool]
+    mission: MissionJob | None = None  # None: the ledger could not be reached; no specialists
 
 
 class AgentLaunch(msgspec.Struct, kw_only=True):
@@ -120,8 +143,18 @@ _Code = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-z
 _Model = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=SAFE_TEXT)]
 
 
+class SpecialistRound(msgspec.Struct, rename="camel", forbid_unknown_fields=True, frozen=True):
+    """What a specialist round delivered: counts only, never the text."""
+
+    child: Annotated[str, msgspec.Meta(min_length=1, max_length=32, pattern=r"^[a-z][a-z0-9-]*$")]
+    constraints: _Count  # active constraints delivered (all of them, always)
+    history_sent: _Count
+    history_trimmed: _Count  # history entries of the child not sent (window, bytes, context)
+
+
 class RoundMeta(msgspec.Struct, rename="camel", forbid_unknown_fields=True, frozen=True):
-    """One model round as the evidence keeps it: what the child reports after each response."""
+    """One model round as the evidence keeps it: what the child reports after each response.
+    A specialist's round counts like the operator's and says whose it was."""
 
     round: Annotated[int, msgspec.Meta(ge=1, le=1000)]
     model: _Model
@@ -131,6 +164,7 @@ class RoundMeta(msgspec.Struct, rename="camel", forbid_unknown_fields=True, froz
     response_chars: _Count
     tools: Annotated[list[_ToolName], msgspec.Meta(max_length=ROUND_TOOLS_MAX)] = []  # calls asked for, in order
     plan: _ShortText | None = None  # the model's own one-line plan
+    specialist: SpecialistRound | None = None  # a specialist's round: its child and what it was sent
 
 
 class OutcomeReport(msgspec.Struct, rename="camel", forbid_unknown_fields=True, frozen=True):

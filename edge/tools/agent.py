@@ -1,24 +1,29 @@
 """The AI operator's side of the daemon: how an AI run starts and ends (AgentRuns, for the
-runner), the two narrow tools its child reports through, the evidence history read tools,
-and `qledge.agent.ask`. Imported only by composition, when `[agent]` is enabled; the child
-itself (edge.agent) is never imported here.
+runner), the two narrow tools its child reports through, the mission ledger's tools, the
+evidence history read tools, `qledge.agent.ask` and `qledge.agent.retry`. Imported only by
+composition, when `[agent]` is enabled; the child itself (edge.agent) is never imported here.
 
 An AI run's child gets, on an inherited descriptor, a credential minted for that run alone:
-exactly the `qinglong.*` read tools (the log excerpt only when logs may be read) and the
-two reporting tools, revoked when the process is gone, whatever the outcome. The evidence
-record (seed 001) is opened when the child starts, gets one round's metadata per report,
-and is ended by the daemon for every terminal outcome; a record that cannot be written is
-logged once per run and changes nothing else.
+exactly the `qinglong.*` read tools (the log excerpt only when logs may be read), the two
+reporting tools and the ledger's tools, revoked when the process is gone, whatever the
+outcome. The evidence record (seed 001) is opened when the child starts, gets one round's
+metadata per report, and is ended by the daemon for every terminal outcome; a record that
+cannot be written is logged once per run and changes nothing else.
+
+Each AI run is an attempt of a mission (seed 003), bound when it launches: a new mission, or
+the next attempt of the one `qledge.agent.retry` named. The ledger's tools and retry are
+handled by edge.tools.missions, loaded at their first use.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import secrets
 import sys
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -31,6 +36,7 @@ from edge.core.ports.runtime import Clock
 from edge.core.ports.stores import SecretStore, TaskStore
 from edge.core.agent import (
     EVIDENCE_TEXT_MAX,
+    PARENT_TOOLS,
     UNKNOWN_TOOL,
     AgentJob,
     AgentLaunch,
@@ -41,10 +47,12 @@ from edge.core.agent import (
     EvidenceState,
     EvidenceSummary,
     Limits,
+    MissionJob,
     OfferedTool,
     OutcomeReport,
     ProviderSettings,
     RoundMeta,
+    SpecialistSpec,
     endpoint,
 )
 from edge.core.reads import PAGE_DEFAULT, keyset, storage_fault, valid_page, valid_row
@@ -56,7 +64,8 @@ from edge.tools.context import ToolContext
 from edge.tools.definition import Tool, object_schema, tool
 
 if TYPE_CHECKING:  # the agent's ports are for type checking only
-    from edge.core.ports.agent import AgentEvidenceStore, RunCredentials
+    from edge.core.ledger import Attempt
+    from edge.core.ports.agent import AgentEvidenceStore, MissionLedger, RunCredentials
 
 log = logging.getLogger("qledge.agent")
 
@@ -64,6 +73,9 @@ ASK_TASK = "ask"  # where `qledge ask` keeps its runs: one AI task, a revision p
 LOG_EXCERPT = "qinglong.run.log.excerpt"
 REPORT_TOOLS = ("qledge.agent.round", "qledge.agent.outcome")
 REPORT_PERMISSION = "agent.report"  # held by run credentials only (owners hold `*`; the tools check the run)
+LEDGER_OPS = ("delegate", "correct", "revoke", "items", "prepare", "commit")
+LEDGER_TOOLS = tuple(f"qledge.agent.specialist.{op}" for op in LEDGER_OPS)
+LEDGER_PERMISSION = "agent.ledger"  # like REPORT_PERMISSION: run credentials only
 # The child is started like this, not with `python -m`: -I keeps the environment and the
 # working directory (where tasks may write) out of its import path.
 _BOOT = "import sys; sys.path.insert(0, {root!r}); from edge.agent.__main__ import main; sys.exit(main())"
@@ -80,6 +92,7 @@ class AgentSettings(msgspec.Struct, kw_only=True):
     read_logs: bool
     concurrency: int
     socket: str  # the tool socket the child calls back on
+    specialists: list[SpecialistSpec] = []
     python: str = sys.executable
 
 
@@ -134,10 +147,10 @@ def provider_name(base_url: str) -> str:
     return found.where if found is not None else "?"
 
 
-class _Active:
+class ActiveRun:
     """An AI run whose child is running (or about to): what the daemon knows of it."""
 
-    __slots__ = ("record", "limits", "prices", "rounds", "outcome", "warned")
+    __slots__ = ("record", "limits", "prices", "rounds", "outcome", "warned", "attempt")
 
     def __init__(self, record: EvidenceOpen, limits: Limits, prices: tuple[float, float] | None) -> None:
         self.record = record
@@ -146,6 +159,7 @@ class _Active:
         self.rounds = 0
         self.outcome: OutcomeReport | None = None
         self.warned = False
+        self.attempt: Attempt | None = None  # None: its mission could not be recorded
 
 
 class AgentService:
@@ -153,15 +167,20 @@ class AgentService:
 
     def __init__(
         self, *, settings: AgentSettings, credentials: RunCredentials, evidence: AgentEvidenceStore,
-        tasks: TaskStore, secrets: SecretStore, clock: Clock,
+        ledger: MissionLedger, tasks: TaskStore, secrets: SecretStore, clock: Clock,
     ) -> None:
         self.settings = settings
         self.evidence = evidence
+        self.ledger = ledger
         self.credentials = credentials
+        # A retry names its mission before its run launches; launches read it under the lock
+        # the retry holds from admission to naming, so no launch can miss it.
+        self.retrying: dict[str, str] = {}  # run id -> mission id
+        self.binding = asyncio.Lock()
         self._tasks = tasks
         self._secrets = secrets
         self._clock = clock
-        self._active: dict[str, _Active] = {}
+        self._active: dict[str, ActiveRun] = {}
         self._offered: list[Tool] = []
         self._tool_specs: list[OfferedTool] | None = None  # built at the first launch
         self.offered_names: frozenset[str] = frozenset()
@@ -185,10 +204,14 @@ class AgentService:
             (t for t in tools if t.ai and t.effect == "read" and (self.settings.read_logs or t.name != LOG_EXCERPT)),
             key=lambda t: t.name,
         )
-        self.offered_names = frozenset(t.name for t in self._offered)
-        granted = {f"tool.call:{name}" for name in (*self.offered_names, *REPORT_TOOLS)}
-        granted |= {p for t in self._offered for p in t.permissions}
-        self.permissions = frozenset(granted | {REPORT_PERMISSION})
+        names = {t.name for t in self._offered}
+        granted = {f"tool.call:{name}" for name in (*names, *REPORT_TOOLS)}
+        granted |= {p for t in self._offered for p in t.permissions} | {REPORT_PERMISSION}
+        if self.settings.specialists:  # the child's own tools, and the ledger's it calls for them
+            names |= set(PARENT_TOOLS)
+            granted |= {f"tool.call:{name}" for name in LEDGER_TOOLS} | {LEDGER_PERMISSION}
+        self.offered_names = frozenset(names)
+        self.permissions = frozenset(granted)
 
     def _specs(self) -> list[OfferedTool]:
         if self._tool_specs is None:
@@ -199,7 +222,7 @@ class AgentService:
             ]
         return self._tool_specs
 
-    def active(self, run_id: str) -> _Active | None:
+    def active(self, run_id: str) -> ActiveRun | None:
         return self._active.get(run_id)
 
     def _provider(self, spec: AgentInstruction) -> ProviderSettings:
@@ -230,18 +253,39 @@ class AgentService:
         limits = lowered(self.settings.limits, spec.budget)
         record = self._record(task, run, provider)
         pin, pout = provider.input_usd_per_mtok, provider.output_usd_per_mtok
-        state = _Active(record, limits, (pin, pout) if pin is not None and pout is not None else None)
+        state = ActiveRun(record, limits, (pin, pout) if pin is not None and pout is not None else None)
         token = self.credentials.mint(run.id, self.permissions)
         self._active[run.id] = state
         await self.write_evidence(state, self.evidence.open(record, self._clock.now_ms()))
+        state.attempt = await self._bind(run, spec.instruction)
+        mission = None
+        if state.attempt is not None:
+            mission = MissionJob(mission_id=state.attempt.mission_id, attempt=state.attempt.attempt,
+                                 specialists=self.settings.specialists)
         job = AgentJob(
             run_id=run.id, task_id=task.id, socket=self.settings.socket, token=token, instruction=spec.instruction,
-            provider=provider, limits=limits, tools=self._specs(),
+            provider=provider, limits=limits, tools=self._specs(), mission=mission,
         )
         return AgentLaunch(
             argv=[self.settings.python, "-I", "-c", _BOOT.format(root=_ROOT)], env={}, job=_job.encode(job),
             timeout_s=float(limits.wall_clock_s),
         )
+
+    async def _bind(self, run: Run, goal: str) -> Attempt | None:
+        """The run as an attempt of its mission; None (logged) when the ledger cannot say:
+        the run goes on without specialists."""
+        from edge.core.ledger import AttemptStart
+
+        async with self.binding:
+            mission_id = self.retrying.pop(run.id, None)
+        start = AttemptStart(project_id=run.project_id, run_id=run.id, task_id=run.task_id,
+                             task_revision=run.task_revision, goal=goal, mission_id=mission_id)
+        try:
+            return await self.ledger.begin_attempt(start, self._clock.now_ms())
+        except ToolError as exc:
+            log.warning("AI run %s: its mission could not be recorded (%s); it runs without specialists",
+                        run.id, exc.message)
+            return None
 
     def exited(self, run_id: str, status: RunStatus, update: RunUpdate) -> RunStatus:
         self.credentials.revoke(run_id)
@@ -254,6 +298,7 @@ class AgentService:
 
     async def ended(self, run: Run, task: Task | None) -> None:
         self.credentials.revoke(run.id)
+        self.retrying.pop(run.id, None)  # a retry that ended before it launched
         state = self._active.pop(run.id, None)
         if state is None:  # it never started (or its daemon died): only the task tells if it is an AI run
             try:
@@ -268,7 +313,7 @@ class AgentService:
                 provider = self._provider(task.spec.command)
             except ToolError:
                 provider = self.settings.provider  # a profile that is not configured: the run failed for it
-            state = _Active(self._record(task, run, provider), self.settings.limits, None)
+            state = ActiveRun(self._record(task, run, provider), self.settings.limits, None)
         reported = state.outcome
         end = EvidenceEnd(
             project_id=run.project_id, run_id=run.id, state=_state(run), error_code=run.error_code,
@@ -278,7 +323,7 @@ class AgentService:
         )
         await self.write_evidence(state, self.evidence.end(end, state.record, self._clock.now_ms()))
 
-    async def write_evidence(self, state: _Active, write: Awaitable[object]) -> bool:
+    async def write_evidence(self, state: ActiveRun, write: Awaitable[object]) -> bool:
         """Await an evidence write; a failure is logged once per run and swallowed."""
         try:
             await write
@@ -313,7 +358,7 @@ class Ack(msgspec.Struct, rename="camel"):
     recorded: bool  # false when the evidence could not be written (the run goes on)
 
 
-def _reporter(ctx: ToolContext, service: AgentService) -> tuple[str, _Active]:
+def _reporter(ctx: ToolContext, service: AgentService) -> tuple[str, ActiveRun]:
     run_id = ctx.principal.run_id
     if run_id is None:
         raise ToolError("permission_denied", "only an AI run's own credential may report on it")
@@ -525,10 +570,66 @@ async def ask(ctx: ToolContext, args: AskArgs) -> Run:
     raise conflict("too many questions at once; try again")
 
 
+# -- the mission ledger's tools (the child's own) and retry: edge.tools.missions -------------
+
+
+def ledger_tools(service: AgentService) -> list[Tool]:
+    """One narrow tool per ledger operation, for an AI run's own credential; their shapes and
+    handlers load at the first call (an idle daemon has none of it)."""
+
+    def handler(op: str) -> Any:
+        async def handle(ctx: ToolContext, args: dict[str, Any]) -> Any:
+            from edge.tools.missions import ledger_call
+
+            return await ledger_call(service, op, ctx, args)
+
+        return handle
+
+    return [tool(name, handler(op), dict[str, Any], object, effect="write", risk="low", permission=LEDGER_PERMISSION,
+                 title=f"An AI run's {op} on its mission's ledger (its own credential only)")
+            for op, name in zip(LEDGER_OPS, LEDGER_TOOLS, strict=True)]
+
+
+class RetryArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
+    run_id: ReadId
+
+
+class Retried(msgspec.Struct, rename="camel"):
+    run: Run
+    mission_id: str
+    attempt: int
+
+
+class MissionArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
+    run_id: ReadId  # any attempt of the mission
+
+
+def mission_tools(service: AgentService) -> list[Tool]:
+    """`qledge.agent.retry` and `qledge.agent.mission`, for owners; handled by edge.tools.missions."""
+
+    async def retry(ctx: ToolContext, args: RetryArgs) -> Retried:
+        from edge.tools.missions import retry_run
+
+        return await retry_run(service, ctx, args.run_id)
+
+    async def mission(ctx: ToolContext, args: MissionArgs) -> Any:
+        from edge.tools.missions import mission_view
+
+        return await mission_view(service, ctx, args.run_id)
+
+    return [
+        tool("qledge.agent.retry", retry, RetryArgs, Retried, effect="write", risk="medium", permission="run.write",
+             title="Start the next attempt of an AI run's mission (a new run of the same task revision)"),
+        tool("qledge.agent.mission", mission, MissionArgs, object, effect="read", risk="low", permission="run.read",
+             title="An AI run's mission: its attempts and its specialists' ledger"),
+    ]
+
+
 def agent_tools(service: AgentService) -> list[Tool]:
     """Every tool the agent capability adds, for the registry."""
     return [
-        *report_tools(service), *history_tools(service),
+        *report_tools(service), *history_tools(service), *mission_tools(service),
+        *(ledger_tools(service) if service.settings.specialists else []),
         tool("qledge.agent.ask", ask, AskArgs, Run, effect="write", risk="medium", permission="run.write",
              title="Ask the AI operator a question (a run of the `ask` task)"),
     ]
