@@ -157,3 +157,41 @@ async def test_only_a_run_credential_may_report(daemon):
                 "round": 1, "model": "m", "inputTokens": 1, "outputTokens": 1, "usageEstimated": False,
                 "responseChars": 1})
         assert err.value.code == "permission_denied"
+
+
+async def test_a_run_credential_reaches_its_own_mission_only(daemon):
+    from fake_provider import tool_call
+
+    daemon.provider.add(tool_call("specialist.delegate", {"specialist": "log-analyst", "instruction": "A-SCOPE"}),
+                        answer("a done"))
+    run_a = await daemon.ai_run("mission-a")
+    final_a = await daemon.runner.wait("default", run_a, 60)
+    assert final_a.status == "succeeded", final_a
+    token_a = daemon.credentials.minted[run_a]
+    seen: dict[str, object] = {}
+
+    def while_b_runs(request):  # run B's child waits for its round 2 reply; B's credential is live
+        token_b = daemon.credentials.minted[max(daemon.credentials.minted)]
+        with Client(daemon.socket, token=token_b, timeout_s=10) as client:
+            for cid in (1, 2):  # mission A's constraint is c1; B has none at all
+                try:
+                    client.call("qledge.agent.specialist.revoke", {"constraint": cid, "round": 1, "call": "x"})
+                    seen[f"revoke c{cid}"] = "ok"
+                except CallFailed as exc:
+                    seen[f"revoke c{cid}"] = exc.code
+            context = client.call("qledge.agent.specialist.prepare",
+                                  {"child": "log-analyst", "message": "B-MSG", "round": 1, "call": "x"})
+            seen["constraints"] = context["constraints"]
+            seen["mission"] = context["missionId"]
+        seen["a, ended"] = code_with(daemon.socket, token_a, "qledge.agent.specialist.prepare",
+                                     {"child": "log-analyst", "message": "A-MSG", "round": 1, "call": "x"})
+        return answer("b done")
+
+    daemon.provider.add(tool_call("qinglong.run.list", {}), while_b_runs)  # round 1 reported: B may write
+    run_b = await daemon.ai_run("mission-b")
+    final_b = await daemon.runner.wait("default", run_b, 60)
+    assert final_b.status == "succeeded", (final_b, seen)
+    assert seen == {"revoke c1": "not_found", "revoke c2": "not_found", "constraints": [], "mission": run_b,
+                    "a, ended": "unauthenticated"}
+    status = await daemon.db.run(lambda conn: conn.execute("SELECT text, status FROM agent_constraints").fetchall())
+    assert status == [("A-SCOPE", "active")]

@@ -133,8 +133,8 @@ def constraint_line(c: ConstraintView) -> str:
 
 
 def item_line(item: ItemView) -> str:
-    acceptance = f" Acceptance: {item.acceptance}" if item.acceptance else ""
-    return f"[w{item.id}] {item.text}{acceptance} (from {source_text(item.source)})"
+    acceptance = f"acceptance: {item.acceptance}; " if item.acceptance else ""
+    return f"[w{item.id}] {item.text} ({acceptance}from {source_text(item.source)})"
 
 
 class Sections(msgspec.Struct, kw_only=True):
