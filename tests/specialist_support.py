@@ -94,8 +94,8 @@ def mission(daemon_factory: Any, provider: FakeProvider) -> Mission:
         return run
 
     provider.add(
-        tool_call("specialist.delegate", {"specialist": LA, "instruction": DELEGATION,
-                                          "workItems": [{"text": ITEM, "acceptance": "names the command and exit code"}]},
+        tool_call("specialist.delegate", {"specialist": LA, "instruction": DELEGATION, "workItems": [
+                      {"text": ITEM, "acceptance": "names the command and exit code"}]},
                   call_id="call_d1", content="Plan: hand the log reading to the log analyst."),
         remember("delegation", tool_call("specialist.correct", {"specialist": LA, "text": CORR_1},
                                          call_id="call_c1")),
