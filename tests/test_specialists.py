@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from agent_support import agent_config, ai_task, log, record, start_and_wait, tool_messages, unmarked, until
+from agent_support import agent_config, ai_task, log, record, start_and_wait, tool_messages, unmarked, until, wait
 from fake_provider import FakeProvider, Step, answer, tool_call, usage
 from specialist_support import (
     CORR_1,
@@ -363,3 +363,26 @@ def test_specialists_can_be_configured_and_turned_off(agent, provider):
     (request,) = specialist_requests(provider)
     assert system(request).startswith("You know OpenWrt's wireless stack.") and request.body["max_tokens"] == 512
     assert unmarked(provider.requests[2], tool_messages(provider.requests[2])[-1]["content"])["reply"] == "REPLY"
+
+
+def test_a_provider_failure_starts_the_next_attempt_up_to_attempts(agent, provider):
+    d = agent(attempts=2, retries=0)
+    overloaded = Step({"error": {"message": "overloaded"}}, status=503)
+    provider.add(overloaded, tool_call("specialist.delegate", {"specialist": LA, "instruction": DELEGATION},
+                                       call_id="call_d"), answer("answered by attempt 2"))
+    first = start_and_wait(d, ai_task(d, "flaky")["id"])
+    assert (first["status"], first["errorCode"]) == ("failed", "provider_http")
+    # The next attempt is admitted before the failed one is finished (and waited for).
+    (second_id,) = [r[0] for r in rows(d, "SELECT id FROM runs WHERE task_id = 'flaky' AND id != ?", (first["id"],))]
+    second = wait(d, second_id)
+    assert rows(d, "SELECT run_id, attempt FROM agent_attempts ORDER BY attempt") == [(first["id"], 1), (second_id, 2)]
+    assert second["status"] == "succeeded" and second["taskId"] == "flaky"
+    assert log(d, second["id"]) == "answered by attempt 2\n"
+    assert rows(d, "SELECT kind, source_attempt FROM agent_constraints") == [("delegation", 2)]
+    # Two failures: two attempts, no third.
+    provider.add(overloaded, overloaded)
+    failed = start_and_wait(d, ai_task(d, "down")["id"])
+    runs = rows(d, "SELECT id, status, error_code FROM runs WHERE task_id = 'down' ORDER BY id")
+    assert len(runs) == 2 and runs[0][0] == failed["id"]
+    assert wait(d, runs[1][0])["errorCode"] == "provider_http"
+    assert rows(d, "SELECT count(*) FROM runs WHERE task_id = 'down'") == [(2,)]

@@ -202,7 +202,7 @@ def build_agent(
                     cost_usd=a.budget_cost_usd, wall_clock_s=a.budget_wall_clock_s,
                     tool_calls_per_round=a.tool_calls_per_round)
     settings = AgentSettings(provider=provider, profiles=profiles, limits=limits, read_logs=a.read_logs,
-                             concurrency=a.concurrency, socket=socket_path,
+                             concurrency=a.concurrency, socket=socket_path, attempts=a.attempts,
                              specialists=specialists(a.specialists, a.max_output_tokens))
     return AgentService(settings=settings, credentials=credentials or RunCredentialRegistry(pepper),
                         evidence=EvidenceOnFirstUse(db), ledger=LedgerOnFirstUse(db), tasks=stores.tasks,

@@ -87,6 +87,7 @@ class AgentConfig(msgspec.Struct, forbid_unknown_fields=True):
     max_output_tokens: Annotated[int, msgspec.Meta(ge=16, le=1_000_000)] = 4096
     max_tokens_param: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
     retries: Annotated[int, msgspec.Meta(ge=0, le=5)] = 2
+    attempts: Annotated[int, msgspec.Meta(ge=1, le=16)] = 1  # of a mission, when the provider fails an attempt
     ca_file: str | None = None  # None: the system's trust store
     proxy: str | None = None  # http://host:port; the environment's proxy variables are never used
     read_logs: bool = True
@@ -124,6 +125,9 @@ class ConfigError(Exception):
 def _explain(exc: msgspec.ValidationError) -> str:
     text = str(exc)
     where = ""
+    key = re.search(r" - at `key` in `\$\.?(.*)`$", text)  # a table's name, e.g. [agent.specialists.NAME]
+    if key:
+        return f"a name in `{key.group(1)}`: {text[0].lower()}{text[1:key.start()]}"
     m = re.search(r" - at `\$\.?(.*)`$", text)
     if m:
         text = text[: m.start()]

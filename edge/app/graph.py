@@ -238,6 +238,7 @@ class Graph:
         registry = Registry([*builtin_tools(), *ai_tools(), *(agent.tools() if agent else [])])
         if agent is not None:
             agent.offer(registry.tools())
+            agent.attach(self.workers.runner)
             self.facts.add_extra(agent.status)
         services = build_services(config, self.stores, self.workers, self.facts, registry, pepper, clock)
         self.chain = build_chain(config, services, registry, agent.credentials if agent else None)

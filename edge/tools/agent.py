@@ -32,7 +32,7 @@ import edge
 from edge.core.auth import TOKEN_PREFIX, Principal, token_digest
 from edge.core.errors import ToolError, conflict, invalid
 from edge.core.excerpt import normalize, redact
-from edge.core.ports.runtime import Clock
+from edge.core.ports.runtime import Clock, RunController
 from edge.core.ports.stores import SecretStore, TaskStore
 from edge.core.agent import (
     EVIDENCE_TEXT_MAX,
@@ -93,6 +93,7 @@ class AgentSettings(msgspec.Struct, kw_only=True):
     concurrency: int
     socket: str  # the tool socket the child calls back on
     specialists: list[SpecialistSpec] = []
+    attempts: int = 1  # a mission's attempts started by themselves after provider failures
     python: str = sys.executable
 
 
@@ -177,6 +178,7 @@ class AgentService:
         # the retry holds from admission to naming, so no launch can miss it.
         self.retrying: dict[str, str] = {}  # run id -> mission id
         self.binding = asyncio.Lock()
+        self._runner: RunController | None = None  # for the attempts [agent] attempts starts
         self._tasks = tasks
         self._secrets = secrets
         self._clock = clock
@@ -185,10 +187,15 @@ class AgentService:
         self._tool_specs: list[OfferedTool] | None = None  # built at the first launch
         self.offered_names: frozenset[str] = frozenset()
         self.permissions: frozenset[str] = frozenset()
+        self.specialist_names: frozenset[str] = frozenset()
 
     @property
     def concurrency(self) -> int:
         return self.settings.concurrency
+
+    def attach(self, runner: RunController) -> None:
+        """The runner that starts the next attempt of a mission after a provider failure."""
+        self._runner = runner
 
     def tools(self) -> list[Tool]:
         """Every tool the agent capability adds, for the registry."""
@@ -212,6 +219,7 @@ class AgentService:
             granted |= {f"tool.call:{name}" for name in LEDGER_TOOLS} | {LEDGER_PERMISSION}
         self.offered_names = frozenset(names)
         self.permissions = frozenset(granted)
+        self.specialist_names = frozenset(spec.name for spec in self.settings.specialists)
 
     def _specs(self) -> list[OfferedTool]:
         if self._tool_specs is None:
@@ -322,6 +330,27 @@ class AgentService:
             answer_summary=reported.answer_summary if reported is not None and run.status == "succeeded" else None,
         )
         await self.write_evidence(state, self.evidence.end(end, state.record, self._clock.now_ms()))
+        if state.attempt is not None and run.status == "failed" and (run.error_code or "").startswith("provider_"):
+            await self._again(run, state.attempt, task)
+
+    async def _again(self, run: Run, at: Attempt, task: Task | None) -> None:
+        """The next attempt of a mission whose attempt the provider failed, up to [agent] attempts."""
+        if self._runner is None or at.attempt >= self.settings.attempts:
+            return
+        try:
+            task = task or await self._tasks.get(run.project_id, run.task_id, run.task_revision)
+            if task is None:
+                return
+            async with self.binding:
+                if at.mission_id in self.retrying.values():
+                    return
+                started = await self._runner.start(task, "runner")
+                self.retrying[started.id] = at.mission_id
+            log.info("AI run %s failed (%s): attempt %d of mission %s is run %s", run.id, run.error_code,
+                     at.attempt + 1, at.mission_id, started.id)
+        except ToolError as exc:
+            log.warning("AI run %s: the next attempt of mission %s could not start (%s)", run.id, at.mission_id,
+                        exc.message)
 
     async def write_evidence(self, state: ActiveRun, write: Awaitable[object]) -> bool:
         """Await an evidence write; a failure is logged once per run and swallowed."""
@@ -378,6 +407,8 @@ def report_tools(service: AgentService) -> list[Tool]:
         strange = [name for name in args.tools if name not in service.offered_names and name != UNKNOWN_TOOL]
         if strange:
             raise invalid(f"{strange[0][:64]!r} was not offered (record it as {UNKNOWN_TOOL!r})")
+        if args.specialist is not None and args.specialist.child not in service.specialist_names:
+            raise invalid(f"there is no specialist {args.specialist.child!r}")
         state.rounds += 1
         meta = msgspec.structs.replace(args, plan=await service.clean(ctx.project, args.plan))
         cost = None

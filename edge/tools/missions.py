@@ -67,7 +67,7 @@ async def ledger_call(service: AgentService, op: str, ctx: ToolContext, raw: dic
     except msgspec.ValidationError as exc:
         raise invalid(str(exc)) from None
     child = getattr(args, "child", None)
-    if child is not None and child not in {s.name for s in service.settings.specialists}:
+    if child is not None and child not in service.specialist_names:
         raise invalid(f"there is no specialist {child!r}")
     if not 1 <= args.round <= state.rounds:  # a round this run has reported
         raise invalid(f"round {args.round} has not been reported (the run is at round {state.rounds})")
