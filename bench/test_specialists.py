@@ -161,7 +161,7 @@ def test_context_overhead_at_50_constraints():
                 body, layout = build_request(SPEC, full, PROVIDER)
                 out[key] = {
                     "ledger_prepare_us": round(statistics.median(samples), 1),
-                    "build_request_us": _timed(lambda: build_request(SPEC, full, PROVIDER), 300),
+                    "build_request_us": _timed(lambda full=full: build_request(SPEC, full, PROVIDER), 300),
                     "body_bytes": len(body), "constraint_bytes": layout.constraint_bytes,
                 }
                 await db.close()

@@ -354,14 +354,22 @@ def test_retry_is_refused_while_an_attempt_is_active_and_for_what_is_not_a_missi
 def test_specialists_can_be_configured_and_turned_off(agent, provider):
     d = agent(extra=(f"[agent.specialists.{SA}]\nenabled = false\n"
                      "[agent.specialists.wifi-expert]\ndescription = \"knows OpenWrt wireless\"\n"
-                     "system = \"You know OpenWrt's wireless stack.\"\nmax_output_tokens = 512\n"))
-    provider.add(ask("ASK-1", "call_a1", specialist="wifi-expert"), reply("REPLY"), answer("done"))
+                     "system = \"You know OpenWrt's wireless stack.\"\nmax_output_tokens = 512\n"
+                     f"[agent.specialists.{LA}]\nsystem = \"LA-OWN-SYSTEM: read logs tersely.\"\n"))
+    provider.add(ask("ASK-1", "call_a1", specialist="wifi-expert"), reply("REPLY"),
+                 ask("ASK-2", "call_a2"), reply("REPLY-2"), answer("done"))
     _asked(d)
     parent = provider.requests[0]
-    schema = {t["function"]["name"]: t["function"] for t in parent.body["tools"]}["specialist.ask"]
+    tools = {t["function"]["name"]: t["function"] for t in parent.body["tools"]}
+    schema = tools["specialist.ask"]
     assert schema["parameters"]["properties"]["specialist"]["enum"] == [LA, "wifi-expert"]
-    (request,) = specialist_requests(provider)
+    # The built-in description stays when only the system text is configured.
+    assert (f"{LA}: reads the log lines, exit codes and errors you quote" in tools["specialist.delegate"]["description"]
+            and "wifi-expert: knows OpenWrt wireless" in tools["specialist.delegate"]["description"])
+    request, own = specialist_requests(provider)
     assert system(request).startswith("You know OpenWrt's wireless stack.") and request.body["max_tokens"] == 512
+    assert system(own).startswith("LA-OWN-SYSTEM: read logs tersely.\n\nHow this works") and "log analyst" not in \
+        system(own)
     assert unmarked(provider.requests[2], tool_messages(provider.requests[2])[-1]["content"])["reply"] == "REPLY"
 
 

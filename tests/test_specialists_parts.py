@@ -296,3 +296,14 @@ def test_the_shapes_refuse_what_the_bounds_refuse():
         msgspec.convert({"child": "Log Analyst", "text": "x", "round": 1, "call": "a"}, CorrectArgs)
     with pytest.raises(msgspec.ValidationError):
         msgspec.convert({"child": "log-analyst", "message": "x", "round": 1, "call": "a b"}, PrepareArgs)
+
+
+def test_the_child_fills_in_the_built_in_texts_and_refuses_a_specialist_without_any():
+    from edge.agent.specialists import DEFAULTS, resolved
+
+    built_in = resolved(SpecialistSpec(name="schedule-advisor", description=None, system=None, max_output_tokens=9))
+    assert (built_in.description, built_in.system) == DEFAULTS["schedule-advisor"]
+    own = resolved(SpecialistSpec(name="log-analyst", description=None, system="mine", max_output_tokens=9))
+    assert (own.description, own.system) == (DEFAULTS["log-analyst"][0], "mine")
+    with pytest.raises(ValueError, match="specialist 'wifi' has no description or system text"):
+        resolved(SpecialistSpec(name="wifi", description="knows wireless", system=None, max_output_tokens=9))

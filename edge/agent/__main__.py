@@ -91,12 +91,16 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             operator = Operator(job, _NoModel(), tools, tools, Budget(job.limits, job.provider))
             return operator.fail(sys.stdout, Stop("agent_config", str(exc)))
-        specialists = None
-        if job.mission is not None and job.mission.specialists:
-            from edge.agent.specialists import Specialists
-
-            specialists = Specialists(job.mission, tools, job.provider)
         try:
+            specialists = None
+            if job.mission is not None and job.mission.specialists:
+                from edge.agent.specialists import Specialists
+
+                try:
+                    specialists = Specialists(job.mission, tools, job.provider)
+                except ValueError as exc:
+                    operator = Operator(job, _NoModel(), tools, tools, Budget(job.limits, job.provider))
+                    return operator.fail(sys.stdout, Stop("agent_config", str(exc)))
             operator = Operator(job, model, tools, tools, Budget(job.limits, job.provider), specialists=specialists)
             return operator.main(sys.stdout)
         finally:

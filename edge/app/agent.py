@@ -19,44 +19,13 @@ from edge.storage.sqlite.db import Database
 from edge.tools.agent import AgentService, AgentSettings, RunCredentialRegistry
 
 if TYPE_CHECKING:
-    from edge.core.ledger import (
-        Attempt,
-        AttemptStart,
-        CommitArgs,
-        CommitResult,
-        CorrectArgs,
-        DelegateArgs,
-        ItemsArgs,
-        LedgerChange,
-        MissionView,
-        PrepareArgs,
-        RevokeArgs,
-        SpecialistContext,
-    )
     from edge.core.ports.agent import AgentEvidenceStore, MissionLedger, RunCredentials
 
 SPECIALISTS_MAX = 8
 SPECIALIST_OUTPUT_TOKENS = 1024  # a specialist's reply reserve unless configured (never above [agent]'s)
-DEFAULT_SPECIALISTS: dict[str, tuple[str, str]] = {  # name: (description, system text)
-    "log-analyst": (
-        "reads the log lines, exit codes and errors you quote and finds the first real error and its cause",
-        "You are the log analyst of qledge, a task runtime on a small router (OpenWrt, ARM). From the excerpts of"
-        " run logs, exit codes, error summaries and run facts the operator quotes, find what went wrong: the"
-        " failing step, the first real error (not its consequences) and its likely cause (disk space,"
-        " permissions, network or DNS, a missing binary or file, a timeout, memory, a signal). Quote the lines"
-        " your conclusion rests on, say how sure you are, and say what evidence would settle it when the"
-        " excerpt cannot. Never invent log lines, run ids or times.",
-    ),
-    "schedule-advisor": (
-        "explains when tasks run and why a run was skipped, queued or missed, and proposes cron schedules",
-        "You are the schedule advisor of qledge, a task runtime on a small router. From the tasks, cron"
-        " triggers (five fields, with a time zone), overlap policies (forbid, allow, replace), misfire"
-        " handling, run durations and times the operator quotes, explain when runs happen and why one was"
-        " skipped, queued, replaced or missed; spot overlapping or piling-up runs, daylight-saving surprises"
-        " and schedules that do not do what the owner wants, and propose exact cron expressions and policies."
-        " qledge cannot change anything itself: the owner applies what you propose. Never invent runs or times.",
-    ),
-}
+# Built in; their descriptions and system texts are the child's (edge.agent.specialists), so
+# the daemon never holds them.
+DEFAULT_SPECIALISTS = ("log-analyst", "schedule-advisor")
 
 
 class EvidenceOnFirstUse:
@@ -90,51 +59,6 @@ class EvidenceOnFirstUse:
         return await self._real().get(project, run_id)
 
 
-class LedgerOnFirstUse:
-    """MissionLedger: the SQLite adapter, imported at the first AI run."""
-
-    def __init__(self, db: Database) -> None:
-        self._db = db
-        self._ledger: MissionLedger | None = None
-
-    def _real(self) -> MissionLedger:
-        if self._ledger is None:
-            from edge.storage.sqlite.ledger import SqliteMissionLedger
-
-            self._ledger = SqliteMissionLedger(self._db)
-        return self._ledger
-
-    async def begin_attempt(self, start: AttemptStart, now_ms: int) -> Attempt:
-        return await self._real().begin_attempt(start, now_ms)
-
-    async def attempt_of(self, project: str, run_id: str) -> Attempt | None:
-        return await self._real().attempt_of(project, run_id)
-
-    async def latest_attempt(self, project: str, mission_id: str) -> Attempt | None:
-        return await self._real().latest_attempt(project, mission_id)
-
-    async def delegate(self, at: Attempt, args: DelegateArgs, now_ms: int) -> LedgerChange:
-        return await self._real().delegate(at, args, now_ms)
-
-    async def correct(self, at: Attempt, args: CorrectArgs, now_ms: int) -> LedgerChange:
-        return await self._real().correct(at, args, now_ms)
-
-    async def revoke(self, at: Attempt, args: RevokeArgs, now_ms: int) -> LedgerChange:
-        return await self._real().revoke(at, args, now_ms)
-
-    async def items(self, at: Attempt, args: ItemsArgs, now_ms: int) -> LedgerChange:
-        return await self._real().items(at, args, now_ms)
-
-    async def prepare(self, at: Attempt, args: PrepareArgs, now_ms: int) -> SpecialistContext:
-        return await self._real().prepare(at, args, now_ms)
-
-    async def commit(self, at: Attempt, args: CommitArgs, now_ms: int) -> CommitResult:
-        return await self._real().commit(at, args, now_ms)
-
-    async def mission(self, project: str, mission_id: str) -> MissionView | None:
-        return await self._real().mission(project, mission_id)
-
-
 def specialists(configured: dict[str, SpecialistConfig], max_output_tokens: int) -> list[SpecialistSpec]:
     """The default specialists with the configuration over them, in name order; one clear
     line for each problem."""
@@ -143,13 +67,12 @@ def specialists(configured: dict[str, SpecialistConfig], max_output_tokens: int)
         given = configured.get(name, SpecialistConfig())
         if not given.enabled:
             continue
-        description, system = DEFAULT_SPECIALISTS.get(name, (None, None))
-        description, system = given.description or description, given.system or system
-        if description is None or system is None:
+        if name not in DEFAULT_SPECIALISTS and (given.description is None or given.system is None):
             raise StartupError(f"[agent.specialists.{name}] needs description and system (it is not a default one)")
-        output = given.max_output_tokens or min(SPECIALIST_OUTPUT_TOKENS, max_output_tokens)
-        found.append(SpecialistSpec(name=name, description=" ".join(description.split()), system=system.strip(),
-                                    max_output_tokens=output))
+        found.append(SpecialistSpec(
+            name=name, description=" ".join(given.description.split()) if given.description else None,
+            system=given.system.strip() if given.system else None,
+            max_output_tokens=given.max_output_tokens or min(SPECIALIST_OUTPUT_TOKENS, max_output_tokens)))
     if len(found) > SPECIALISTS_MAX:
         raise StartupError(f"[agent.specialists] enables {len(found)} specialists; at most {SPECIALISTS_MAX}")
     return found
@@ -205,5 +128,12 @@ def build_agent(
                              concurrency=a.concurrency, socket=socket_path, attempts=a.attempts,
                              specialists=specialists(a.specialists, a.max_output_tokens))
     return AgentService(settings=settings, credentials=credentials or RunCredentialRegistry(pepper),
-                        evidence=EvidenceOnFirstUse(db), ledger=LedgerOnFirstUse(db), tasks=stores.tasks,
+                        evidence=EvidenceOnFirstUse(db), ledger=lambda: _ledger(db), tasks=stores.tasks,
                         secrets=stores.secrets, clock=clock)
+
+
+def _ledger(db: Database) -> MissionLedger:
+    """The missions' ledger, loaded at the first AI run (an idle daemon never needs it)."""
+    from edge.storage.sqlite.ledger import SqliteMissionLedger
+
+    return SqliteMissionLedger(db)

@@ -125,9 +125,9 @@ class ConfigError(Exception):
 def _explain(exc: msgspec.ValidationError) -> str:
     text = str(exc)
     where = ""
-    key = re.search(r" - at `key` in `\$\.?(.*)`$", text)  # a table's name, e.g. [agent.specialists.NAME]
-    if key:
-        return f"a name in `{key.group(1)}`: {text[0].lower()}{text[1:key.start()]}"
+    name = re.search(r" - at `key` in `\$\.?(.*)`$", text)  # a table's name, e.g. [agent.specialists.NAME]
+    if name:
+        return f"a name in `{name.group(1)}`: {text[0].lower()}{text[1:name.start()]}"
     m = re.search(r" - at `\$\.?(.*)`$", text)
     if m:
         text = text[: m.start()]

@@ -460,8 +460,10 @@ def agent_get(c: Client, a: argparse.Namespace) -> int:
 
 
 def agent_retry(c: Client, a: argparse.Namespace) -> int:
-    tools = _agent_tools()
-    retried = _agent(c, "qledge.agent.retry", tools.RetryArgs(run_id=a.run), tools.Retried)
+    _agent_tools()
+    from edge.tools import missions
+
+    retried = _agent(c, "qledge.agent.retry", missions.RetryArgs(run_id=a.run), missions.Retried)
     if not a.wait:
         return show(a, retried, lambda r: print(f"run {r.run.id} {r.run.status}: attempt {r.attempt} of mission"
                                                 f" {r.mission_id}"))
@@ -495,10 +497,11 @@ def _mission_fields(m: MissionView) -> None:
 
 
 def agent_mission(c: Client, a: argparse.Namespace) -> int:
-    tools = _agent_tools()
+    _agent_tools()
     from edge.core.ledger import MissionView
+    from edge.tools import missions
 
-    view = _agent(c, "qledge.agent.mission", tools.MissionArgs(run_id=a.run), MissionView)
+    view = _agent(c, "qledge.agent.mission", missions.MissionArgs(run_id=a.run), MissionView)
     return show(a, view, _mission_fields)
 
 

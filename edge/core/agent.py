@@ -87,8 +87,8 @@ class SpecialistSpec(msgspec.Struct, kw_only=True):
     """A no-tool role the operator may consult: [agent.specialists.NAME], defaults included."""
 
     name: str
-    description: str  # one line for the operator's tool descriptions
-    system: str  # its system text
+    description: str | None  # one line for the operator's tool descriptions; None: the default's
+    system: str | None  # its system text; None: the default's (edge.agent.specialists holds them)
     max_output_tokens: int  # the reply reserved in its context window and budgets
 
 

@@ -22,7 +22,7 @@ import logging
 import os
 import secrets
 import sys
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
@@ -168,20 +168,21 @@ class AgentService:
 
     def __init__(
         self, *, settings: AgentSettings, credentials: RunCredentials, evidence: AgentEvidenceStore,
-        ledger: MissionLedger, tasks: TaskStore, secrets: SecretStore, clock: Clock,
+        ledger: Callable[[], MissionLedger], tasks: TaskStore, secrets: SecretStore, clock: Clock,
     ) -> None:
         self.settings = settings
         self.evidence = evidence
-        self.ledger = ledger
+        self._make_ledger = ledger  # made at the first AI run: an idle daemon loads none of it
+        self._ledger: MissionLedger | None = None
         self.credentials = credentials
         # A retry names its mission before its run launches; launches read it under the lock
         # the retry holds from admission to naming, so no launch can miss it.
         self.retrying: dict[str, str] = {}  # run id -> mission id
         self.binding = asyncio.Lock()
-        self._runner: RunController | None = None  # for the attempts [agent] attempts starts
-        self._tasks = tasks
+        self.runner: RunController | None = None  # for the attempts [agent] attempts starts
+        self.tasks = tasks
         self._secrets = secrets
-        self._clock = clock
+        self.clock = clock
         self._active: dict[str, ActiveRun] = {}
         self._offered: list[Tool] = []
         self._tool_specs: list[OfferedTool] | None = None  # built at the first launch
@@ -193,9 +194,15 @@ class AgentService:
     def concurrency(self) -> int:
         return self.settings.concurrency
 
+    @property
+    def ledger(self) -> MissionLedger:
+        if self._ledger is None:
+            self._ledger = self._make_ledger()
+        return self._ledger
+
     def attach(self, runner: RunController) -> None:
         """The runner that starts the next attempt of a mission after a provider failure."""
-        self._runner = runner
+        self.runner = runner
 
     def tools(self) -> list[Tool]:
         """Every tool the agent capability adds, for the registry."""
@@ -264,8 +271,10 @@ class AgentService:
         state = ActiveRun(record, limits, (pin, pout) if pin is not None and pout is not None else None)
         token = self.credentials.mint(run.id, self.permissions)
         self._active[run.id] = state
-        await self.write_evidence(state, self.evidence.open(record, self._clock.now_ms()))
-        state.attempt = await self._bind(run, spec.instruction)
+        await self.write_evidence(state, self.evidence.open(record, self.clock.now_ms()))
+        from edge.tools.missions import bind_attempt
+
+        state.attempt = await bind_attempt(self, run, spec.instruction)
         mission = None
         if state.attempt is not None:
             mission = MissionJob(mission_id=state.attempt.mission_id, attempt=state.attempt.attempt,
@@ -278,22 +287,6 @@ class AgentService:
             argv=[self.settings.python, "-I", "-c", _BOOT.format(root=_ROOT)], env={}, job=_job.encode(job),
             timeout_s=float(limits.wall_clock_s),
         )
-
-    async def _bind(self, run: Run, goal: str) -> Attempt | None:
-        """The run as an attempt of its mission; None (logged) when the ledger cannot say:
-        the run goes on without specialists."""
-        from edge.core.ledger import AttemptStart
-
-        async with self.binding:
-            mission_id = self.retrying.pop(run.id, None)
-        start = AttemptStart(project_id=run.project_id, run_id=run.id, task_id=run.task_id,
-                             task_revision=run.task_revision, goal=goal, mission_id=mission_id)
-        try:
-            return await self.ledger.begin_attempt(start, self._clock.now_ms())
-        except ToolError as exc:
-            log.warning("AI run %s: its mission could not be recorded (%s); it runs without specialists",
-                        run.id, exc.message)
-            return None
 
     def exited(self, run_id: str, status: RunStatus, update: RunUpdate) -> RunStatus:
         self.credentials.revoke(run_id)
@@ -310,7 +303,7 @@ class AgentService:
         state = self._active.pop(run.id, None)
         if state is None:  # it never started (or its daemon died): only the task tells if it is an AI run
             try:
-                task = task or await self._tasks.get(run.project_id, run.task_id, run.task_revision)
+                task = task or await self.tasks.get(run.project_id, run.task_id, run.task_revision)
             except ToolError as exc:
                 log.warning("run %s: its task could not be read for its evidence (%s); the run is unaffected",
                             run.id, exc.message)
@@ -329,28 +322,11 @@ class AgentService:
             error=run.error_summary[:EVIDENCE_TEXT_MAX] if run.error_summary and run.status != "succeeded" else None,
             answer_summary=reported.answer_summary if reported is not None and run.status == "succeeded" else None,
         )
-        await self.write_evidence(state, self.evidence.end(end, state.record, self._clock.now_ms()))
+        await self.write_evidence(state, self.evidence.end(end, state.record, self.clock.now_ms()))
         if state.attempt is not None and run.status == "failed" and (run.error_code or "").startswith("provider_"):
-            await self._again(run, state.attempt, task)
+            from edge.tools.missions import next_attempt
 
-    async def _again(self, run: Run, at: Attempt, task: Task | None) -> None:
-        """The next attempt of a mission whose attempt the provider failed, up to [agent] attempts."""
-        if self._runner is None or at.attempt >= self.settings.attempts:
-            return
-        try:
-            task = task or await self._tasks.get(run.project_id, run.task_id, run.task_revision)
-            if task is None:
-                return
-            async with self.binding:
-                if at.mission_id in self.retrying.values():
-                    return
-                started = await self._runner.start(task, "runner")
-                self.retrying[started.id] = at.mission_id
-            log.info("AI run %s failed (%s): attempt %d of mission %s is run %s", run.id, run.error_code,
-                     at.attempt + 1, at.mission_id, started.id)
-        except ToolError as exc:
-            log.warning("AI run %s: the next attempt of mission %s could not start (%s)", run.id, at.mission_id,
-                        exc.message)
+            await next_attempt(self, run, state.attempt, task)
 
     async def write_evidence(self, state: ActiveRun, write: Awaitable[object]) -> bool:
         """Await an evidence write; a failure is logged once per run and swallowed."""
@@ -601,66 +577,41 @@ async def ask(ctx: ToolContext, args: AskArgs) -> Run:
     raise conflict("too many questions at once; try again")
 
 
-# -- the mission ledger's tools (the child's own) and retry: edge.tools.missions -------------
+# -- the missions' tools: their shapes and handlers are edge.tools.missions' ------------------
 
 
-def ledger_tools(service: AgentService) -> list[Tool]:
-    """One narrow tool per ledger operation, for an AI run's own credential; their shapes and
-    handlers load at the first call (an idle daemon has none of it)."""
+def _later(service: AgentService, handler: str, *bound: str) -> Any:
+    """A handler of edge.tools.missions, imported at its first call: an idle daemon has none of it."""
 
-    def handler(op: str) -> Any:
-        async def handle(ctx: ToolContext, args: dict[str, Any]) -> Any:
-            from edge.tools.missions import ledger_call
+    async def handle(ctx: ToolContext, args: dict[str, Any]) -> Any:
+        from edge.tools import missions
 
-            return await ledger_call(service, op, ctx, args)
+        return await getattr(missions, handler)(service, *bound, ctx, args)
 
-        return handle
-
-    return [tool(name, handler(op), dict[str, Any], object, effect="write", risk="low", permission=LEDGER_PERMISSION,
-                 title=f"An AI run's {op} on its mission's ledger (its own credential only)")
-            for op, name in zip(LEDGER_OPS, LEDGER_TOOLS, strict=True)]
-
-
-class RetryArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
-    run_id: ReadId
-
-
-class Retried(msgspec.Struct, rename="camel"):
-    run: Run
-    mission_id: str
-    attempt: int
-
-
-class MissionArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
-    run_id: ReadId  # any attempt of the mission
+    return handle
 
 
 def mission_tools(service: AgentService) -> list[Tool]:
-    """`qledge.agent.retry` and `qledge.agent.mission`, for owners; handled by edge.tools.missions."""
-
-    async def retry(ctx: ToolContext, args: RetryArgs) -> Retried:
-        from edge.tools.missions import retry_run
-
-        return await retry_run(service, ctx, args.run_id)
-
-    async def mission(ctx: ToolContext, args: MissionArgs) -> Any:
-        from edge.tools.missions import mission_view
-
-        return await mission_view(service, ctx, args.run_id)
-
-    return [
-        tool("qledge.agent.retry", retry, RetryArgs, Retried, effect="write", risk="medium", permission="run.write",
+    """`qledge.agent.retry` and `qledge.agent.mission`, for owners, and with specialists one
+    narrow tool per ledger operation, for an AI run's own credential."""
+    found = [
+        tool("qledge.agent.retry", _later(service, "retry_run"), dict[str, Any], object, effect="write",
+             risk="medium", permission="run.write",
              title="Start the next attempt of an AI run's mission (a new run of the same task revision)"),
-        tool("qledge.agent.mission", mission, MissionArgs, object, effect="read", risk="low", permission="run.read",
-             title="An AI run's mission: its attempts and its specialists' ledger"),
+        tool("qledge.agent.mission", _later(service, "mission_view"), dict[str, Any], object, effect="read",
+             risk="low", permission="run.read", title="An AI run's mission: its attempts and its specialists' ledger"),
     ]
+    if service.settings.specialists:
+        found += [tool(name, _later(service, "ledger_call", op), dict[str, Any], object, effect="write", risk="low",
+                       permission=LEDGER_PERMISSION, title=f"An AI run's {op} on its mission's ledger")
+                  for op, name in zip(LEDGER_OPS, LEDGER_TOOLS, strict=True)]
+    return found
 
 
 def agent_tools(service: AgentService) -> list[Tool]:
     """Every tool the agent capability adds, for the registry."""
     return [
         *report_tools(service), *history_tools(service), *mission_tools(service),
-        *(ledger_tools(service) if service.settings.specialists else []),
         tool("qledge.agent.ask", ask, AskArgs, Run, effect="write", risk="medium", permission="run.write",
              title="Ask the AI operator a question (a run of the `ask` task)"),
     ]

@@ -1,6 +1,7 @@
-"""Missions on the daemon's side (seed 003), loaded at the first use: the ledger's tools an AI
-run's child calls for its specialists, `qledge.agent.retry` (the next attempt of a mission)
-and `qledge.agent.mission` (a mission for its owner).
+"""Missions on the daemon's side (seed 003), loaded at the first AI run or call: binding a run
+that starts to its mission as an attempt, the next attempt after a provider failure, the
+ledger's tools an AI run's child calls for its specialists, `qledge.agent.retry` (the next
+attempt of a mission) and `qledge.agent.mission` (a mission for its owner).
 
 The ledger's tools accept an active AI run's own credential only, and act on that run's
 mission alone, as that attempt: no other principal, and no run on another mission, can
@@ -9,6 +10,7 @@ read or change it, and nothing of an earlier attempt is reused but the ledger it
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import msgspec
@@ -18,6 +20,7 @@ from edge.core.excerpt import normalize
 from edge.core.ledger import (
     ATTEMPTS_MAX,
     Attempt,
+    AttemptStart,
     CommitArgs,
     CorrectArgs,
     DelegateArgs,
@@ -27,9 +30,76 @@ from edge.core.ledger import (
     PrepareArgs,
     RevokeArgs,
 )
-from edge.core.tasks import AgentInstruction
-from edge.tools.agent import AgentService, Retried, ActiveRun
+from edge.core.runs import Run
+from edge.core.tasks import AgentInstruction, Task
+from edge.core.text import ReadId
+from edge.tools.agent import ActiveRun, AgentService
 from edge.tools.context import ToolContext
+
+log = logging.getLogger("qledge.agent")
+
+
+class RetryArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
+    run_id: ReadId
+
+
+class Retried(msgspec.Struct, rename="camel"):
+    run: Run
+    mission_id: str
+    attempt: int
+
+
+class MissionArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
+    run_id: ReadId  # any attempt of the mission
+
+
+def _args(raw: dict[str, Any], kind: type[msgspec.Struct]) -> Any:
+    try:
+        return msgspec.convert(raw, kind)
+    except msgspec.ValidationError as exc:
+        raise invalid(str(exc)) from None
+
+
+# -- attempts -------------------------------------------------------------------------------
+
+
+async def bind_attempt(service: AgentService, run: Run, goal: str) -> Attempt | None:
+    """The run as an attempt of its mission; None (logged) when the ledger cannot say: the run
+    goes on without specialists."""
+    async with service.binding:  # a retry names the mission of its run before releasing this
+        mission_id = service.retrying.pop(run.id, None)
+    start = AttemptStart(project_id=run.project_id, run_id=run.id, task_id=run.task_id,
+                         task_revision=run.task_revision, goal=goal, mission_id=mission_id)
+    try:
+        return await service.ledger.begin_attempt(start, service.clock.now_ms())
+    except ToolError as exc:
+        log.warning("AI run %s: its mission could not be recorded (%s); it runs without specialists",
+                    run.id, exc.message)
+        return None
+
+
+async def next_attempt(service: AgentService, run: Run, at: Attempt, task: Task | None) -> None:
+    """The next attempt of a mission whose attempt the provider failed, up to [agent] attempts."""
+    runner = service.runner
+    if runner is None or at.attempt >= service.settings.attempts:
+        return
+    try:
+        task = task or await service.tasks.get(run.project_id, run.task_id, run.task_revision)
+        if task is None:
+            return
+        async with service.binding:
+            if at.mission_id in service.retrying.values():
+                return
+            started = await runner.start(task, "runner")
+            service.retrying[started.id] = at.mission_id
+        log.info("AI run %s failed (%s): attempt %d of mission %s is run %s", run.id, run.error_code,
+                 at.attempt + 1, at.mission_id, started.id)
+    except ToolError as exc:
+        log.warning("AI run %s: the next attempt of mission %s could not start (%s)", run.id, at.mission_id,
+                    exc.message)
+
+
+# -- the ledger's tools ----------------------------------------------------------------------
 
 _ARGS: dict[str, type[msgspec.Struct]] = {
     "delegate": DelegateArgs, "correct": CorrectArgs, "revoke": RevokeArgs, "items": ItemsArgs,
@@ -62,10 +132,7 @@ def _drafts(drafts: list[ItemDraft]) -> list[ItemDraft]:
 
 async def ledger_call(service: AgentService, op: str, ctx: ToolContext, raw: dict[str, Any]) -> Any:
     state, at = _caller(ctx, service)
-    try:
-        args: Any = msgspec.convert(raw, _ARGS[op])
-    except msgspec.ValidationError as exc:
-        raise invalid(str(exc)) from None
+    args = _args(raw, _ARGS[op])
     child = getattr(args, "child", None)
     if child is not None and child not in service.specialist_names:
         raise invalid(f"there is no specialist {child!r}")
@@ -87,9 +154,13 @@ async def ledger_call(service: AgentService, op: str, ctx: ToolContext, raw: dic
     return await ledger.commit(at, msgspec.structs.replace(args, reply=_text(args.reply)), now)
 
 
-async def retry_run(service: AgentService, ctx: ToolContext, run_id: str) -> Retried:
-    """The next attempt of `run_id`'s mission: a new run of the same task revision, its own
+# -- retry and the mission view ----------------------------------------------------------------
+
+
+async def retry_run(service: AgentService, ctx: ToolContext, raw: dict[str, Any]) -> Retried:
+    """The next attempt of a run's mission: a new run of the same task revision, its own
     credential, budgets and receipts; refused while an attempt of the mission is active."""
+    run_id = _args(raw, RetryArgs).run_id
     project, services = ctx.project, ctx.services
     run = await services.runs.get(project, run_id)
     if run is None:
@@ -121,7 +192,8 @@ async def retry_run(service: AgentService, ctx: ToolContext, run_id: str) -> Ret
     return Retried(run=started, mission_id=at.mission_id, attempt=latest.attempt + 1)
 
 
-async def mission_view(service: AgentService, ctx: ToolContext, run_id: str) -> MissionView:
+async def mission_view(service: AgentService, ctx: ToolContext, raw: dict[str, Any]) -> MissionView:
+    run_id = _args(raw, MissionArgs).run_id
     at = await service.ledger.attempt_of(ctx.project, run_id)
     found = await service.ledger.mission(ctx.project, at.mission_id) if at is not None else None
     if found is None:
