@@ -100,7 +100,7 @@ async def daemon(home):
 
 # The run's own tools: its reports and its mission's ledger.
 OWN = {"qledge.agent.round", "qledge.agent.outcome", *(f"qledge.agent.specialist.{op}" for op in (
-    "delegate", "correct", "revoke", "items", "prepare", "commit"))}
+    "delegate", "correct", "revoke", "items", "prepare", "commit", "withdraw"))}
 
 
 async def test_the_run_credential_is_refused_every_write_tool_and_dead_after_the_run(daemon):

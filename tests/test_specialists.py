@@ -152,10 +152,31 @@ def test_required_content_that_cannot_fit_is_not_sent_and_the_operator_sees_why(
     assert not specialist_requests(provider)  # never sent
     result = last_result(provider.requests[1])
     assert result["error"]["code"] == "context_overflow"
-    assert "11,500 reserved for the reply; the context window is 12,000: nothing was sent" in \
-        result["error"]["message"]
+    assert "11,500 reserved for the reply; the context window is 12,000: nothing was sent; the message was" \
+        " withdrawn, never to be delivered" in result["error"]["message"]
     assert _specialist_rounds(d, run_id) == []
-    assert rows(d, "SELECT text, status FROM agent_messages") == [("ASK-1: look at run 7", "pending")]
+    assert rows(d, "SELECT text, status FROM agent_messages") == []  # withdrawn: no later request carries it
+
+
+def test_a_message_too_long_for_the_window_is_withdrawn_and_the_specialist_goes_on(agent, provider):
+    # The specialist reserves 13,000 of 16,000 tokens: about 6 KB for its request, a 6,500-character
+    # message cannot fit; left pending it would overflow every later request to it.
+    d = agent(context_window_tokens=16_000, max_output_tokens=1000,
+              extra=f"[agent.specialists.{LA}]\nmax_output_tokens = 13000\n")
+    provider.add(
+        tool_call("specialist.delegate", {"specialist": LA, "instruction": DELEGATION}, call_id="call_d"),
+        ask("TOO-LONG " + "x" * 6500, "call_a1"),
+        ask("ASK-2: shorter", "call_a2"), reply("REPLY-2"),
+        answer("done"),
+    )
+    run_id = _asked(d)
+    overflow = last_result(provider.requests[2])["error"]
+    assert overflow["code"] == "context_overflow" and "the message was withdrawn" in overflow["message"]
+    (sent,) = specialist_requests(provider)
+    assert conversation(sent) == ["ASK-2: shorter"] and "TOO-LONG" not in json.dumps(sent.body)
+    assert constraint_lines(sent) == [f"[c1] delegation v1, from attempt 1 round 1 call call_d: {DELEGATION}"]
+    assert rows(d, "SELECT text, status FROM agent_messages") == [("ASK-2: shorter", "consumed")]
+    assert [r["specialist"]["historySent"] for r in _specialist_rounds(d, run_id)] == [0]
 
 
 # -- 3, 4, 6 and "Done means": the scripted mission through qledge ask --------------------------
@@ -212,6 +233,73 @@ def test_the_scripted_mission_delegates_corrects_revokes_survives_a_restart_and_
     assert sorted(a[0] for a in audit) == sorted([f"agent:{m.run_1}", f"agent:{m.run_2}"])
     shown = d.cli("agent", "mission", m.run_2)
     assert shown.returncode == 0 and f"attempts: 1: {m.run_1}, 2: {m.run_2}" in shown.stdout
+
+
+def test_a_replaced_delegation_closed_items_and_a_revoked_delegation_are_never_sent_again(agent, provider):
+    """Across a retry (no restart): attempt 2 replaces attempt 1's delegation and correction,
+    closes one work item, adds another, then revokes its own delegation; every request carries
+    exactly what is in force, with its source, and the operator sees each change's result."""
+    d = agent()
+    provider.add(
+        tool_call("specialist.delegate", {"specialist": LA, "instruction": "SCOPE-ONE", "workItems": [
+            {"text": "ITEM-A"}, {"text": "ITEM-B", "acceptance": "quotes the line"}]}, call_id="call_d1"),
+        tool_call("specialist.correct", {"specialist": LA, "text": "CORR-ONE"}, call_id="call_c1"),
+        ask("ASK-1", "call_a1"), reply("REPLY-1"),
+        answer("attempt 1 done"),
+    )
+    run_1 = _asked(d)
+    provider.add(
+        tool_call("specialist.delegate", {"specialist": LA, "instruction": "SCOPE-TWO"}, call_id="call_d2"),
+        tool_call("specialist.correct", {"specialist": LA, "text": "CORR-TWO", "replaces": "c4"}, call_id="call_c2"),
+        tool_call("specialist.items", {"specialist": LA, "close": ["w2"], "add": [{"text": "ITEM-C"}]},
+                  call_id="call_i1"),
+        tool_call("specialist.items", {"specialist": LA, "close": ["w2"]}, call_id="call_i2"),  # done already
+        ask("ASK-2", "call_a2"), reply("REPLY-2"),
+        tool_call("specialist.revoke", {"constraintId": "c8"}, call_id="call_r1"),
+        tool_call("specialist.correct", {"specialist": LA, "text": "CORR-X", "replaces": "c4"}, call_id="call_c3"),
+        ask("ASK-3", "call_a3"), reply("REPLY-3"),
+        answer("attempt 2 done"),
+    )
+    retried = d.cli("agent", "retry", run_1, "--wait")
+    assert retried.returncode == 0 and retried.stdout == "attempt 2 done\n", retried.stderr
+    run_2 = re.search(r"run (\S+) queued: attempt 2", retried.stderr).group(1)
+    s1, s2, s3 = specialist_requests(provider)
+    assert constraint_lines(s1) == ["[c1] delegation v1, from attempt 1 round 1 call call_d1: SCOPE-ONE",
+                                    "[c4] correction v1, from attempt 1 round 2 call call_c1: CORR-ONE"]
+    assert "[w2] ITEM-A" in system(s1) and "[w3] ITEM-B (acceptance: quotes the line;" in system(s1)
+    assert constraint_lines(s2) == [
+        "[c8] delegation v2, replaces c1, from attempt 2 round 1 call call_d2: SCOPE-TWO",
+        "[c9] correction v2, replaces c4, from attempt 2 round 2 call call_c2: CORR-TWO"]
+    items = system(s2).split("Open work items:\n", 1)[1].splitlines()
+    assert items == ["[w3] ITEM-B (acceptance: quotes the line; from attempt 1 round 1 call call_d1)",
+                     "[w10] ITEM-C (from attempt 2 round 3 call call_i1)"]
+    assert constraint_lines(s3) == constraint_lines(s2)[1:]  # the delegation revoked: only the correction
+    for later in (s2, s3):
+        text = json.dumps(later.body)
+        assert "SCOPE-ONE" not in text and "CORR-ONE" not in text and "ITEM-A" not in text and "CORR-X" not in text
+    assert "SCOPE-TWO" not in json.dumps(s3.body)
+    assert conversation(s2) == ["ASK-1", "REPLY-1", "ASK-2"] and conversation(s3)[-1] == "ASK-3"
+    # What the operator was told: the changes, and why the two that could not be made were refused.
+    by_call = {}
+    for r in provider.requests:
+        if not is_specialist(r) and tool_messages(r):
+            by_call[tool_messages(r)[-1]["tool_call_id"]] = last_result(r)
+    assert by_call["call_d2"]["superseded"] == "c1"
+    assert by_call["call_i1"]["workItems"] == [
+        {"id": "w2", "specialist": LA, "text": "ITEM-A", "status": "done"},
+        {"id": "w10", "specialist": LA, "text": "ITEM-C", "status": "open"}]
+    assert by_call["call_i2"]["error"] == {"code": "conflict", "message": "work item w2 is already done"}
+    assert by_call["call_r1"]["constraint"]["status"] == "revoked"
+    assert by_call["call_c3"]["error"] == {"code": "conflict",
+                                           "message": "c4 was superseded by c9: it is no longer in force"}
+    assert rows(d, "SELECT 'c' || id, kind, version, status, superseded_by, source_attempt FROM agent_constraints"
+                   " ORDER BY id") == [
+        ("c1", "delegation", 1, "superseded", 8, 1), ("c4", "correction", 1, "superseded", 9, 1),
+        ("c8", "delegation", 2, "revoked", None, 2), ("c9", "correction", 2, "active", None, 2)]
+    assert rows(d, "SELECT 'w' || id, status, source_attempt FROM agent_work_items ORDER BY id") == [
+        ("w2", "done", 1), ("w3", "open", 1), ("w10", "open", 2)]
+    shown = json.loads(d.cli("agent", "mission", run_2, "--json").stdout)
+    assert shown["attempts"] == [run_1, run_2] and len(shown["constraints"]) == 4
 
 
 # -- 5: isolation ----------------------------------------------------------------------------
@@ -313,7 +401,7 @@ def test_the_ledger_tools_are_the_run_credentials_alone(provider, daemon_factory
 
     d = daemon_factory(config=agent_config(provider, extra="[mcp]\nenabled = true\n")).start()
     args = {"child": LA, "constraint": 1, "round": 1, "call": "x"}
-    for op in ("delegate", "correct", "revoke", "items", "prepare", "commit"):
+    for op in ("delegate", "correct", "revoke", "items", "prepare", "commit", "withdraw"):
         owner = d.cli("call", f"qledge.agent.specialist.{op}", "--args", json.dumps(args))
         assert owner.returncode != 0 and "permission_denied" in owner.stderr, owner.stderr
     for role in ("owner", "operator"):  # a stored credential, even an owner's `*`, is not an AI run's own

@@ -33,6 +33,7 @@ from edge.core.ledger import (
     RevokeArgs,
     Source,
     SpecialistContext,
+    WithdrawArgs,
 )
 from edge.storage.sqlite import ledger as ledger_module
 from edge.storage.sqlite.db import Database
@@ -307,3 +308,30 @@ def test_the_child_fills_in_the_built_in_texts_and_refuses_a_specialist_without_
     assert (own.description, own.system) == (DEFAULTS["log-analyst"][0], "mine")
     with pytest.raises(ValueError, match="specialist 'wifi' has no description or system text"):
         resolved(SpecialistSpec(name="wifi", description="knows wireless", system=None, max_output_tokens=9))
+
+
+async def test_only_a_message_this_attempt_recorded_and_no_request_carried_can_be_withdrawn(store):
+    db, ledger = store
+    one = await ledger.begin_attempt(start("run-1"), 1)
+    left = (await ledger.prepare(one, PrepareArgs(child="log-analyst", message="left by a crash", round=1, call="a"),
+                                 2)).pending[-1].id
+    two = await ledger.begin_attempt(start("run-2", "run-1"), 3)
+    ctx = await ledger.prepare(two, PrepareArgs(child="log-analyst", message="too long", round=1, call="b"), 4)
+    mine = ctx.pending[-1].id
+    other = (await ledger.prepare(two, PrepareArgs(child="schedule-advisor", message="theirs", round=1, call="c"),
+                                  5)).pending[-1].id
+
+    def withdraw(at, child, message):
+        return ledger.withdraw(at, WithdrawArgs(child=child, message=message, round=1, call="w"), 6)
+
+    assert not await withdraw(two, "log-analyst", left)  # an earlier attempt's: it may have been sent
+    assert not await withdraw(two, "log-analyst", other)  # another child's
+    assert await withdraw(two, "log-analyst", mine)
+    assert not await withdraw(two, "log-analyst", mine)  # once
+    after = await ledger.prepare(two, PrepareArgs(child="log-analyst", message="shorter", round=2, call="d"), 7)
+    assert [m.text for m in after.pending] == ["left by a crash", "shorter"]
+    await ledger.commit(two, CommitArgs(child="log-analyst", request_id="q1", round=3,
+                                        messages=[m.id for m in after.pending], reply="r"), 8)
+    assert not await withdraw(two, "log-analyst", after.pending[-1].id)  # consumed: delivered, kept
+    texts = await db.run(lambda c: c.execute("SELECT text, status FROM agent_messages ORDER BY id").fetchall())
+    assert texts == [("left by a crash", "consumed"), ("theirs", "pending"), ("shorter", "consumed")]

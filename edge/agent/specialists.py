@@ -15,7 +15,9 @@ HISTORY_MESSAGES_MAX messages AND at most HISTORY_BYTES_MAX bytes of text: walki
 newest, a message that does not fit the bytes left is skipped. Then the final trim to the
 context window less the reply's reserve drops history, oldest first; the required part is
 never dropped, and when it alone does not fit the request is not sent: the call stops with
-`context_overflow` and the sizes, which the operator model sees.
+`context_overflow` and the sizes, which the operator model sees, and the message it would have
+carried is withdrawn (deleted from the ledger, never delivered) so that it cannot make every
+later request to that specialist overflow too.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ from edge.core.ledger import (
     RevokeArgs,
     Source,
     SpecialistContext,
+    WithdrawArgs,
 )
 
 DELEGATE, CORRECT, REVOKE, ASK, ITEMS = PARENT_TOOLS
@@ -423,6 +426,17 @@ class Specialists:
                                             close=[_ref(v, "w") for v in args.close], round=round_, call=call)
         return _change(self._ledger.ledger(op, change, LedgerChange))
 
+    def _withdraw(self, spec: SpecialistSpec, ctx: SpecialistContext, round_: int, call: str) -> str:
+        """Withdraw the message just recorded (the newest pending one), which no request
+        carried: left pending, it would be part of every later request and overflow it too."""
+        mine = ctx.pending[-1].id
+        try:
+            self._ledger.ledger("withdraw", WithdrawArgs(child=spec.name, message=mine, round=round_, call=call), bool)
+        except ToolFailure as exc:
+            return f"the message could not be withdrawn ({exc.code}: {exc.message}) and waits for the next request"
+        return ("the message was withdrawn, never to be delivered: send it again shorter, or after revoking or"
+                " replacing constraints")
+
     def ask(self, spec: SpecialistSpec, message: str, round_: int, call: str, consult: Consult) -> Any:
         """Record the message, build the request from the ledger, send it as a round, keep the reply."""
         ctx = self._ledger.ledger("prepare", PrepareArgs(child=spec.name, message=message, round=round_, call=call),
@@ -430,7 +444,8 @@ class Specialists:
         try:
             body, layout = build_request(spec, ctx, self._provider)
         except Overflow as exc:
-            return {"error": {"code": "context_overflow", "message": str(exc)}}
+            withdrawn = self._withdraw(spec, ctx, round_, call)
+            return {"error": {"code": "context_overflow", "message": f"{exc}; {withdrawn}"}}
         meta = SpecialistRound(child=spec.name, constraints=layout.constraints, history_sent=layout.history_sent,
                                history_trimmed=layout.history_trimmed)
         rid = self._new_id()  # the request's own id: its receipts name it

@@ -116,6 +116,11 @@ class PrepareArgs(_Call, frozen=True, kw_only=True):
     message: MessageText  # recorded pending before anything is sent
 
 
+class WithdrawArgs(_Call, frozen=True, kw_only=True):
+    child: ChildName
+    message: LedgerId  # pending, recorded by this attempt, carried by no request
+
+
 class CommitArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True, frozen=True, kw_only=True):
     child: ChildName
     request_id: CallId

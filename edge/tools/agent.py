@@ -73,7 +73,7 @@ ASK_TASK = "ask"  # where `qledge ask` keeps its runs: one AI task, a revision p
 LOG_EXCERPT = "qinglong.run.log.excerpt"
 REPORT_TOOLS = ("qledge.agent.round", "qledge.agent.outcome")
 REPORT_PERMISSION = "agent.report"  # held by run credentials only (owners hold `*`; the tools check the run)
-LEDGER_OPS = ("delegate", "correct", "revoke", "items", "prepare", "commit")
+LEDGER_OPS = ("delegate", "correct", "revoke", "items", "prepare", "commit", "withdraw")
 LEDGER_TOOLS = tuple(f"qledge.agent.specialist.{op}" for op in LEDGER_OPS)
 LEDGER_PERMISSION = "agent.ledger"  # like REPORT_PERMISSION: run credentials only
 # The child is started like this, not with `python -m`: -I keeps the environment and the

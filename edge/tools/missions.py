@@ -29,6 +29,7 @@ from edge.core.ledger import (
     MissionView,
     PrepareArgs,
     RevokeArgs,
+    WithdrawArgs,
 )
 from edge.core.runs import Run
 from edge.core.tasks import AgentInstruction, Task
@@ -103,7 +104,7 @@ async def next_attempt(service: AgentService, run: Run, at: Attempt, task: Task 
 
 _ARGS: dict[str, type[msgspec.Struct]] = {
     "delegate": DelegateArgs, "correct": CorrectArgs, "revoke": RevokeArgs, "items": ItemsArgs,
-    "prepare": PrepareArgs, "commit": CommitArgs,
+    "prepare": PrepareArgs, "commit": CommitArgs, "withdraw": WithdrawArgs,
 }
 
 
@@ -150,6 +151,8 @@ async def ledger_call(service: AgentService, op: str, ctx: ToolContext, raw: dic
         return await ledger.items(at, msgspec.structs.replace(args, add=_drafts(args.add)), now)
     if isinstance(args, PrepareArgs):
         return await ledger.prepare(at, msgspec.structs.replace(args, message=_text(args.message)), now)
+    if isinstance(args, WithdrawArgs):
+        return await ledger.withdraw(at, args, now)
     assert isinstance(args, CommitArgs)
     return await ledger.commit(at, msgspec.structs.replace(args, reply=_text(args.reply)), now)
 

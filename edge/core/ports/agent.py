@@ -34,6 +34,7 @@ from edge.core.ledger import (
     PrepareArgs,
     RevokeArgs,
     SpecialistContext,
+    WithdrawArgs,
 )
 from edge.core.runs import Run, RunStatus, RunUpdate
 from edge.core.tasks import Task
@@ -181,6 +182,13 @@ class MissionLedger(Protocol):
         reply is kept; consumed history beyond HISTORY_KEEP is pruned. Idempotent by request
         id: the same request again changes nothing and returns what it did; a message
         consumed already is never consumed again."""
+        ...
+
+    async def withdraw(self, at: Attempt, args: WithdrawArgs, now_ms: int) -> bool:
+        """Delete a message that no request carried (its request did not fit the context
+        window), so it is never delivered: only a pending message of that child recorded by
+        this attempt. False when there is none such (withdrawn already, consumed, another
+        child's or another attempt's): nothing changes then."""
         ...
 
     async def mission(self, project: str, mission_id: str) -> MissionView | None:

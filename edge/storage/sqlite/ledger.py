@@ -45,6 +45,7 @@ from edge.core.ledger import (
     RevokeArgs,
     Source,
     SpecialistContext,
+    WithdrawArgs,
 )
 from edge.storage.sqlite.db import Database, Row, immediate, one, rows
 
@@ -345,6 +346,13 @@ def commit(conn: apsw.Connection, at: Attempt, args: CommitArgs, now: int) -> Co
         return CommitResult(consumed=consumed_ids, reply=reply, repeated=False)
 
 
+def withdraw(conn: apsw.Connection, at: Attempt, args: WithdrawArgs, now: int) -> bool:
+    with immediate(conn):
+        conn.execute("DELETE FROM agent_messages WHERE mission = ? AND id = ? AND child = ? AND status = 'pending'"
+                     " AND source_attempt = ?", (at.mission, args.message, args.child, at.attempt))
+        return bool(conn.changes())
+
+
 def mission(conn: apsw.Connection, project: str, mission_id: str) -> MissionView | None:
     row = conn.execute("SELECT seq, task_id, task_revision, goal, created_at_ms FROM agent_missions"
                        " WHERE project_id = ? AND id = ?", (project, mission_id)).fetchone()
@@ -396,6 +404,9 @@ class SqliteMissionLedger:
 
     async def commit(self, at: Attempt, args: CommitArgs, now_ms: int) -> CommitResult:
         return await self._db.run(commit, at, args, now_ms)
+
+    async def withdraw(self, at: Attempt, args: WithdrawArgs, now_ms: int) -> bool:
+        return await self._db.run(withdraw, at, args, now_ms)
 
     async def mission(self, project: str, mission_id: str) -> MissionView | None:
         return await self._db.run(mission, project, mission_id)
