@@ -39,16 +39,21 @@ def write_results():
     record("specialists", RESULTS)
 
 
-def _sizes(request: Request, trimmed: int | None) -> dict[str, int | None]:
+def _sizes(request: Request, round_: dict[str, int] | None) -> dict[str, int | None]:
+    """What one request held; `round_` is its evidence (historySent, historyTrimmed), None for a
+    request whose round was never reported (then only its last message counts as current)."""
     text = system(request)
     lines = constraint_lines(request)
     items = text.split("\n\nOpen work items:\n", 1)[1]
-    history = conversation(request)[:-1]
+    messages = conversation(request)
+    sent = round_["historySent"] if round_ is not None else len(messages) - 1
+    history, current = messages[:sent], messages[sent:]
     return {
         "body_bytes": len(request.raw), "system_bytes": len(text.encode()), "constraints": len(lines),
         "constraint_bytes": len("\n".join(lines).encode()), "items_bytes": len(items.encode()),
         "history_messages": len(history), "history_bytes": sum(len(h.encode()) for h in history),
-        "current_bytes": len(conversation(request)[-1].encode()), "history_trimmed": trimmed,
+        "current_messages": len(current), "current_bytes": sum(len(c.encode()) for c in current),
+        "history_trimmed": round_["historyTrimmed"] if round_ is not None else None,
     }
 
 
@@ -67,12 +72,13 @@ def test_request_sizes_in_the_scripted_mission():
 
     try:
         m = mission(factory, provider)
-        trimmed = [r["historyTrimmed"] for r in _rounds(m.second, m.run_1) + _rounds(m.second, m.run_2)]
+        reported = _rounds(m.second, m.run_1) + _rounds(m.second, m.run_2)
         requests = specialist_requests(provider)
         # The third request's round was never reported: the daemon died while it was out.
-        per = [_sizes(r, t) for r, t in zip(requests, [*trimmed[:2], None, *trimmed[2:]], strict=True)]
+        per = [_sizes(r, t) for r, t in zip(requests, [*reported[:2], None, *reported[2:]], strict=True)]
         RESULTS["mission"] = per
         assert [p["constraints"] for p in per] == [2, 2, 2, 2, 2]
+        assert [p["current_messages"] for p in per] == [1, 1, 1, 2, 1]  # the crash's message, delivered once
     finally:
         for d in made:
             d.cleanup()
@@ -100,8 +106,7 @@ def test_request_sizes_in_a_long_mission():
             while not (waited := c.call("qledge.run.wait", {"runId": run_id, "timeoutMs": 30_000}))["done"]:
                 pass
         assert waited["run"]["status"] == "succeeded", (waited["run"]["errorCode"], waited["run"]["errorSummary"])
-        trimmed = [r["historyTrimmed"] for r in _rounds(d, run_id)]
-        per = [_sizes(r, t) for r, t in zip(specialist_requests(provider), trimmed, strict=True)]
+        per = [_sizes(r, t) for r, t in zip(specialist_requests(provider), _rounds(d, run_id), strict=True)]
         RESULTS["long_mission"] = {"requests": len(per), "first": per[0], "sixth": per[5], "last": per[-1]}
         assert per[-1]["history_messages"] < 12 and per[-1]["history_bytes"] <= 64 * 1024
         assert per[-1]["constraints"] == 6
