@@ -432,6 +432,9 @@ def test_retry_is_refused_while_an_attempt_is_active_and_for_what_is_not_a_missi
     until(lambda: d.call("qledge.run.get", {"runId": plain["id"]})["status"] == "succeeded", what="the plain run")
     refused = d.cli("agent", "retry", plain["id"])
     assert refused.returncode == 1 and "is not an attempt of a mission" in refused.stderr
+    for tool, args in (("qledge.agent.retry", {}), ("qledge.agent.mission", {"runId": 7, "x": 1})):
+        bad = d.cli("call", tool, "--args", json.dumps(args))
+        assert bad.returncode != 0 and "invalid_argument" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
     provider.add(answer("second attempt"))
     again = d.cli("agent", "retry", run["id"], "--wait")
     assert again.returncode == 0 and again.stdout == "second attempt\n"
