@@ -65,6 +65,9 @@ def test_cancel_from_the_other_node_stops_the_child_and_ends_the_record(daemon_f
     until(lambda: provider.requests, what="the provider call")
     held = _held_by(a, run["id"])
     other = b if held == "n1" else a
+    # A run is recorded running (with its pid) once it has lasted a second.
+    until(lambda: rows(pg_dsn, "SELECT pid FROM runs WHERE id = %s", (run["id"],))[0][0] is not None,
+          what="the run's pid on record")
     (pid,) = rows(pg_dsn, "SELECT pid FROM runs WHERE id = %s", (run["id"],))[0]
     cancelled = other.call("qledge.run.cancel", {"runId": run["id"]})
     assert cancelled["status"] == "cancelled", cancelled
@@ -94,6 +97,9 @@ def test_a_node_killed_mid_run_leaves_it_lost_and_its_record_ended(daemon_factor
     until(lambda: len(provider.requests) == 2, what="the second request")
     held = _held_by(a, run["id"])
     holder, survivor = (a, b) if held == "n1" else (b, a)
+    # A run is recorded running (with its pid) once it has lasted a second.
+    until(lambda: rows(pg_dsn, "SELECT pid FROM runs WHERE id = %s", (run["id"],))[0][0] is not None,
+          what="the run's pid on record")
     (pid,) = rows(pg_dsn, "SELECT pid FROM runs WHERE id = %s", (run["id"],))[0]
     os.kill(holder.pid, signal.SIGKILL)
     os.kill(pid, signal.SIGKILL)  # its child would be stopped by the node's next life; here it is gone

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from agent_support import agent_config, ai_task, log, record, start_and_wait, wait
+from agent_support import agent_config, ai_task, log, record, start_and_wait, until, wait
 from fake_provider import FakeProvider, Step, answer, tool_call
 
 pytestmark = pytest.mark.e2e
@@ -35,12 +35,19 @@ def _status(pid: int) -> dict[str, str]:
 
 
 def _running_pid(d) -> int:
-    conn = d.db()
-    try:
-        (pid,) = conn.execute("SELECT pid FROM runs WHERE status = 'running'").fetchone()
-    finally:
-        conn.close()
-    return int(pid)
+    """The pid of the running run; a run is recorded running once it has lasted a second."""
+    def pid() -> int | None:
+        conn = d.db()
+        try:
+            row = conn.execute("SELECT pid FROM runs WHERE status = 'running'").fetchone()
+        finally:
+            conn.close()
+        return None if row is None else int(row[0])
+
+    until(lambda: pid() is not None, what="the running run's pid on record")
+    found = pid()
+    assert found is not None
+    return found
 
 
 def _can_read_as(uid: int, gid: int, path: str) -> bool:

@@ -347,13 +347,12 @@ class ClusterRunner:
                 cancelled = await self._runs.transition(
                     run.id, run.version, "cancelled", now, "user",
                     RunUpdate(finished_at_ms=now, error_summary=f"cancelled: {reason}"), reason)
-                level, line = run_finished(cancelled, reason)
-                self._notices.say(log, cancelled.task_id, level, line, cancelled.status)
-                return cancelled
             except ToolError as exc:
                 if exc.code != "conflict":
                     raise
                 continue
+            level, line = run_finished(cancelled, reason)
+            self._notices.say(log, cancelled.task_id, level, line, cancelled.status)
             if self._agents is not None:
                 await self._agents.ended(cancelled, None)
             return cancelled
