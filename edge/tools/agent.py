@@ -33,7 +33,6 @@ from msgspec import UNSET, UnsetType
 import edge
 from edge.core.auth import TOKEN_PREFIX, Grant, Principal, token_digest
 from edge.core.errors import ToolError, conflict, invalid, unavailable
-from edge.core.excerpt import normalize, redact
 from edge.core.ports.runtime import Clock, RunController, TaskUsers
 from edge.core.ports.stores import SecretStore, TaskStore
 from edge.core.agent import (
@@ -61,7 +60,7 @@ from edge.core.agent import (
 from edge.core.reads import PAGE_DEFAULT, keyset, storage_fault, valid_page, valid_row
 from edge.core.runs import Run, RunStatus, RunUpdate, summary
 from edge.core.tasks import INSTRUCTION_MAX, AgentBudget, AgentInstruction, Task, TaskSpec
-from edge.core.text import Name, PageLimit, ReadId
+from edge.core.text import Name, PageLimit, ReadId, normalize
 from edge.tools.ai.projections import ai_read_tool
 from edge.tools.context import ToolContext
 from edge.tools.definition import Tool, object_schema, tool
@@ -398,6 +397,8 @@ class AgentService:
         """Model-made text for the evidence: one bounded line, controls neutralized, secrets masked."""
         if not text:
             return None
+        from edge.core.excerpt import redact  # at the first report: an idle daemon has no excerpt rules
+
         line = " ".join(normalize(text).split())[:EVIDENCE_TEXT_MAX]
         return redact(line, await self._secrets.values(project)).text or None
 

@@ -16,7 +16,6 @@ from typing import Any
 import msgspec
 
 from edge.core.errors import ToolError, conflict, invalid, not_found
-from edge.core.excerpt import normalize
 from edge.core.ledger import (
     ATTEMPTS_MAX,
     Attempt,
@@ -33,7 +32,7 @@ from edge.core.ledger import (
 )
 from edge.core.runs import Run
 from edge.core.tasks import AgentInstruction, Task
-from edge.core.text import ReadId
+from edge.core.text import ReadId, normalize
 from edge.tools.agent import ActiveRun, AgentService
 from edge.tools.context import ToolContext
 
