@@ -397,7 +397,7 @@ class AgentService:
         """Model-made text for the evidence: one bounded line, controls neutralized, secrets masked."""
         if not text:
             return None
-        from edge.core.excerpt import redact  # at the first report: an idle daemon has no excerpt rules
+        from edge.core.excerpt import redact  # its rules load at the first record, as the excerpt's
 
         line = " ".join(normalize(text).split())[:EVIDENCE_TEXT_MAX]
         return redact(line, await self._secrets.values(project)).text or None
