@@ -324,7 +324,7 @@ CREATE TABLE agent_evidence (
 CREATE INDEX agent_evidence_created_idx ON agent_evidence (project_id, created_at_ms DESC, run_id DESC);
 """
 
-# Retries and notifications (as SQLite's version 10): a failed run's pending retry and the run
+# Retries and notifications (as SQLite's version 11): a failed run's pending retry and the run
 # a retry retries; tasks whose last final outcome was a failure; channels (their spec names
 # secrets, never holds them), the default rules, the delivery queue (`claimed_by`: the node
 # delivering it, until its due time, the claim's end) and every attempt's outcome.
