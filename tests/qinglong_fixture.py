@@ -11,7 +11,7 @@ import tarfile
 
 import apsw
 
-SCHEMA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "reference", "qinglong-2.21-schema.sql")
+SCHEMA = os.path.join(os.path.dirname(__file__), "data", "qinglong-2.21-schema.sql")
 # Columns 2.21 has and older installs lack (qinglong added them by ALTER TABLE).
 NEWER_COLUMNS = {
     "Crontabs": ("sub_id", "extra_schedules", "task_before", "task_after", "log_name", "allow_multiple_instances",
