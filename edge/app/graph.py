@@ -38,7 +38,7 @@ from edge.tools.chain import Authenticator, Chain
 from edge.tools.context import Services
 from edge.tools.definition import Registry
 from edge.transports.tool_socket import ToolServer
-from edge.transports.unix import UnixListener
+from edge.transports.unix import Limits, Shared, UnixListener, descriptor_allowance
 
 log = logging.getLogger("qledge")
 
@@ -172,14 +172,32 @@ def build_chain(config: Config, services: Services, registry: Registry) -> Chain
 def build_listeners(
     config: Config, home: str, socket_path: str, chain: Chain, facts: DaemonFacts
 ) -> list[UnixListener]:
-    """The tool socket, then MCP's when enabled (edge.mcp is imported here and only here)."""
-    listeners: list[UnixListener] = [ToolServer(chain, socket_path, config.max_frame_bytes)]
+    """The tool socket, then MCP's when enabled (edge.mcp is imported here and only here),
+    under one shared budget of partial-frame bytes and descriptors."""
+    limits, shared = connection_limits(config)
+    listeners: list[UnixListener] = [ToolServer(chain, socket_path, config.max_frame_bytes, limits, shared)]
     if config.mcp.enabled:
-        listeners.append(mcp_server(config, home, chain, facts))
+        listeners.append(mcp_server(config, home, chain, facts, limits, shared))
     return listeners
 
 
-def mcp_server(config: Config, home: str, chain: Chain, facts: DaemonFacts) -> UnixListener:
+def connection_limits(config: Config) -> tuple[Limits, Shared]:
+    c = config.connections
+    limits = Limits(max_connections=c.max_per_socket, frame_timeout_s=c.frame_timeout_s,
+                    idle_timeout_s=c.idle_timeout_s, session_idle_timeout_s=c.session_idle_timeout_s)
+    # One frame or line of the largest size allowed always fits.
+    largest = max(config.max_frame_bytes, config.mcp.max_line_bytes if config.mcp.enabled else 0)
+    allowance = descriptor_allowance(c.fd_reserve)
+    if allowance < c.max_per_socket:
+        log.warning("connections: %d descriptors left after the reserve of %d for runs; at most %d connections",
+                    allowance + c.fd_reserve, c.fd_reserve, allowance)
+    return limits, Shared(partial_bytes=max(c.partial_bytes, largest), max_connections=allowance)
+
+
+def mcp_server(
+    config: Config, home: str, chain: Chain, facts: DaemonFacts, limits: Limits | None = None,
+    shared: Shared | None = None,
+) -> UnixListener:
     try:
         from edge.mcp.server import McpServer
     except ImportError as exc:
@@ -188,7 +206,7 @@ def mcp_server(config: Config, home: str, chain: Chain, facts: DaemonFacts) -> U
         raise
     path = os.path.abspath(config.mcp.socket or os.path.join(home, "mcp.sock"))
     try:
-        server = McpServer(chain, path, config.mcp.max_line_bytes)
+        server = McpServer(chain, path, config.mcp.max_line_bytes, limits, shared)
     except ValueError as exc:  # a tool that cannot be described to MCP clients
         raise StartupError(f"MCP: {exc}") from None
     facts.add_extra(lambda: {"mcp": path})

@@ -178,6 +178,8 @@ class Chain:
             raise invalid(f"invalid arguments for {tool.name}: {exc}") from None
         except msgspec.DecodeError:
             raise invalid(f"arguments for {tool.name} could not be decoded") from None
+        except RecursionError:  # hostile nesting: answered, never logged
+            raise invalid(f"arguments for {tool.name} nest too deeply") from None
         try:
             async with asyncio.timeout(tool.deadline_s):
                 return await tool.handler(ctx, args)
