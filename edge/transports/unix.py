@@ -259,7 +259,7 @@ class Connection:
         would hold everything here until the cycle collector runs)."""
         self.release()
         self._buffer = bytearray()
-        error = self.reader.exception()
+        error: BaseException | None = self.reader.exception()
         while error is not None:
             error.__traceback__ = None
             error = error.__context__
