@@ -293,16 +293,52 @@ def garbage_token_flood(daemon: BenchDaemon) -> Iterator[dict[str, Any]]:
             sock.sendall(request * 100)
             answered += _read_answers(sock, 100)
     elapsed = time.perf_counter() - started
-    time.sleep(2)  # whatever the daemon writes later belongs to the flood too
+    time.sleep(4)  # whatever the daemon writes later (counts flushed) belongs to the flood too
     written = io_counters(daemon.pid)["write_bytes"] - before
     with daemon.db() as db:
         survived = db.execute("SELECT count(*) FROM security_audit WHERE tool = 'qledge.credential.create'"
                               ).fetchone()[0]
         rows = db.execute("SELECT count(*) FROM security_audit").fetchone()[0]
+    # Gross: the probe's audited calls and the trigger's runs write meanwhile too (see audit_bytes).
     yield {"calls": FLOOD, "answered": answered, "seconds": round(elapsed, 2), "write_bytes": written,
-           "bytes_per_refused_call": round(written / FLOOD, 1), "credential_create_rows_left": survived,
+           "bytes_per_call_gross": round(written / FLOOD, 1), "credential_create_rows_left": survived,
            "audit_rows": rows, "credential": created["credential"]["id"]}
     yield {}
+
+
+def _pipelined(path: str, request: bytes, calls: int) -> int:
+    sock = _connect(path, 30)
+    assert sock is not None
+    answered = 0
+    with sock:
+        for _ in range(0, calls, 100):
+            sock.sendall(request * 100)
+            answered += _read_answers(sock, 100)
+    return answered
+
+
+def test_bytes_written_per_call():
+    """On a quiet daemon (no probe, no trigger): bytes written per refused call (a garbage
+    token) and, for comparison, per allowed call (the owner's `qledge.status`)."""
+    daemon = BenchDaemon(install_venv()).start()
+    try:
+        daemon.call("qledge.credential.create", {"role": "viewer"})
+        time.sleep(1)
+        figures: dict[str, Any] = {}
+        for name, token, calls in (("refused", "qle_garbage_x", FLOOD), ("allowed", None, 1000)):
+            request = frames.frame(msgspec.msgpack.encode({"id": 1, "tool": "qledge.status", "token": token}))
+            before = io_counters(daemon.pid)["write_bytes"]
+            assert _pipelined(daemon.socket, request, calls) == calls
+            time.sleep(4)  # counts of refused calls are flushed within 2 s
+            written = io_counters(daemon.pid)["write_bytes"] - before
+            figures[name] = {"calls": calls, "write_bytes": written, "bytes_per_call": round(written / calls, 1)}
+        with daemon.db() as db:
+            figures["audit_rows"] = dict(db.execute("SELECT class, count(*) FROM security_audit GROUP BY class"))
+    finally:
+        daemon.cleanup()
+    REPORT["audit_bytes"] = figures
+    print("audit_bytes", figures)
+    assert figures["refused"]["write_bytes"] >= 0
 
 
 def _read_answers(sock: socket.socket, n: int) -> int:

@@ -37,7 +37,9 @@ class RetentionConfig(msgspec.Struct, forbid_unknown_fields=True):
     runs_per_task: Annotated[int, msgspec.Meta(ge=65)] = 100
     run_max_age_days: _Positive = 30
     log_quota_bytes: Annotated[int, msgspec.Meta(ge=1 << 20)] = 32 << 20
-    audit_max_rows: Annotated[int, msgspec.Meta(ge=100)] = 10_000
+    audit_max_rows: Annotated[int, msgspec.Meta(ge=100)] = 10_000  # allowed calls
+    audit_change_max_rows: Annotated[int, msgspec.Meta(ge=100)] = 1_000  # credential and secret changes
+    audit_refused_max_rows: Annotated[int, msgspec.Meta(ge=100)] = 1_000  # aggregates of refused calls
     audit_max_age_days: _Positive = 30
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import logging
 import os
@@ -14,6 +15,7 @@ from edge.app import config as config_file
 from edge.app.config import Config
 from edge.app.graph import LIVE_KEYS, Graph, StartupError, private_dir
 from edge.app.sdnotify import Notifier, start_watchdog
+from edge.core.errors import ToolError
 from edge.core.ports.runtime import Clock
 from edge.storage.sqlite.db import Database
 from edge.transports.unix import UnixListener
@@ -130,6 +132,8 @@ class Daemon:
             await asyncio.gather(*(listener.stop(forced=self._forced) for listener in g.listeners))
             await g.scheduler.stop()
             await g.runner.shutdown()
+            with contextlib.suppress(ToolError):  # the store has logged why
+                await g.stores.audit.close()  # counts of refused calls still in memory
 
     def stop(self) -> None:
         """The first call stops gracefully; a second one forces: no more waiting for calls

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import msgspec
 
 from edge.app.config import Config, default_zone
-from edge.core.clock import SystemClock
+from edge.core.clock import LoopTimers, SystemClock
 from edge.core.ports.runtime import Clock
 from edge.core.ports.stores import AuditLog, CountsReader, CredentialStore, Readers, SecretStore
 from edge.core.reads import Counts
@@ -24,6 +24,7 @@ from edge.runner.supervisor import Runner, RunnerSettings
 from edge.scheduler.loop import Scheduler, Triggers
 from edge.storage.run_logs import RunLogs
 from edge.storage.sqlite.admission import SqliteAdmission
+from edge.storage.sqlite.audit import Bounds as AuditBounds
 from edge.storage.sqlite.audit import SqliteAuditLog
 from edge.storage.sqlite.credentials import SqliteCredentialStore
 from edge.storage.sqlite.db import Database
@@ -113,7 +114,9 @@ def build_stores(db: Database, config: Config, home: str) -> Stores:
         db=db, logs=logs, tasks=SqliteTaskStore(db, logs), runs=SqliteRunStore(db, policy, logs),
         triggers=SqliteTriggerStore(db), admission=SqliteAdmission(db, capacity(config)),
         credentials=SqliteCredentialStore(db), secrets=SqliteSecretStore(db),
-        audit=SqliteAuditLog(db, keep.audit_max_rows, keep.audit_max_age_days),
+        audit=SqliteAuditLog(db, AuditBounds(
+            calls=keep.audit_max_rows, changes=keep.audit_change_max_rows, refused=keep.audit_refused_max_rows,
+            max_age_days=keep.audit_max_age_days), LoopTimers()),
         readers=sqlite_readers(db), counts=SqliteCountsReader(db),
     )
 

@@ -112,16 +112,21 @@ def digest_matches(expected: bytes, pepper: bytes, secret: str) -> bool:
 
 
 class AuditRecord(msgspec.Struct, rename="camel"):
-    """One security audit row: every tool call leaves one, allowed or not."""
+    """One tool call for the security audit: every call leaves one, allowed or not.
+    Refused ones (denied, unauthenticated) may be stored as a count on an aggregate row."""
 
     at_ms: int
     project_id: str
     principal: str
     tool: str
     outcome: Outcome
-    reasons: list[str]
+    reasons: list[str]  # the cause first, then tool_<name>
     transport: str
     request_id: str | None = None
+    change: bool = False  # an allowed change of credentials or secrets: kept in a class of its own
+
+
+CHANGE_PERMISSIONS = frozenset({"credential.admin", "secret.write"})
 
 
 def tool_reason(tool_name: str) -> str:

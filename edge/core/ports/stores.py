@@ -232,10 +232,27 @@ class SecretStore(Protocol):
 
 
 class AuditLog(Protocol):
+    """Three classes of rows, each trimmed to its own bounds, so the volume of one never
+    pushes out another: allowed calls, allowed changes of credentials and secrets
+    (`record.change`), and refused calls (outcome denied or unauthenticated)."""
+
     async def append(self, record: AuditRecord) -> None:
-        """Durably record one call, trimming the oldest rows (bounded per write) to the
-        configured row and age limits. Raises unavailable when it cannot be written: the
-        caller then does nothing."""
+        """Record one call, trimming the oldest rows of its class (bounded per write) to
+        that class's row limit and the age limit.
+
+        An allowed call is durable when this returns. A refused call is aggregated: one row
+        per project, principal, cause (`reasons[0]`), outcome, transport and minute, with a
+        count and its first and last time; the first call of a row is durable when this
+        returns, later ones are counted and written within a few seconds (`flush`). Raises
+        unavailable when a row cannot be written: the caller then does nothing."""
+        ...
+
+    async def flush(self) -> None:
+        """Write the counts of refused calls not written yet. Raises unavailable."""
+        ...
+
+    async def close(self) -> None:
+        """Write everything held (the daemon calls this when it stops). Raises unavailable."""
         ...
 
 
