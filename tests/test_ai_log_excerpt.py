@@ -66,13 +66,15 @@ def test_a_real_failing_run_leaks_nothing_and_is_flagged(d):
     assert d.call("qledge.run.wait", {"runId": run["id"], "timeoutMs": 20_000})["run"]["status"] == "failed"
     out = _excerpt(d, run["id"])
     assert out["status"] == "available" and out["runId"] == run["id"]
-    for leaked in LEAKS:
-        assert leaked not in out["content"], leaked
+    with open(os.path.join(d.home, "logs", f"{run['id']}.log"), "rb") as f:
+        raw = f.read().decode()
+    for leaked in LEAKS:  # masked on the way into the log file already, and in the excerpt
+        assert leaked not in out["content"] and leaked not in raw, leaked
     assert "starting\n" in out["content"] and "windows line\nbell\ufffd and escape \ufffd[31m red" in out["content"]
-    assert set(out["redaction"]["categories"]) >= {
-        "credential_assignment", "authorization", "private_key", "jwt", "url_userinfo", "cloud_access_key"}
-    # The runner already wrote the secret's value as *** into the log; the excerpt masks the other six.
-    assert out["redaction"]["replacements"] >= 6 and "connecting with ***\n" in out["content"]
+    # The runner masked the log as it was written; what the excerpt finds on top of that
+    # are the assignments and headers around the masks (the same rules, applied again).
+    assert "connecting with [REDACTED]\n" in out["content"] and raw.count("[REDACTED]") >= 5
+    assert {"credential_assignment", "authorization"} <= set(out["redaction"]["categories"])
     assert out["trust"] == {
         "classification": "untrusted_execution_output", "instructionPolicy": "data_only_never_execute",
         "actionAuthority": "none", "suspectedPromptInjection": True,

@@ -7,8 +7,9 @@ Three steps, in order:
    for invalid bytes.
 2. `normalize`: CRLF → LF; C0 (except TAB and LF), DEL, C1, zero-width and bidi controls
    → U+FFFD, so the text cannot hide or reorder what a reader sees.
-3. `redact` masks credentials and configured secret values; `injection_signals` flags
-   text that tries to instruct whoever reads it.
+3. `redact` masks credentials and configured secret values (edge.core.redaction, the same
+   rules the run-log sink applies); `injection_signals` flags text that tries to instruct
+   whoever reads it.
 Masking never lengthens the text: each masked span becomes `[REDACTED]` when it is at
 least that long, else as many `*` as it has characters (at most three).
 """
@@ -16,13 +17,13 @@ least that long, else as many `*` as it has characters (at most three).
 from __future__ import annotations
 
 import codecs
-import math
 import re
-from collections import Counter
 from typing import NamedTuple
 
+from edge.core.redaction import MASK, Masker, apply, merge, opaque
+
 WINDOW_BYTES = 4096
-MASK = "[REDACTED]"
+__all__ = ["MASK", "WINDOW_BYTES", "Redacted", "injection_signals", "normalize", "opaque", "redact", "window_text"]
 
 _CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
 _WHITESPACE = re.compile(rb"[ \t\r]")
@@ -52,59 +53,7 @@ def normalize(text: str) -> str:
     return _CONTROLS.sub("\ufffd", text.replace("\r\n", "\n"))
 
 
-# -- redaction --------------------------------------------------------------------
-
-_KEY_WORDS = (
-    r"password|passwd|passphrase|pwd|secret|token|api[_-]?key|apikey|access[_-]?key|accountkey"
-    r"|private[_-]?key|client[_-]?secret|credentials?|auth[_-]?key|session[_-]?id"
-)
-_PEM_BEGIN = r"-----BEGIN[^\n-]*PRIVATE KEY[^\n-]*-----"
-_PEM_END = r"-----END[^\n-]*PRIVATE KEY[^\n-]*-----"
-_TOKEN_CHARS = r"A-Za-z0-9+/_=-"
-
-# (category, pattern); the named group `v`, when present, is the part that is masked.
-_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("private_key", re.compile(_PEM_BEGIN + r".*?" + _PEM_END, re.S)),
-    # A key cut by the window's end (no END after BEGIN) ...
-    ("private_key", re.compile(_PEM_BEGIN + r"(?:(?!-----END).)*\Z", re.S)),
-    # ... or by its start: the base64 lines before an END marker.
-    ("private_key", re.compile(r"(?:^[A-Za-z0-9+/=]{8,}[ \t]*\n)*^[^\n]*" + _PEM_END, re.M)),
-    ("authorization", re.compile(
-        r"(?i)\b(?:proxy-)?authorization\b[\"']?\s*[:=]\s*(?P<v>[^\n]+)")),
-    ("authorization", re.compile(
-        r"(?i)\b(?:x-api-key|x-auth-token|x-access-token|cookie|set-cookie)[\"']?\s*:\s*(?P<v>[^\n]+)")),
-    ("authorization", re.compile(r"(?i)\bbearer\s+(?P<v>(?=[^\s]*[0-9._~+/=-])[A-Za-z0-9._~+/=-]{8,})")),
-    ("jwt", re.compile(r"\beyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*")),
-    ("url_userinfo", re.compile(r"(?i)\b[a-z][a-z0-9+.-]*://(?P<v>[^/\s@]+)@")),
-    ("cloud_access_key", re.compile(
-        r"\b(?:(?:AKIA|ASIA|AGPA|AIDA|AROA|AIPA|ANPA|ANVA|ABIA|ACCA)[A-Z0-9]{16}"
-        r"|AIza[0-9A-Za-z_-]{35}|LTAI[0-9A-Za-z]{12,20})\b")),
-    ("credential_assignment", re.compile(
-        r"(?i)(?<![A-Za-z0-9])[\"']?[A-Za-z0-9_.-]{0,40}(?:" + _KEY_WORDS + r")[A-Za-z0-9_.-]{0,40}[\"']?"
-        r"\s*(?:=|:)\s*(?P<v>\"[^\"\n]*\"|'[^'\n]*'|[^\s\"',;&]+)")),
-    ("credential_assignment", re.compile(
-        r"(?i)--(?:password|passwd|token|secret|api-key|apikey|access-key)(?:=|\s+)(?P<v>[^\s\"']+)")),
-    ("opaque_token", re.compile(
-        r"\b(?:qle_[A-Za-z0-9]+_[A-Za-z0-9]+|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
-        r"|glpat-[A-Za-z0-9_-]{20,}|xox[abposr]-[A-Za-z0-9-]{10,}|sk-[A-Za-z0-9_-]{20,}|npm_[A-Za-z0-9]{30,})")),
-)
-_LONG_RUN = re.compile(rf"(?<![{_TOKEN_CHARS}])[{_TOKEN_CHARS}]{{32,}}(?![{_TOKEN_CHARS}])")
-_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
-_PARTIAL_SECRET_MIN = 4  # a secret cut by the window's end is masked from this many characters on
-
-
-def _entropy(token: str) -> float:
-    n = len(token)
-    return -sum(c / n * math.log2(c / n) for c in Counter(token).values())
-
-
-def opaque(token: str) -> bool:
-    """A long run of token characters that looks random rather than like a word, path or UUID."""
-    if _UUID.fullmatch(token) or token.startswith("/") or token.count("/") > 2:
-        return False
-    digits = sum(c.isdigit() for c in token)
-    letters = sum(c.isalpha() for c in token)
-    return digits >= 2 and letters >= 2 and _entropy(token) >= 3.5
+# -- redaction (the rules live in edge.core.redaction, shared with the run-log sink) ----
 
 
 class Redacted(NamedTuple):
@@ -113,51 +62,13 @@ class Redacted(NamedTuple):
     replacements: int  # masked spans after overlapping ones were merged
 
 
-def _mask(length: int) -> str:
-    return MASK if length >= len(MASK) else "*" * min(length, 3)
-
-
-def _secret_spans(text: str, secrets: list[str]) -> list[tuple[int, int]]:
-    spans = []
-    for secret in secrets:
-        at = text.find(secret)
-        while at >= 0:
-            spans.append((at, at + len(secret)))
-            at = text.find(secret, at + 1)
-        # A secret still being written when the window was read: mask the prefix at the end.
-        for size in range(len(secret) - 1, min(_PARTIAL_SECRET_MIN, len(secret)) - 1, -1):
-            if text.endswith(secret[:size]):
-                spans.append((len(text) - size, len(text)))
-                break
-    return spans
-
-
 def redact(text: str, secrets: list[str]) -> Redacted:
     """Mask every credential pattern and configured secret value in (normalized) `text`."""
-    found: list[tuple[int, int, str]] = []
-    values = sorted({normalize(s) for s in secrets if s}, key=len, reverse=True)
-    found += [(a, b, "configured_secret") for a, b in _secret_spans(text, values)]
-    for category, rule in _RULES:
-        for match in rule.finditer(text):
-            group = "v" if "v" in rule.groupindex else 0
-            if match.end(group) > match.start(group):
-                found.append((match.start(group), match.end(group), category))
-    found += [(m.start(), m.end(), "opaque_token") for m in _LONG_RUN.finditer(text) if opaque(m.group())]
+    found = Masker(normalize(s) for s in secrets).spans(text)
     if not found:
         return Redacted(text, [], 0)
-    found.sort()
-    merged: list[list[int]] = []
-    for a, b, _ in found:
-        if merged and a < merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], b)
-        else:
-            merged.append([a, b])
-    parts, at = [], 0
-    for a, b in merged:
-        parts += [text[at:a], _mask(b - a)]
-        at = b
-    parts.append(text[at:])
-    return Redacted("".join(parts), sorted({c for _, _, c in found}), len(merged))
+    merged = merge(found)
+    return Redacted(apply(text, merged), sorted({c for _, _, c in found}), len(merged))
 
 
 # -- prompt-injection signals -----------------------------------------------------
