@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import binascii
 import bisect
+import functools
 import math
 import re
 from collections import Counter
@@ -64,11 +65,14 @@ _PROSE = (
     r"|please|again|successfully|ok|okay|none|empty|missing|needed|given|provided|entered|sent)\b"
 )
 
-_KEYS: tuple[re.Pattern[str], ...] = (
-    re.compile(_PEM_BEGIN + r".*?" + _PEM_END, re.S),
-    # A key cut by the end of the text (no END after BEGIN); for one cut by its start, see _backwards.
-    re.compile(_PEM_BEGIN + r"(?:(?!-{3,}[ \t]*END).)*\Z", re.S),
-)
+@functools.cache
+def _keys() -> tuple[re.Pattern[str], ...]:
+    """Compiled on first use: a daemon that runs nothing does not hold them."""
+    return (
+        re.compile(_PEM_BEGIN + r".*?" + _PEM_END, re.S),
+        # A key cut by the end of the text (no END after BEGIN); for one cut by its start, see _backwards.
+        re.compile(_PEM_BEGIN + r"(?:(?!-{3,}[ \t]*END).)*\Z", re.S),
+    )
 
 
 class Rule(NamedTuple):
@@ -89,53 +93,59 @@ def _rule(category: str, pattern: str, after: str = "") -> Rule:
 # The named group `v` (or v2…), when present, is the part that is masked. These apply
 # within a line, to the text in lower case (so each is a case-sensitive search), and only
 # to lines holding one of `_TRIGGERS`: a log is mostly lines none of them could match.
-RULES: tuple[Rule, ...] = (
-    _rule("authorization", r"(?:proxy-authorization|authorization)\b[\"']?\s*[:=]\s*(?P<v>[^\n]+)", "word"),
-    _rule("authorization", r"(?:x-api-key|x-auth-token|x-access-token|cookie|set-cookie)[\"']?\s*:\s*(?P<v>[^\n]+)",
-          "word"),
-    _rule("authorization", r"bearer\s+(?P<v>(?=[^\s]*[0-9._~+/=-])[A-Za-z0-9._~+/=-]{8,})", "word"),
-    # scheme://user:password@ (a password may hold a slash), scheme://token@
-    _rule("url_userinfo", r"://(?P<v>[^\s/@:]*:(?!\d+/)[^\s@]*|[^\s/@:]+)@(?=[\w\[])"),
-    _rule("webhook",
-          r"(?:hooks\.slack\.com/(?:services|workflows|triggers)/|discord(?:app)?\.com/api/webhooks/"
-          r"|open\.(?:feishu\.cn|larksuite\.com)/open-apis/bot/v2/hook/|api\.day\.app/|sctapi\.ftqq\.com/"
-          r"|api\.telegram\.org/bot)(?P<v>[A-Za-z0-9:._/-]{8,})"),
-    _rule("credential_assignment",  # a query parameter that carries a secret
-          r"[?&](?:key|access_token|token|sign|signature|sig|secret|sendkey|apikey|api_key|auth|password|pwd"
-          r"|pass)=(?P<v>[^\s&#\"'<>]{4,})"),
-    _rule("credential_assignment",  # the key word anywhere in the name: DB_PASSWORD=, "api_key": …
-          r"(?:" + _KEY_WORDS + r")[A-Za-z0-9_.-]{0,40}[\"']?" + _SEP + _VALUE),
-    _rule("credential_assignment",  # DB_PASS=, pass=, pw:, wifi.psk=, pt_key=, uci show's ….key='…'
-          r"(?:" + _WEAK_WORDS + r")[\"']?(?![A-Za-z0-9])" + _SEP
-          + r"(?P<v>\"[^\"\n]{4,}\"|'[^'\n]{4,}'|[^\s\"',;&]{4,})", "alnum"),
-    _rule("credential_assignment",  # OpenWrt UCI: option key 'hunter2', list password …
-          r"(?:option|list)[ \t]+[\"']?\w*(?:key|password|passwd|pass|psk|secret|token|pwd)[\"']?[ \t]+"
-          + _QUOTED_OR_WORD, "space"),
-    _rule("credential_assignment",
-          r"--(?:password|passwd|pass|token|secret|api-key|apikey|access-key|auth-token)(?:=|\s+)(?P<v>[^\s\"']+)"),
-    _rule("credential_assignment",  # passwords on command lines
-          r"(?:mysql(?:dump|admin|sh)?\b[^\n]*?\s-p(?P<v>[^\s'\"]+|'[^'\n]*'|\"[^\"\n]*\")"
-          r"|sshpass\b[^\n]*?\s-p\s*(?P<v2>'[^'\n]*'|\"[^\"\n]*\"|\S+)"
-          r"|redis-cli\b[^\n]*?\s-a\s+(?P<v3>\S+)"
-          r"|(?:curl|wget)\b[^\n]*?\s(?:-u|--user)\s*(?P<v4>[^\s:]+:\S+))", "word"),
-    _rule("credential_assignment",  # password hunter2, .netrc: machine h login u password p
-          r"(?:password|passwd|passphrase|passwort|kennwort)[ \t]+(?!" + _PROSE + r")(?P<v>[^\s'\"]{4,})", "word"),
-    _rule("opaque_token",
-          r"(?:qle_[A-Za-z0-9]+_[A-Za-z0-9]+|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
-          r"|glpat-[A-Za-z0-9_-]{20,}|xox[abposr]-[A-Za-z0-9-]{10,}|xapp-[A-Za-z0-9-]{10,}|sk-[A-Za-z0-9_-]{20,}"
-          r"|(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{8,}|whsec_[A-Za-z0-9]{16,}|npm_[A-Za-z0-9]{30,}"
-          r"|hf_[A-Za-z0-9]{30,}|sg\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}|shp(?:at|ss|ca|pa)_[a-fA-F0-9]{32}"
-          r"|dop_v1_[a-f0-9]{64}|pypi-age[A-Za-z0-9_-]{50,}|tskey-[A-Za-z0-9-]{20,}|ya29\.[A-Za-z0-9_-]{20,}"
-          r"|key-[0-9a-f]{32}|sct\d{3,}t[A-Za-z0-9]{10,})", "word"),
-    _rule("opaque_token", r":aa[a-z0-9_-]{30,}", "digit"),  # a Telegram bot token's secret half
-)
+@functools.cache
+def rules() -> tuple[Rule, ...]:
+    """The rules, compiled on first use."""
+    return (
+        _rule("authorization", r"(?:proxy-authorization|authorization)\b[\"']?\s*[:=]\s*(?P<v>[^\n]+)", "word"),
+        _rule("authorization", r"(?:x-api-key|x-auth-token|x-access-token|cookie|set-cookie)[\"']?\s*:\s*(?P<v>[^\n]+)",
+              "word"),
+        _rule("authorization", r"bearer\s+(?P<v>(?=[^\s]*[0-9._~+/=-])[A-Za-z0-9._~+/=-]{8,})", "word"),
+        # scheme://user:password@ (a password may hold a slash), scheme://token@
+        _rule("url_userinfo", r"://(?P<v>[^\s/@:]*:(?!\d+/)[^\s@]*|[^\s/@:]+)@(?=[\w\[])"),
+        _rule("webhook",
+              r"(?:hooks\.slack\.com/(?:services|workflows|triggers)/|discord(?:app)?\.com/api/webhooks/"
+              r"|open\.(?:feishu\.cn|larksuite\.com)/open-apis/bot/v2/hook/|api\.day\.app/|sctapi\.ftqq\.com/"
+              r"|api\.telegram\.org/bot)(?P<v>[A-Za-z0-9:._/-]{8,})"),
+        _rule("credential_assignment",  # a query parameter that carries a secret
+              r"[?&](?:key|access_token|token|sign|signature|sig|secret|sendkey|apikey|api_key|auth|password|pwd"
+              r"|pass)=(?P<v>[^\s&#\"'<>]{4,})"),
+        _rule("credential_assignment",  # the key word anywhere in the name: DB_PASSWORD=, "api_key": …
+              r"(?:" + _KEY_WORDS + r")[A-Za-z0-9_.-]{0,40}[\"']?" + _SEP + _VALUE),
+        _rule("credential_assignment",  # DB_PASS=, pass=, pw:, wifi.psk=, pt_key=, uci show's ….key='…'
+              r"(?:" + _WEAK_WORDS + r")[\"']?(?![A-Za-z0-9])" + _SEP
+              + r"(?P<v>\"[^\"\n]{4,}\"|'[^'\n]{4,}'|[^\s\"',;&]{4,})", "alnum"),
+        _rule("credential_assignment",  # OpenWrt UCI: option key 'hunter2', list password …
+              r"(?:option|list)[ \t]+[\"']?\w*(?:key|password|passwd|pass|psk|secret|token|pwd)[\"']?[ \t]+"
+              + _QUOTED_OR_WORD, "space"),
+        _rule("credential_assignment",
+              r"--(?:password|passwd|pass|token|secret|api-key|apikey|access-key|auth-token)(?:=|\s+)(?P<v>[^\s\"']+)"),
+        _rule("credential_assignment",  # passwords on command lines
+              r"(?:mysql(?:dump|admin|sh)?\b[^\n]*?\s-p(?P<v>[^\s'\"]+|'[^'\n]*'|\"[^\"\n]*\")"
+              r"|sshpass\b[^\n]*?\s-p\s*(?P<v2>'[^'\n]*'|\"[^\"\n]*\"|\S+)"
+              r"|redis-cli\b[^\n]*?\s-a\s+(?P<v3>\S+)"
+              r"|(?:curl|wget)\b[^\n]*?\s(?:-u|--user)\s*(?P<v4>[^\s:]+:\S+))", "word"),
+        _rule("credential_assignment",  # password hunter2, .netrc: machine h login u password p
+              r"(?:password|passwd|passphrase|passwort|kennwort)[ \t]+(?!" + _PROSE + r")(?P<v>[^\s'\"]{4,})", "word"),
+        _rule("opaque_token",
+              r"(?:qle_[A-Za-z0-9]+_[A-Za-z0-9]+|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
+              r"|glpat-[A-Za-z0-9_-]{20,}|xox[abposr]-[A-Za-z0-9-]{10,}|xapp-[A-Za-z0-9-]{10,}|sk-[A-Za-z0-9_-]{20,}"
+              r"|(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{8,}|whsec_[A-Za-z0-9]{16,}|npm_[A-Za-z0-9]{30,}"
+              r"|hf_[A-Za-z0-9]{30,}|sg\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}|shp(?:at|ss|ca|pa)_[a-fA-F0-9]{32}"
+              r"|dop_v1_[a-f0-9]{64}|pypi-age[A-Za-z0-9_-]{50,}|tskey-[A-Za-z0-9-]{20,}|ya29\.[A-Za-z0-9_-]{20,}"
+              r"|key-[0-9a-f]{32}|sct\d{3,}t[A-Za-z0-9]{10,})", "word"),
+        _rule("opaque_token", r":aa[a-z0-9_-]{30,}", "digit"),  # a Telegram bot token's secret half
+    )
 # Formats whose case is part of them: looked for in the text as it is.
-EXACT_RULES: tuple[Rule, ...] = (
-    _rule("cloud_access_key",
-          r"(?:(?:AKIA|ASIA|AGPA|AIDA|AROA|AIPA|ANPA|ANVA|ABIA|ACCA)[A-Z0-9]{16}"
-          r"|AIza[0-9A-Za-z_-]{35}|LTAI[0-9A-Za-z]{12,20})\b", "word"),
-    _rule("jwt", r"eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*", "word"),
-)
+@functools.cache
+def exact_rules() -> tuple[Rule, ...]:
+    """The case-sensitive rules, compiled on first use."""
+    return (
+        _rule("cloud_access_key",
+              r"(?:(?:AKIA|ASIA|AGPA|AIDA|AROA|AIPA|ANPA|ANVA|ABIA|ACCA)[A-Z0-9]{16}"
+              r"|AIza[0-9A-Za-z_-]{35}|LTAI[0-9A-Za-z]{12,20})\b", "word"),
+        _rule("jwt", r"eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*", "word"),
+    )
 _TRIGGERS = (
     "pass", "pw", "psk", "key", "sig", "secret", "token", "auth", "cookie", "credential", "session", "bearer",
     "option", "list", "mysql", "sshpass", "redis", "curl", "wget", "://", "hooks.", "discord", "feishu",
@@ -162,7 +172,11 @@ def _trie(words: Iterable[str]) -> str:
     return "|".join(branches)
 
 
-_TRIGGER = re.compile(_trie(_TRIGGERS))
+@functools.cache
+def _trigger() -> re.Pattern[str]:
+    return re.compile(_trie(_TRIGGERS))
+
+
 # user:password@host with no scheme (ssh, rsync, mysql): found from its `@`, looked at backwards.
 _AT = re.compile(r"@(?=[A-Za-z0-9\[])")
 _USERINFO_BEFORE = re.compile(r"(?<![\w/.:@-])(?P<v>[A-Za-z0-9_.-]{1,64}:(?:(?![@/:])[!-~]){3,64})\Z")
@@ -356,8 +370,8 @@ class Masker:
         skeleton = lines.text
         low = _lower(skeleton)
         for a, b in _candidate_lines(low):
-            for rules, subject in ((RULES, low), (EXACT_RULES, skeleton)):
-                for rule in rules:
+            for kind, subject in ((rules(), low), (exact_rules(), skeleton)):
+                for rule in kind:
                     for match in rule.pattern.finditer(subject, a, b):
                         if rule.after and not _preceded(subject, match.start(), rule.after):
                             continue
@@ -366,7 +380,7 @@ class Masker:
                         if match.end(group) > match.start(group):
                             found.append((*lines.span(match.start(group), match.end(group)), rule.category))
         if "PRIVATE" in skeleton:
-            for key in _KEYS:
+            for key in _keys():
                 found += [(*lines.span(m.start(), m.end()), "private_key") for m in key.finditer(skeleton)]
         for match in _LONG_RUN.finditer(lines.text):
             if opaque(match.group()):
@@ -417,7 +431,7 @@ def _candidate_lines(low: str) -> Iterable[tuple[int, int]]:
     """(start, end) of the runs of lines that hold a trigger word."""
     at = 0
     block: tuple[int, int] | None = None
-    while (hit := _TRIGGER.search(low, at)) is not None:
+    while (hit := _trigger().search(low, at)) is not None:
         start = low.rfind("\n", 0, hit.start()) + 1
         end = low.find("\n", hit.end())
         end = len(low) if end < 0 else end
