@@ -42,6 +42,7 @@ READ_CHUNK = 64 * 1024
 STREAM_LIMIT = 16 * 1024  # the stream buffers at most about twice this before it stops reading the socket
 CLOSE_WAIT_S = 1.0  # for the peer to take a last error; then the connection is cut
 ACCEPT_PAUSE_S = 1.0
+BACKLOG = 256  # connections the kernel queues for us; a burst beyond it is told EAGAIN
 _OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 _UCRED = struct.Struct("3i")  # pid, uid, gid
 
@@ -315,7 +316,7 @@ class UnixListener(abc.ABC):
         finally:
             os.umask(old)
         os.chmod(self.path, 0o660)
-        sock.listen(128)
+        sock.listen(BACKLOG)
         sock.setblocking(False)
         self._sock = sock
         self._accepting = asyncio.create_task(self._accept_loop(sock), name=f"accept {self.path}")
