@@ -246,3 +246,20 @@ def test_read_and_remove(tmp_path):
     assert logs.read("r", 50, 10).data == b""
     logs.remove(["r", "never"])
     assert not (tmp_path / "r.log").exists()
+
+
+def test_a_line_is_never_split_between_its_key_and_its_value():
+    """Holding back what a long secret could start with must not cut a line in two (the
+    key emitted, its value left to a buffer that no longer shows the key): however the
+    output is chunked, the log is what one pass over the whole of it gives."""
+    secret = b"Tr0ub4dor&3-correct-horse"
+    data = (b"\toption key 'hunter2hunter2'\nwireless.default_radio0.key='wifi-pass-2024'\n"
+            b"DB_PASS=s3cr3tDb sshpass -p Ssh-Pass-1 ssh root@10.0.0.2\nhex: " + secret.hex().encode()
+            + b"\nsplit: " + secret[:9] + b"\n" + secret[9:] + b" (continued)\n")
+    whole = Redactor([secret]).feed(data, final=True)
+    assert not any(leak in whole for leak in (b"hunter2", b"wifi-pass", b"s3cr3tDb", b"Ssh-Pass", secret[9:]))
+    rng = random.Random(11)
+    for _ in range(500):
+        cuts = sorted(rng.sample(range(1, len(data)), rng.randint(1, 12)))
+        sizes = [b - a for a, b in zip([0, *cuts[:-1]], cuts, strict=True)]
+        assert _feed(Redactor([secret]), data, sizes) == whole, cuts

@@ -71,11 +71,16 @@ class Redactor:
         return self.feed(b"", final=True)
 
     def _decided(self, text: str) -> int:
-        """Where the text that can be decided now ends."""
+        """Where the text that can be decided now ends: at the start of a line, so that no
+        line is cut between a key and its value (unless it is longer than LINE_MAX)."""
         line_end = max(text.rfind("\n"), text.rfind("\r")) + 1
         if len(text) - line_end > LINE_MAX:
-            line_end = len(text) - LINE_MAX
-        return min(line_end, self._masker.undecided(text))
+            return len(text) - LINE_MAX
+        held = self._masker.undecided(text)
+        if held >= line_end:
+            return line_end
+        start = max(text.rfind("\n", 0, held), text.rfind("\r", 0, held)) + 1
+        return start if held - start <= LINE_MAX else held
 
     def _follow_key(self, emitted: str, size: int) -> None:
         begin = None
