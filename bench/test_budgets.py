@@ -130,9 +130,10 @@ def test_mcp_daemon_idle_memory(idle):
 def test_default_daemon_modules(idle):
     modules = idle["default"]["modules"]
     REPORT["default_modules"] = modules
-    # edge.core.imports: the import planner runs in the CLI; the daemon needs only its shapes (core.tasks)
+    # edge.core.imports: the import planner runs in the CLI; the daemon needs only its shapes (core.tasks).
+    # edge.core.redaction and edge.core.excerpt: loaded with the first run's log or excerpt, not while idle.
     for absent in ("edge.mcp", "edge.storage.postgres", "edge.core.ports.cluster", "psycopg", "ssl", "_ssl",
-                   "_hashlib", "argparse", "edge.core.imports"):
+                   "_hashlib", "argparse", "edge.core.imports", "edge.core.redaction", "edge.core.excerpt"):
         assert not [m for m in modules if m == absent or m.startswith(absent + ".")], absent
 
 

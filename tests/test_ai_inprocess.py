@@ -20,7 +20,7 @@ from edge.core.clock import SystemClock
 from edge.core.errors import ToolError
 from edge.core.reads import RunSummary
 from edge.storage.sqlite.db import Database
-from edge.tools.catalog import ai_tools
+from edge.app.graph import ai_tools
 from edge.tools.context import Caller
 from edge.tools.definition import Registry
 from rows import add_run, add_task, add_trigger

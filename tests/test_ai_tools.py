@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from edge.cli.client import CallFailed
-from edge.tools.catalog import ai_tools
+from edge.app.graph import ai_tools
 from rows import add_run, add_task, add_trigger
 from support import DaemonProcess
 

@@ -17,7 +17,8 @@ import msgspec
 
 from edge.app.config import Config, default_zone, run_timezone
 from edge.app.home import StartupError, private_dir
-from edge.core.clock import SystemClock
+from edge.core.auth import AuditBounds
+from edge.core.clock import LoopTimers, SystemClock
 from edge.core.ports.runtime import Clock, RunController
 from edge.core.ports.stores import (
     AuditLog,
@@ -47,12 +48,15 @@ from edge.storage.sqlite.runs import SqliteRunStore
 from edge.storage.sqlite.security import SqliteAuditLog, SqliteAuditReader, SqliteCredentialStore, SqliteSecretStore
 from edge.storage.sqlite.tasks import SqliteTaskStore
 from edge.storage.sqlite.triggers import SqliteTriggerStore
-from edge.tools.catalog import ai_tools, builtin_tools
+from edge.tools.ai import log_excerpt, projections, task_runs_compare
+from edge.tools.ai import runs as ai_runs
+from edge.tools.builtin import backup, credentials, secrets, status, tasks, triggers
+from edge.tools.builtin import runs as run_tools
 from edge.tools.chain import Authenticator, Chain
 from edge.tools.context import Services
-from edge.tools.definition import Registry
+from edge.tools.definition import Registry, Tool
 from edge.transports.tool_socket import ToolServer
-from edge.transports.unix import UnixListener
+from edge.transports.unix import Limits, Shared, UnixListener, descriptor_allowance
 
 if TYPE_CHECKING:  # cluster ports are loaded only by a cluster node
     from edge.core.ports.cluster import ClusterNode
@@ -98,6 +102,18 @@ class DaemonFacts:
 # -- builders -----------------------------------------------------------------------
 
 
+def builtin_tools() -> list[Tool]:
+    """The `qledge.*` management tools the CLI uses."""
+    return [*tasks.TOOLS, *triggers.TOOLS, *run_tools.TOOLS, *credentials.TOOLS, *secrets.TOOLS, *status.TOOLS,
+            *backup.TOOLS]
+
+
+def ai_tools() -> list[Tool]:
+    """The `qinglong.*` read tools offered to AI clients."""
+    return [*projections.TOOLS, *ai_runs.TOOLS, *task_runs_compare.TOOLS, *log_excerpt.TOOLS]
+
+
+
 class Stores(msgspec.Struct, frozen=True, kw_only=True):
     """Every storage adapter, on one database (SQLite, or a cluster's PostgreSQL) and one
     log directory."""
@@ -126,6 +142,12 @@ def run_logs(home: str, on_full: Callable[[], bool] | None = None) -> RunLogs:
     return RunLogs(private_dir(os.path.join(home, "logs")), on_full)
 
 
+def audit_bounds(config: Config) -> AuditBounds:
+    keep = config.retention
+    return AuditBounds(calls=keep.audit_max_rows, changes=keep.audit_change_max_rows,
+                       refused=keep.audit_refused_max_rows, max_age_days=keep.audit_max_age_days)
+
+
 def build_stores(db: Database, config: Config, home: str) -> Stores:
     keep = config.retention
     logs = run_logs(home, db.ballast.release if db.ballast else None)
@@ -136,7 +158,7 @@ def build_stores(db: Database, config: Config, home: str) -> Stores:
         tasks=SqliteTaskStore(db, logs), runs=SqliteRunStore(db, policy, logs),
         triggers=SqliteTriggerStore(db), admission=SqliteAdmission(db, capacity(config)),
         credentials=SqliteCredentialStore(db), secrets=SqliteSecretStore(db),
-        audit=SqliteAuditLog(db, keep.audit_max_rows, keep.audit_max_age_days), audit_reader=SqliteAuditReader(db),
+        audit=SqliteAuditLog(db, audit_bounds(config), LoopTimers()), audit_reader=SqliteAuditReader(db),
         readers=sqlite_readers(db), counts=SqliteCountsReader(db),
     )
 
@@ -211,14 +233,32 @@ def build_chain(config: Config, services: Services, registry: Registry) -> Chain
 def build_listeners(
     config: Config, home: str, socket_path: str, chain: Chain, facts: DaemonFacts
 ) -> list[UnixListener]:
-    """The tool socket, then MCP's when enabled (edge.mcp is imported here and only here)."""
-    listeners: list[UnixListener] = [ToolServer(chain, socket_path, config.max_frame_bytes)]
+    """The tool socket, then MCP's when enabled (edge.mcp is imported here and only here),
+    under one shared budget of partial-frame bytes and descriptors."""
+    limits, shared = connection_limits(config)
+    listeners: list[UnixListener] = [ToolServer(chain, socket_path, config.max_frame_bytes, limits, shared)]
     if config.mcp.enabled:
-        listeners.append(mcp_server(config, home, chain, facts))
+        listeners.append(mcp_server(config, home, chain, facts, limits, shared))
     return listeners
 
 
-def mcp_server(config: Config, home: str, chain: Chain, facts: DaemonFacts) -> UnixListener:
+def connection_limits(config: Config) -> tuple[Limits, Shared]:
+    c = config.connections
+    limits = Limits(max_connections=c.max_per_socket, frame_timeout_s=c.frame_timeout_s,
+                    idle_timeout_s=c.idle_timeout_s, session_idle_timeout_s=c.session_idle_timeout_s)
+    # One frame or line of the largest size allowed always fits.
+    largest = max(config.max_frame_bytes, config.mcp.max_line_bytes if config.mcp.enabled else 0)
+    allowance = descriptor_allowance(c.fd_reserve)
+    if allowance < c.max_per_socket:
+        log.warning("connections: %d descriptors left after the reserve of %d for runs; at most %d connections",
+                    allowance + c.fd_reserve, c.fd_reserve, allowance)
+    return limits, Shared(partial_bytes=max(c.partial_bytes, largest), max_connections=allowance)
+
+
+def mcp_server(
+    config: Config, home: str, chain: Chain, facts: DaemonFacts, limits: Limits | None = None,
+    shared: Shared | None = None,
+) -> UnixListener:
     try:
         from edge.mcp.server import McpServer
     except ImportError as exc:
@@ -227,7 +267,7 @@ def mcp_server(config: Config, home: str, chain: Chain, facts: DaemonFacts) -> U
         raise
     path = os.path.abspath(config.mcp.socket or os.path.join(home, "mcp.sock"))
     try:
-        server = McpServer(chain, path, config.mcp.max_line_bytes)
+        server = McpServer(chain, path, config.mcp.max_line_bytes, limits, shared)
     except ValueError as exc:  # a tool that cannot be described to MCP clients
         raise StartupError(f"MCP: {exc}", "internal") from None
     facts.add_extra(lambda: {"mcp": path})
@@ -278,8 +318,7 @@ class Cluster:
         options = ClusterOptions(
             dsn=c.dsn or "", node=settings, capacity=capacity(cfg), pool_size=c.pool_size,
             connect_timeout_s=c.connect_timeout_s, write_retry_s=c.write_retry_s,
-            audit_max_rows=keep.audit_max_rows, audit_max_age_days=keep.audit_max_age_days,
-            audit_spool=os.path.join(self.home, "audit-spool.jsonl"))
+            audit=audit_bounds(cfg), audit_spool=os.path.join(self.home, "audit-spool.jsonl"))
         policy = Policy(runs_per_task=keep.runs_per_task, max_age_ms=keep.run_max_age_days * 86_400_000,
                         log_quota_bytes=keep.log_quota_bytes)
         logs = run_logs(self.home)

@@ -57,18 +57,25 @@ def tool(
 
 
 class Entry:
-    """A registered tool with its argument decoders, built once."""
+    """A registered tool with its argument decoders, each built once, on the tool's first
+    call in that format: most tools of an idle daemon are never called, and only MCP
+    speaks JSON."""
 
-    __slots__ = ("tool", "msgpack_args", "json_args")
+    __slots__ = ("tool", "_msgpack_args", "_json_args")
 
     def __init__(self, tool: Tool) -> None:
         self.tool = tool
-        self.msgpack_args: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(tool.args_type)
-        self.json_args: msgspec.json.Decoder[Any] = msgspec.json.Decoder(tool.args_type)
+        self._msgpack_args: msgspec.msgpack.Decoder[Any] | None = None
+        self._json_args: msgspec.json.Decoder[Any] | None = None
 
     def decode_args(self, raw: bytes, fmt: str) -> Any:
-        decoder = self.json_args if fmt == "json" else self.msgpack_args
-        return decoder.decode(raw)
+        if fmt == "json":
+            if self._json_args is None:
+                self._json_args = msgspec.json.Decoder(self.tool.args_type)
+            return self._json_args.decode(raw)
+        if self._msgpack_args is None:
+            self._msgpack_args = msgspec.msgpack.Decoder(self.tool.args_type)
+        return self._msgpack_args.decode(raw)
 
 
 class Registry:

@@ -8,6 +8,8 @@ import time
 
 import msgspec
 
+from edge.core.auth import AuditBounds
+from edge.core.clock import LoopTimers
 from edge.core.errors import ToolError
 from edge.core.ports.runtime import RunController
 from edge.core.ports.stores import RunLogFiles
@@ -30,8 +32,7 @@ class ClusterOptions(msgspec.Struct, frozen=True, kw_only=True):
     pool_size: int = 4
     connect_timeout_s: int = 5
     write_retry_s: float = 30.0
-    audit_max_rows: int = 10_000
-    audit_max_age_days: int = 30
+    audit: AuditBounds = msgspec.field(default_factory=AuditBounds)
     audit_spool: str | None = None  # where audit rows wait while PostgreSQL is unreachable
 
 
@@ -52,8 +53,7 @@ class PgCluster:
         self.admission = PgAdmission(db, options.capacity, node.node_id, node.slots, node.lease_s)
         self.credentials = PgCredentialStore(db)
         self.secrets = PgSecretStore(db)
-        self.audit = PgAuditLog(db, node.node_id, options.audit_max_rows, options.audit_max_age_days,
-                                options.audit_spool)
+        self.audit = PgAuditLog(db, node.node_id, options.audit, options.audit_spool, LoopTimers())
         self.audit_reader = PgAuditReader(db)
         self.readers = pg_readers(db)
         self.counts = PgCountsReader(db)
@@ -63,7 +63,7 @@ class PgCluster:
 
     def runtime(self, local: RunController) -> tuple[Node, ClusterRunner]:
         """The node's background side and its runner as tools and the scheduler see it."""
-        node = Node(self.db, self.claims, self.nodes, self.clock, self.settings, local, self.audit.flush)
+        node = Node(self.db, self.claims, self.nodes, self.clock, self.settings, local, self.audit.move_spool)
         return node, ClusterRunner(local, node, self.admission, self.runs, self.claims, self.clock, self.settings)
 
     async def close(self) -> None:

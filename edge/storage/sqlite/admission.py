@@ -53,7 +53,8 @@ def armed(conn: apsw.Connection, project: str) -> list[tuple[int, str]]:
 def newest_time(conn: apsw.Connection, project: str) -> int:
     """The newest wall-clock time on record: saved by the scheduler, or stamped on a run
     or an audit row (every tool call writes one)."""
-    audit = conn.execute("SELECT at_ms FROM security_audit ORDER BY id DESC LIMIT 1").fetchone()
+    audit = conn.execute(
+        "SELECT max(at_ms, coalesce(last_at_ms, at_ms)) FROM security_audit ORDER BY id DESC LIMIT 1").fetchone()
     run = conn.execute(SQL_NEWEST_RUN, (project,)).fetchone()
     return max([trigger_sql.clock_mark(conn)] + [r[0] for r in (audit, run) if r and isinstance(r[0], int)])
 

@@ -22,7 +22,6 @@ from typing import Literal
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from edge.core.excerpt import WINDOW_BYTES, injection_signals, normalize, redact, window_text
 from edge.core.reads import RunSummary
 from edge.core.runs import TERMINAL
 from edge.core.text import ReadId
@@ -73,6 +72,10 @@ def _without_file(run: RunSummary) -> LogStatus:
 
 
 async def log_excerpt(ctx: ToolContext, args: ExcerptArgs) -> Excerpt:
+    # The excerpt's rules (redaction, injection signals) load with the first excerpt: an
+    # idle daemon never holds them.
+    from edge.core.excerpt import WINDOW_BYTES, injection_signals, normalize, redact, window_text
+
     run = await read_run(ctx, args.run_id)
     if run is None:
         return Excerpt(status="not_found", run_id=args.run_id)

@@ -18,7 +18,6 @@ from typing import Any, Literal, TypeVar
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from edge.core.excerpt import normalize
 from edge.core.reads import (
     PAGE_DEFAULT,
     RunSummary,
@@ -188,6 +187,8 @@ def _ascending_page(ctx: ToolContext, rows: object, row_type: type[H], key: str,
 
 def _task_view(head: TaskHead, view_type: type[T]) -> T:
     # A name is free text: controls that could hide or reorder what a reader sees become U+FFFD.
+    from edge.core.excerpt import normalize  # loaded with the first projection, not at start
+
     projected = view(head, view_type)
     projected.name = normalize(projected.name).replace("\n", "\ufffd")
     return projected
