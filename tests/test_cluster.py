@@ -310,5 +310,38 @@ async def test_refused_calls_spooled_while_postgresql_is_unreachable_are_aggrega
     entries = (await PgAuditReader(db).page("default", None, None, 10)).entries
     assert [(e.tool, e.count, e.at_ms, e.last_at_ms) for e in reversed(entries)] == [
         ("qledge.run.start", 1, minute, minute), ("qledge.status", 1, minute + MINUTE_MS + 1, minute + MINUTE_MS + 1),
-        ("*", 499, minute, minute + 499)]
+        ("*", 499, minute + 1, minute + 499)]
     await db.close()
+
+
+async def test_counts_of_a_row_in_postgresql_are_spooled_at_stop_when_it_is_gone(pg_server, home):
+    """The first refused call of a row reached PostgreSQL; then it went away (its database
+    dropped under the node): at stop, the calls counted since become a spooled row of their
+    own rather than being lost."""
+    import msgspec
+    import psycopg
+
+    from edge.core.auth import MINUTE_MS, AuditRecord
+    from edge.storage.postgres.db import PgDatabase
+    from edge.storage.postgres.schema import migrate
+    from edge.storage.postgres.security import PgAuditLog
+
+    dsn = pg_server.create_database()
+    spool = os.path.join(home, "audit-spool.jsonl")
+    db = PgDatabase(dsn, connect_timeout_s=2)
+    await migrate(db)
+    audit = PgAuditLog(db, "n1", spool=spool)
+    minute = 1_800_000_000_000 // MINUTE_MS * MINUTE_MS
+    for i in range(30):
+        await audit.append(AuditRecord(at_ms=minute + i, project_id="default", principal="uid:7", tool="qledge.status",
+                                       outcome="denied", reasons=["tool_policy_denied"], transport="socket"))
+    assert not os.path.exists(spool)  # the first call is in PostgreSQL, the rest counted
+    name = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
+    with psycopg.connect(pg_server.dsn(), autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    await audit.close()
+    await db.close()
+    with open(spool, "rb") as f:
+        (line,) = f.read().splitlines()
+    row = msgspec.json.decode(line)
+    assert (row["count"], row["atMs"], row["lastAtMs"], row["outcome"]) == (29, minute + 1, minute + 29, "denied")

@@ -242,13 +242,14 @@ def audit_class(record: AuditRecord) -> AuditClass:
 class _Tally:
     """An aggregate row of refused calls: where it is, and what is not written yet."""
 
-    __slots__ = ("record", "row_id", "placed", "count", "last_at_ms", "mixed")
+    __slots__ = ("record", "row_id", "placed", "count", "first_at_ms", "last_at_ms", "mixed")
 
     def __init__(self, record: AuditRecord) -> None:
         self.record = record  # its first call
         self.row_id: int | None = None  # None: being written, or placed where it cannot be added to
         self.placed = False  # its first call is written (in the database, or a spool)
         self.count = 0  # calls counted since
+        self.first_at_ms = record.at_ms  # the first of those (once there are some)
         self.last_at_ms = record.at_ms
         self.mixed = False  # calls of more than one tool: the row names none
 
@@ -259,7 +260,7 @@ class _Tally:
     def aggregate(self) -> AuditRecord:
         """The row that holds the counted calls, when they cannot be added to the first's."""
         r = self.record
-        return AuditRecord(at_ms=r.at_ms, project_id=r.project_id, principal=r.principal,
+        return AuditRecord(at_ms=self.first_at_ms, project_id=r.project_id, principal=r.principal,
                            tool="*" if self.mixed else r.tool, outcome=r.outcome,
                            reasons=[self.cause] if self.mixed else r.reasons, transport=r.transport)
 
@@ -297,6 +298,8 @@ class RefusalTallies:
         key = (record.project_id, record.principal, record.outcome, cause, record.transport, record.at_ms // MINUTE_MS)
         tally = self._tallies.get(key)
         if tally is not None:  # counted now, written with the next flush
+            if not tally.count:
+                tally.first_at_ms = record.at_ms
             tally.count += 1
             tally.last_at_ms = max(tally.last_at_ms, record.at_ms)
             tally.mixed = tally.mixed or record.tool != tally.record.tool
@@ -366,9 +369,16 @@ class RefusalTallies:
             self._arm()  # what waits for the end of its minute
 
     async def close(self) -> None:
-        """Write everything held in memory (at stop)."""
+        """Write everything held in memory (at stop). Counts that cannot be added to their
+        rows become rows of their own (which a spool may take)."""
         await self._background.wait()
-        await self.flush(everything=True)
+        try:
+            await self.flush(everything=True)
+        except ToolError:
+            for t in self._tallies.values():
+                if t.count and t.row_id is not None:
+                    t.row_id = None
+            await self.flush(everything=True)
 
 
 def tool_reason(tool_name: str) -> str:

@@ -180,7 +180,8 @@ def _trigger() -> re.Pattern[str]:
 # user:password@host with no scheme (ssh, rsync, mysql): found from its `@`, looked at backwards.
 _AT = re.compile(r"@(?=[A-Za-z0-9\[])")
 _USERINFO_BEFORE = re.compile(r"(?<![\w/.:@-])(?P<v>[A-Za-z0-9_.-]{1,64}:(?:(?![@/:])[!-~]){3,64})\Z")
-_PEM_END_LINE = re.compile(_PEM_END)
+_PEM_END_LINE = PEM_END = re.compile(_PEM_END)
+PEM_BEGIN = re.compile(_PEM_BEGIN)  # the log sink follows a key across the lines it decides
 _BASE64_LINE = re.compile(r"[A-Za-z0-9+/=]{8,}[ \t]*")
 _LONG_RUN = re.compile(rf"(?<![{_TOKEN_CHARS}])[{_TOKEN_CHARS}]{{32,}}(?![{_TOKEN_CHARS}])")
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import re
 import stat
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -33,8 +32,6 @@ _COPY = 64 * 1024
 # Never through a link: a log or segment path that is one (or anything else) is refused.
 _FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_PEM_BEGIN = re.compile(r"-{3,}[ \t]*BEGIN[^\n-]*PRIVATE[ \t]+KEY[^\n-]*-{3,}")
-_PEM_END = re.compile(r"-{3,}[ \t]*END[^\n-]*PRIVATE[ \t]+KEY[^\n-]*-{3,}")
 
 
 class Redactor:
@@ -50,10 +47,11 @@ class Redactor:
 
     def __init__(self, secrets: Iterable[bytes]) -> None:
         # Loaded with the first run's log, not by an idle daemon: the rules are large.
-        from edge.core.redaction import Masker, apply, merge
+        from edge.core.redaction import PEM_BEGIN, PEM_END, Masker, apply, merge
 
         self._masker = Masker(s.decode("utf-8", "surrogateescape") for s in secrets)
         self._apply, self._merge = apply, merge
+        self._begin, self._end = PEM_BEGIN, PEM_END
         self._carry = b""
         self._in_key = 0  # characters masked so far inside a key whose END is still to come; 0: none
 
@@ -65,7 +63,7 @@ class Redactor:
         cut = len(text) if final else self._decided(text)
         found = self._masker.spans(text, cut_at_end=final)
         if self._in_key:
-            closing = _PEM_END.search(text)
+            closing = self._end.search(text)
             found.append((0, closing.end() if closing else cut, "private_key"))
         decided = [span for span in self._merge(found) if span[0] < cut]
         end = max(cut, decided[-1][1] if decided else 0)
@@ -91,11 +89,11 @@ class Redactor:
 
     def _follow_key(self, emitted: str, size: int) -> None:
         begin = None
-        for begin in _PEM_BEGIN.finditer(emitted):  # noqa: B007 - the last one is wanted
+        for begin in self._begin.finditer(emitted):  # noqa: B007 - the last one is wanted
             pass
-        if begin is not None and not _PEM_END.search(emitted, begin.end()):
+        if begin is not None and not self._end.search(emitted, begin.end()):
             self._in_key = max(1, len(emitted) - begin.start())
-        elif self._in_key and not _PEM_END.search(emitted):
+        elif self._in_key and not self._end.search(emitted):
             self._in_key += size
         else:
             self._in_key = 0
