@@ -131,9 +131,11 @@ def test_default_daemon_modules(idle):
     modules = idle["default"]["modules"]
     REPORT["default_modules"] = modules
     # edge.core.imports: the import planner runs in the CLI; the daemon needs only its shapes (core.tasks).
-    # edge.core.redaction and edge.core.excerpt: loaded with the first run's log or excerpt, not while idle.
+    # edge.core.redaction and edge.core.excerpt: loaded with the first run's log or excerpt, not while idle;
+    # random with the first jittered fire, secrets with the first credential, hmac with the first token.
     for absent in ("edge.mcp", "edge.storage.postgres", "edge.core.ports.cluster", "psycopg", "ssl", "_ssl",
-                   "_hashlib", "argparse", "edge.core.imports", "edge.core.redaction", "edge.core.excerpt"):
+                   "_hashlib", "argparse", "edge.core.imports", "edge.core.redaction", "edge.core.excerpt",
+                   "random", "secrets", "hmac"):
         assert not [m for m in modules if m == absent or m.startswith(absent + ".")], absent
 
 

@@ -3,8 +3,6 @@ Permission checks fail closed."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Literal
@@ -169,10 +167,17 @@ def parse_token(token: str) -> tuple[str, str] | None:
 
 
 def token_digest(pepper: bytes, secret: str) -> bytes:
+    # hashlib and hmac load with the first token: a daemon called only by its owners' uids
+    # never needs them (hashlib without OpenSSL loads every builtin hash module it has).
+    import hashlib
+    import hmac
+
     return hmac.new(pepper, secret.encode(), hashlib.sha256).digest()
 
 
 def digest_matches(expected: bytes, pepper: bytes, secret: str) -> bool:
+    import hmac
+
     return hmac.compare_digest(expected, token_digest(pepper, secret))
 
 

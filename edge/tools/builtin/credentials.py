@@ -4,7 +4,6 @@ at creation, and never stored."""
 from __future__ import annotations
 
 import contextlib
-import secrets
 from typing import Annotated
 
 import msgspec
@@ -68,6 +67,8 @@ def _check_permission(permission: str) -> None:
 async def create(ctx: ToolContext, args: CreateArgs) -> Created:
     for permission in args.permissions or ():
         _check_permission(permission)
+    import secrets  # with the first credential made, not at start (it brings hmac, base64, random)
+
     cid = secrets.token_hex(6)
     secret = secrets.token_hex(20)
     cred = Credential(
