@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from daemons import ROOT, BenchDaemon, context_switches, install_venv, memory, record, uvloop_path
+from daemons import ROOT, BenchDaemon, context_switches, install_venv, io_counters, memory, record, uvloop_path
 from edge.cli.client import Client
 
 MiB = 1 << 20
@@ -34,6 +34,15 @@ BUDGET = {
     "edge_pyz_bytes": 256 * 1024,
     "edge_pyz_files": 64,
     "idle_wakeups_per_min": 1.0,
+    # Flash wear: bytes the daemon makes the kernel write (/proc/<pid>/io write_bytes),
+    # in steady state (retention and the audit bound at work), over >= 500 runs so that
+    # WAL checkpoints are included.
+    "flash_per_scheduled_run_bytes": 16 * 1024,
+    # A run with its two audited calls (qledge.run.start, qledge.run.wait): the run's budget
+    # and two calls'. A manual run also enters runs_unscheduled_idx (the history's origin
+    # filter), about 1.8 KB a run that a scheduled one does not write.
+    "flash_per_manual_run_bytes": 16 * 1024 + 2 * 1536,
+    "flash_per_audited_read_call_bytes": 1536,
 }
 REPORT: dict[str, Any] = {"budget": BUDGET}
 
@@ -131,11 +140,12 @@ def test_default_daemon_modules(idle):
     modules = idle["default"]["modules"]
     REPORT["default_modules"] = modules
     # edge.core.imports: the import planner runs in the CLI; the daemon needs only its shapes (core.tasks).
-    # edge.core.redaction and edge.core.excerpt: loaded with the first run's log or excerpt, not while idle;
-    # random with the first jittered fire, secrets with the first credential, hmac with the first token.
+    # hashlib, hmac, secrets, random: SHA-256 and the kernel's random bytes suffice (edge.core.ids);
+    # those would map their other hash modules, base64 and zlib (about 0.4 MiB).
+    # edge.core.redaction and edge.core.excerpt: loaded with the first run's log or excerpt, not while idle.
     for absent in ("edge.mcp", "edge.storage.postgres", "edge.core.ports.cluster", "psycopg", "ssl", "_ssl",
-                   "_hashlib", "argparse", "edge.core.imports", "edge.core.redaction", "edge.core.excerpt",
-                   "random", "secrets", "hmac"):
+                   "_hashlib", "argparse", "edge.core.imports", "hashlib", "hmac", "secrets", "random", "base64",
+                   "edge.core.excerpt", "edge.core.redaction"):
         assert not [m for m in modules if m == absent or m.startswith(absent + ".")], absent
 
 
@@ -185,3 +195,206 @@ def test_bridge_rss(idle):
             bridge.wait()
     REPORT["bridge"] = {"memory_mib": mem}
     assert mem["VmHWM"] <= BUDGET["bridge_rss_mib"], mem
+
+
+# -- flash wear ------------------------------------------------------------------------
+
+FLASH_TRIGGERS = 17  # each fires every second: ~500 scheduled runs in 30 s
+FLASH_RUNS = 510
+FLASH_CALLS = 8000  # about two WAL checkpoints' worth, so earlier phases' pages hardly count
+SPEC_TRUE = {"command": {"kind": "argv", "file": "true"}, "overlap": "allow"}
+OTHER_TASKS = [f"other-{i}" for i in range(4)]
+
+
+def _manual_run(client: Client, task: str) -> None:
+    run = client.call("qledge.run.start", {"taskId": task})
+    assert client.call("qledge.run.wait", {"runId": run["id"], "timeoutMs": 60_000})["run"]["status"] == "succeeded"
+
+
+def _written(daemon: BenchDaemon) -> int:
+    return io_counters(daemon.pid)["write_bytes"]
+
+
+def _writeback(home: str) -> None:
+    """What the kernel's writeback does between two runs a minute apart (dirty pages are
+    written after 30 s): afterwards a page the next run changes counts again."""
+    for name in ("qledge.db", "qledge.db-wal", "qledge.db-shm"):
+        if not os.path.exists(os.path.join(home, name)):  # no -shm under [store] exclusive_lock
+            continue
+        fd = os.open(os.path.join(home, name), os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _per_manual_run(daemon: BenchDaemon, client: Client, tasks: list[str], runs: int, apart: bool = False) -> float:
+    if apart:
+        _writeback(daemon.home)
+    before = _written(daemon)
+    for i in range(runs):
+        _manual_run(client, tasks[i % len(tasks)])
+        if apart:
+            _writeback(daemon.home)
+    return (_written(daemon) - before) / runs
+
+
+@pytest.fixture(scope="module")
+def flash():
+    """One daemon in steady state: the task measured and four others at their retention
+    limit (100 runs each), the audit log at its row bound. Then audited reads, manual runs
+    of one task, of five tasks in turn, one run at a time with a writeback between each
+    (the one-run-a-minute case), and scheduled runs."""
+    d = BenchDaemon(install_venv(), config="[retention]\naudit_max_rows = 1000\n").start()
+    out: dict[str, Any] = {}
+    try:
+        with Client(d.socket) as client:
+            for task in ["flash", *OTHER_TASKS]:
+                client.call("qledge.task.create", {"taskId": task, "spec": SPEC_TRUE})
+                for _ in range(110):
+                    _manual_run(client, task)
+            before = _written(d)
+            for _ in range(FLASH_CALLS):
+                client.call("qledge.task.get", {"taskId": "flash"})
+            out["per_audited_read_call"] = (_written(d) - before) / FLASH_CALLS
+            out["per_manual_run"] = _per_manual_run(d, client, ["flash"], FLASH_RUNS)
+            out["per_manual_run_five_tasks_in_turn"] = _per_manual_run(d, client, ["flash", *OTHER_TASKS], FLASH_RUNS)
+            out["per_manual_run_a_minute_apart"] = _per_manual_run(d, client, ["flash"], 200, apart=True)
+            for i in range(FLASH_TRIGGERS):
+                client.call("qledge.trigger.create", {"triggerId": f"flash-{i:02d}", "taskId": "flash",
+                                                      "expression": "* * * * * *", "timezone": "UTC"})
+            time.sleep(2)
+            started_ms, before = time.time_ns() // 1_000_000, _written(d)
+            time.sleep(FLASH_RUNS / FLASH_TRIGGERS)
+            ended_ms, written = time.time_ns() // 1_000_000, _written(d) - before
+            for i in range(FLASH_TRIGGERS):
+                client.call("qledge.trigger.disable", {"triggerId": f"flash-{i:02d}"})
+            # At most 100 runs are kept, so the runs made in the window are its fires: one run
+            # per trigger and second, as no fire was skipped or refused.
+            events = client.call("qledge.trigger.events", {"limit": 64})["events"]
+            assert [e for e in events if e["createdAtMs"] >= started_ms] == [], events
+            fires = FLASH_TRIGGERS * (ended_ms // 1000 - started_ms // 1000)  # whole seconds in the window
+            out["scheduled_runs"] = fires
+            out["per_scheduled_run"] = written / fires
+            out["db_bytes"] = client.call("qledge.status")["dbBytes"]
+        yield {k: round(v) if isinstance(v, float) else v for k, v in out.items()}
+    finally:
+        d.cleanup()
+
+
+class SteppedClock:
+    """The wall clock a minute per run (monotonic time runs with it), so a once-a-minute
+    job can be measured over hundreds of runs without waiting for them."""
+
+    def __init__(self, now_ms: int) -> None:
+        self.ms, self.mono = now_ms, 0.0
+
+    def now_ms(self) -> int:
+        return self.ms
+
+    def monotonic(self) -> float:
+        return self.mono
+
+    def step(self, ms: int) -> None:
+        self.ms += ms
+        self.mono += ms / 1000
+
+
+async def _minutely(home: str, runs: int, exclusive: bool = False) -> dict[str, float]:
+    """The daemon's own store, runner and scheduler, in this process: a task with a
+    `* * * * *` trigger, each minute one fire admitted, run (`true`, a real process) and
+    recorded, four other tasks with their history; write_bytes of this process per run,
+    and per run with a writeback between runs (dirty pages are written back after 30 s,
+    so that is what a run a minute costs the flash)."""
+    import asyncio
+
+    from edge.app.config import Config
+    from edge.app.graph import build_stores, build_workers
+    from edge.core.tasks import ArgvCommand, TaskSpec
+    from edge.core.triggers import CronSpec
+    from edge.storage.sqlite.db import Database
+
+    clock = SteppedClock(1_780_000_000_000 // 60_000 * 60_000)
+    db = await Database.open(os.path.join(home, "qledge.db"), exclusive=exclusive)
+    config = Config()
+    stores = build_stores(db, config, home)
+    workers = build_workers(config, home, stores, clock)
+    spec = TaskSpec(command=ArgvCommand(file="true"), overlap="allow")
+
+    async def idle() -> None:
+        async with asyncio.timeout(30):
+            while await stores.runs.active():
+                await asyncio.sleep(0.002)
+
+    async def minute() -> None:
+        clock.step(60_000)
+        await workers.scheduler.tick()
+        await workers.scheduler.settle()
+        await idle()
+
+    def written() -> int:
+        with open("/proc/self/io") as f:
+            return int(next(line for line in f if line.startswith("write_bytes")).split()[1])
+
+    try:
+        for task in ["minutely", *OTHER_TASKS]:
+            await stores.tasks.create("default", task, task, spec, clock.ms, privileged=True)  # as the daemon's user
+        for task in OTHER_TASKS:  # history of other jobs, at its retention limit
+            for _ in range(110):
+                one = await stores.tasks.get("default", task)
+                assert one is not None
+                await workers.runner.start(one, "user")
+                await idle()
+        await stores.triggers.create("default", "minutely", "minutely", None,
+                                     CronSpec(expression="* * * * *", timezone="UTC"), clock.ms)
+        clock.step(1)  # a millisecond after each fire time
+        await workers.scheduler.load()
+        for _ in range(110):  # its own history up to the retention limit
+            await minute()
+        before = written()
+        for _ in range(runs):
+            await minute()
+        per_run = (written() - before) / runs
+        _writeback(home)
+        before = written()
+        for _ in range(200):
+            await minute()
+            _writeback(home)
+        apart = (written() - before) / 200
+        kept = await stores.runs.page("default", "minutely", None, 64)
+        assert {r.status for r in kept} == {"succeeded"} and kept[0].origin == "scheduled"
+    finally:
+        await workers.scheduler.stop()
+        await workers.runner.shutdown()
+        await db.close()
+    return {"per_scheduled_run_one_a_minute": per_run, "per_scheduled_run_one_a_minute_written_back": apart}
+
+
+def test_flash_budget(flash):
+    """Manual runs and audited calls through a real daemon; a once-a-minute job in process
+    (its clock stepped a minute per run)."""
+    import asyncio
+
+    minutely: dict[str, int] = {}
+    for exclusive in (False, True):
+        home = tempfile.mkdtemp(prefix="qlf")
+        try:
+            measured = asyncio.run(_minutely(home, FLASH_RUNS, exclusive))
+        finally:
+            shutil.rmtree(home, ignore_errors=True)
+        suffix = "_exclusive_lock" if exclusive else ""
+        minutely.update({k + suffix: round(v) for k, v in measured.items()})
+    figures = {**flash, **minutely}
+    figures["per_day_at_one_run_a_minute_bytes"] = minutely["per_scheduled_run_one_a_minute_written_back"] * 1440
+    figures["per_day_at_one_run_a_minute_exclusive_lock_bytes"] = (
+        minutely["per_scheduled_run_one_a_minute_written_back_exclusive_lock"] * 1440)
+    REPORT["flash"] = {**figures, "note": (
+        "write_bytes: page-cache pages dirtied (what reaches flash). per_scheduled_run: 17 triggers of one task "
+        "firing every second; per_scheduled_run_one_a_minute: one trigger, clock stepped a minute per run; "
+        "written_back / a_minute_apart: db, WAL and -shm flushed between runs, as the kernel's writeback does "
+        "for runs a minute apart (per_day is that times 1440)")}
+    assert flash["scheduled_runs"] >= 480, figures
+    assert minutely["per_scheduled_run_one_a_minute"] <= BUDGET["flash_per_scheduled_run_bytes"], figures
+    assert minutely["per_scheduled_run_one_a_minute_exclusive_lock"] <= BUDGET["flash_per_scheduled_run_bytes"]
+    assert flash["per_manual_run"] <= BUDGET["flash_per_manual_run_bytes"], figures
+    assert flash["per_audited_read_call"] <= BUDGET["flash_per_audited_read_call_bytes"], figures

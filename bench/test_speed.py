@@ -1,8 +1,8 @@
 """Speed, on demand (`pytest bench/`): compare figures as ratios within one run, not across machines.
 
-Tool-call round trips through the socket, run admission + completion throughput,
-start-up to socket ready, and the flash-write cost of a finished run and of an audited
-tool call (bytes the daemon made the kernel write, /proc/<pid>/io, synchronous=NORMAL).
+Tool-call round trips through the socket, run admission + completion throughput, and
+start-up to socket ready. (What a run and an audited call write to flash is a budget:
+bench/test_budgets.py.)
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from daemons import BenchDaemon, install_venv, io_counters, record
+from daemons import BenchDaemon, install_venv, record
 from edge.cli.client import CallFailed, Client
 
 RESULTS: dict[str, Any] = {}
@@ -116,26 +116,3 @@ def test_startup_to_socket_ready(python):
         times.append(d.ready_s or 0)
         d.cleanup()
     RESULTS["startup_to_ready_s"] = {"median": round(statistics.median(times), 3), "max": round(max(times), 3)}
-
-
-def _io_delta(daemon: BenchDaemon, action) -> dict[str, int]:
-    before = io_counters(daemon.pid)
-    action()
-    time.sleep(0.5)  # let the last responses' writes land
-    after = io_counters(daemon.pid)
-    return {k: after[k] - before[k] for k in ("write_bytes", "wchar", "syscw")}
-
-
-def test_flash_write_cost(daemon):
-    calls, runs = 1000, 100
-    with Client(daemon.socket) as client:
-        call_io = _io_delta(daemon, lambda: [client.call("qledge.task.get", {"taskId": "bench"}) for _ in range(calls)])
-        run_io = _io_delta(daemon, lambda: _wait_all(client, _start_all(client, runs)))
-    RESULTS["write_cost"] = {
-        "synchronous": "NORMAL",
-        "per_audited_call": {k: round(v / calls) for k, v in call_io.items()},
-        "per_finished_run": {k: round(v / runs) for k, v in run_io.items()},
-        "note": "per run includes its qledge.run.start and qledge.run.wait calls; write_bytes = page-cache "
-                "pages dirtied (what reaches flash), wchar = bytes passed to write()",
-    }
-    assert call_io["wchar"] > 0 and run_io["wchar"] > 0

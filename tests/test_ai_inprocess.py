@@ -15,12 +15,18 @@ import msgspec
 import pytest
 
 from edge.app.config import Config
-from edge.app.graph import DaemonFacts, build_chain, build_services, build_stores, build_workers
+from edge.app.graph import (
+    DaemonFacts,
+    ai_tools,
+    build_chain,
+    build_services,
+    build_stores,
+    build_workers,
+)
 from edge.core.clock import SystemClock
 from edge.core.errors import ToolError
 from edge.core.reads import RunSummary
 from edge.storage.sqlite.db import Database
-from edge.app.graph import ai_tools
 from edge.tools.context import Caller
 from edge.tools.definition import Registry
 from rows import add_run, add_task, add_trigger

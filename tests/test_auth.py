@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import os
 
 import pytest
 
 from edge.cli.client import CallFailed
+from edge.core.auth import digest_matches, token_digest
+from edge.core.ids import digests_equal, hmac_sha256, random_fraction, sha256, token_hex
 from support import IS_ROOT
 
 
@@ -139,3 +144,24 @@ def test_tools_list_shows_only_what_the_caller_may_call(daemon):
     seen = {t["name"] for t in daemon.call("qledge.tools.list", token=viewer)["tools"]}
     assert "qledge.task.create" not in seen and "qinglong.run.log.excerpt" not in seen
     assert {"qledge.status", "qinglong.task.list", "qinglong.run.list"} <= seen
+
+
+@pytest.mark.parametrize("key_size", [0, 1, 32, 63, 64, 65, 200])
+def test_token_digests_are_hmac_sha256(key_size):
+    """The daemon digests without hashlib or hmac (they map modules it does not use): the
+    same bytes as theirs, whatever the key's size against SHA-256's 64-byte block."""
+    key, message = os.urandom(key_size), os.urandom(41)
+    assert hmac_sha256(key, message) == hmac.new(key, message, hashlib.sha256).digest()
+    assert token_digest(key, "s3cret") == hmac.new(key, b"s3cret", hashlib.sha256).digest()
+    assert digest_matches(token_digest(key, "s3cret"), key, "s3cret")
+    assert not digest_matches(token_digest(key, "s3cret"), key, "s3creT")
+    assert sha256(message).hexdigest() == hashlib.sha256(message).hexdigest()
+    assert digests_equal(b"ab", b"ab") and not digests_equal(b"ab", b"ac")
+
+
+def test_tokens_and_jitter_fractions_come_from_the_kernel_rng():
+    tokens = {token_hex(20) for _ in range(100)}
+    assert len(tokens) == 100 and all(len(t) == 40 and int(t, 16) >= 0 for t in tokens)
+    fractions = [random_fraction() for _ in range(2000)]
+    assert all(0 <= f < 1 for f in fractions)
+    assert 0.4 < sum(fractions) / len(fractions) < 0.6 and len(set(fractions)) == len(fractions)

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from typing import Any
 
 import msgspec
@@ -78,7 +79,11 @@ def test_cancel_a_queued_run(daemon_factory):
     second = _json(d.cli("run", "start", "long", "--json"))
     cancelled = _json(d.cli("run", "cancel", second["id"], "--json"))
     assert cancelled["status"] == "cancelled" and cancelled["startedAtMs"] is None
-    assert _json(d.cli("run", "get", first["id"], "--json"))["status"] == "running"
+    # The first one's start is recorded once it has run for a second.
+    deadline = time.monotonic() + 10
+    while _json(d.cli("run", "get", first["id"], "--json"))["status"] != "running":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
 
 
 def test_task_lifecycle_and_listing(daemon):

@@ -116,7 +116,7 @@ async def test_a_boot_run_its_node_never_takes_is_lost_after_the_lease(node):
     deadline = time.monotonic() + 10
     while not (reaped := await b.claims.reap()) and time.monotonic() < deadline:
         await asyncio.sleep(0.1)  # PostgreSQL's clock, which no test can move
-    assert reaped == [run.id]
+    assert [r.id for r in reaped] == [run.id]
     lost = await b.runs.get(P, run.id)
     assert lost is not None and (lost.status, lost.error_code) == ("lost", "lease_expired")
     assert "only node gw-1 may run this run" in (lost.error_summary or "")

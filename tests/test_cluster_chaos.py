@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import re
 import signal
 import time
 
@@ -97,12 +98,18 @@ def test_kill_9_a_node_mid_run_loses_its_runs_and_nothing_else(daemon_factory, p
             seconds_to_lost=round(seconds_to_lost, 1))
     assert lost[0][0] == "lease_expired"
     assert statuses == {r: ("lost" if r == victim_run else "succeeded") for r in runs}
+    # One line says so, by the node that recorded it lost (notices.RUN_ID_PREFIX: 18).
+    said = [line for d in nodes[1:] for line in d.stderr().splitlines()
+            if re.search(rf"WARNING qledge\.cluster: run finished: task=work run={victim_run[:18]} status=lost"
+                         r" exit=- took=\S+ error=lease_expired$", line)]
+    assert len(said) == 1, [d.stderr() for d in nodes[1:]]
     assert nodes[1].call("qledge.status")["extra"]["cluster"].endswith("of 1 slots busy here")
 
 
 def test_a_node_stopped_past_its_lease_has_its_completion_fenced(daemon_factory, pg_dsn):
     nodes = start_nodes(daemon_factory, pg_dsn, 2, concurrency=1)
-    nodes[0].call("qledge.task.create", task("short", ["sleep", "1"]))
+    # Long enough to be recorded running (after its first second) before its node is stopped.
+    nodes[0].call("qledge.task.create", task("short", ["sleep", "2"]))
     run = nodes[0].call("qledge.run.start", {"taskId": "short"})["id"]
     holder = wait_for(lambda: _holder(pg_dsn, run))
     stopped = nodes[0] if holder == "n1" else nodes[1]

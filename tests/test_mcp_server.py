@@ -16,14 +16,20 @@ import msgspec
 import pytest
 
 from edge.app.config import Config
-from edge.app.graph import DaemonFacts, build_chain, build_services, build_stores, build_workers
+from edge.app.graph import (
+    DaemonFacts,
+    build_chain,
+    build_services,
+    build_stores,
+    build_workers,
+    builtin_tools,
+)
 from edge.core.clock import SystemClock
 from edge.core.ports.stores import AuditLog
 from edge.mcp.protocol import Catalog, object_schema
 from edge.mcp.server import McpServer
 from edge.runner.supervisor import Runner
 from edge.storage.sqlite.db import Database
-from edge.app.graph import builtin_tools
 from edge.tools.context import Caller, ToolContext
 from edge.tools.definition import Registry, Tool
 from mcp_support import INITIALIZE, AsyncLineClient, bridge_env, request

@@ -382,7 +382,7 @@ def test_uci_settings_render_a_config_the_daemon_accepts(tmp_path):
     values = {
         "state_dir": '/mnt/usb "data"', "log_level": "debug", "concurrency": "3", "queue_limit": "7",
         "log_cap_bytes": "65536", "log_quota_bytes": "2097152", "runs_per_task": "80", "run_max_age_days": "9",
-        "timezone": "Europe/Berlin", "synchronous": "FULL", "mcp_enabled": "1",
+        "timezone": "Europe/Berlin", "synchronous": "FULL", "mcp_enabled": "1", "exclusive_lock": "1",
     }
     script = f'. "{INIT}"; CONF_DIR="{tmp_path}"; CONF="$CONF_DIR/qledge.toml"; render_config'
     result = subprocess.run([shell, "-c", script], env={**values, "PATH": os.environ["PATH"]},
@@ -395,6 +395,7 @@ def test_uci_settings_render_a_config_the_daemon_accepts(tmp_path):
     assert (cfg.retention.runs_per_task, cfg.retention.run_max_age_days, cfg.retention.log_quota_bytes) == (
         80, 9, 2097152)
     assert cfg.mcp.enabled is True and cfg.mcp.socket == "/var/run/qledge/mcp.sock"
+    assert cfg.store.exclusive_lock is True
 
 
 def test_a_system_zone_without_its_zone_data_is_not_configured(tmp_path):

@@ -18,7 +18,7 @@ from edge.storage.sqlite import tasks as task_sql
 from edge.storage.run_logs import RunLogs
 from edge.storage.sqlite.security import SqliteAuditLog
 from edge.storage.sqlite.db import Database
-from edge.storage.sqlite.retention import BATCH, Policy
+from edge.storage.sqlite.retention import BATCH, TRIM, Policy
 from edge.storage.sqlite.runs import SqliteRunStore
 from edge.storage.sqlite.schema import MIGRATIONS, migrate
 from edge.storage.sqlite.tasks import SqliteTaskStore
@@ -116,6 +116,27 @@ async def test_keeps_exactly_n_finished_runs_per_task_never_an_active_one(make, 
     # A removed run's events and log file went with its row; kept ones are intact.
     assert conn.execute("SELECT count(*) FROM run_events WHERE run_id = 'run-000002'").fetchone()[0] == 0
     assert s.log_files() == set(finished_a) | set(s.ids(conn, "b"))
+    _total_is_consistent(conn)
+
+
+@pytest.mark.parametrize(("limit", "low"), [(100, 100 - TRIM), (70, 65)])
+async def test_a_task_over_its_limit_loses_its_oldest_runs_together(make, home, limit, low):
+    """Never more than the limit, never fewer than 65 (the AI comparison's window), and a
+    deletion only once every few runs: neighbours go together, so their pages are
+    rewritten once (flash wear)."""
+    s = await make(runs_per_task=limit)
+    await s.task("a")
+    conn = _check(home)
+    counts = []
+    for i in range(limit + 2 * (limit - low) + 5):
+        await s.finished("a", T0 + i)
+        counts.append(len(s.ids(conn)))
+    assert max(counts) == limit and min(counts[limit:]) == low
+    trims = [i for i, (a, b) in enumerate(zip(counts, counts[1:], strict=False)) if b < a]
+    period = limit - low + 1  # finishes from one trim to the next
+    assert trims == [limit - 1, limit - 1 + period, limit - 1 + 2 * period]
+    assert s.ids(conn) == [f"run-{n:06d}" for n in range(len(counts) - counts[-1] + 1, len(counts) + 1)]
+    assert s.log_files() == set(s.ids(conn))
     _total_is_consistent(conn)
 
 
@@ -277,16 +298,21 @@ async def test_audit_keeps_at_most_max_rows_and_max_age(home):
                            outcome="allowed", reasons=["tool_invocation_allowed"], transport="socket")
 
     count = lambda: db.run(lambda c: c.execute("SELECT count(*), min(at_ms) FROM security_audit").fetchone())  # noqa: E731
+    trims = 0
     for i in range(250):
+        before, _ = await count()
         await log.append(record(T0 + i))
         rows, _ = await count()
         assert rows <= 100
-    assert await count() == (100, T0 + 150)
+        if rows < before:  # over the bound: down to 100 - 25 at once, not one row per call
+            assert rows == 75
+            trims += 1
+    assert trims == 6 and await count() == (94, T0 + 156)
     # 31 days later: each write drops up to a batch of expired rows until none is left.
     later = T0 + 31 * DAY
     seen = []
     for i in range(3):
         await log.append(record(later + i))
         seen.append(await count())
-    assert seen == [(100 + 1 - 64, T0 + 150 + 64), (2, later), (3, later)]
+    assert seen == [(94 + 1 - 64, T0 + 156 + 64), (2, later), (3, later)]
     await db.close()

@@ -207,6 +207,56 @@ def test_kill_9_then_restart_marks_the_run_lost_and_kills_its_group(daemon_facto
         _kill_all([pid, bg])
 
 
+def test_a_quick_run_records_its_start_with_its_end(daemon):
+    daemon.cli("task", "add", "q", "--", "true")
+    done = _start_and_wait(daemon, "q")
+    events = daemon.call("qledge.run.events", {"runId": done["id"]})["events"]
+    assert [(e["type"], e["actorType"]) for e in events] == [
+        ("run.queued", "user"), ("run.running", "runner"), ("run.succeeded", "runner")]
+    assert events[1]["createdAtMs"] == done["startedAtMs"] <= done["finishedAtMs"] == events[2]["createdAtMs"]
+    pid, _ = _db_process(daemon, done["id"])
+    assert pid > 0  # where it ran is kept as for any run (its start time, if /proc still had it)
+    assert (done["status"], done["version"], done["exitCode"]) == ("succeeded", 3, 0)
+
+
+def test_a_longer_run_is_recorded_running_after_a_second(daemon):
+    daemon.cli("task", "add", "nap", "--", "sleep", "30")
+    run = daemon.call("qledge.run.start", {"taskId": "nap"})
+    began = time.monotonic()
+    running = _running_from(daemon, run["id"])
+    assert time.monotonic() - began >= 0.5  # not at once: a quick run would not need the write
+    pid, ticks = _db_process(daemon, run["id"])
+    assert alive(pid, ticks) and running["startedAtMs"] is not None
+    daemon.call("qledge.run.cancel", {"runId": run["id"]})
+
+
+def _running_from(d, run_id: str) -> dict:
+    return _until(lambda: (r := d.call("qledge.run.get", {"runId": run_id}))["status"] == "running" and r,
+                  what="the run to be recorded running")
+
+
+@pytest.mark.e2e
+def test_kill_9_before_the_start_is_recorded_still_stops_the_run(daemon_factory):
+    d = daemon_factory().start()
+    d.cli("task", "add", "nap", "--cwd", d.scratch, "--shell", "--", "echo $$ > nap.pid; exec sleep 300")
+    run = d.call("qledge.run.start", {"taskId": "nap"})
+    pid_file = os.path.join(d.scratch, "nap.pid")
+    _until(lambda: os.path.exists(pid_file) and os.path.getsize(pid_file), what="nap.pid")
+    assert d.call("qledge.run.get", {"runId": run["id"]})["status"] == "queued"  # its start is not stored yet
+    d.stop(signal.SIGKILL)
+    with open(pid_file) as f:
+        pid = int(f.read())
+    try:
+        assert alive(pid)
+        d.start()
+        lost = d.call("qledge.run.get", {"runId": run["id"]})
+        assert (lost["status"], lost["errorCode"]) == ("lost", "daemon_lost")
+        assert lost["errorSummary"].endswith("stopped its processes")  # found by the run id in its environment
+        assert not alive(pid)
+    finally:
+        _kill_all([pid])
+
+
 @pytest.mark.e2e
 def test_orphans_of_a_dead_leader_are_found_by_group_and_run_marker(daemon_factory):
     d, run, pid, ticks, bg = _napping(daemon_factory)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -313,6 +314,34 @@ async def test_overlap_forbid_skips_and_merges_consecutive_skips(env):
     assert [(e.reason, e.scheduled_for_ms, e.fires) for e in events] == [
         ("overlap", at("10:01:00"), 2), ("overlap", at("10:04:00"), 1)]
     assert scheduled_for(await env.all_runs()) == [at("10:00:00"), at("10:03:00")]
+
+
+async def test_skipped_fires_are_logged_once_per_streak(env, caplog):
+    caplog.set_level(logging.INFO, "qledge.scheduler")
+    trig = await env.trigger("* * * * *")
+    for minute in range(4):  # 10:00 runs; 10:01-10:03 are skipped: one line now, one at the end
+        await env.tick(at(f"10:0{minute}:00"))
+    lines = lambda: [(r.levelname, r.getMessage()) for r in caplog.records if "fire" in r.getMessage()]  # noqa: E731
+    assert lines() == [("WARNING", f"fire skipped: task=t trigger={trig.id} reason=overlap"
+                                   " scheduled=2024-05-01T10:01:00Z")]
+    await env.finish((await env.all_runs())[0])
+    await env.tick(at("10:04:00"))  # admitted: the streak is over
+    assert lines()[1:] == [("WARNING", f"fire skipped: task=t trigger={trig.id} reason=overlap 2 more in a row"
+                                       " last=2024-05-01T10:03:00Z")]
+    await env.tick(at("10:05:00"))  # a new streak, a new first line
+    assert len(lines()) == 3 and lines()[2][1].endswith("scheduled=2024-05-01T10:05:00Z")
+    await env.scheduler.stop()  # an open streak is closed by the stop; this one has no more fires
+    assert len(lines()) == 3
+    await env.tasks.set_enabled("default", "t", False, None, env.clock.ms)
+    await env.scheduler.load()
+    await env.tick(at("10:06:00"))
+    await env.tick(at("10:07:00"))
+    await env.scheduler.stop()
+    assert lines()[3:] == [
+        ("INFO", f"fire skipped: task=t trigger={trig.id} reason=task_disabled scheduled=2024-05-01T10:06:00Z"),
+        ("INFO", f"fire skipped: task=t trigger={trig.id} reason=task_disabled 1 more in a row"
+                 " last=2024-05-01T10:07:00Z"),
+    ]
 
 
 async def test_overlap_allow_runs_side_by_side(env):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import time
 
 import apsw
 import pytest
@@ -13,7 +15,7 @@ from edge.core.runs import Run, RunCursor, RunUpdate
 from edge.core.tasks import ArgvCommand, TaskSpec
 from edge.storage.sqlite import runs as run_sql
 from edge.storage.sqlite import tasks as task_sql
-from edge.storage.sqlite.db import Database
+from edge.storage.sqlite.db import PAGE_SIZE, WAL_CHECKPOINT_BYTES, Database
 from edge.storage.sqlite.schema import MIGRATIONS, migrate
 from support import assert_uses_index
 
@@ -41,6 +43,61 @@ def test_migrates_an_empty_file_and_reopens(home):
     import asyncio
 
     assert asyncio.run(go()) == (len(MIGRATIONS), "wal", 1, "0o600")
+
+
+async def test_a_new_database_gets_small_pages_and_a_small_old_one_is_rewritten_once(home, caplog):
+    db = await Database.open(os.path.join(home, "new.db"))
+    assert await db.run(lambda c: (c.pragma("page_size"), c.pragma("wal_autocheckpoint"))) == (
+        PAGE_SIZE, WAL_CHECKPOINT_BYTES // PAGE_SIZE)
+    await db.close()
+    # A database made with SQLite's default pages (as before this version), with a row.
+    path = os.path.join(home, "old.db")
+    old = apsw.Connection(path)
+    old.pragma("journal_mode", "wal")
+    for number, sql in enumerate(MIGRATIONS[:4], 1):
+        old.execute(sql)
+        old.pragma("user_version", number)
+    old.execute("INSERT INTO tasks VALUES ('default', 't', 't', 1, 1, 0, 0)")
+    assert old.pragma("page_size") == 4096
+    old.close()
+    caplog.set_level("INFO", "qledge.store")
+    db = await Database.open(path)
+    assert await db.run(lambda c: (c.pragma("page_size"), c.pragma("journal_mode"), c.pragma("user_version"),
+                                   c.execute("SELECT id FROM tasks").fetchall(),
+                                   c.execute("PRAGMA integrity_check").fetchone()[0])) == (
+        PAGE_SIZE, "wal", len(MIGRATIONS), [("t",)], "ok")
+    await db.close()
+    assert "database rewritten with 512-byte pages (was 4096" in caplog.text
+    caplog.clear()
+    db = await Database.open(path)  # once: nothing to rewrite now
+    await db.close()
+    assert "rewritten" not in caplog.text
+
+
+async def test_an_old_database_held_open_elsewhere_keeps_its_pages(home, caplog):
+    path = os.path.join(home, "old.db")
+    old = apsw.Connection(path)
+    old.pragma("journal_mode", "wal")
+    old.execute("CREATE TABLE x (a); INSERT INTO x VALUES (1)")
+    reader = apsw.Connection(path)
+    reader.execute("BEGIN")
+    reader.execute("SELECT * FROM x").fetchall()  # a reader holds it open
+    caplog.set_level("INFO", "qledge.store")
+    db = await Database.open(path)
+    assert await db.run(lambda c: (c.pragma("page_size"), c.pragma("journal_mode"))) == (4096, "wal")
+    await db.close()
+    reader.execute("COMMIT")
+    assert "keeps its 4096-byte pages" in caplog.text
+
+
+def test_time_indexes_are_ascending(conn):
+    """New rows go to the right edge of an ascending index (one page written per insert,
+    not three); queries read them backwards, without a sort (test_plan_* below)."""
+    columns = {name: [(r[2], r[3]) for r in conn.execute(f"PRAGMA index_xinfo({name})") if r[5]]
+               for name in ("runs_task_created_idx", "runs_project_created_idx", "trigger_events_trigger_idx",
+                            "trigger_events_project_idx", "runs_unsuccessful_idx", "runs_task_unsuccessful_idx",
+                            "runs_unscheduled_idx")}
+    assert all(desc == 0 for cols in columns.values() for _, desc in cols), columns
 
 
 def test_refuses_a_newer_schema(home):
@@ -126,3 +183,37 @@ async def test_keyset_pages_have_no_gaps_or_duplicates(home):
     expected = [r.id for r in sorted(made, key=lambda r: (r.created_at_ms, r.id), reverse=True)]
     assert seen == expected
     await db.close()
+
+
+def test_status_shows_the_bytes_written_since_start_and_a_rate_per_day(daemon):
+    daemon.cli("task", "add", "t", "--", "true")
+    first = daemon.call("qledge.status")
+    for _ in range(20):
+        run = daemon.call("qledge.run.start", {"taskId": "t"})
+        daemon.call("qledge.run.wait", {"runId": run["id"], "timeoutMs": 20_000})
+    time.sleep(1.1)  # a rate needs at least a second of uptime
+    then = daemon.call("qledge.status")
+    with open(f"/proc/{daemon.pid}/io") as f:
+        kernel = int(next(line for line in f if line.startswith("write_bytes")).split()[1])
+    assert 0 < first["writtenBytes"] < then["writtenBytes"] <= kernel  # what the kernel counts for it
+    per_day = then["writtenBytes"] * 86_400 / then["uptimeS"]
+    assert abs(then["writtenBytesPerDay"] - per_day) <= per_day * 0.05
+    line = next(x for x in daemon.cli("status").stdout.splitlines() if x.startswith("written"))
+    size = r"\d+(\.\d)? (B|KiB|MiB|GiB)"
+    assert re.search(rf"^written: +{size} since start, about {size} a day at this rate$", line), line
+
+
+def test_an_exclusive_lock_keeps_the_wal_index_in_memory_and_others_out(daemon_factory):
+    d = daemon_factory(config="[store]\nexclusive_lock = true\n").start()
+    d.cli("task", "add", "t", "--", "true")
+    run = d.call("qledge.run.start", {"taskId": "t"})
+    assert d.call("qledge.run.wait", {"runId": run["id"], "timeoutMs": 20_000})["run"]["status"] == "succeeded"
+    assert os.path.exists(os.path.join(d.home, "qledge.db-wal"))
+    assert not os.path.exists(os.path.join(d.home, "qledge.db-shm"))  # nothing mapped, nothing written back
+    other = apsw.Connection(os.path.join(d.home, "qledge.db"))
+    with pytest.raises(apsw.BusyError):
+        other.execute("SELECT count(*) FROM runs").fetchone()
+    other.close()
+    d.stop()
+    with d.db() as db:  # once the daemon is gone, the file is anyone's again
+        assert db.execute("SELECT status FROM runs").fetchall() == [("succeeded",)]

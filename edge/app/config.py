@@ -24,6 +24,9 @@ class StoreConfig(msgspec.Struct, forbid_unknown_fields=True):
     cache_kib: Annotated[int, msgspec.Meta(ge=64, le=1 << 20)] = 512
     # Space given back when the disk fills up, so audited calls keep working (0: none).
     ballast_bytes: Annotated[int, msgspec.Meta(ge=0, le=64 << 20)] = 1 << 20
+    # Hold the database for this daemon alone: no -shm file is mapped and written back to
+    # flash (about half of what a run a minute writes), but nothing else may open it.
+    exclusive_lock: bool = False
 
 
 class RunnerConfig(msgspec.Struct, forbid_unknown_fields=True):

@@ -71,7 +71,7 @@ class Daemon:
             raise StartupError(f"cannot check free space in {home}: {exc.strerror}") from None
         try:
             db = await Database.open(os.path.join(home, "qledge.db"), cfg.store.synchronous, cfg.store.cache_kib,
-                                     ballast=ballast)
+                                     ballast=ballast, exclusive=cfg.store.exclusive_lock)
         except OpenError as exc:
             raise StartupError(str(exc)) from None
         try:
@@ -84,6 +84,7 @@ class Daemon:
         for problem in g.workers.users.problems():
             raise StartupError(problem, "invalid_argument")  # the configuration, on this system
         self._graph = g
+        await g.hold_clock()
         # Before anything is served: nothing a dead daemon left may stay `running`.
         await g.runner.recover()
         node = cluster.node if cluster is not None else None
@@ -127,6 +128,7 @@ class Daemon:
             await g.runner.shutdown()
             with contextlib.suppress(ToolError):  # the store has logged why
                 await g.stores.audit.close()  # counts of refused calls still in memory
+            g.workers.notices.close()
             if node is not None:
                 await node.close()
 

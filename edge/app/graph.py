@@ -18,7 +18,8 @@ import msgspec
 from edge.app.config import Config, default_zone, run_timezone
 from edge.app.home import StartupError, private_dir
 from edge.core.auth import AuditBounds
-from edge.core.clock import LoopTimers, SystemClock
+from edge.core.clock import EPOCH_FLOOR_MS, LoopTimers, SteadyClock, SystemClock
+from edge.core.notices import Notices
 from edge.core.ports.runtime import Clock, RunController
 from edge.core.ports.stores import (
     AuditLog,
@@ -48,9 +49,8 @@ from edge.storage.sqlite.runs import SqliteRunStore
 from edge.storage.sqlite.security import SqliteAuditLog, SqliteAuditReader, SqliteCredentialStore, SqliteSecretStore
 from edge.storage.sqlite.tasks import SqliteTaskStore
 from edge.storage.sqlite.triggers import SqliteTriggerStore
-from edge.tools.ai import log_excerpt, projections, task_runs_compare
-from edge.tools.ai import runs as ai_runs
-from edge.tools.builtin import backup, credentials, secrets, status, tasks, triggers
+from edge.tools.ai import log_excerpt, projections, runs, task_runs_compare
+from edge.tools.builtin import backup, credentials, status, tasks, triggers
 from edge.tools.builtin import runs as run_tools
 from edge.tools.chain import Authenticator, Chain
 from edge.tools.context import Services
@@ -100,18 +100,6 @@ class DaemonFacts:
 
 
 # -- builders -----------------------------------------------------------------------
-
-
-def builtin_tools() -> list[Tool]:
-    """The `qledge.*` management tools the CLI uses."""
-    return [*tasks.TOOLS, *triggers.TOOLS, *run_tools.TOOLS, *credentials.TOOLS, *secrets.TOOLS, *status.TOOLS,
-            *backup.TOOLS]
-
-
-def ai_tools() -> list[Tool]:
-    """The `qinglong.*` read tools offered to AI clients."""
-    return [*projections.TOOLS, *ai_runs.TOOLS, *task_runs_compare.TOOLS, *log_excerpt.TOOLS]
-
 
 
 class Stores(msgspec.Struct, frozen=True, kw_only=True):
@@ -178,7 +166,8 @@ def task_users(config: Config, home: str) -> SystemUsers:
 
 
 class Workers(msgspec.Struct, frozen=True, kw_only=True):
-    """What runs in the background: the runner and the scheduler that feeds it. `controller`
+    """What runs in the background: the runner and the scheduler that feeds it, and the
+    system-log lines both write about runs and fires (one rate limit per task). `controller`
     is the runner as tools and the scheduler see it: the runner itself, or on a cluster
     node the cluster's runner, which hands runs to whichever node claims them."""
 
@@ -187,19 +176,34 @@ class Workers(msgspec.Struct, frozen=True, kw_only=True):
     settings: RunnerSettings
     controller: RunController
     users: SystemUsers
+    notices: Notices
 
 
 def build_workers(
     config: Config, home: str, stores: Stores, clock: Clock,
-    distribute: Callable[[Runner], RunController] | None = None,
+    distribute: Callable[[Runner, Notices], RunController] | None = None, wall: Clock | None = None,
 ) -> Workers:
+    """`clock` stamps what the runner records; the scheduler plans fires on `wall` (the
+    wall clock itself, which it holds on while that is behind; default: `clock`)."""
     settings = runner_settings(config, home)
     users = task_users(config, home)
+    notices = Notices(clock, LoopTimers())
     runner = Runner(runs=stores.runs, tasks=stores.tasks, admission=stores.admission, secrets=stores.secrets,
-                    logs=stores.logs, clock=clock, settings=settings, users=users)
-    controller = runner if distribute is None else distribute(runner)
-    scheduler = Scheduler(stores.admission, stores.runs, controller, clock, config.project)
-    return Workers(runner=runner, scheduler=scheduler, settings=settings, controller=controller, users=users)
+                    logs=stores.logs, clock=clock, settings=settings, users=users, notices=notices)
+    controller = runner if distribute is None else distribute(runner, notices)
+    scheduler = Scheduler(stores.admission, stores.runs, controller, wall or clock, config.project, notices=notices)
+    return Workers(runner=runner, scheduler=scheduler, settings=settings, controller=controller, users=users,
+                   notices=notices)
+
+
+def builtin_tools() -> list[Tool]:
+    """The `qledge.*` management tools the CLI uses."""
+    return [*tasks.TOOLS, *triggers.TOOLS, *run_tools.TOOLS, *credentials.TOOLS, *status.TOOLS, *backup.TOOLS]
+
+
+def ai_tools() -> list[Tool]:
+    """The `qinglong.*` read tools offered to AI clients."""
+    return [*projections.TOOLS, *runs.TOOLS, *task_runs_compare.TOOLS, *log_excerpt.TOOLS]
 
 
 def trigger_zone(configured: str | None) -> str:
@@ -333,11 +337,11 @@ class Cluster:
             triggers=pg.triggers, admission=pg.admission, credentials=pg.credentials, secrets=pg.secrets,
             audit=pg.audit, audit_reader=pg.audit_reader, readers=pg.readers, counts=pg.counts)
 
-    def distribute(self, runner: Runner) -> RunController:
+    def distribute(self, runner: Runner, notices: Notices) -> RunController:
         from edge.storage.postgres.cluster import PgCluster
 
         assert isinstance(self._adapters, PgCluster)
-        self.node, controller = self._adapters.runtime(runner)
+        self.node, controller = self._adapters.runtime(runner, notices)
         return controller
 
     async def close(self) -> None:
@@ -361,8 +365,8 @@ def default_node_id(home: str) -> str:
 
 
 class Graph:
-    """Everything the daemon runs. Start: runner recovery → cluster node → scheduler →
-    listeners."""
+    """Everything the daemon runs. Start: `hold_clock` → runner recovery → cluster node →
+    scheduler → listeners."""
 
     def __init__(
         self, config: Config, home: str, socket_path: str, loop: str, db: Database | None, pepper: bytes,
@@ -374,10 +378,19 @@ class Graph:
         else:
             assert db is not None
             self.stores = build_stores(db, config, home)
-        clock = clock or SystemClock()
+        wall = clock or SystemClock()
+        self._project = config.project
         self.cluster = cluster
-        self.workers = build_workers(config, home, self.stores, clock, cluster.distribute if cluster else None)
-        self.facts = DaemonFacts(self.stores.location, loop, clock, self.stores.counts, self.workers.settings,
+        # Records are stamped on the steady clock; the scheduler alone reads the wall clock
+        # (on a cluster node, PostgreSQL's).
+        self.stamps = SteadyClock(wall)
+        if cluster is None:
+            # Not on a cluster node: every node holds on its own, from the newest time it
+            # saw, so the ranges they would move overlap; their stamps keep their order.
+            self.stamps.on_jump = self._clock_jumped
+        self.workers = build_workers(config, home, self.stores, self.stamps, cluster.distribute if cluster else None,
+                                     wall)
+        self.facts = DaemonFacts(self.stores.location, loop, self.stamps, self.stores.counts, self.workers.settings,
                                  config.runner.work_dir)
         self.facts.add_extra(self.workers.scheduler.status)
         if cluster is not None and cluster.node is not None:
@@ -388,9 +401,19 @@ class Graph:
         if ballast is not None:
             self.facts.add_extra(lambda: {"disk": _disk_line(ballast)})
         registry = Registry([*builtin_tools(), *ai_tools()])
-        services = build_services(config, self.stores, self.workers, self.facts, registry, pepper, clock)
+        services = build_services(config, self.stores, self.workers, self.facts, registry, pepper, self.stamps)
         self.chain = build_chain(config, services, registry)
         self.listeners = build_listeners(config, home, socket_path, self.chain, self.facts)
+
+    async def hold_clock(self) -> None:
+        """Before anything is stamped: while the wall clock is behind the newest time on
+        record (or EPOCH_FLOOR_MS), stamps count on from that time."""
+        newest = await self.stores.admission.newest_time(self._project)
+        self.stamps.hold_from(max(newest, EPOCH_FLOOR_MS))
+
+    def _clock_jumped(self, after_ms: int, upto_ms: int, shift_ms: int) -> None:
+        # Called inside the stamp that saw the jump, before that stamp's write is queued.
+        self.stores.admission.restamp(after_ms, upto_ms, shift_ms)
 
     @property
     def runner(self) -> Runner:

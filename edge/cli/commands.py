@@ -20,7 +20,7 @@ from edge.core.tasks import DEFAULT_TIMEOUT_MS, ArgvCommand, Command, SecretRef,
 from edge.tools.builtin import backup as backup_tools
 from edge.tools.builtin import credentials as credential_tools
 from edge.tools.builtin import runs as run_tools
-from edge.tools.builtin import secrets as secret_tools
+from edge.tools.builtin import credentials as secret_tools
 from edge.tools.builtin import status as status_tools
 from edge.tools.builtin import tasks as task_tools
 from edge.tools.definition import Empty
@@ -344,6 +344,8 @@ def _status_fields(s: status_tools.Status) -> None:
         ("project", s.project),
         ("tasks", f"{counts.tasks} tasks, {counts.triggers} triggers, {counts.credentials} credentials"),
         ("runs", f"{counts.runs} stored, {counts.active_runs} active"),
+        ("written", f"{render.size(s.written_bytes)} since start, about {render.size(s.written_bytes_per_day)} a day"
+                    " at this rate"),
         *sorted(s.extra.items()),
     ])
 

@@ -46,7 +46,7 @@ def report(code: str, message: str, as_json: bool) -> None:
 
 
 def _without_openssl_hashes() -> None:
-    """The command modules import the tool modules, whose edge.core.tasks imports hashlib.
+    """The command modules reach hashlib (edge.core.imports, through the import commands).
     Nothing the CLI runs needs OpenSSL's hashes: use CPython's builtin ones rather than map
     libcrypto (~3.5 MiB), as the daemon does (edge.app.lean.restrict_imports)."""
     if "hashlib" not in sys.modules and "hmac" not in sys.modules:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Literal
 import msgspec
 
 from edge.core.errors import ToolError
+from edge.core.ids import digests_equal, hmac_sha256
 
 if TYPE_CHECKING:
     from edge.core.ports.runtime import Timers
@@ -167,18 +168,11 @@ def parse_token(token: str) -> tuple[str, str] | None:
 
 
 def token_digest(pepper: bytes, secret: str) -> bytes:
-    # hashlib and hmac load with the first token: a daemon called only by its owners' uids
-    # never needs them (hashlib without OpenSSL loads every builtin hash module it has).
-    import hashlib
-    import hmac
-
-    return hmac.new(pepper, secret.encode(), hashlib.sha256).digest()
+    return hmac_sha256(pepper, secret.encode())
 
 
 def digest_matches(expected: bytes, pepper: bytes, secret: str) -> bool:
-    import hmac
-
-    return hmac.compare_digest(expected, token_digest(pepper, secret))
+    return digests_equal(expected, token_digest(pepper, secret))
 
 
 # -- audit ---------------------------------------------------------------------------

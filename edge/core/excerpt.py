@@ -5,8 +5,8 @@ Three steps, in order:
    line is dropped, as it may be cut (a secret's name may be cut off while its value is
    not); an incomplete UTF-8 sequence at the end is left out; the rest decodes with U+FFFD
    for invalid bytes.
-2. `normalize`: CRLF → LF; C0 (except TAB and LF), DEL, C1, zero-width and bidi controls
-   → U+FFFD, so the text cannot hide or reorder what a reader sees.
+2. `normalize` (edge.core.text): CRLF → LF; C0 (except TAB and LF), DEL, C1, zero-width
+   and bidi controls → U+FFFD, so the text cannot hide or reorder what a reader sees.
 3. `redact` masks credentials and configured secret values (edge.core.redaction, the same
    rules the run-log sink applies); `injection_signals` flags text that tries to instruct
    whoever reads it.
@@ -21,9 +21,10 @@ import functools
 import re
 from typing import NamedTuple
 
+from edge.core.text import normalize
+
 WINDOW_BYTES = 4096
 
-_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
 _WHITESPACE = re.compile(rb"[ \t\r]")
 
 
@@ -45,10 +46,6 @@ def window_text(data: bytes, start: int) -> Window:
     text = decoder.decode(data, final=False)
     pending = len(decoder.getstate()[0])  # an incomplete character at the end: not ours to guess
     return Window(text, start, start + len(data) - pending)
-
-
-def normalize(text: str) -> str:
-    return _CONTROLS.sub("\ufffd", text.replace("\r\n", "\n"))
 
 
 # -- redaction (the rules live in edge.core.redaction, shared with the run-log sink) ----

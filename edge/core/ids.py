@@ -1,10 +1,68 @@
-"""Time-sortable identifiers (UUIDv7 text) and credential tokens."""
+"""Time-sortable identifiers (UUIDv7 text), credential tokens, SHA-256 digests and the
+jitter's random fraction.
+
+The digests use CPython's own SHA-256 module directly (the one hashlib falls back to
+without OpenSSL, which the daemon never maps): hashlib, hmac, secrets and random would
+load and map their other hash, base64 and zlib modules, about 0.4 MiB of the daemon's
+memory for nothing it uses."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import threading
 import time
+from _operator import _compare_digest
+from collections.abc import Callable
+from typing import Protocol, cast
+
+
+class _Hash(Protocol):
+    def digest(self) -> bytes: ...
+    def hexdigest(self) -> str: ...
+
+
+def _builtin_sha256() -> Callable[[bytes], _Hash]:
+    for name in ("_sha2", "_sha256"):  # CPython 3.12 and later, 3.11
+        try:
+            return cast(Callable[[bytes], _Hash], importlib.import_module(name).sha256)
+        except (ImportError, AttributeError):
+            continue
+    import hashlib  # another interpreter: the usual way
+
+    return hashlib.sha256
+
+
+sha256 = _builtin_sha256()
+
+
+def digests_equal(a: bytes, b: bytes) -> bool:
+    """In constant time, as hmac.compare_digest (which is this without OpenSSL)."""
+    return _compare_digest(a, b)
+
+
+_BLOCK = 64  # SHA-256's block size
+_INNER = bytes(b ^ 0x36 for b in range(256))
+_OUTER = bytes(b ^ 0x5C for b in range(256))
+
+
+def hmac_sha256(key: bytes, message: bytes) -> bytes:
+    """HMAC-SHA256 (RFC 2104), as hmac.new(key, message, hashlib.sha256).digest()."""
+    if len(key) > _BLOCK:
+        key = sha256(key).digest()
+    key = key.ljust(_BLOCK, b"\0")
+    inner = sha256(key.translate(_INNER) + message).digest()
+    return sha256(key.translate(_OUTER) + inner).digest()
+
+
+def token_hex(nbytes: int) -> str:
+    """As secrets.token_hex: `nbytes` from the kernel's CSPRNG, as hex."""
+    return os.urandom(nbytes).hex()
+
+
+def random_fraction() -> float:
+    """A uniform float in [0, 1) from 53 random bits, as random.random() (for jitter)."""
+    return (int.from_bytes(os.urandom(7), "big") >> 3) / (1 << 53)
 
 _lock = threading.Lock()
 _last_ms = 0

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 from typing import Annotated, Literal
 
 import msgspec
 
 from edge.core.errors import ToolError, conflict
+from edge.core.ids import sha256
 from edge.core.schedule import Misfire
 from edge.core.text import Account, EnvName, Label, Name
 
@@ -125,7 +125,7 @@ _canonical = msgspec.json.Encoder(order="sorted")
 
 def content_digest(spec: msgspec.Struct) -> str:
     """SHA-256 of the canonical JSON of a spec: equal specs, equal digests."""
-    return "sha256:" + hashlib.sha256(_canonical.encode(spec)).hexdigest()
+    return "sha256:" + sha256(_canonical.encode(spec)).hexdigest()
 
 
 # -- imports (crond, qinglong): the shapes the daemon stores; the planning is edge.core.imports

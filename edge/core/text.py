@@ -6,6 +6,7 @@ and the error message names the offending field.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 import msgspec
@@ -39,3 +40,13 @@ LongTaskId = Annotated[str, msgspec.Meta(min_length=1, max_length=255, pattern=S
 PageLimit = Annotated[int, msgspec.Meta(ge=1, le=64)]
 Millis = Annotated[int, msgspec.Meta(ge=0, le=MAX_SAFE_INT)]
 Revision = Annotated[int, msgspec.Meta(ge=1, le=MAX_SAFE_INT)]
+
+
+# C0 (except TAB and LF), DEL, C1, zero-width and bidi controls.
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+
+
+def normalize(text: str) -> str:
+    """CRLF → LF, and every control above → U+FFFD: text that cannot hide or reorder what a
+    reader sees (log excerpts, and names shown to AI clients)."""
+    return _CONTROLS.sub("\ufffd", text.replace("\r\n", "\n"))

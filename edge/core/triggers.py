@@ -60,10 +60,22 @@ class TriggerEvent(msgspec.Struct, rename="camel"):
     created_at_ms: int
 
 
+class SkippedFires(msgspec.Struct, frozen=True):
+    """Fires of one admission that did not become runs, with one outcome."""
+
+    task_id: str
+    type: EventType
+    reason: SkipReason
+    first_ms: int
+    last_ms: int | None
+    fires: int | None  # None: more than could be counted
+
+
 class Admission(msgspec.Struct):
     """The outcome of one admission transaction."""
 
     runs: list[Run] = []  # admitted and queued: hand them to the runner
+    skipped: list[SkippedFires] = []  # recorded as trigger events, in fire order
     cancel: list[str] = []  # active runs the new ones replace (overlap `replace`)
     cursor: int | None = None  # the trigger's next fire; None: not armed any more
     gone: bool = False  # the trigger was deleted

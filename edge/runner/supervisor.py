@@ -12,8 +12,10 @@ import signal
 
 import msgspec
 
+from edge.core.clock import LoopTimers
 from edge.core.errors import ToolError, conflict, not_found
 from edge.core.handoff import Background, shielded
+from edge.core.notices import Notices, run_finished
 from edge.core.ports.runtime import Clock, TaskUsers
 from edge.core.ports.stores import LogWriter, RunAdmission, RunLogFiles, RunStore, SecretStore, TaskStore
 from edge.core.runs import ActorType, Run, RunProcess, RunStatus, RunUpdate, exit_text, summary
@@ -24,6 +26,10 @@ log = logging.getLogger("qledge.runner")
 
 PIPE_CHUNK = 64 * 1024
 DRAIN_AFTER_EXIT_S = 2.0  # a backgrounded grandchild may hold the pipe open
+# A run that ends sooner has its start recorded with its end, in one write instead of two
+# (flash wear); one still going by then is recorded `running` with its process. Should the
+# daemon die meanwhile, recovery finds the run's processes by its id in their environment.
+RECORD_RUNNING_AFTER_S = 1.0
 
 
 class RunnerSettings(msgspec.Struct, kw_only=True):
@@ -44,7 +50,7 @@ MAX_FOLLOWERS = 64
 
 
 class _Job:
-    __slots__ = ("run", "task", "proc", "cancel_reason", "done", "started", "chunks", "_grew")
+    __slots__ = ("run", "task", "proc", "cancel_reason", "done", "started", "unrecorded_start", "chunks", "_grew")
 
     def __init__(self, run: Run) -> None:
         self.run = run
@@ -53,6 +59,7 @@ class _Job:
         self.cancel_reason: str | None = None
         self.done = asyncio.Event()
         self.started = False
+        self.unrecorded_start: RunUpdate | None = None  # the process runs; `running` is not stored yet
         self.chunks = 0  # output chunks written to the log so far (output_mark)
         self._grew: asyncio.Event | None = None  # exists only while someone follows the log
 
@@ -74,7 +81,7 @@ class _Job:
 class Runner:
     def __init__(
         self, *, runs: RunStore, tasks: TaskStore, admission: RunAdmission, secrets: SecretStore, logs: RunLogFiles,
-        clock: Clock, settings: RunnerSettings, users: TaskUsers,
+        clock: Clock, settings: RunnerSettings, users: TaskUsers, notices: Notices | None = None,
     ) -> None:
         self._runs = runs
         self._tasks = tasks
@@ -84,6 +91,7 @@ class Runner:
         self._clock = clock
         self._settings = settings
         self._users = users
+        self._notices = notices or Notices(clock, LoopTimers())
         self._slots = asyncio.Semaphore(settings.concurrency)
         self._following = 0  # output_mark calls waiting now (MAX_FOLLOWERS)
         self._jobs: dict[str, _Job] = {}
@@ -117,10 +125,12 @@ class Runner:
             if run.terminal:
                 raise conflict(f"run {run_id} already finished ({run.status})")
             # Active in storage but not ours (e.g. admitted but not yet submitted).
-            return await self._runs.transition(
+            cancelled = await self._runs.transition(
                 run.id, run.version, "cancelled", self._clock.now_ms(), "user",
                 RunUpdate(finished_at_ms=self._clock.now_ms(), error_summary=f"cancelled: {reason}"), reason,
             )
+            self._finished(cancelled, reason)
+            return cancelled
         self._request_cancel(job, reason)
         await job.done.wait()
         final = await self._runs.get(project, run_id)
@@ -181,6 +191,7 @@ class Runner:
         the grace period; runs are still recorded."""
         self._forced = True
         for job in list(self._jobs.values()):
+            job.cancel_reason = job.cancel_reason or "shutdown"  # killed by us, not failed
             if job.proc is not None:
                 process.signal_group(job.proc.pid, signal.SIGKILL)
 
@@ -207,11 +218,12 @@ class Runner:
             else:
                 detail = "no process was left" if proc.pid else "it had not started"
             now = self._clock.now_ms()
-            await self._runs.transition(run.id, run.version, "lost", now, "system", RunUpdate(
+            lost = await self._runs.transition(run.id, run.version, "lost", now, "system", RunUpdate(
                 finished_at_ms=now, error_code="daemon_lost", log_bytes=size, log_truncated=truncated,
                 error_summary=f"the daemon stopped while this run was {run.status}; {detail}",
             ), detail)
             log.warning("run %s was left %s by a daemon that stopped: %s", run.id, run.status, detail)
+            self._finished(lost)
         except (ToolError, OSError) as exc:
             log.error("run %s could not be reconciled: %s", run.id, exc)
 
@@ -311,19 +323,18 @@ class Runner:
             return
         job.proc = proc
         now = self._clock.now_ms()
-        job.run = await self._runs.transition(
-            run.id, run.version, "running", now, "runner",
-            RunUpdate(started_at_ms=now, pid=proc.pid, pid_start_ticks=process.start_ticks(proc.pid)),
-        )
+        job.unrecorded_start = RunUpdate(started_at_ms=now, pid=proc.pid, pid_start_ticks=process.start_ticks(proc.pid))
         if job.cancel_reason is not None:  # cancelled while spawning
             self._background.spawn(process.stop_group(proc, self._grace_s()), f"stop-{run.id}")
         pump = asyncio.create_task(_pump(proc, sink, job))
-        try:
-            async with asyncio.timeout(task.spec.timeout_ms / 1000):
-                await proc.wait()
-        except TimeoutError:
-            job.cancel_reason = job.cancel_reason or "timeout"
-            await process.stop_group(proc, self._grace_s())
+        loop = asyncio.get_running_loop()
+        timeout_s, begun = task.spec.timeout_ms / 1000, loop.time()
+        if not await _exits_within(proc, min(RECORD_RUNNING_AFTER_S, timeout_s)):
+            start, job.unrecorded_start = job.unrecorded_start, None
+            job.run = await self._runs.transition(run.id, run.version, "running", now, "runner", start)
+            if not await _exits_within(proc, timeout_s - (loop.time() - begun)):
+                job.cancel_reason = job.cancel_reason or "timeout"
+                await process.stop_group(proc, self._grace_s())
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(DRAIN_AFTER_EXIT_S):
                 await asyncio.shield(pump)
@@ -387,17 +398,31 @@ class Runner:
         detail = job.cancel_reason if status == "cancelled" else None
         # The runner owns its active runs, so the version it holds is normally current;
         # only when another writer got there first is the row read again.
-        current = job.run
+        current, started = job.run, job.unrecorded_start
         try:
-            job.run = await self._runs.transition(current.id, current.version, status, now, "runner", update, detail)
-            return
+            job.run = await self._runs.transition(
+                current.id, current.version, status, now, "runner", update, detail, started)
         except ToolError as exc:
             if exc.code != "conflict":
                 raise
-        latest = await self._runs.get(current.project_id, current.id)
-        if latest is None or latest.terminal:
-            return
-        job.run = await self._runs.transition(latest.id, latest.version, status, now, "runner", update, detail)
+            latest = await self._runs.get(current.project_id, current.id)
+            if latest is None or latest.terminal:
+                return
+            job.run = await self._runs.transition(latest.id, latest.version, status, now, "runner", update, detail,
+                                                  started if latest.status == "queued" else None)
+        job.unrecorded_start = None
+        self._finished(job.run, job.cancel_reason)
+
+    def _finished(self, run: Run, reason: str | None = None) -> None:
+        level, line = run_finished(run, reason)
+        self._notices.say(log, run.task_id, level, line, run.status)
+
+
+async def _exits_within(proc: asyncio.subprocess.Process, seconds: float) -> bool:
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(max(0.0, seconds)):
+            await proc.wait()
+    return proc.returncode is not None
 
 
 async def _pump(proc: asyncio.subprocess.Process, sink: LogWriter, job: _Job) -> None:

@@ -17,16 +17,17 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from edge.core.clock import LoopTimers
+from edge.core.clock import EPOCH_FLOOR_MS, LoopTimers
 from edge.core.errors import ToolError
 from edge.core.handoff import Background, shielded
-from edge.core.ids import uuid7
+from edge.core.ids import random_fraction, uuid7
+from edge.core.notices import Notices, fires_skipped, more_fires_skipped
 from edge.core.ports.runtime import Clock, RunExecutor, Sleeper, TimerHandle, Timers
 from edge.core.tasks import ImportedTask, ImportTask
 from edge.core.ports.stores import RunAdmission, RunStore, TaskStore, TriggerStore
 from edge.core.runs import Run
 from edge.core.schedule import GRACE_MS
-from edge.core.triggers import Admission, CronSpec, Trigger, TriggerEvent
+from edge.core.triggers import Admission, CronSpec, SkippedFires, Trigger, TriggerEvent
 
 log = logging.getLogger("qledge.scheduler")
 
@@ -84,12 +85,15 @@ def _local(ms: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(ms / 1000))
 
 
-def _uniform() -> float:
-    """random.random, imported with the first jittered fire: the module and its state cost
-    an idle daemon about 0.3 MiB, and most triggers have no jitter."""
-    import random
+class _Streak:
+    """Consecutive fires of a trigger with one outcome: the first had its line."""
 
-    return random.random()
+    __slots__ = ("first", "last", "more")
+
+    def __init__(self, first: SkippedFires) -> None:
+        self.first = first
+        self.last = first
+        self.more: int | None = 0  # fires since the first; None: too many to count
 
 
 class Scheduler:
@@ -103,9 +107,10 @@ class Scheduler:
         *,
         sleeper: Sleeper | None = None,
         timers: Timers | None = None,
-        rng: Callable[[], float] | None = None,
+        rng: Callable[[], float] = random_fraction,
         grace_ms: int = GRACE_MS,
         boot_id_path: str = BOOT_ID_PATH,
+        notices: Notices | None = None,
     ) -> None:
         self._store = admission
         self._runs = runs
@@ -114,9 +119,11 @@ class Scheduler:
         self._project = project
         self._sleeper = sleeper or Waker()
         self._timers = timers or LoopTimers()
-        self._rng = rng or _uniform
+        self._rng = rng
         self._grace_ms = grace_ms
         self._boot_id_path = boot_id_path
+        self._notices = notices or Notices(clock, self._timers)
+        self._streaks: dict[str, _Streak] = {}  # trigger id → fires skipped in a row
         self._heap: list[tuple[int, str]] = []
         self._reload = True
         self._newest = 0
@@ -137,8 +144,9 @@ class Scheduler:
 
     async def load(self) -> None:
         """Read the clock mark and, on the first start of a boot, arm the `@reboot`
-        triggers; the heap is read by the first tick."""
-        self._newest = await self._store.newest_time(self._project)
+        triggers; the heap is read by the first tick. A wall clock before EPOCH_FLOOR_MS
+        was never set, even on a fresh database."""
+        self._newest = max(EPOCH_FLOOR_MS, await self._store.newest_time(self._project))
         now = self._clock.now_ms()
         self._saved_at = now
         boot_id = read_boot_id(self._boot_id_path)
@@ -165,6 +173,8 @@ class Scheduler:
             with contextlib.suppress(ToolError):
                 await self._runner.cancel(self._project, run_id, "shutdown")
         self._pending.clear()
+        for trigger_id in list(self._streaks):
+            self._end_streak(trigger_id)
         with contextlib.suppress(ToolError):
             await self._store.save_time(self._newest)
 
@@ -227,6 +237,7 @@ class Scheduler:
         self._apply(trigger_id, admission, now)
 
     def _apply(self, trigger_id: str, admission: Admission, now: int) -> None:
+        self._announce(trigger_id, admission)
         if admission.gone:
             return
         if admission.cursor is not None:  # else disabled or never firing again (a spent @reboot, @once): off the heap
@@ -263,6 +274,36 @@ class Scheduler:
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         self._background.spawn(coro)
+
+    # -- the system log -------------------------------------------------------------
+
+    def _announce(self, trigger_id: str, admission: Admission) -> None:
+        """A line for the first of consecutive fires with one outcome; the others are
+        counted and said in one line when that streak ends (a run is admitted, the outcome
+        changes, the scheduler stops)."""
+        order: list[tuple[int, SkippedFires | None]] = [(s.first_ms, s) for s in admission.skipped]
+        order += [(r.scheduled_for_ms or 0, None) for r in admission.runs]
+        for _, fires in sorted(order, key=lambda item: item[0]):
+            if fires is None:
+                self._end_streak(trigger_id)
+                continue
+            streak = self._streaks.get(trigger_id)
+            if streak is not None and (streak.first.type, streak.first.reason) == (fires.type, fires.reason):
+                if streak.last.last_ms is None or fires.first_ms > streak.last.last_ms:  # not a retry of one fire
+                    streak.more = None if streak.more is None or fires.fires is None else streak.more + fires.fires
+                    streak.last = fires
+                continue
+            self._end_streak(trigger_id)
+            self._say(*fires_skipped(trigger_id, fires), fires)
+            self._streaks[trigger_id] = _Streak(fires)
+
+    def _end_streak(self, trigger_id: str) -> None:
+        streak = self._streaks.pop(trigger_id, None)
+        if streak is not None and streak.more != 0:
+            self._say(*more_fires_skipped(trigger_id, streak.last, streak.more), streak.last)
+
+    def _say(self, level: int, line: str, fires: SkippedFires) -> None:
+        self._notices.say(log, fires.task_id, level, line, f"{fires.type} ({fires.reason})")
 
     # -- status -------------------------------------------------------------------
 

@@ -33,10 +33,10 @@ class RunClaims(Protocol):
         never renewed: its run is lost)."""
         ...
 
-    async def reap(self) -> list[str]:
+    async def reap(self) -> list[Run]:
         """Record `lost` (error code `lease_expired`, a `run.lost` event) every active run
         whose lease has expired (a claimed run, or one for a single node that did not claim
-        it in time), at most a bounded batch; returns their ids. Never re-runs."""
+        it in time), at most a bounded batch; returns them as recorded. Never re-runs."""
         ...
 
     async def request_cancel(self, project: str, run_id: str, reason: str) -> bool:

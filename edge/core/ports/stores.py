@@ -97,10 +97,13 @@ class RunStore(Protocol):
 
     async def transition(
         self, run_id: str, expected_version: int, status: RunStatus, now_ms: int, actor: ActorType,
-        update: RunUpdate, detail: str | None = None,
+        update: RunUpdate, detail: str | None = None, started: RunUpdate | None = None,
     ) -> Run:
         """Compare-and-set on `expected_version`: set `status` and the columns `update`
-        names, append the `run.<status>` event. A run that reaches a terminal status also
+        names, append the `run.<status>` event. `started` (for a queued run whose start
+        was not recorded yet): first record `running` by the runner at
+        `started.started_at_ms` with the columns it names, in the same transaction, so
+        a quick run costs one write instead of two. A run that reaches a terminal status also
         applies retention in that transaction (runs per task, age, log quota; bounded per
         write) and, after the commit, removes the logs of the runs it deleted. Raises
         not_found, or conflict when the version moved or the transition is not allowed.
@@ -243,6 +246,14 @@ class RunAdmission(Protocol):
         """Raise the clock mark to `now_ms` (never lowers it)."""
         ...
 
+    def restamp(self, after_ms: int, upto_ms: int, shift_ms: int) -> None:
+        """The clock jumped: add `shift_ms` to every time in (after_ms, upto_ms] of runs,
+        their events and the audit log, and raise the clock mark to match, in one
+        transaction that storage runs before any call made after this one (so no write
+        stamped after the jump, age retention included, comes first). Never raises; a
+        storage fault is logged."""
+        ...
+
 
 # -- security -----------------------------------------------------------------------
 
@@ -302,8 +313,9 @@ class AuditLog(Protocol):
     (`record.change`), and refused calls (outcome denied or unauthenticated)."""
 
     async def append(self, record: AuditRecord) -> None:
-        """Record one call, trimming the oldest rows of its class (bounded per write) to
-        that class's row limit and the age limit.
+        """Record one call, trimming the oldest rows of its class (bounded per write) to at
+        most that class's row limit (an adapter may trim in batches below it) and the age
+        limit.
 
         An allowed call is durable when this returns. A refused call is aggregated: one row
         per project, principal, cause (`reasons[0]`), outcome, transport and minute, with a

@@ -19,17 +19,21 @@ it (key `boot:<trigger>:<boot id>`), and the run is for that node alone (`for_no
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from edge.core.errors import ToolError, conflict, not_found
 from edge.core.ids import uuid7
+from edge.core.notices import run_finished
 from edge.core.runs import ActorType, Run
 from edge.core.schedule import ONCE, REBOOT, ScheduleError, plan
 from edge.core.tasks import Task
-from edge.core.triggers import Admission, ManualAdmission, Trigger
+from edge.core.triggers import Admission, EventType, ManualAdmission, SkippedFires, SkipReason, Trigger
 from edge.storage.postgres import catalog
 from edge.storage.postgres.db import PgDatabase, Tx
 from edge.storage.postgres.runs import get_run, insert_run, lose_untaken
+
+log = logging.getLogger("qledge.cluster")
 
 GATE_LOCK = 0x71_6C_65_67  # serializes the overlap and queue checks of every node, per transaction
 
@@ -95,7 +99,7 @@ class Bound:
 
 
 async def _gate(tx: Tx, project: str, task_id: str, overlap: str, bound: Bound,
-                replacing: list[str]) -> tuple[str | None, str | None]:
+                replacing: list[str]) -> tuple[SkipReason | None, str | None]:
     active = [r for (r,) in await tx.rows(SQL_ACTIVE_FOR_TASK, (project, task_id)) if r not in replacing]
     if active and overlap == "forbid":
         return "overlap", active[0]
@@ -138,9 +142,11 @@ async def _admit_fires(
     try:
         schedule = trig.spec.schedule()
     except ScheduleError:
-        await catalog.record_event(tx, project, trig.id, "refused", "timezone_unavailable", trig.next_fire_at_ms,
-                                   trig.next_fire_at_ms, 1, now, trig.last_scheduled_at_ms)
-        return Admission(cursor=trig.next_fire_at_ms, retry=True)
+        due = trig.next_fire_at_ms
+        await catalog.record_event(tx, project, trig.id, "refused", "timezone_unavailable", due, due, 1, now,
+                                   trig.last_scheduled_at_ms)
+        refused = SkippedFires(trig.task_id, "refused", "timezone_unavailable", due, due, 1)
+        return Admission(cursor=due, retry=True, skipped=[refused])
     if schedule.event == ONCE:
         if now < trig.next_fire_at_ms:
             return Admission(cursor=trig.next_fire_at_ms)  # not due yet (the clock went back)
@@ -151,20 +157,24 @@ async def _admit_fires(
             await tx.execute(SQL_MOVE_CURSOR, (todo.cursor, trig.last_scheduled_at_ms, project, trig.id))
         return Admission(cursor=todo.cursor)
     last_admitted = trig.last_scheduled_at_ms
+    # What this transaction records, for the system log of the node that recorded it.
+    skipped: list[SkippedFires] = []
     if todo.missed is not None:
         m = todo.missed
         await catalog.record_event(tx, project, trig.id, "skipped", "misfire", m.first_ms, m.last_ms, m.fires, now,
                                    last_admitted)
+        skipped.append(SkippedFires(trig.task_id, "skipped", "misfire", m.first_ms, m.last_ms, m.fires))
     await tx.execute("SELECT pg_advisory_xact_lock(%s)", (GATE_LOCK,))
     enabled, overlap = await tx.one(SQL_PINNED_TASK, (project, trig.task_id, trig.task_revision))
     admitted: list[Run] = []
     replacing: list[str] = []
     for fire, origin in todo.admit:
-        reason = "task_disabled" if not enabled else (
+        reason: SkipReason | None = "task_disabled" if not enabled else (
             await _gate(tx, project, trig.task_id, overlap, bound, replacing))[0]
         if reason is not None:
-            kind = "refused" if reason == "queue_full" else "skipped"
+            kind: EventType = "refused" if reason == "queue_full" else "skipped"
             await catalog.record_event(tx, project, trig.id, kind, reason, fire, fire, 1, now, last_admitted)
+            skipped.append(SkippedFires(trig.task_id, kind, reason, fire, fire, 1))
             continue
         key = f"cron:{trig.id}:{trig.revision}:{fire}"
         if await tx.row(SQL_BY_KEY, (key,)) is not None:
@@ -181,7 +191,7 @@ async def _admit_fires(
     await tx.execute(SQL_SAVE_TIME, (catalog.CLOCK_KEY, now))
     if admitted:
         await tx.notify("run")
-    return Admission(runs=admitted, cancel=replacing, cursor=todo.cursor)
+    return Admission(runs=admitted, cancel=replacing, cursor=todo.cursor, skipped=skipped)
 
 
 async def _admit_boot(tx: Tx, trig: Trigger, now: int, bound: Bound, rng: Callable[[], float],
@@ -199,7 +209,8 @@ async def _admit_boot(tx: Tx, trig: Trigger, now: int, bound: Bound, rng: Callab
     except ScheduleError:
         await catalog.record_event(tx, trig.project_id, trig.id, "refused", "timezone_unavailable", due, due, 1, now,
                                    trig.last_scheduled_at_ms)
-        return Admission(cursor=due, retry=True)
+        refused = SkippedFires(trig.task_id, "refused", "timezone_unavailable", due, due, 1)
+        return Admission(cursor=due, retry=True, skipped=[refused])
     if now < due:
         return Admission(cursor=due)  # not due yet (the clock went back)
     await tx.execute(SQL_DROP_BOOT_FIRE, (trig.project_id, node.node_id, trig.id))
@@ -214,12 +225,15 @@ async def _admit_event(tx: Tx, trig: Trigger, key: str, now: int, bound: Bound, 
     await tx.execute("SELECT pg_advisory_xact_lock(%s)", (GATE_LOCK,))
     enabled, overlap = await tx.one(SQL_PINNED_TASK, (project, trig.task_id, trig.task_revision))
     replacing: list[str] = []
-    reason = "task_disabled" if not enabled else (await _gate(tx, project, trig.task_id, overlap, bound, replacing))[0]
+    reason: SkipReason | None = "task_disabled" if not enabled else (
+        await _gate(tx, project, trig.task_id, overlap, bound, replacing))[0]
     admitted: list[Run] = []
+    skipped: list[SkippedFires] = []
     last_admitted = trig.last_scheduled_at_ms
     if reason is not None:
-        kind = "refused" if reason == "queue_full" else "skipped"
+        kind: EventType = "refused" if reason == "queue_full" else "skipped"
         await catalog.record_event(tx, project, trig.id, kind, reason, now, now, 1, now, last_admitted)
+        skipped.append(SkippedFires(trig.task_id, kind, reason, now, now, 1))
     elif await tx.row(SQL_BY_KEY, (key,)) is None:
         jitter = int(rng() * trig.spec.jitter_s * 1000) if trig.spec.jitter_s else None
         run = _scheduled_run(trig, now, "scheduled", now, jitter, key)
@@ -237,18 +251,19 @@ async def _admit_event(tx: Tx, trig: Trigger, key: str, now: int, bound: Bound, 
     await tx.execute(SQL_SAVE_TIME, (catalog.CLOCK_KEY, now))
     if admitted:
         await tx.notify("run")
-    return Admission(runs=admitted, cancel=replacing, cursor=None)
+    return Admission(runs=admitted, cancel=replacing, cursor=None, skipped=skipped)
 
 
-async def _arm_boot(tx: Tx, project: str, node: NodeLease, boot_id: str, at: int) -> int:
+async def _arm_boot(tx: Tx, project: str, node: NodeLease, boot_id: str, at: int) -> tuple[int, list[Run]]:
     if not await tx.rows(SQL_NEW_BOOT, (project, node.node_id, boot_id, at)):
-        return 0  # a restart of this node within the same boot
+        return 0, []  # a restart of this node within the same boot
     # Arming first: it waits (on the triggers' rows) only for admissions, before this
     # transaction holds any run an admission could wait for.
     armed = await tx.execute(SQL_ARM_REBOOTS, (node.node_id, boot_id, at, project, REBOOT))
-    if await lose_untaken(tx, project, node.node_id):
+    lost = await lose_untaken(tx, project, node.node_id)
+    if lost:
         await tx.notify("run")
-    return armed
+    return armed, lost
 
 
 async def _admit_manual(tx: Tx, task: Task, actor: ActorType, now: int, bound: Bound) -> ManualAdmission:
@@ -289,6 +304,36 @@ async def _save_time(tx: Tx, now: int) -> None:
     await tx.execute(SQL_SAVE_TIME, (catalog.CLOCK_KEY, now))
 
 
+# What age retention and run lists order by: the times of runs, their events and the audit.
+RESTAMPED = (
+    ("runs", ("created_at_ms", "queued_at_ms", "started_at_ms", "finished_at_ms", "log_dropped_at_ms")),
+    ("run_events", ("created_at_ms",)),
+    ("security_audit", ("at_ms",)),
+)
+
+
+async def restamp(tx: Tx, after: int, upto: int, shift: int) -> int:
+    """Move every time in (after, upto] of RESTAMPED by `shift` (as on SQLite); returns how
+    many runs moved."""
+    moved = 0
+    for table, columns in RESTAMPED:
+        # A NULL time stays NULL (CASE: NULL is not inside the range).
+        sets = ", ".join(f"{c} = CASE WHEN {c} > %s AND {c} <= %s THEN {c} + %s ELSE {c} END" for c in columns)
+        where = " OR ".join(f"({c} > %s AND {c} <= %s)" for c in columns)
+        params = [after, upto, shift] * len(columns) + [after, upto] * len(columns)
+        count = await tx.execute(f"UPDATE {table} SET {sets} WHERE {where}", params)
+        if table == "runs":
+            moved = count
+    await tx.execute(SQL_SAVE_TIME, (catalog.CLOCK_KEY, upto + shift))
+    return moved
+
+
+async def _restamp_logged(tx: Tx, after: int, upto: int, shift: int) -> None:
+    moved = await restamp(tx, after, upto, shift)
+    log.info("the clock was set forward by %.0fs: %d runs (with their events) and the audit rows stamped while it"
+             " was behind moved by as much", shift / 1000, moved)
+
+
 class PgAdmission:
     """RunAdmission (edge.core.ports.stores) on PostgreSQL, for node `node_id`. `own_slots`
     > 0 (a cluster node): the queue bound counts the slots of every live node instead of
@@ -314,11 +359,22 @@ class PgAdmission:
         return await self._db.tx(_admit_manual, task, actor, now_ms, self._bound)
 
     async def arm_boot(self, project: str, boot_id: str, at_ms: int) -> int:
-        """Per node: the boot on record is this node's, and so are the fires it arms."""
-        return await self._db.tx(_arm_boot, project, self._node, boot_id, at_ms)
+        """Per node: the boot on record is this node's, and so are the fires it arms. The
+        runs of the boot before that this node never took are lost, each with its line
+        (at most one per `@reboot` trigger)."""
+        armed, lost = await self._db.tx(_arm_boot, project, self._node, boot_id, at_ms)
+        for run in lost:
+            level, line = run_finished(run)
+            log.log(level, "%s", line)
+        return armed
 
     async def newest_time(self, project: str) -> int:
         return await self._db.tx(_newest_time, project)
 
     async def save_time(self, now_ms: int) -> None:
         await self._db.tx(_save_time, now_ms)
+
+    def restamp(self, after_ms: int, upto_ms: int, shift_ms: int) -> None:
+        """As on SQLite: one transaction, before any call made after this one on this node's
+        pool. (A cluster node does not call it: see edge.app.graph.Graph.)"""
+        self._db.before_next(_restamp_logged, after_ms, upto_ms, shift_ms)

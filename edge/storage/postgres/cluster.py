@@ -11,6 +11,7 @@ import msgspec
 from edge.core.auth import AuditBounds
 from edge.core.clock import LoopTimers
 from edge.core.errors import ToolError
+from edge.core.notices import Notices
 from edge.core.ports.runtime import RunController
 from edge.core.ports.stores import RunLogFiles
 from edge.storage.postgres.admission import PgAdmission
@@ -61,10 +62,13 @@ class PgCluster:
         self.claims = PgClaims(db, node.project, node.node_id, fences, node.lease_s)
         self.nodes = PgNodes(db, node)
 
-    def runtime(self, local: RunController) -> tuple[Node, ClusterRunner]:
-        """The node's background side and its runner as tools and the scheduler see it."""
-        node = Node(self.db, self.claims, self.nodes, self.clock, self.settings, local, self.audit.move_spool)
-        return node, ClusterRunner(local, node, self.admission, self.runs, self.claims, self.clock, self.settings)
+    def runtime(self, local: RunController, notices: Notices) -> tuple[Node, ClusterRunner]:
+        """The node's background side and its runner as tools and the scheduler see it;
+        `notices`: the daemon's system-log lines (runs this node records lost or cancels)."""
+        node = Node(self.db, self.claims, self.nodes, self.clock, self.settings, local, notices,
+                    self.audit.move_spool)
+        return node, ClusterRunner(local, node, self.admission, self.runs, self.claims, self.clock, self.settings,
+                                   notices)
 
     async def close(self) -> None:
         await self.db.close()

@@ -95,6 +95,14 @@ class PgDatabase:
         self.location = describe(dsn)
         self.down_since: float | None = None  # wall time of the first failure since the last success
         self.down_reason = ""
+        self._pending: list[tuple[Callable[..., Awaitable[object]], tuple[Any, ...]]] = []
+        self._ahead = asyncio.Lock()  # held while the pending work runs: later calls wait behind it
+
+    def before_next(self, fn: Callable[..., Awaitable[object]], *args: Any) -> None:
+        """Run `fn(Tx, *args)` in a transaction of its own before any `tx` called from now on
+        begins (calls already under way are not waited for); used when storage must change
+        before anything else is written. A failure is logged, never raised."""
+        self._pending.append((fn, args))
 
     async def connect(self, autocommit: bool = True) -> psycopg.AsyncConnection[Row]:
         conn = await psycopg.AsyncConnection.connect(
@@ -134,6 +142,8 @@ class PgDatabase:
         """Run `fn(Tx, *args)` in one transaction. Driver errors become `unavailable`; with
         `retry_s`, a lost connection is retried (a new connection, a new transaction) for
         that long: callers whose writes are compare-and-set can safely repeat them."""
+        if self._pending or self._ahead.locked():
+            await self._run_pending()
         deadline = time.monotonic() + retry_s
         attempt = 0
         while True:
@@ -144,6 +154,16 @@ class PgDatabase:
                     raise unavailable() from again.__cause__
                 await asyncio.sleep(RETRY_PAUSE_S[min(attempt, len(RETRY_PAUSE_S) - 1)])
                 attempt += 1
+
+    async def _run_pending(self) -> None:
+        async with self._ahead:
+            while self._pending:
+                fn, args = self._pending.pop(0)  # taken: never applied twice, even if cancelled now
+                try:
+                    await self._once(fn, args)
+                except (ToolError, _Retry) as exc:
+                    log.error("postgresql: %s did not run: %s", getattr(fn, "__qualname__", fn),
+                              type(exc.__cause__ or exc).__name__)
 
     async def _once(self, fn: Callable[..., Awaitable[T]], args: tuple[Any, ...]) -> T:
         what = getattr(fn, "__qualname__", "a transaction")

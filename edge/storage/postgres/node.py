@@ -22,6 +22,7 @@ import psycopg
 
 from edge.core.errors import ToolError, conflict, not_found
 from edge.core.handoff import Background, shielded
+from edge.core.notices import Notices, run_finished
 from edge.core.ports.cluster import NodeRegistry, RunClaims
 from edge.core.ports.runtime import Clock, RunController
 from edge.core.ports.stores import RunAdmission, RunStore
@@ -125,9 +126,10 @@ class Node:
     """ClusterNode (edge.core.ports.cluster): heartbeat, claim loop and hint listener."""
 
     def __init__(self, db: PgDatabase, claims: RunClaims, nodes: NodeRegistry, clock: DbClock,
-                 settings: NodeSettings, local: RunController,
+                 settings: NodeSettings, local: RunController, notices: Notices,
                  after_reconnect: Callable[[], Awaitable[int]] | None = None) -> None:
         self._db = db
+        self._notices = notices  # the runner's: one rate limit per task for every line of this daemon
         self._claims = claims
         self._nodes = nodes
         self._clock = clock
@@ -205,8 +207,9 @@ class Node:
             # After a reconnect the other nodes get a lease to renew theirs before anything
             # of theirs is taken for lost.
             if time.monotonic() - self._up_since >= s.lease_s:
-                for run_id in await self._claims.reap():
-                    log.warning("run %s: its node's lease expired; recorded lost", run_id)
+                for run in await self._claims.reap():  # said by the node that recorded it, once
+                    level, line = run_finished(run)
+                    self._notices.say(log, run.task_id, level, line, run.status)
             self._alive = await self._nodes.alive()
         except ToolError:
             self._up_since = None
@@ -295,8 +298,9 @@ class ClusterRunner:
     by any node."""
 
     def __init__(self, local: RunController, node: Node, admission: RunAdmission, runs: RunStore,
-                 claims: RunClaims, clock: Clock, settings: NodeSettings) -> None:
+                 claims: RunClaims, clock: Clock, settings: NodeSettings, notices: Notices) -> None:
         self._local = local
+        self._notices = notices
         self._node = node
         self._admission = admission
         self._runs = runs
@@ -334,9 +338,12 @@ class ClusterRunner:
                 return await self._until_finished(project, run, self._settings.cancel_wait_s)
             try:  # queued and claimed by nobody: cancelled here (a claim meanwhile moves its version)
                 now = self._clock.now_ms()
-                return await self._runs.transition(
+                cancelled = await self._runs.transition(
                     run.id, run.version, "cancelled", now, "user",
                     RunUpdate(finished_at_ms=now, error_summary=f"cancelled: {reason}"), reason)
+                level, line = run_finished(cancelled, reason)
+                self._notices.say(log, cancelled.task_id, level, line, cancelled.status)
+                return cancelled
             except ToolError as exc:
                 if exc.code != "conflict":
                     raise

@@ -172,9 +172,29 @@ class Fenced(msgspec.Struct, frozen=True):
     message: str
 
 
+async def _apply(
+    tx: Tx, run_id: str, current: RunStatus, seq: int, status: RunStatus, now: int, actor: ActorType,
+    update: RunUpdate, detail: str | None,
+) -> None:
+    """One checked transition of the locked row at event `seq`: its columns and its event."""
+    check_transition(current, status)
+    sets = ["status = %s", "version = version + 1", "event_seq = event_seq + 1"]
+    params: list[object] = [status]
+    for field in update.__struct_fields__:
+        value = getattr(update, field)
+        if value is not None:
+            sets.append(f"{field} = %s")
+            params.append(value)
+    if status in TERMINAL:
+        sets.append("cancel_reason = NULL")
+    await tx.execute(f"UPDATE runs SET {', '.join(sets)} WHERE id = %s", (*params, run_id))
+    await tx.execute(SQL_EVENT, (run_id, seq + 1, event_type(status), actor, now, detail))
+
+
 async def _transition(
     tx: Tx, run_id: str, expected: int, status: RunStatus, now: int, actor: ActorType, update: RunUpdate,
     detail: str | None, policy: Policy, claim: tuple[str, int] | None, log_data: bytes | None,
+    started: RunUpdate | None = None,
 ) -> tuple[Run, list[str]] | Fenced:
     row = await tx.row(SQL_LOCK, (run_id,))
     if row is None:
@@ -188,18 +208,11 @@ async def _transition(
         return Fenced(message)
     if version != expected:
         raise conflict(f"run {run_id} changed (version {version}, expected {expected})")
-    check_transition(current, status)
-    sets = ["status = %s", "version = version + 1", "event_seq = event_seq + 1"]
-    params: list[object] = [status]
-    for field in update.__struct_fields__:
-        value = getattr(update, field)
-        if value is not None:
-            sets.append(f"{field} = %s")
-            params.append(value)
-    if status in TERMINAL:
-        sets.append("cancel_reason = NULL")
-    await tx.execute(f"UPDATE runs SET {', '.join(sets)} WHERE id = %s", (*params, run_id))
-    await tx.execute(SQL_EVENT, (run_id, seq + 1, event_type(status), actor, now, detail))
+    if started is not None:  # the start the runner did not record yet, first (as on SQLite)
+        at = started.started_at_ms if started.started_at_ms is not None else now
+        await _apply(tx, run_id, current, seq, "running", at, "runner", started, None)
+        current, seq = "running", seq + 1
+    await _apply(tx, run_id, current, seq, status, now, actor, update, detail)
     removed: list[str] = []
     if status in TERMINAL:
         if log_data:
@@ -373,7 +386,7 @@ class PgRunStore:
 
     async def transition(
         self, run_id: str, expected_version: int, status: RunStatus, now_ms: int,
-        actor: ActorType, update: RunUpdate, detail: str | None = None,
+        actor: ActorType, update: RunUpdate, detail: str | None = None, started: RunUpdate | None = None,
     ) -> Run:
         fence = self._fences.held.get(run_id)
         claim = (self._node, fence) if fence is not None else None
@@ -385,7 +398,7 @@ class PgRunStore:
                 found = None  # still recorded, and the log tools keep answering unavailable for it
             data = found.data if found is not None else None
         result = await self._db.tx(_transition, run_id, expected_version, status, now_ms, actor, update, detail,
-                                   self._policy, claim, data, retry_s=self._retry_s)
+                                   self._policy, claim, data, started, retry_s=self._retry_s)
         if isinstance(result, Fenced):
             self._fences.held.pop(run_id, None)
             log.warning("run %s: %s", run_id, result.message)
@@ -431,36 +444,35 @@ async def _claim(tx: Tx, project: str, node: str, limit: int, lease_s: float, no
     return claimed
 
 
-async def _lose(tx: Tx, run_id: str, seq: int, code: str, summary: str, detail: str) -> None:
+async def _lose(tx: Tx, run_id: str, seq: int, code: str, summary: str, detail: str) -> Run:
     (now,) = await tx.one(f"SELECT {NOW_MS}")
-    await tx.execute(
+    lost = await tx.one(
         "UPDATE runs SET status = 'lost', version = version + 1, event_seq = event_seq + 1, finished_at_ms = %s,"
-        " error_code = %s, error_summary = %s, cancel_reason = NULL WHERE id = %s",
+        f" error_code = %s, error_summary = %s, cancel_reason = NULL WHERE id = %s RETURNING {COLUMNS}",
         (now, code, summary, run_id))
     await tx.execute(SQL_EVENT, (run_id, seq + 1, "run.lost", "system", now, detail))
+    return to_run(lost)
 
 
-async def _reap(tx: Tx, limit: int) -> list[str]:
+async def _reap(tx: Tx, limit: int) -> list[Run]:
     reaped = []
     for rid, node, status, untaken, seq in await tx.rows(SQL_EXPIRED, (limit,)):
         if untaken:
             summary = f"only node {node} may run this run and it did not take it within its lease; it is not run"
         else:
             summary = f"node {node} stopped renewing its lease while this run was {status}; it is not run again"
-        await _lose(tx, rid, seq, "lease_expired", summary, f"lease of node {node} expired")
-        reaped.append(rid)
+        reaped.append(await _lose(tx, rid, seq, "lease_expired", summary, f"lease of node {node} expired"))
     return reaped
 
 
-async def lose_untaken(tx: Tx, project: str, node: str) -> list[str]:
+async def lose_untaken(tx: Tx, project: str, node: str) -> list[Run]:
     """The runs queued for `node` alone that it never took, recorded `lost`: called when
     the node starts in a new boot, since they belong to a boot that is over."""
     lost = []
     for rid, seq in await tx.rows(SQL_UNTAKEN, (project, node)):
-        await _lose(tx, rid, seq, "node_rebooted",
-                    f"node {node} booted again before it took this run; it is not run",
-                    f"node {node} booted again")
-        lost.append(rid)
+        lost.append(await _lose(tx, rid, seq, "node_rebooted",
+                                f"node {node} booted again before it took this run; it is not run",
+                                f"node {node} booted again"))
     return lost
 
 
@@ -496,7 +508,7 @@ class PgClaims:
             return []
         return [r for (r,) in await self._db.tx(_rows, SQL_RENEW, (self._lease_s, self._node, run_ids))]
 
-    async def reap(self) -> list[str]:
+    async def reap(self) -> list[Run]:
         return await self._db.tx(_reap, BATCH)
 
     async def request_cancel(self, project: str, run_id: str, reason: str) -> bool:

@@ -4,6 +4,7 @@ router's 1970 boot. Implements RunAdmission (edge.core.ports.stores)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import apsw
@@ -13,10 +14,12 @@ from edge.core.ids import uuid7
 from edge.core.runs import ActorType, Run
 from edge.core.schedule import ONCE, REBOOT, ScheduleError, plan
 from edge.core.tasks import Task
-from edge.core.triggers import Admission, ManualAdmission, Trigger
+from edge.core.triggers import Admission, EventType, ManualAdmission, SkipReason, SkippedFires, Trigger
 from edge.storage.sqlite import runs as run_sql
 from edge.storage.sqlite import triggers as trigger_sql
 from edge.storage.sqlite.db import Database, immediate, one
+
+log = logging.getLogger("qledge.store")
 
 SQL_ARMED = (
     "SELECT next_fire_at_ms, id FROM triggers WHERE project_id = ? AND next_fire_at_ms IS NOT NULL"
@@ -32,7 +35,6 @@ SQL_ACTIVE_FOR_TASK = "SELECT id FROM runs WHERE project_id = ? AND task_id = ? 
 # The runner's slots and queue are shared by every project it runs.
 SQL_ACTIVE_COUNT = "SELECT count(*) FROM runs WHERE status IN ('queued', 'running')"
 SQL_BY_KEY = "SELECT id FROM runs WHERE idempotency_key = ?"
-SQL_NEWEST_RUN = "SELECT max(created_at_ms) FROM runs WHERE project_id = ?"
 SQL_MOVE_CURSOR = "UPDATE triggers SET next_fire_at_ms = ?, last_scheduled_at_ms = ? WHERE project_id = ? AND id = ?"
 # Enabled `@reboot` triggers, armed once per boot of the device.
 SQL_REBOOT_TRIGGERS = """
@@ -50,13 +52,8 @@ def armed(conn: apsw.Connection, project: str) -> list[tuple[int, str]]:
     return [(nxt, tid) for nxt, tid in conn.execute(SQL_ARMED, (project,))]
 
 
-def newest_time(conn: apsw.Connection, project: str) -> int:
-    """The newest wall-clock time on record: saved by the scheduler, or stamped on a run
-    or an audit row (every tool call writes one)."""
-    audit = conn.execute(
-        "SELECT max(at_ms, coalesce(last_at_ms, at_ms)) FROM security_audit ORDER BY id DESC LIMIT 1").fetchone()
-    run = conn.execute(SQL_NEWEST_RUN, (project,)).fetchone()
-    return max([trigger_sql.clock_mark(conn)] + [r[0] for r in (audit, run) if r and isinstance(r[0], int)])
+newest_time = trigger_sql.newest_time
+SQL_NEWEST_RUN = trigger_sql.SQL_NEWEST_RUN
 
 
 def save_time(conn: apsw.Connection, now: int) -> None:
@@ -68,9 +65,34 @@ def _save_time_tx(conn: apsw.Connection, now: int) -> None:
         save_time(conn, now)
 
 
+# What age retention and run lists order by: the times of runs, their events and the audit.
+RESTAMPED = (
+    ("runs", ("created_at_ms", "queued_at_ms", "started_at_ms", "finished_at_ms", "log_dropped_at_ms")),
+    ("run_events", ("created_at_ms",)),
+    ("security_audit", ("at_ms",)),
+)
+
+
+def restamp(conn: apsw.Connection, after: int, upto: int, shift: int) -> int:
+    """Move every time in (after, upto] of RESTAMPED by `shift`, in one transaction;
+    returns how many runs moved. Rare (once per boot with an unset clock), so it may walk
+    those tables."""
+    with immediate(conn):
+        moved = 0
+        for table, columns in RESTAMPED:
+            # A NULL time stays NULL; (c > ?1 AND c <= ?2) is 1 inside the range, else 0.
+            sets = ", ".join(f"{c} = {c} + ?3 * ({c} > ?1 AND {c} <= ?2)" for c in columns)
+            where = " OR ".join(f"({c} > ?1 AND {c} <= ?2)" for c in columns)
+            conn.execute(f"UPDATE {table} SET {sets} WHERE {where}", (after, upto, shift))
+            if table == "runs":
+                moved = conn.changes()
+        save_time(conn, upto + shift)
+    return moved
+
+
 def _gate(
     conn: apsw.Connection, project: str, task_id: str, overlap: str, capacity: int, replacing: list[str]
-) -> tuple[str | None, str | None]:
+) -> tuple[SkipReason | None, str | None]:
     """(None, None) when a new run may be queued, else (reason, blocking run id).
     Under `replace` the active runs are added to `replacing` instead."""
     active = [r for (r,) in conn.execute(SQL_ACTIVE_FOR_TASK, (project, task_id)) if r not in replacing]
@@ -132,12 +154,15 @@ def _admit_event(
         key = f"once:{trig.id}:{trig.revision}"  # re-enabling makes a new revision, and a new shot
     enabled, overlap = one(conn, SQL_PINNED_TASK, (project, trig.task_id, trig.task_revision))
     replacing: list[str] = []
-    reason = "task_disabled" if not enabled else _gate(conn, project, trig.task_id, overlap, capacity, replacing)[0]
+    reason: SkipReason | None = "task_disabled" if not enabled else _gate(
+        conn, project, trig.task_id, overlap, capacity, replacing)[0]
     admitted: list[Run] = []
+    skipped: list[SkippedFires] = []
     last_admitted = trig.last_scheduled_at_ms
     if reason is not None:
-        kind = "refused" if reason == "queue_full" else "skipped"
+        kind: EventType = "refused" if reason == "queue_full" else "skipped"
         trigger_sql.record_event(conn, project, trig.id, kind, reason, now, now, 1, now, last_admitted)
+        skipped.append(SkippedFires(trig.task_id, kind, reason, now, now, 1))
     elif conn.execute(SQL_BY_KEY, (key,)).fetchone() is None:
         jitter = int(rng() * trig.spec.jitter_s * 1000) if trig.spec.jitter_s else None
         admitted.append(run_sql.insert(conn, _scheduled_run(trig, now, "scheduled", now, jitter, key), "scheduler"))
@@ -147,8 +172,9 @@ def _admit_event(
         current = trigger_sql.get(conn, project, trig.id)
         assert current is not None
         trigger_sql.disable_fired(conn, current, now)
-    save_time(conn, now)
-    return Admission(runs=admitted, cancel=replacing, cursor=None)
+    if not admitted:  # an admitted run carries the time itself (newest_time reads it)
+        save_time(conn, now)
+    return Admission(runs=admitted, cancel=replacing, cursor=None, skipped=skipped)
 
 
 def admit_fires(
@@ -168,7 +194,9 @@ def admit_fires(
         except ScheduleError:  # zone data went missing: keep the cursor, say so once, retry later
             trigger_sql.record_event(conn, project, trig.id, "refused", "timezone_unavailable", trig.next_fire_at_ms,
                                      trig.next_fire_at_ms, 1, now, trig.last_scheduled_at_ms)
-            return Admission(cursor=trig.next_fire_at_ms, retry=True)
+            due = trig.next_fire_at_ms
+            refused = SkippedFires(trig.task_id, "refused", "timezone_unavailable", due, due, 1)
+            return Admission(cursor=trig.next_fire_at_ms, retry=True, skipped=[refused])
         if schedule.event is not None:
             if now < trig.next_fire_at_ms:
                 return Admission(cursor=trig.next_fire_at_ms)  # not due yet (the clock went back)
@@ -179,19 +207,22 @@ def admit_fires(
                 conn.execute(SQL_MOVE_CURSOR, (todo.cursor, trig.last_scheduled_at_ms, project, trig.id))
             return Admission(cursor=todo.cursor)  # nothing due yet
         last_admitted = trig.last_scheduled_at_ms
+        skipped: list[SkippedFires] = []
         if todo.missed is not None:
             m = todo.missed
             trigger_sql.record_event(conn, project, trig.id, "skipped", "misfire", m.first_ms, m.last_ms, m.fires,
                                      now, last_admitted)
+            skipped.append(SkippedFires(trig.task_id, "skipped", "misfire", m.first_ms, m.last_ms, m.fires))
         enabled, overlap = one(conn, SQL_PINNED_TASK, (project, trig.task_id, trig.task_revision))
         admitted: list[Run] = []
         replacing: list[str] = []
         for fire, origin in todo.admit:
-            reason = "task_disabled" if not enabled else _gate(
+            reason: SkipReason | None = "task_disabled" if not enabled else _gate(
                 conn, project, trig.task_id, overlap, capacity, replacing)[0]
             if reason is not None:
-                kind = "refused" if reason == "queue_full" else "skipped"
+                kind: EventType = "refused" if reason == "queue_full" else "skipped"
                 trigger_sql.record_event(conn, project, trig.id, kind, reason, fire, fire, 1, now, last_admitted)
+                skipped.append(SkippedFires(trig.task_id, kind, reason, fire, fire, 1))
                 continue
             if conn.execute(SQL_BY_KEY, (f"cron:{trig.id}:{trig.revision}:{fire}",)).fetchone() is not None:
                 continue  # admitted before: the key makes a repeat impossible
@@ -199,8 +230,9 @@ def admit_fires(
             admitted.append(run_sql.insert(conn, _scheduled_run(trig, fire, origin, now, jitter), "scheduler"))
             last_admitted = fire
         conn.execute(SQL_MOVE_CURSOR, (todo.cursor, last_admitted, project, trig.id))
-        save_time(conn, now)
-    return Admission(runs=admitted, cancel=replacing, cursor=todo.cursor)
+        if not admitted:  # an admitted run carries the time itself (newest_time reads it): one page less
+            save_time(conn, now)
+    return Admission(runs=admitted, cancel=replacing, cursor=todo.cursor, skipped=skipped)
 
 
 def admit_manual(conn: apsw.Connection, task: Task, actor: ActorType, now: int, capacity: int) -> ManualAdmission:
@@ -255,3 +287,12 @@ class SqliteAdmission:
 
     async def save_time(self, now_ms: int) -> None:
         await self._db.run(_save_time_tx, now_ms)
+
+    def restamp(self, after_ms: int, upto_ms: int, shift_ms: int) -> None:
+        self._db.before_next(_restamp_logged, after_ms, upto_ms, shift_ms)
+
+
+def _restamp_logged(conn: apsw.Connection, after: int, upto: int, shift: int) -> None:
+    moved = restamp(conn, after, upto, shift)
+    log.info("the clock was set forward by %.0fs: %d runs (with their events) and the audit rows stamped while it"
+             " was behind moved by as much", shift / 1000, moved)

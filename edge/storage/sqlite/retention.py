@@ -16,6 +16,12 @@ from edge.core.runs import TERMINAL
 from edge.storage.sqlite.db import one, rows
 
 BATCH = 64
+# A task over its limit loses its oldest finished runs TRIM at a time (down to the limit
+# minus TRIM): deleting neighbours together rewrites each page they share once, where one
+# run per finish would rewrite about as many pages as the new run wrote (on flash, every
+# page counts). Never below MIN_KEPT, the AI comparison's 64-run window plus one.
+TRIM = 16
+MIN_KEPT = 65
 _FINISHED = f"status IN ({', '.join(repr(s) for s in sorted(TERMINAL))})"
 
 # Finished runs of a task beyond the newest `runs_per_task` (index order, newest first).
@@ -52,10 +58,18 @@ def log_total(conn: apsw.Connection, project: str) -> int:
     return int(row[0]) if row else 0
 
 
+def kept_after_trim(runs_per_task: int) -> int:
+    """How many finished runs a task keeps right after it went over `runs_per_task`."""
+    return max(runs_per_task - TRIM, min(runs_per_task, MIN_KEPT))
+
+
 def enforce(conn: apsw.Connection, project: str, task_id: str, now_ms: int, policy: Policy) -> list[str]:
     """Apply the policy a bounded step; call inside the write transaction that finished a
     run of `task_id`. Returns the ids of runs whose log files must go once it commits."""
-    removed = [rid for (rid,) in conn.execute(SQL_EXCESS, (project, task_id, BATCH, policy.runs_per_task))]
+    low = kept_after_trim(policy.runs_per_task)
+    beyond = [rid for (rid,) in conn.execute(SQL_EXCESS, (project, task_id, BATCH, low))]
+    # Only a task over its limit is trimmed, and then down to `low`.
+    removed = beyond if len(beyond) > policy.runs_per_task - low else []
     if len(removed) < BATCH:
         seen = set(removed)
         expired = conn.execute(SQL_EXPIRED, (project, now_ms - policy.max_age_ms, BATCH - len(removed)))

@@ -98,12 +98,18 @@ def _create(conn: apsw.Connection, run: Run, actor: ActorType) -> Run:
 def transition(
     conn: apsw.Connection, run_id: str, expected_version: int, status: RunStatus, now: int,
     actor: ActorType, update: RunUpdate, detail: str | None, policy: retention.Policy,
+    started: RunUpdate | None = None,
 ) -> tuple[Run, list[str]]:
-    """Compare-and-set on `version`; the event is appended in the same transaction. A run
-    that finishes also applies retention in it. Returns the run and the ids of the runs
-    whose logs must go once this has committed."""
+    """Compare-and-set on `version`; the event is appended in the same transaction (after
+    `running`, when `started` says the start was not recorded yet). A run that finishes
+    also applies retention in it. Returns the run and the ids of the runs whose logs must
+    go once this has committed."""
     removed: list[str] = []
     with immediate(conn):
+        if started is not None:
+            at = started.started_at_ms if started.started_at_ms is not None else now
+            expected_version = apply_transition(
+                conn, run_id, expected_version, "running", at, "runner", started, None).version
         run = apply_transition(conn, run_id, expected_version, status, now, actor, update, detail)
         if status in TERMINAL:
             removed = retention.enforce(conn, run.project_id, run.task_id, now, policy)
@@ -263,10 +269,10 @@ class SqliteRunStore:
 
     async def transition(
         self, run_id: str, expected_version: int, status: RunStatus, now_ms: int,
-        actor: ActorType, update: RunUpdate, detail: str | None = None,
+        actor: ActorType, update: RunUpdate, detail: str | None = None, started: RunUpdate | None = None,
     ) -> Run:
         run, removed = await self._db.run(
-            transition, run_id, expected_version, status, now_ms, actor, update, detail, self._policy)
+            transition, run_id, expected_version, status, now_ms, actor, update, detail, self._policy, started)
         self._logs.remove(removed)
         return run
 

@@ -195,20 +195,26 @@ log = logging.getLogger("qledge.store")
 _reasons = msgspec.json.Encoder()
 _reasons_decoder = msgspec.json.Decoder(list[str])
 PRUNE_BATCH = 64  # rows one write may delete: bounded cost per call, converges over calls
+# Over a bound, the oldest go down to the bound less AUDIT_TRIM (at most a quarter of it) at
+# once: deleting one row per call rebalances the oldest pages on every call, about two more
+# pages written per call.
+AUDIT_TRIM = 32
 
 SQL_INSERT = (
     "INSERT INTO security_audit (at_ms, project_id, principal, tool, outcome, reasons, transport, request_id,"
     " class, count, last_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 # Allowed calls are the bulk: the oldest batch of them by id (only the rows of the small
-# classes are passed over on the way), those beyond the newest `max_rows` ids or too old.
-# Between those ids lie rows of the other classes too, so at most `max_rows` calls are kept.
+# classes are passed over on the way), those up to `cut` or too old. Between those ids lie
+# rows of the other classes too, so at most `max_rows` calls are kept.
+SQL_OLDEST_CALL = "SELECT id FROM security_audit WHERE class = 'call' ORDER BY id LIMIT 1"
 SQL_PRUNE_CALLS = (
     "DELETE FROM security_audit WHERE id IN (SELECT id FROM (SELECT id, at_ms FROM security_audit"
     " WHERE class = 'call' ORDER BY id LIMIT ?) WHERE id <= ? OR at_ms < ?)"
 )
 # A small class is counted exactly, through its partial index (the literal class is what
-# lets the planner use it): the first `excess` of its oldest batch go, and any whose last
+# lets the planner use it): over the bound, the first of its oldest batch go (down to the
+# bound less the trim), and any whose last
 # call is older than the age bound.
 SQL_COUNT = "SELECT count(*) FROM security_audit WHERE class = '{cls}'"
 SQL_PRUNE = (
@@ -224,11 +230,14 @@ SQL_ADD = (
 
 
 def trim_audit(conn: apsw.Connection, cls: AuditClass, newest: int, max_rows: int, min_at_ms: int) -> None:
+    trim = min(AUDIT_TRIM, max_rows // 4)
     if cls == "call":
-        conn.execute(SQL_PRUNE_CALLS, (PRUNE_BATCH, newest - max_rows, min_at_ms))
+        oldest = conn.execute(SQL_OLDEST_CALL).fetchone()
+        over = oldest is not None and oldest[0] <= newest - max_rows
+        conn.execute(SQL_PRUNE_CALLS, (PRUNE_BATCH, newest - max_rows + trim if over else 0, min_at_ms))
         return
-    excess = max(0, one(conn, SQL_COUNT.format(cls=cls))[0] - max_rows)
-    conn.execute(SQL_PRUNE.format(cls=cls), (PRUNE_BATCH, excess, min_at_ms))
+    excess = one(conn, SQL_COUNT.format(cls=cls))[0] - max_rows
+    conn.execute(SQL_PRUNE.format(cls=cls), (PRUNE_BATCH, excess + trim if excess > 0 else 0, min_at_ms))
 
 
 def append_audit(

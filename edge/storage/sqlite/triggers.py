@@ -97,10 +97,22 @@ def clock_mark(conn: apsw.Connection) -> int:
     return row[0] if row and isinstance(row[0], int) else 0
 
 
-def _arm(conn: apsw.Connection, schedule: Schedule, now: int) -> int | None:
+SQL_NEWEST_RUN = "SELECT max(created_at_ms) FROM runs WHERE project_id = ?"
+
+
+def newest_time(conn: apsw.Connection, project: str) -> int:
+    """The newest wall-clock time on record: saved by the scheduler, or stamped on a run
+    or an audit row (every tool call writes one)."""
+    audit = conn.execute(  # an aggregate of refused calls: its last call
+        "SELECT max(at_ms, coalesce(last_at_ms, at_ms)) FROM security_audit ORDER BY id DESC LIMIT 1").fetchone()
+    run = conn.execute(SQL_NEWEST_RUN, (project,)).fetchone()
+    return max([clock_mark(conn)] + [r[0] for r in (audit, run) if r and isinstance(r[0], int)])
+
+
+def _arm(conn: apsw.Connection, project: str, schedule: Schedule, now: int) -> int | None:
     # From the newest time on record, not the wall clock: a trigger made while the clock
     # still says 1970 must not count half a century of missed fires once it is set.
-    mark = max(now, clock_mark(conn))
+    mark = max(now, newest_time(conn, project))
     if schedule.event == REBOOT:
         return None  # armed by the next boot (admission.arm_boot), not by being created or enabled
     if schedule.event == ONCE:
@@ -152,7 +164,7 @@ def insert(
     first = Trigger(
         id=tid, project_id=project, revision=1, task_id=task_id, task_revision=pin, enabled=enabled,
         spec_schema=SPEC_SCHEMA, spec=spec, content_digest=content_digest(spec), created_at_ms=now,
-        updated_at_ms=now, next_fire_at_ms=_arm(conn, schedule, now) if enabled else None,
+        updated_at_ms=now, next_fire_at_ms=_arm(conn, project, schedule, now) if enabled else None,
     )
     try:
         conn.execute(
@@ -195,7 +207,7 @@ def _revise(
     if not enabled:
         nxt = None
     elif spec is not None or not current.enabled or nxt is None:
-        nxt = _arm(conn, _schedule(spec or current.spec), now)  # missed while disabled: not missed
+        nxt = _arm(conn, current.project_id, _schedule(spec or current.spec), now)  # missed while disabled: not missed
     revision = current.revision + 1
     changed = {"spec": spec, "content_digest": content_digest(spec)} if spec is not None else {}
     _insert_revision(conn, msgspec.structs.replace(

@@ -72,8 +72,7 @@ def _without_file(run: RunSummary) -> LogStatus:
 
 
 async def log_excerpt(ctx: ToolContext, args: ExcerptArgs) -> Excerpt:
-    # The excerpt's rules (redaction, injection signals) load with the first excerpt: an
-    # idle daemon never holds them.
+    # Imported on first use: a daemon nobody asks for an excerpt never loads its rules.
     from edge.core.excerpt import WINDOW_BYTES, injection_signals, normalize, redact, window_text
 
     run = await read_run(ctx, args.run_id)

@@ -30,7 +30,7 @@ from edge.core.reads import (
     valid_row,
 )
 from edge.core.runs import TERMINAL, Origin, RunStatus
-from edge.core.text import PageLimit, ReadId
+from edge.core.text import PageLimit, ReadId, normalize
 from edge.tools.context import ToolContext
 from edge.tools.definition import Handler, Risk, Tool, tool
 
@@ -187,8 +187,6 @@ def _ascending_page(ctx: ToolContext, rows: object, row_type: type[H], key: str,
 
 def _task_view(head: TaskHead, view_type: type[T]) -> T:
     # A name is free text: controls that could hide or reorder what a reader sees become U+FFFD.
-    from edge.core.excerpt import normalize  # loaded with the first projection, not at start
-
     projected = view(head, view_type)
     projected.name = normalize(projected.name).replace("\n", "\ufffd")
     return projected

@@ -1,5 +1,6 @@
-"""API credential tools, and the security audit for owners. A token's secret is shown once,
-at creation, and never stored."""
+"""Security tools: API credentials (a token's secret is shown once, at creation, and never
+stored), secrets (values go in and never come out: runs get them in their environment, and
+their output is redacted), and the security audit for owners."""
 
 from __future__ import annotations
 
@@ -14,12 +15,15 @@ from edge.core.auth import (
     AuditEntry,
     Credential,
     Role,
+    SecretInfo,
     parse_token,
     token_digest,
     valid_permission,
 )
 from edge.core.errors import ToolError, invalid, not_found
-from edge.core.text import Id, Label, Limit, Millis, NonNegative
+from edge.core.ids import token_hex
+from edge.core.tasks import ImportKey, SecretImport
+from edge.core.text import Id, Label, Limit, Millis, Name, NonNegative
 from edge.tools.context import ToolContext
 from edge.tools.definition import WRITE_DEADLINE_S, Empty, tool
 
@@ -67,10 +71,8 @@ def _check_permission(permission: str) -> None:
 async def create(ctx: ToolContext, args: CreateArgs) -> Created:
     for permission in args.permissions or ():
         _check_permission(permission)
-    import secrets  # with the first credential made, not at start (it brings hmac, base64, random)
-
-    cid = secrets.token_hex(6)
-    secret = secrets.token_hex(20)
+    cid = token_hex(6)
+    secret = token_hex(20)
     cred = Credential(
         id=cid, project_id=ctx.project, name=args.name or f"{args.role}-{cid}", role=args.role,
         permissions=args.permissions, created_at_ms=ctx.now_ms(),
@@ -103,6 +105,59 @@ async def audit(ctx: ToolContext, args: AuditArgs) -> AuditList:
     return AuditList(entries=found.entries, next=found.next)
 
 
+# -- secrets ----------------------------------------------------------------------
+
+# An environment value: no NUL, bounded like any other env value of a task.
+Value = Annotated[str, msgspec.Meta(min_length=1, max_length=16384, pattern=r"^[^\x00]*$")]
+
+
+class SetArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
+    name: Name
+    value: Value
+
+
+class NameArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
+    name: Name
+
+
+class SecretList(msgspec.Struct, rename="camel"):
+    secrets: list[SecretInfo]
+
+
+class Deleted(msgspec.Struct, rename="camel"):
+    name: str
+
+
+class ImportArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
+    key: ImportKey
+    name: Name
+    value: Value
+
+
+class Imported(msgspec.Struct, rename="camel"):
+    name: str
+    status: SecretImport
+
+
+async def set_secret(ctx: ToolContext, args: SetArgs) -> SecretInfo:
+    return await ctx.services.secrets.set(ctx.project, args.name, args.value, ctx.now_ms())
+
+
+async def list_secrets(ctx: ToolContext, args: Empty) -> SecretList:
+    return SecretList(secrets=await ctx.services.secrets.for_project(ctx.project))
+
+
+async def delete_secret(ctx: ToolContext, args: NameArgs) -> Deleted:
+    if not await ctx.services.secrets.delete(ctx.project, args.name):
+        raise not_found(f"secret {args.name!r} not found")
+    return Deleted(name=args.name)
+
+
+async def import_secret(ctx: ToolContext, args: ImportArgs) -> Imported:
+    status = await ctx.services.secrets.import_secret(ctx.project, args.key, args.name, args.value, ctx.now_ms())
+    return Imported(name=args.name, status=status)
+
+
 TOOLS = [
     tool("qledge.credential.create", create, CreateArgs, Created, effect="write", risk="high",
          permission="credential.admin", title="Create an API credential"),
@@ -112,4 +167,12 @@ TOOLS = [
          permission="credential.admin", title="Revoke an API credential"),
     tool("qledge.audit.list", audit, AuditArgs, AuditList, effect="read", risk="high", permission="audit.read",
          title="The security audit, newest first"),
+    tool("qledge.secret.set", set_secret, SetArgs, SecretInfo, effect="write", risk="high", permission="secret.write",
+         title="Store a secret (create or replace); its value is never returned"),
+    tool("qledge.secret.list", list_secrets, Empty, SecretList, effect="read", risk="high", permission="secret.read",
+         title="Secret names and dates", deadline_s=WRITE_DEADLINE_S),
+    tool("qledge.import.secret", import_secret, ImportArgs, Imported, effect="write", risk="high",
+         permission="secret.write", title="Store a secret from an import, once per import key; never replaces one"),
+    tool("qledge.secret.delete", delete_secret, NameArgs, Deleted, effect="write", risk="high",
+         permission="secret.write", title="Delete a secret"),
 ]

@@ -34,6 +34,11 @@ class Status(msgspec.Struct, rename="camel", omit_defaults=True):
     project: str
     counts: Counts
     defaults: RunDefaults | None = None  # what a run gets when its task does not say
+    # Bytes this process made the kernel write (/proc/self/io write_bytes: pages of the
+    # database, its WAL and the run logs; what wears a router's flash), and that rate
+    # over a day. 0 where /proc does not say.
+    written_bytes: int = 0
+    written_bytes_per_day: int = 0
     extra: dict[str, str] = {}
     modules: list[str] | None = None
 
@@ -53,9 +58,23 @@ def _proc_status() -> dict[str, int]:
     return values
 
 
+def _written() -> int:
+    try:
+        with open("/proc/self/io", encoding="ascii", errors="replace") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key == "write_bytes":
+                    return int(rest)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
 async def status(ctx: ToolContext, args: StatusArgs) -> Status:
     facts = ctx.services.facts
     mem = _proc_status()
+    uptime = ctx.services.clock.monotonic() - facts.started_monotonic
+    written = _written()
     try:
         db_bytes = os.stat(facts.db_path).st_size
     except OSError:
@@ -64,7 +83,7 @@ async def status(ctx: ToolContext, args: StatusArgs) -> Status:
     return Status(
         version=edge.__version__,
         pid=os.getpid(),
-        uptime_s=round(ctx.services.clock.monotonic() - facts.started_monotonic, 3),
+        uptime_s=round(uptime, 3),
         loop=facts.loop,
         ssl_loaded=sys.modules.get("ssl") is not None,
         rss_bytes=mem["VmRSS"],
@@ -76,6 +95,8 @@ async def status(ctx: ToolContext, args: StatusArgs) -> Status:
         project=ctx.project,
         counts=await facts.counts(ctx.project),
         defaults=facts.run_defaults(),
+        written_bytes=written,
+        written_bytes_per_day=round(written * 86_400 / uptime) if uptime >= 1 else 0,
         extra=facts.extra(),
         modules=modules if args.include_modules else None,
     )
