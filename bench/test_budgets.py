@@ -30,6 +30,7 @@ BUDGET = {
     "default_hwm_mib": 24.0,
     "default_rss_anon_mib": 14.0,
     "mcp_hwm_mib": 26.0,
+    "agent_over_default_mib": 0.3,
     "bridge_rss_mib": 12.0,
     "edge_pyz_bytes": 256 * 1024,
     "edge_pyz_files": 64,
@@ -45,6 +46,8 @@ BUDGET = {
     "flash_per_audited_read_call_bytes": 1536,
 }
 REPORT: dict[str, Any] = {"budget": BUDGET}
+# The AI operator on, pointed at nothing: idle, it must cost the daemon (almost) nothing.
+AGENT_ON = '[agent]\nenabled = true\nbase_url = "https://api.openai.com/v1"\nmodel = "gpt-4o-mini"\n'
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -78,6 +81,8 @@ def idle():
         "default": BenchDaemon(python),
         "uvloop": BenchDaemon(python, env={"PYTHONPATH": uvloop_path()}),
         "mcp": BenchDaemon(python, config="[mcp]\nenabled = true\n"),
+        "agent": BenchDaemon(python, config=AGENT_ON),
+        "agent_off": BenchDaemon(python, config=AGENT_ON.replace("enabled = true", "enabled = false")),
     }
     readings: dict[str, dict[str, Any]] = {}
     try:
@@ -136,6 +141,23 @@ def test_mcp_daemon_idle_memory(idle):
     assert r["memory_mib"]["VmHWM"] <= BUDGET["mcp_hwm_mib"], r["memory_mib"]
 
 
+def test_agent_enabled_daemon_idle_memory(idle):
+    """[agent] enabled against the same config file with it off (reading a file costs tomllib,
+    whatever it says): the daemon's side of the operator is loaded; the child (edge.agent), its
+    HTTP client and ssl are not."""
+    r, base = idle["agent"], idle["agent_off"]
+    delta = {k: round(r["memory_mib"][k] - base["memory_mib"][k], 2) for k in ("VmHWM", "RssAnon", "Pss")}
+    REPORT["agent"] = {**_summary(r), "over_agent_off_mib": delta, "agent_off": _summary(base),
+                       "over_default_mib": {k: round(r["memory_mib"][k] - idle["default"]["memory_mib"][k], 2)
+                                            for k in ("VmHWM", "RssAnon", "Pss")}}
+    # Idle, the daemon's side of the operator is three modules (the evidence store waits for its first use).
+    assert set(r["modules"]) - set(base["modules"]) == {"edge.app.agent", "edge.core.agent", "edge.tools.agent"}
+    modules = r["modules"]
+    for absent in ("edge.agent", "ssl", "_ssl", "http", "urllib", "_hashlib"):
+        assert not [m for m in modules if m == absent or m.startswith(absent + ".")], absent
+    assert delta["VmHWM"] <= BUDGET["agent_over_default_mib"], delta
+
+
 def test_default_daemon_modules(idle):
     modules = idle["default"]["modules"]
     REPORT["default_modules"] = modules
@@ -145,7 +167,7 @@ def test_default_daemon_modules(idle):
     # edge.core.redaction and edge.core.excerpt: loaded with the first run's log or excerpt, not while idle.
     for absent in ("edge.mcp", "edge.storage.postgres", "edge.core.ports.cluster", "psycopg", "ssl", "_ssl",
                    "_hashlib", "argparse", "edge.core.imports", "hashlib", "hmac", "secrets", "random", "base64",
-                   "edge.core.excerpt", "edge.core.redaction"):
+                   "edge.core.excerpt", "edge.core.redaction", "edge.agent", "edge.tools.agent", "edge.core.agent"):
         assert not [m for m in modules if m == absent or m.startswith(absent + ".")], absent
 
 

@@ -20,8 +20,15 @@ import zipfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = "edge"
 
-# Optional capabilities (a folder each), shipped only by the profiles that include them.
-OPTIONAL = {"mcp": "edge/mcp/", "postgres": "edge/storage/postgres/"}
+# Optional capabilities, shipped only by the profiles that include them: a path prefix, or
+# several. The AI operator is its child (edge/agent/) and the daemon's side of it, which the
+# daemon loads only when [agent] is enabled.
+OPTIONAL: dict[str, str | tuple[str, ...]] = {
+    "mcp": "edge/mcp/",
+    "postgres": "edge/storage/postgres/",
+    "agent": ("edge/agent/", "edge/app/agent.py", "edge/core/agent.py", "edge/core/ports/agent.py",
+              "edge/storage/sqlite/evidence.py", "edge/tools/agent.py"),
+}
 # The profiles one may ask for, and the capabilities each adds to the edge core.
 WANTED: dict[str, tuple[str, ...]] = {
     "edge": (),
@@ -30,7 +37,9 @@ WANTED: dict[str, tuple[str, ...]] = {
 }
 
 
-def distinct(wanted: dict[str, tuple[str, ...]], optional: dict[str, str]) -> dict[str, tuple[str, ...]]:
+def distinct(
+    wanted: dict[str, tuple[str, ...]], optional: dict[str, str | tuple[str, ...]]
+) -> dict[str, tuple[str, ...]]:
     """The profiles that exist: each wanted one whose contents differ from every profile
     before it (capabilities not in `optional` count for nothing). Two names for one archive
     would be two artifacts to build, ship and measure for nothing."""
@@ -53,7 +62,8 @@ SHEBANG = b"#!/usr/bin/env python3\n"
 
 def profile_files(profile: str, root: str = ROOT) -> list[str]:
     """Sorted paths, relative to `root`, of the files under edge/ the profile ships."""
-    excluded = tuple(prefix for name, prefix in OPTIONAL.items() if name not in PROFILES[profile])
+    excluded = tuple(prefix for name, prefixes in OPTIONAL.items() if name not in PROFILES[profile]
+                     for prefix in ((prefixes,) if isinstance(prefixes, str) else prefixes))
     found: list[str] = []
     for dirpath, dirnames, filenames in os.walk(os.path.join(root, PACKAGE)):
         dirnames[:] = [d for d in dirnames if d != "__pycache__"]

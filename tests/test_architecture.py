@@ -19,6 +19,8 @@ ALLOWED = {
     "tools": {"core"},
     "transports": {"core", "tools"},
     "mcp": {"core", "tools", "transports"},
+    # The child of an AI run: core shapes and the blocking socket client, nothing of the daemon.
+    "agent": {"core", "transports", "cli"},
     "app": {"core", "storage", "runner", "scheduler", "tools", "transports", "mcp"},
     "cli": {"core", "tools", "transports", "app"},
 }
@@ -39,6 +41,9 @@ def _imports() -> list[tuple[str, str, str]]:
             for node in ast.walk(tree):
                 if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("edge"):
                     found.append((rel, layer, node.module))
+                    # `from edge.tools import agent` imports edge.tools.agent too
+                    if "." in node.module:
+                        found += [(rel, layer, f"{node.module}.{a.name}") for a in node.names]
                 elif isinstance(node, ast.Import):
                     found += [(rel, layer, a.name) for a in node.names if a.name.startswith("edge")]
     return found
@@ -61,6 +66,59 @@ def test_optional_capabilities_are_imported_only_by_composition():
     assert importers <= {"app/graph.py"} | {r for r in importers if r.startswith(cluster)}
     importers = {rel for rel, _, module in _imports() if module == "edge.core.ports.cluster"}
     assert importers <= {"app/graph.py"} | {r for r in importers if r.startswith(cluster)}
+
+
+def test_the_agent_child_is_imported_by_nothing_outside_it():
+    importers = {rel for rel, _, module in _imports() if module == "edge.agent" or module.startswith("edge.agent.")}
+    assert {r for r in importers if not r.startswith("agent" + os.sep)} == set()
+
+
+# The AI operator's modules outside edge/agent: shipped by the profiles that include it, loaded
+# by the daemon only when [agent] is enabled.
+AGENT_SIDE = {"app/agent.py", "core/agent.py", "core/ports/agent.py", "storage/sqlite/evidence.py",
+              "storage/postgres/evidence.py", "tools/agent.py"}
+
+
+def _eager_imports(tree: ast.Module) -> set[str]:
+    """Modules imported when the module loads: not inside functions, not under TYPE_CHECKING."""
+    found: set[str] = set()
+
+    def visit(nodes: list[ast.stmt]) -> None:
+        for node in nodes:
+            if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+                visit(node.orelse)
+            elif isinstance(node, (ast.If, ast.Try)):
+                visit(node.body)
+                visit(getattr(node, "orelse", []))
+                for handler in getattr(node, "handlers", []):
+                    visit(handler.body)
+                visit(getattr(node, "finalbody", []))
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                found.add(node.module)
+                found.update(f"{node.module}.{a.name}" for a in node.names)
+            elif isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+
+    visit(tree.body)
+    return found
+
+
+def test_nothing_the_default_daemon_loads_imports_the_agent_side_eagerly():
+    agent = {"edge." + rel[:-3].replace(os.sep, ".") for rel in AGENT_SIDE}
+    wrong = []
+    for dirpath, _, files in os.walk(EDGE):
+        for name in files:
+            rel = os.path.relpath(os.path.join(dirpath, name), EDGE)
+            if not name.endswith(".py") or rel in AGENT_SIDE or rel.startswith("agent" + os.sep):
+                continue
+            with open(os.path.join(dirpath, name)) as f:
+                eager = _eager_imports(ast.parse(f.read()))
+            wrong += [f"{rel} imports {m}" for m in sorted(eager & agent)]
+    assert wrong == []
+    lazy = {rel for rel, _, module in _imports() if module in agent} - AGENT_SIDE
+    assert {r for r in lazy if not r.startswith("agent" + os.sep)} == {
+        "app/graph.py", "cli/commands.py", "runner/supervisor.py", "tools/chain.py", "storage/postgres/cluster.py",
+        "storage/postgres/node.py"}
 
 
 def test_every_port_is_in_the_architecture_document():

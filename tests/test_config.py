@@ -88,3 +88,73 @@ def test_pepper_with_loose_mode_refuses_to_start(home):
 ])
 def test_openwrt_zonename(text, zone):
     assert config._uci_zonename(text) == zone
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[agent]\nbase_urll = 'x'\n", "unknown key `agent.base_urll`"),
+        ("[agent.profiles.local]\nmodle = 'x'\n", "unknown key `agent.profiles[...].modle`"),
+        ("[agent]\nconcurrency = 0\n", "`agent.concurrency`: expected `int` >= 1"),
+        ("[agent]\nmax_tokens_param = 'tokens'\n", "`agent.max_tokens_param`: invalid enum value 'tokens'"),
+    ],
+)
+def test_bad_agent_config_is_one_clear_line(home, text, message):
+    path = os.path.join(home, "c.toml")
+    with open(path, "w") as f:
+        f.write(text)
+    with pytest.raises(ConfigError) as err:
+        load(path)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "text, line",
+    [
+        ("[agent]\nenabled = true\n", "qledge: [agent] base_url is required (e.g. https://api.openai.com/v1)"),
+        ("[agent]\nenabled = true\nbase_url = 'https://user:pw@api.example.com/v1'\nmodel = 'm'\n",
+         "qledge: [agent] base_url 'https://user:pw@api.example.com/v1' must be http(s)://host[:port][/path]"),
+        ("[agent]\nenabled = true\nbase_url = 'http://127.0.0.1:9/v1'\n",
+         "qledge: [agent] model is required (e.g. gpt-4o-mini)"),
+        ("[agent]\nenabled = true\nbase_url = 'http://127.0.0.1:9/v1'\nmodel = 'm'\nproxy = 'socks5://h:1'\n",
+         "qledge: [agent] proxy 'socks5://h:1' must be http://host:port"),
+        ("[agent]\nenabled = true\nbase_url = 'http://127.0.0.1:9/v1'\nmodel = 'm'\napi_key_file = '{home}/key'\n",
+         "qledge: [agent] api_key_file {home}/key has mode 0644; it must be 0600"),
+        ("[agent]\nenabled = true\nbase_url = 'http://127.0.0.1:9/v1'\nmodel = 'm'\n"
+         "[agent.profiles.cloud]\nbase_url = 'ftp://x'\n",
+         "qledge: [agent.profiles.cloud] base_url 'ftp://x' must be http(s)://host[:port][/path]"),
+    ],
+)
+def test_an_enabled_agent_is_checked_at_start_in_one_line(home, text, line):
+    key = os.path.join(home, "key")
+    with open(key, "w") as f:
+        f.write("sk-test\n")
+    os.chmod(key, 0o644)
+    result = _serve(home, text.format(home=home))
+    assert result.returncode == 2
+    expected = line.format(home=home).replace("qledge: ", "qledge: invalid_argument: ", 1)
+    assert result.stderr.strip().splitlines() == [expected]
+
+
+def _keys(struct: type, prefix: str = "") -> list[str]:
+    import msgspec
+
+    found = []
+    for field in msgspec.structs.fields(struct):
+        kind = field.type
+        if isinstance(kind, type) and issubclass(kind, msgspec.Struct):
+            found += _keys(kind, f"[{field.name}] ")
+        elif field.name == "profiles":
+            from edge.app.config import AgentProfile
+
+            found += [f"[agent.profiles.NAME] {f.name}" for f in msgspec.structs.fields(AgentProfile)]
+        else:
+            found.append(prefix + field.name)
+    return found
+
+
+def test_every_key_is_in_the_readme_table():
+    with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "README.md")) as f:
+        readme = f.read()
+    missing = [key for key in _keys(Config) if f"| `{key}` |" not in readme]
+    assert missing == []

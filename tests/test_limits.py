@@ -349,10 +349,12 @@ async def test_out_of_descriptors_the_accept_loop_pauses_with_one_line(home, cap
 
 
 @pytest.fixture
-async def served(home):
-    """Both real listeners in this process, on real stores and the real chain."""
+async def served(request, home):
+    """Both real listeners in this process, on real stores and the real chain (with the
+    `[connections]` keys of an indirect parameter, if any)."""
     db = await Database.open(os.path.join(home, "qledge.db"))
-    config, clock = msgspec.convert({"mcp": {"enabled": True}}, Config), SystemClock()
+    keys = {"mcp": {"enabled": True}, "connections": getattr(request, "param", {})}
+    config, clock = msgspec.convert(keys, Config), SystemClock()
     stores = build_stores(db, config, home)
     workers = build_workers(config, home, stores, clock)
     registry = Registry([*builtin_tools(), *ai_tools()])
@@ -466,3 +468,35 @@ def test_follows_beyond_the_runners_bound_are_answered_at_once_and_the_rest_wake
     assert len(woken) == MAX_FOLLOWERS and {r["data"] for r in woken} == {b"late\n"}
     for conn in [*conns, probe]:
         conn.close()
+
+
+@pytest.mark.parametrize("served", [{"max_per_socket": 2, "idle_timeout_s": 0.3}], indirect=True)
+async def test_a_childs_attached_connection_is_outside_the_cap_and_never_idles_out(served):
+    """A connection the daemon made for a child it started (an AI run's, ToolServer.attach)
+    is not counted against the socket's cap, not closed to make room, and not closed for
+    being silent (its run's limits end it); the others are, as ever."""
+    tool, _mcp = served
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    tool.attach(ours)
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if tool._connections:
+            break
+    child = await asyncio.open_unix_connection(sock=theirs)
+    silent = [await asyncio.open_unix_connection(tool.path) for _ in range(2)]  # the cap: both admitted
+    await asyncio.sleep(0.01)
+    assert len(tool._connections) == 3
+    third = await asyncio.open_unix_connection(tool.path)  # at the cap: the longest silent one goes
+    answer = await asyncio.wait_for(silent[0][0].read(4096), 5)
+    assert b"too many connections: closing the one idle the longest" in answer
+    await asyncio.sleep(0.6)  # past the idle timeout: the socket's silent connections are closed
+    assert await asyncio.wait_for(third[0].read(4096), 5) != b""  # told why, then closed
+    reader, writer = child
+    writer.write(frames.frame(msgspec.msgpack.encode({"id": 1, "tool": "qledge.status"})))
+    await writer.drain()
+    body = await asyncio.wait_for(reader.readexactly(int.from_bytes(await reader.readexactly(4), "big")), 5)
+    reply = msgspec.msgpack.decode(body)
+    # Still served, and its peer is never trusted by uid: without a token, unauthenticated.
+    assert reply["id"] == 1 and reply["error"]["code"] == "unauthenticated", reply
+    for _, w in [*silent, third, child]:
+        w.close()

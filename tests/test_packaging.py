@@ -78,13 +78,16 @@ def pyz_dir():
 
 
 def test_profiles_ship_only_their_capabilities(tmp_path):
+    agent = ["edge/agent/__main__.py", "edge/app/agent.py", "edge/core/agent.py", "edge/storage/sqlite/evidence.py",
+             "edge/tools/agent.py"]
     for rel in ("edge/__init__.py", "edge/app/daemon.py", "edge/mcp/server.py", "edge/storage/sqlite/db.py",
-                "edge/app/__pycache__/x.pyc"):
+                "edge/app/__pycache__/x.pyc", *agent):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("")
     base = ["edge/__init__.py", "edge/app/daemon.py", "edge/storage/sqlite/db.py"]
     assert build.profile_files("edge", str(tmp_path)) == base
     assert build.profile_files("edge-mcp", str(tmp_path)) == sorted([*base, "edge/mcp/server.py"])
+    assert build.profile_files("full", str(tmp_path)) == sorted([*base, "edge/mcp/server.py", *agent])
     assert build.module_name("edge/__init__.py") == "edge"
     assert build.module_name("edge/app/daemon.py") == "edge.app.daemon"
 
@@ -107,7 +110,9 @@ def test_a_profile_exists_only_when_its_contents_differ(pyz_dir):
     assert set(listed) == set(build.PROFILES), listed  # the README lists exactly the profiles that exist
     for profile, capabilities in build.PROFILES.items():
         for capability in capabilities:
-            assert f"`{build.OPTIONAL[capability]}`" in listed[profile], (profile, capability)
+            prefixes = build.OPTIONAL[capability]
+            first = prefixes if isinstance(prefixes, str) else prefixes[0]
+            assert f"`{first}`" in listed[profile], (profile, capability)
 
 
 def test_zipapp_is_reproducible_and_its_manifest_is_true(pyz_dir):

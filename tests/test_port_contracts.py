@@ -26,7 +26,7 @@ T0 = 1_800_000_000_000  # a round time, in ms: 2027-01-15T08:00:00Z
 
 
 @contextlib.asynccontextmanager
-async def opened(request, home: str, config: Config) -> AsyncIterator[Stores]:
+async def open_backend(request, home: str, config: Config) -> AsyncIterator[Stores]:
     """Every storage adapter of the backend the test is parametrized with, under `config`."""
     if request.param == "sqlite":
         db = await Database.open(os.path.join(home, "contract.db"))
@@ -47,7 +47,7 @@ async def opened(request, home: str, config: Config) -> AsyncIterator[Stores]:
 
 @pytest.fixture(params=["sqlite", "postgres"])
 async def stores(request, home):
-    async with opened(request, home, Config()) as s:
+    async with open_backend(request, home, Config()) as s:
         yield s
 
 
@@ -55,7 +55,7 @@ async def stores(request, home):
 async def bounded(request, home):
     """Stores whose audit keeps 100 rows of each class."""
     keep = RetentionConfig(audit_max_rows=100, audit_change_max_rows=100, audit_refused_max_rows=100)
-    async with opened(request, home, Config(retention=keep)) as s:
+    async with open_backend(request, home, Config(retention=keep)) as s:
         yield s
 
 
@@ -225,8 +225,8 @@ OLD_AUDIT = [  # at_ms, tool, outcome
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 async def test_audit_rows_written_before_the_classes_are_classified(backend, request, home):
-    """The migration that gives the audit its classes, on each backend (SQLite's version 8,
-    PostgreSQL's 5): allowed credential and secret changes, refused calls (a count of one)
+    """The migration that gives the audit its classes, on each backend (SQLite's version 10,
+    PostgreSQL's 6): allowed credential and secret changes, refused calls (a count of one)
     and the other allowed calls; later refused calls never push out the old changes."""
     if backend == "sqlite":
         import apsw
@@ -1045,3 +1045,155 @@ async def test_readers_are_narrow_ordered_and_scoped(stores: Stores):
     assert [w.id for w in await r.outcome_window.window(P, "t1", 2)] == ["r2", "r1"]
     counts = await s.counts.counts(P)
     assert (counts.tasks, counts.triggers, counts.runs, counts.active_runs, counts.credentials) == (2, 2, 4, 1, 0)
+
+
+# -- AgentEvidenceStore (edge.core.ports.agent) -------------------------------------------
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def evidence(request, home):
+    """The evidence history's store on either backend, and a count of its rows."""
+    if request.param == "sqlite":
+        from edge.storage.sqlite.evidence import SqliteEvidenceStore
+
+        db = await Database.open(os.path.join(home, "contract.db"))
+        store = SqliteEvidenceStore(db)
+
+        async def rows() -> int:
+            return await db.run(lambda conn: conn.execute("SELECT count(*) FROM agent_evidence").fetchone()[0])
+
+        yield store, rows
+        await db.close()
+        return
+    dsn = request.getfixturevalue("pg_dsn")
+    cluster = Cluster(Config(cluster=ClusterConfig(dsn=dsn, node="contract")), home)
+    await cluster.open()
+    store = cluster.evidence()
+
+    async def pg_rows() -> int:
+        import psycopg
+
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            cur = await conn.execute("SELECT count(*) FROM agent_evidence")
+            found = await cur.fetchone()
+            assert found is not None
+            return int(found[0])
+
+    yield store, pg_rows
+    await cluster.close()
+
+
+def opened(n: int, cost_known: bool = True, project: str = P):
+    from edge.core.agent import EvidenceOpen
+
+    return EvidenceOpen(project_id=project, run_id=f"run-{n:05d}", task_id="ask", task_revision=1,
+                        instruction=f"question {n}", provider="api.example.com", model="m", cost_known=cost_known)
+
+
+def round_meta(n: int, estimated: bool = False):
+    from edge.core.agent import RoundMeta
+
+    return RoundMeta(round=n, model="m", input_tokens=100 * n, output_tokens=10 * n, usage_estimated=estimated,
+                     response_chars=42, tools=["qinglong.run.list"], plan=f"plan {n}")
+
+
+async def test_evidence_the_501st_record_prunes_the_oldest(evidence):
+    from edge.storage.sqlite.evidence import MAX_RECORDS
+
+    store, rows = evidence
+    for n in range(MAX_RECORDS):
+        await store.open(opened(n), T0 + n)
+    assert await rows() == MAX_RECORDS
+    await store.open(opened(MAX_RECORDS), T0 + MAX_RECORDS)
+    assert await rows() == MAX_RECORDS
+    assert await store.get(P, "run-00000") is None
+    assert await store.get(P, "run-00001") is not None
+
+
+async def test_evidence_a_91_day_old_record_is_pruned_by_the_next_insert(evidence):
+    store, rows = evidence
+    await store.open(opened(1), T0)
+    await store.open(opened(2), T0 + 89 * DAY)
+    await store.open(opened(3), T0 + 90 * DAY)  # exactly 90 days: kept
+    assert await rows() == 3
+    await store.open(opened(4), T0 + 91 * DAY)  # the inserting write's clock says 91 days later
+    assert await store.get(P, "run-00001") is None
+    assert [r.run_id for r in await store.page(P, None, 10)] == ["run-00004", "run-00003", "run-00002"]
+
+
+async def test_evidence_each_insert_deletes_a_bounded_number_of_rows(evidence):
+    from edge.storage.sqlite.evidence import PRUNE_BATCH
+
+    store, rows = evidence
+    for n in range(40):
+        await store.open(opened(n), T0 + n)
+    await store.open(opened(99), T0 + 200 * DAY)  # all 40 are too old, only the oldest few go at once
+    assert await rows() == 41 - PRUNE_BATCH
+    for n in range(100, 104):
+        await store.open(opened(n), T0 + 200 * DAY)
+    assert await rows() == 5  # converged over the next writes
+
+
+async def test_evidence_rounds_add_up_and_an_estimated_round_makes_the_cost_unknown(evidence):
+    store, _ = evidence
+    await store.open(opened(1), T0)
+    await store.open(opened(1), T0 + 1)  # a record that exists is left as it is
+    assert await store.add_round(P, "run-00001", round_meta(1), 0.25)
+    assert await store.add_round(P, "run-00001", round_meta(2), 0.5)
+    record = await store.get(P, "run-00001")
+    assert record is not None and record.created_at_ms == T0
+    assert (record.rounds, record.input_tokens, record.output_tokens, record.cost_usd) == (2, 300, 30, 0.75)
+    assert [r.plan for r in record.round_meta] == ["plan 1", "plan 2"]
+    assert [r.tools for r in record.round_meta] == [["qinglong.run.list"]] * 2
+    assert await store.add_round(P, "run-00001", round_meta(3, estimated=True), None)
+    record = await store.get(P, "run-00001")
+    assert record is not None and record.usage_estimated and record.cost_usd is None
+    assert await store.add_round(P, "run-00001", round_meta(4), 1.0)
+    record = await store.get(P, "run-00001")
+    assert record is not None and record.cost_usd is None  # unknown stays unknown
+    assert not await store.add_round(P, "elsewhere", round_meta(1), 1.0)
+    assert not await store.add_round("other-project", "run-00001", round_meta(5), 1.0)
+    await store.open(opened(2, cost_known=False), T0)
+    await store.add_round(P, "run-00002", round_meta(1), None)
+    record = await store.get(P, "run-00002")
+    assert record is not None and record.cost_usd is None  # no prices: unknown from the start
+
+
+async def test_evidence_end_finishes_once_and_inserts_a_record_never_opened(evidence):
+    from edge.core.agent import EvidenceEnd
+
+    store, _ = evidence
+    await store.open(opened(1), T0)
+    await store.end(EvidenceEnd(project_id=P, run_id="run-00001", state="succeeded", answer_summary="all fine"),
+                    opened(1), T0 + 5)
+    assert not await store.add_round(P, "run-00001", round_meta(1), 0.1)  # ended: no more rounds
+    await store.end(EvidenceEnd(project_id=P, run_id="run-00001", state="lost"), opened(1), T0 + 6)
+    record = await store.get(P, "run-00001")
+    assert record is not None
+    assert (record.state, record.answer_summary, record.finished_at_ms) == ("succeeded", "all fine", T0 + 5)
+    assert record.position_after is not None and record.position_after >= record.position_before
+    await store.end(EvidenceEnd(project_id=P, run_id="run-00002", state="budget_exhausted", budget="rounds",
+                                error_code="budget_exhausted", error="the rounds budget ran out"), opened(2), T0 + 7)
+    record = await store.get(P, "run-00002")
+    assert record is not None
+    assert (record.state, record.budget, record.error, record.instruction, record.rounds) == (
+        "budget_exhausted", "rounds", "the rounds budget ran out", "question 2", 0)
+    assert record.position_before >= 0 and await store.get("other-project", "run-00002") is None
+
+
+async def test_evidence_pages_are_newest_first_keysets_and_positions_grow(evidence):
+    from edge.core.agent import EvidenceCursor, EvidenceEnd
+
+    store, _ = evidence
+    for n in range(5):
+        await store.open(opened(n), T0 + n // 2)  # equal times: the run id breaks the tie
+        await store.end(EvidenceEnd(project_id=P, run_id=f"run-{n:05d}", state="succeeded"), opened(n), T0 + n)
+    await store.open(opened(7, project="other-project"), T0)
+    first = await store.page(P, None, 3)
+    assert [r.run_id for r in first] == ["run-00004", "run-00003", "run-00002"]
+    after = EvidenceCursor(created_at_ms=first[-1].created_at_ms, run_id=first[-1].run_id)
+    assert [r.run_id for r in await store.page(P, after, 3)] == ["run-00001", "run-00000"]
+    assert [r.run_id for r in await store.page("other-project", None, 3)] == ["run-00007"]
+    records = [await store.get(P, f"run-{n:05d}") for n in range(5)]
+    positions = [p for r in records if r is not None for p in (r.position_before, r.position_after)]
+    assert positions == sorted(positions) and positions[0] < positions[-1]  # each write moves it on

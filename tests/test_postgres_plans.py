@@ -12,7 +12,7 @@ import pytest
 
 from edge.core.reads import SEARCH_BUDGET
 from edge.core.runs import RunCursor, RunQuery
-from edge.storage.postgres import admission, catalog, reads, runs, security
+from edge.storage.postgres import admission, catalog, evidence, reads, runs, security
 from edge.storage.postgres.db import PgDatabase
 from edge.storage.postgres.schema import migrate
 
@@ -41,6 +41,10 @@ INSERT INTO security_audit (at_ms, project_id, principal, tool, outcome, reasons
 SELECT 1790000000000 + i, CASE WHEN i % 10 = 9 THEN 'other' ELSE 'default' END, 'uid:0', 'qledge.status', 'allowed',
        '[]', 'socket' FROM generate_series(1, 20000) i;
 INSERT INTO imports SELECT 'default', 'crontab:root:' || i, 'task', 'task-000', 0 FROM generate_series(1, 5000) i;
+INSERT INTO agent_evidence (run_id, project_id, task_id, task_revision, state, instruction, provider, model,
+                            position_before, created_at_ms)
+SELECT 'ai-' || lpad(i::text, 6, '0'), 'default', 'ask', i, 'succeeded', 'why?', 'api.example.com', 'm', i,
+       1790000000000 + i * 1000 FROM generate_series(1, 20000) i;
 ANALYZE;
 """
 
@@ -210,3 +214,15 @@ def test_search_pages_find_exactly_the_matching_runs_whatever_the_budget(filled)
         seen, pages = asyncio.run(walk(q))
         assert seen == want and want, q
         assert pages >= len(want) // 7
+
+
+def test_the_evidence_history_is_read_and_trimmed_on_its_indexes(filled):
+    """(Retention keeps 500 records; 20,000 here make the planner show the index it would walk.)"""
+    big = ("runs", "triggers", "agent_evidence")
+    assert_index(filled, evidence.SQL_PAGE, ("default", 1790000005000, "ai-005000", 33),
+                 "agent_evidence_created_idx", big=big)
+    assert_index(filled, evidence.SQL_CUT, (500,), "agent_evidence_pkey", big=big)
+    assert_index(filled, evidence.SQL_PRUNE, (16, 19500, 1790000000000), "agent_evidence_pkey", big=big)
+    assert_index(filled, evidence.SQL_GET, ("ai-000042", "default"), "agent_evidence_run_id_key", big=big)
+    assert_index(filled, runs.SQL_EVIDENCE_LOST, ("lease_expired", "gone", 1, "ai-000042"),
+                 "agent_evidence_run_id_key", big=big)

@@ -84,6 +84,49 @@ class ClusterConfig(msgspec.Struct, forbid_unknown_fields=True):
     write_retry_s: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 30.0
 
 
+_Price = Annotated[float, msgspec.Meta(ge=0, le=10_000)]
+_Tokens = Annotated[int, msgspec.Meta(ge=256, le=10_000_000)]
+
+
+class AgentProfile(msgspec.Struct, forbid_unknown_fields=True):
+    """A second provider or model an AI task may name (`profile`); unset keys come from [agent]."""
+
+    base_url: str | None = None
+    model: str | None = None
+    api_key_file: str | None = None
+    input_usd_per_mtok: _Price | None = None
+    output_usd_per_mtok: _Price | None = None
+    context_window_tokens: _Tokens | None = None
+    max_output_tokens: Annotated[int, msgspec.Meta(ge=16, le=1_000_000)] | None = None
+
+
+class AgentConfig(msgspec.Struct, forbid_unknown_fields=True):
+    enabled: bool = False
+    base_url: str | None = None  # an OpenAI-compatible API root, e.g. https://api.openai.com/v1
+    model: str | None = None
+    api_key_file: str | None = None  # mode 0600; read by each AI run's child, never by the daemon
+    input_usd_per_mtok: _Price | None = None
+    output_usd_per_mtok: _Price | None = None
+    context_window_tokens: _Tokens = 65536
+    request_timeout_s: Annotated[float, msgspec.Meta(ge=1, le=3600)] = 120.0
+    max_output_tokens: Annotated[int, msgspec.Meta(ge=16, le=1_000_000)] = 4096
+    max_tokens_param: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
+    retries: Annotated[int, msgspec.Meta(ge=0, le=5)] = 2
+    ca_file: str | None = None  # None: the system's trust store
+    proxy: str | None = None  # http://host:port; the environment's proxy variables are never used
+    read_logs: bool = True
+    concurrency: Annotated[int, msgspec.Meta(ge=1, le=8)] = 1
+    # Whom each AI run's child becomes where the daemon is root: never root or the daemon's user.
+    user: Account = "nobody"
+    budget_rounds: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 48
+    budget_input_tokens: Annotated[int, msgspec.Meta(ge=1, le=10**9)] = 1_000_000
+    budget_output_tokens: Annotated[int, msgspec.Meta(ge=1, le=10**9)] = 384_000
+    budget_cost_usd: Annotated[float, msgspec.Meta(ge=0, le=10_000)] = 5.0
+    budget_wall_clock_s: Annotated[int, msgspec.Meta(ge=5, le=86_400)] = 600
+    tool_calls_per_round: Annotated[int, msgspec.Meta(ge=1, le=16)] = 8
+    profiles: dict[Name, AgentProfile] = {}
+
+
 class Config(msgspec.Struct, forbid_unknown_fields=True):
     home: str | None = None
     socket: str | None = None
@@ -99,6 +142,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True):
     connections: ConnectionsConfig = msgspec.field(default_factory=ConnectionsConfig)
     mcp: McpConfig = msgspec.field(default_factory=McpConfig)
     cluster: ClusterConfig = msgspec.field(default_factory=ClusterConfig)
+    agent: AgentConfig = msgspec.field(default_factory=AgentConfig)
 
 
 class ConfigError(Exception):

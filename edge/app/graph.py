@@ -8,6 +8,7 @@ capabilities are imported here and only here, when their section enables them.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable
@@ -58,8 +59,10 @@ from edge.tools.definition import Registry, Tool
 from edge.transports.tool_socket import ToolServer
 from edge.transports.unix import Limits, Shared, UnixListener, descriptor_allowance
 
-if TYPE_CHECKING:  # cluster ports are loaded only by a cluster node
+if TYPE_CHECKING:  # cluster and agent ports are loaded only where they are used
+    from edge.core.ports.agent import AgentEvidenceStore, AgentRuns, RunCredentials
     from edge.core.ports.cluster import ClusterNode
+    from edge.tools.agent import AgentService
 
 log = logging.getLogger("qledge")
 
@@ -182,14 +185,15 @@ class Workers(msgspec.Struct, frozen=True, kw_only=True):
 def build_workers(
     config: Config, home: str, stores: Stores, clock: Clock,
     distribute: Callable[[Runner, Notices], RunController] | None = None, wall: Clock | None = None,
+    agents: AgentRuns | None = None, users: SystemUsers | None = None,
 ) -> Workers:
     """`clock` stamps what the runner records; the scheduler plans fires on `wall` (the
     wall clock itself, which it holds on while that is behind; default: `clock`)."""
     settings = runner_settings(config, home)
-    users = task_users(config, home)
+    users = users or task_users(config, home)
     notices = Notices(clock, LoopTimers())
     runner = Runner(runs=stores.runs, tasks=stores.tasks, admission=stores.admission, secrets=stores.secrets,
-                    logs=stores.logs, clock=clock, settings=settings, users=users, notices=notices)
+                    logs=stores.logs, clock=clock, settings=settings, users=users, notices=notices, agents=agents)
     controller = runner if distribute is None else distribute(runner, notices)
     scheduler = Scheduler(stores.admission, stores.runs, controller, wall or clock, config.project, notices=notices)
     return Workers(runner=runner, scheduler=scheduler, settings=settings, controller=controller, users=users,
@@ -228,9 +232,12 @@ def build_services(
     )
 
 
-def build_chain(config: Config, services: Services, registry: Registry) -> Chain:
+def build_chain(
+    config: Config, services: Services, registry: Registry, run_credentials: RunCredentials | None = None
+) -> Chain:
     owners = config.auth.owner_uids if config.auth.owner_uids is not None else sorted({os.getuid(), 0})
-    auth = Authenticator(services.credentials, services.pepper, owners, config.project, registry.read_tool_names())
+    auth = Authenticator(services.credentials, services.pepper, owners, config.project, registry.read_tool_names(),
+                         run_credentials)
     return Chain(registry, auth, services)
 
 
@@ -337,11 +344,19 @@ class Cluster:
             triggers=pg.triggers, admission=pg.admission, credentials=pg.credentials, secrets=pg.secrets,
             audit=pg.audit, audit_reader=pg.audit_reader, readers=pg.readers, counts=pg.counts)
 
-    def distribute(self, runner: Runner, notices: Notices) -> RunController:
+    def evidence(self) -> AgentEvidenceStore:
+        """The AI operator's evidence history in PostgreSQL ([agent] enabled on a node)."""
+        from edge.storage.postgres.cluster import PgCluster
+        from edge.storage.postgres.evidence import PgEvidenceStore
+
+        assert isinstance(self._adapters, PgCluster)
+        return PgEvidenceStore(self._adapters.db)
+
+    def distribute(self, runner: Runner, notices: Notices, agents: AgentRuns | None = None) -> RunController:
         from edge.storage.postgres.cluster import PgCluster
 
         assert isinstance(self._adapters, PgCluster)
-        self.node, controller = self._adapters.runtime(runner, notices)
+        self.node, controller = self._adapters.runtime(runner, notices, agents)
         return controller
 
     async def close(self) -> None:
@@ -359,6 +374,30 @@ def default_node_id(home: str) -> str:
 
     host = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in socket.gethostname())[:40] or "node"
     return f"{host}:{hashlib.sha256(os.path.abspath(home).encode()).hexdigest()[:8]}"
+
+
+# -- the AI operator ([agent] enabled: edge.app.agent; its child, edge.agent, is never imported) --
+
+
+def agent_service(
+    config: Config, stores: Stores, clock: Clock, pepper: bytes, users: SystemUsers,
+    evidence: Callable[[], AgentEvidenceStore] | None = None, credentials: RunCredentials | None = None,
+    db: Database | None = None,
+) -> AgentService:
+    """The daemon's side of the AI operator. Its evidence store: `evidence()` (a cluster's),
+    else the SQLite one on `db`, loaded at its first use."""
+    import importlib.util
+
+    if importlib.util.find_spec("edge.agent") is None:  # finds it without importing it
+        raise StartupError("the AI operator is not included in this build", "invalid_argument")
+    from edge.app.agent import EvidenceOnFirstUse, build_agent
+
+    if evidence is not None:
+        store = evidence()
+    else:
+        assert db is not None
+        store = EvidenceOnFirstUse(db)
+    return build_agent(config, stores, clock, pepper, users, store, credentials)
 
 
 # -- the daemon's graph -------------------------------------------------------------
@@ -388,22 +427,35 @@ class Graph:
             # Not on a cluster node: every node holds on its own, from the newest time it
             # saw, so the ranges they would move overlap; their stamps keep their order.
             self.stamps.on_jump = self._clock_jumped
-        self.workers = build_workers(config, home, self.stores, self.stamps, cluster.distribute if cluster else None,
-                                     wall)
+        users = task_users(config, home)
+        agent = None
+        if config.agent.enabled:
+            agent = agent_service(config, self.stores, self.stamps, pepper, users,
+                                  cluster.evidence if cluster is not None else None, db=db)
+        distribute = None
+        if cluster is not None:
+            distribute = functools.partial(cluster.distribute, agents=agent)
+        self.workers = build_workers(config, home, self.stores, self.stamps, distribute, wall, agent, users)
         self.facts = DaemonFacts(self.stores.location, loop, self.stamps, self.stores.counts, self.workers.settings,
                                  config.runner.work_dir)
         self.facts.add_extra(self.workers.scheduler.status)
         if cluster is not None and cluster.node is not None:
             self.facts.add_extra(cluster.node.status)
-        users = self.workers.users
         self.facts.add_extra(lambda: {"task users": users.describe()})
         ballast = db.ballast if db is not None else None
         if ballast is not None:
             self.facts.add_extra(lambda: {"disk": _disk_line(ballast)})
-        registry = Registry([*builtin_tools(), *ai_tools()])
+        registry = Registry([*builtin_tools(), *ai_tools(), *(agent.tools() if agent else [])])
+        if agent is not None:
+            agent.offer(registry.tools())
+            self.facts.add_extra(agent.status)
         services = build_services(config, self.stores, self.workers, self.facts, registry, pepper, self.stamps)
-        self.chain = build_chain(config, services, registry)
+        self.chain = build_chain(config, services, registry, agent.credentials if agent else None)
         self.listeners = build_listeners(config, home, socket_path, self.chain, self.facts)
+        if agent is not None:
+            tool_server = self.listeners[0]
+            assert isinstance(tool_server, ToolServer)
+            agent.serve_with(tool_server.attach)  # each AI run's child gets a connection of its own
 
     async def hold_clock(self) -> None:
         """Before anything is stamped: while the wall clock is behind the newest time on

@@ -2,8 +2,9 @@
 out of the daemon, and keep an early SIGHUP from killing it.
 
 asyncio imports `ssl` only opportunistically; blocking it saves ~4.5 MiB RSS. Blocking
-`_hashlib` makes hashlib/hmac use CPython's builtin SHA-256 instead of mapping
-OpenSSL's libcrypto (~3.5 MiB). uvloop needs `ssl`, so it is only used when installed
+`_hashlib` makes hashlib/hmac, should anything import them, use CPython's builtin SHA-256
+instead of mapping OpenSSL's libcrypto (~3.5 MiB); the daemon itself digests with the
+builtin module directly (edge.core.auth). uvloop needs `ssl`, so it is only used when installed
 (loop = "auto") or asked for (loop = "uvloop").
 """
 

@@ -73,13 +73,19 @@ def _one_line(text: str) -> str:
 class Client:
     def __init__(
         self, path: str, token: str | None = None, timeout_s: float = 90.0,
-        max_frame_bytes: int = frames.DEFAULT_MAX_FRAME,
+        max_frame_bytes: int = frames.DEFAULT_MAX_FRAME, connected: socket.socket | None = None,
     ) -> None:
+        """Connect to the daemon's socket at `path`, or use `connected`, a connection the
+        daemon made for this process (an AI run's child), named `path` in messages."""
         self.path = path
         self.token = token
         self.max_frame_bytes = max_frame_bytes
         self._ids = itertools.count(1)
         self._allowed: set[str] | None = None
+        if connected is not None:
+            self._sock = connected
+            self._sock.settimeout(timeout_s)
+            return
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.settimeout(timeout_s)
         try:

@@ -1,5 +1,4 @@
-"""One function per CLI verb: call tools, print results, return an exit code; and the
-parser of the whole command line (`build_parser`).
+"""One function per CLI verb: call tools, print results, return an exit code.
 
 Arguments and results are the tools' own Structs (edge.tools.builtin, edge.core), the
 same types the daemon decodes and encodes, so every field read here is checked by mypy.
@@ -16,7 +15,17 @@ from edge.cli import edit, render
 from edge.cli.client import CallFailed, Client, UsageError
 from edge.core.auth import Credential, SecretInfo
 from edge.core.runs import Run, RunDefaults
-from edge.core.tasks import DEFAULT_TIMEOUT_MS, ArgvCommand, Command, SecretRef, ShellCommand, Task, TaskSpec
+from edge.core.tasks import (
+    DEFAULT_TIMEOUT_MS,
+    AgentBudget,
+    AgentInstruction,
+    ArgvCommand,
+    Command,
+    SecretRef,
+    ShellCommand,
+    Task,
+    TaskSpec,
+)
 from edge.tools.builtin import backup as backup_tools
 from edge.tools.builtin import credentials as credential_tools
 from edge.tools.builtin import runs as run_tools
@@ -28,9 +37,9 @@ from edge.tools.definition import Empty
 if TYPE_CHECKING:
     import argparse
     from collections.abc import Callable
-    from typing import NoReturn
+    from types import ModuleType
 
-    from edge.cli.main import Handler, Subcommands, Verb
+    from edge.tools import agent as agent_tools
 
     from edge.tools.ai.projections import TaskView
 
@@ -122,6 +131,9 @@ def _yes(flag: bool) -> str:
 
 def _task_fields(t: Task, defaults: RunDefaults | None) -> None:
     spec = t.spec
+    if isinstance(spec.command, AgentInstruction):
+        _agent_task_fields(t, spec.command)
+        return
     cap = spec.log_cap_bytes
     cwd = spec.working_dir
     render.fields([
@@ -223,6 +235,13 @@ def task_rm(c: Client, a: argparse.Namespace) -> int:
                                          + (" and its triggers" if a.with_triggers else "")))
 
 
+def _waited(c: Client, run_id: str) -> Run:
+    while True:
+        waited = c.typed("qledge.run.wait", run_tools.WaitArgs(run_id=run_id, timeout_ms=30_000), run_tools.WaitResult)
+        if waited.done:
+            return waited.run
+
+
 def run_start(c: Client, a: argparse.Namespace) -> int:
     run = c.typed("qledge.run.start", run_tools.StartArgs(task_id=a.task), Run)
     if not a.wait and not a.follow:
@@ -235,11 +254,7 @@ def run_start(c: Client, a: argparse.Namespace) -> int:
         from edge.cli.history import follow
 
         follow(c, run.id)
-    while True:
-        waited = c.typed("qledge.run.wait", run_tools.WaitArgs(run_id=run.id, timeout_ms=30_000), run_tools.WaitResult)
-        if waited.done:
-            break
-    final = waited.run
+    final = _waited(c, run.id)
     if a.json:
         render.json_out(final)
     else:
@@ -352,6 +367,142 @@ def _status_fields(s: status_tools.Status) -> None:
 
 def status(c: Client, a: argparse.Namespace) -> int:
     return show(a, c.typed("qledge.status", status_tools.StatusArgs(), status_tools.Status), _status_fields)
+
+
+# -- the AI operator ---------------------------------------------------------------------
+
+AGENT_OFF = (
+    "the AI operator is off; to turn it on, set [agent] enabled = true, base_url and model (and api_key_file)"
+    " in the daemon's config and restart it"
+)
+
+
+def _agent_tools() -> ModuleType:
+    """The agent's tool shapes: only builds that include the AI operator have them."""
+    try:
+        from edge.tools import agent
+    except ImportError:
+        raise UsageError("the AI operator is not included in this build") from None
+    return agent
+
+
+def _agent(c: Client, tool: str, args: msgspec.Struct, result: type[T]) -> T:
+    """An agent tool, which only a daemon with [agent] enabled has."""
+    try:
+        return c.typed(tool, args, result)
+    except CallFailed as exc:
+        if exc.code == "invalid_argument" and exc.message == f"unknown tool {tool!r}":
+            raise UsageError(AGENT_OFF) from None
+        raise
+
+
+def _log(c: Client, run_id: str) -> bytes:
+    data = bytearray()
+    while True:
+        chunk = c.typed("qledge.run.log.read", run_tools.LogArgs(run_id=run_id, offset=len(data)), run_tools.LogChunk)
+        data += chunk.data
+        if chunk.eof:
+            return bytes(data)
+
+
+class AskResult(msgspec.Struct, rename="camel"):
+    run: Run
+    answer: str | None  # the run's log when it succeeded
+
+
+def ask(c: Client, a: argparse.Namespace) -> int:
+    question = " ".join(a.question).strip()
+    if not question:
+        raise UsageError("ask a question, e.g. qledge ask \"why did backup fail last night?\"")
+    tools = _agent_tools()
+    run = _agent(c, "qledge.agent.ask", tools.AskArgs(instruction=question, profile=a.profile), Run)
+    if not a.wait:
+        return show(a, run, lambda r: print(f"run {r.id} {r.status}; its answer will be its log:"
+                                            f" qledge run log {r.id}"))
+    if not a.json:
+        print(f"run {run.id} {run.status}", file=sys.stderr, flush=True)
+    final = _waited(c, run.id)
+    text = _log(c, final.id).decode("utf-8", "replace") if final.status == "succeeded" else None
+    if a.json:
+        render.json_out(AskResult(run=final, answer=text))
+    elif text is not None:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    else:
+        print(render.run_line(final), file=sys.stderr)
+    return OK if final.status == "succeeded" else TOOL_ERROR
+
+
+def agent_add(c: Client, a: argparse.Namespace) -> int:
+    budget = AgentBudget(rounds=a.rounds, input_tokens=a.input_tokens, output_tokens=a.output_tokens,
+                         cost_usd=a.cost_usd, wall_clock_s=a.wall_clock)
+    given = any(getattr(budget, f) is not None for f in budget.__struct_fields__)
+    spec = TaskSpec(command=AgentInstruction(instruction=a.instruction, budget=budget if given else None,
+                                             profile=a.profile), overlap=a.overlap)
+    task = c.typed("qledge.task.create", task_tools.CreateArgs(task_id=a.name, spec=spec), Task)
+    return show(a, task, lambda t: print(f"AI task {t.id} created (revision {t.revision});"
+                                         f" run it with qledge run start {t.id}, or add a trigger"))
+
+
+def _agent_task_fields(t: Task, command: AgentInstruction) -> None:
+    budget = command.budget
+    overrides = ", ".join(f"{k} {getattr(budget, k):g}" for k in AgentBudget.__struct_fields__
+                          if budget is not None and getattr(budget, k) is not None)
+    render.fields([
+        ("task", t.id), ("name", t.name), ("revision", t.revision), ("enabled", _yes(t.enabled)),
+        ("kind", "agent (qinglong/agent@v1)"), ("instruction", command.instruction),
+        ("profile", command.profile), ("budget", overrides or "the configured defaults"),
+        ("overlap", t.spec.overlap), ("digest", t.content_digest), ("updated", render.when(t.updated_at_ms)),
+    ])
+
+
+def _cost(usd: float | None) -> str:
+    return "unknown" if usd is None else f"${usd:.6f}"
+
+
+def agent_list(c: Client, a: argparse.Namespace) -> int:
+    tools = _agent_tools()
+    page = _agent(c, "qinglong.agent.history.list", tools.HistoryListArgs(limit=a.limit), tools.HistoryPage)
+    return show_list(
+        a, page.records, "no AI runs yet: qledge ask \"...\"",
+        lambda r: [r.run_id, r.task_id, r.state + (f" ({r.budget})" if r.budget else ""), str(r.rounds),
+                   f"{r.input_tokens}/{r.output_tokens}" + ("~" if r.usage_estimated else ""), _cost(r.cost_usd),
+                   render.when(r.created_at_ms)],
+        ["RUN", "TASK", "STATE", "ROUNDS", "TOKENS IN/OUT", "COST", "CREATED"],
+    )
+
+
+def _record_fields(r: agent_tools.HistoryDetailView) -> None:
+    render.fields([
+        ("run", r.run_id), ("task", f"{r.task_id} (revision {r.task_revision})"),
+        ("state", r.state + (f" ({r.budget})" if r.budget else "")), ("error", r.error_code), ("why", r.error),
+        ("provider", f"{r.model} at {r.provider}"), ("instruction", r.instruction),
+        ("usage", f"{r.input_tokens} in, {r.output_tokens} out" + (" (estimated)" if r.usage_estimated else "")),
+        ("cost", _cost(r.cost_usd)), ("tools", ", ".join(t for rnd in r.per_round for t in rnd.tools) or None),
+        ("answer", r.answer_summary), ("created", render.when(r.created_at_ms)),
+        ("finished", render.when(r.finished_at_ms)), ("position", f"{r.position_before} -> {r.position_after}"),
+    ])
+    for rnd in r.per_round:
+        print(f"  round {rnd.round}: {rnd.model}, {rnd.input_tokens}/{rnd.output_tokens} tokens,"
+              f" {rnd.response_chars} chars" + (f", {', '.join(rnd.tools)}" if rnd.tools else "")
+              + (f": {rnd.plan}" if rnd.plan else ""))
+
+
+def agent_get(c: Client, a: argparse.Namespace) -> int:
+    tools = _agent_tools()
+    record: agent_tools.HistoryDetailView | None = None
+    after = 0
+    while True:  # the record comes with its rounds a page at a time
+        found = _agent(c, "qinglong.agent.history.get", tools.HistoryGetArgs(run_id=a.run, after_round=after),
+                       tools.HistoryGetResult)
+        if not isinstance(found.record, tools.HistoryDetailView):
+            raise CallFailed("not_found", f"no evidence record for run {a.run}")
+        if record is None:
+            record = found.record
+        else:
+            record.per_round += found.record.per_round
+        if not isinstance(found.next_after_round, int):
+            return show(a, record, _record_fields)
+        after = found.next_after_round
 
 
 def call(c: Client, a: argparse.Namespace) -> int:
@@ -504,218 +655,3 @@ def import_state(c: Client, a: argparse.Namespace) -> int:
               f" {len(r.skipped)} skipped")
 
     return show(a, report, human)
-
-
-# -- the command line ---------------------------------------------------------------------
-# Here rather than in edge.cli.main, which `qledge serve` loads: the daemon never pays for it.
-
-
-def _parser_class() -> type[argparse.ArgumentParser]:
-    import argparse
-
-    from edge.cli.client import UsageError
-
-    class Parser(argparse.ArgumentParser):
-        """argparse whose usage errors take the one error format (and exit 2) like any other."""
-
-        def error(self, message: str) -> NoReturn:
-            raise UsageError(f"{message} (see: {self.prog} --help)")
-
-    return Parser
-
-
-def _common() -> argparse.ArgumentParser:
-    import argparse
-
-    # SUPPRESS lets these flags appear before or after the verb without clobbering.
-    p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--home", default=argparse.SUPPRESS, help="state directory ($QLEDGE_HOME)")
-    p.add_argument("--socket", default=argparse.SUPPRESS, help="tool socket path ($QLEDGE_SOCKET)")
-    p.add_argument("--config", default=argparse.SUPPRESS, metavar="FILE",
-                   help="the daemon's TOML configuration, for its home and socket ($QLEDGE_CONFIG)")
-    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
-                   help="machine-readable output (errors too, as JSON on stderr)")
-    return p
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """Every verb and its options (edge.cli.main.build_parser), for every command but `serve`."""
-    import argparse
-
-    import edge
-
-    common = _common()
-    parser = _parser_class()(
-        prog="qledge", parents=[common],
-        description="A minimal-footprint task runtime for routers and small boards.",
-    )
-    parser.add_argument("--version", action="version", version=f"qledge {edge.__version__}")
-    verbs = parser.add_subparsers(dest="verb", metavar="COMMAND", required=True)
-
-    def verb(sub: Subcommands, name: str, handler: Handler | None, help_text: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, parents=[common], help=help_text, description=help_text,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
-        p.set_defaults(handler=handler)
-        return p
-
-    verb(verbs, "serve", None, "run the daemon in the foreground (--config FILE, or $QLEDGE_CONFIG)")
-
-    from edge.cli import commands as c
-    from edge.cli import edit
-
-    task = verbs.add_parser("task", help="manage tasks").add_subparsers(dest="action", metavar="ACTION", required=True)
-    add = verb(task, "add", c.task_add, "add a task: qledge task add NAME [options] -- COMMAND [ARGS...]")
-    edit.task_options(add, update=False)
-    _task_update_verb(task, verb)
-    verb(task, "list", c.task_list, "list tasks")
-    for action in ("get", "enable", "disable", "rm"):
-        handler = {"get": c.task_get, "rm": c.task_rm}.get(action, c.task_toggle)
-        p = verb(task, action, handler, f"{action} a task")
-        p.add_argument("name", metavar="TASK")
-    task.choices["rm"].description = (
-        "delete a task: its revisions, its finished runs and their logs; refused while a run is"
-        " queued or running, and while the task has triggers unless --with-triggers")
-    task.choices["rm"].add_argument("--with-triggers", action="store_true",
-                                    help="delete the task's triggers (and their events) too")
-
-    run = verbs.add_parser("run", help="start and inspect runs").add_subparsers(
-        dest="action", metavar="ACTION", required=True)
-    start = verb(run, "start", c.run_start, "start a run of a task now")
-    start.add_argument("task", metavar="TASK")
-    start.add_argument("--wait", action="store_true", help="wait until it finishes; exit 1 unless it succeeded")
-    _history_verbs(verbs, run, start, verb)
-
-    _schedule_verbs(verbs, verb)
-    _backup_verbs(verbs, verb)
-
-    token = verbs.add_parser("token", help="API credentials").add_subparsers(
-        dest="action", metavar="ACTION", required=True)
-    create = verb(token, "create", c.token_create, "create a credential; prints its token once")
-    create.add_argument("--role", required=True, choices=("owner", "operator", "viewer"))
-    create.add_argument("--name")
-    create.add_argument("--permission", action="append", metavar="P",
-                        help="restrict to this permission (repeatable; an unknown one is refused with the list)")
-    verb(token, "list", c.token_list, "list credentials").add_argument(
-        "--all", action="store_true", help="revoked ones too")
-    verb(token, "revoke", c.token_revoke, "revoke a credential (by id, or by the whole token)").add_argument(
-        "id", metavar="ID")
-
-    secret = verbs.add_parser("secret", help="secrets for task environments (values are never shown)").add_subparsers(
-        dest="action", metavar="ACTION", required=True)
-    verb(secret, "set", c.secret_set, "store a secret; the value is read from stdin or a prompt, never argv"
-         " (at most 16384 characters, no NUL)").add_argument("name", metavar="NAME")
-    verb(secret, "list", c.secret_list, "list secret names and dates")
-    verb(secret, "rm", c.secret_rm, "delete a secret").add_argument("name", metavar="NAME")
-
-    mcp = verb(verbs, "mcp", None, "bridge stdio to the daemon's MCP socket, for AI clients")
-    mcp.add_argument("--token-file", metavar="FILE", help="read the API token from FILE ($QLEDGE_TOKEN)")
-    mcp.add_argument("--mcp-socket", metavar="PATH", help="MCP socket (default <home>/mcp.sock)")
-    verb(verbs, "status", c.status, "daemon status")
-    call = verb(verbs, "call", c.call, "call a tool directly; prints its JSON result")
-    call.add_argument("tool", metavar="TOOL")
-    call.add_argument("--args", metavar="JSON", help="arguments as a JSON object")
-    return parser
-
-
-def _task_update_verb(task: Subcommands, verb: Verb) -> None:
-    from edge.cli import edit
-
-    update = verb(task, "update", edit.task_update,
-                  "change a task: qledge task update TASK [options] [-- COMMAND [ARGS...]]")
-    edit.task_options(update, update=True)
-
-
-def _history_verbs(verbs: Subcommands, run: Subcommands, start: argparse.ArgumentParser, verb: Verb) -> None:
-    """Browsing what ran and what will: run list/get/log/cancel, qledge next, qledge audit."""
-    from edge.cli import history as h
-    from edge.cli.edit import bounded_int
-
-    start.add_argument("--follow", action="store_true",
-                       help="print the run's output as it comes, until it ends (implies --wait)")
-    lst = verb(run, "list", h.run_list, "list runs, newest first (a page at a time, or --all)")
-    h.list_options(lst)
-    for action, handler, text in (("get", h.run_get, "show a run"), ("log", h.run_log, "print a run's log"),
-                                  ("cancel", h.run_cancel, "cancel a run")):
-        p = verb(run, action, handler, text)
-        p.add_argument("run", metavar="RUN", help=h.RUN_HELP)
-        p.epilog = h.RUN_EPILOG
-    run.choices["log"].add_argument("--follow", "-f", action="store_true",
-                                    help="keep printing the output of a running run until it ends")
-    nxt = verb(verbs, "next", h.upcoming, "the next fires of every enabled trigger, in time order")
-    nxt.add_argument("--count", type=bounded_int("--count", 1, 100), default=10, metavar="N",
-                     help="how many (1..100, default 10)")
-    audit = verb(verbs, "audit", h.audit, "the security audit log, newest first (owners: audit.read)")
-    audit.add_argument("--limit", type=bounded_int("--limit", 1, 1000), default=20, metavar="N",
-                       help="how many rows (1..1000, default 20)")
-    audit.add_argument("--since", type=h.time_arg("--since"), metavar="WHEN",
-                       help="only rows from then on: a duration back from now (30m, 12h, 7d) or a date/time")
-
-
-def _schedule_verbs(verbs: Subcommands, verb: Verb) -> None:
-    from edge.cli import edit
-    from edge.cli import schedule_commands as s
-
-    cron = verbs.add_parser("cron", help="cron expressions (offline)").add_subparsers(
-        dest="action", metavar="ACTION", required=True)
-    nxt = verb(cron, "next", s.cron_next, "print the next fire times of a cron expression (no daemon needed)")
-    nxt.add_argument("expression", metavar="EXPR", help="5 fields, or 6 with seconds first; or @daily etc.")
-    nxt.add_argument("--tz", type=edit.zone_arg, metavar="TZ", help="IANA time zone (default: the device's, else UTC)")
-    nxt.add_argument("--after", metavar="ISO8601", help="list fires after this time (default: now)")
-    nxt.add_argument("--count", type=s.count, default=5, metavar="N", help="how many (1..1000, default 5)")
-    nxt.set_defaults(offline=True)
-
-    trigger = verbs.add_parser("trigger", help="manage cron triggers").add_subparsers(
-        dest="action", metavar="ACTION", required=True)
-    add = verb(trigger, "add", s.trigger_add, "add a cron trigger: qledge trigger add TASK --cron EXPR")
-    add.add_argument("task", metavar="TASK")
-    add.add_argument("--cron", required=True, metavar="EXPR",
-                     help="5 fields, or 6 with seconds first; @daily etc., @reboot (once per boot), @once (one shot)")
-    add.add_argument("--tz", type=edit.zone_arg, metavar="TZ",
-                     help="IANA time zone (default: config `timezone`, the device's, UTC)")
-    add.add_argument("--misfire", choices=("skip", "fire_once"), default="skip",
-                     help="fires missed by more than 30s: skip them, or run the oldest once (default skip)")
-    add.add_argument("--jitter", type=edit.jitter, default=0, metavar="S",
-                     help="delay each run by a random 0..S seconds (S: 0..3600, default 0)")
-    add.add_argument("--id", metavar="ID", help="trigger id (default TASK-N)")
-    add.epilog = edit.TRIGGER_LIMITS
-    _trigger_update_verb(trigger, verb)
-    verb(trigger, "list", s.trigger_list, "list triggers")
-    for action, handler in (("get", s.trigger_get), ("enable", s.trigger_toggle), ("disable", s.trigger_toggle),
-                            ("rm", s.trigger_rm)):
-        verb(trigger, action, handler, f"{action} a trigger").add_argument("trigger", metavar="TRIGGER")
-    repin = verb(trigger, "repin", s.trigger_repin, "pin a trigger to the task's current (or a given) revision")
-    repin.add_argument("trigger", metavar="TRIGGER")
-    repin.add_argument("--task-revision", type=int, metavar="N", help="pin to this task revision instead")
-    events = verb(trigger, "events", s.trigger_events, "fires that were skipped or refused, newest first")
-    events.add_argument("trigger", metavar="TRIGGER", nargs="?")
-    events.add_argument("--limit", type=edit.bounded_int("--limit", 1, 64), default=32, metavar="N",
-                        help="1..64 (default 32)")
-
-
-def _trigger_update_verb(trigger: Subcommands, verb: Verb) -> None:
-    from edge.cli import edit
-
-    update = verb(trigger, "update", edit.trigger_update,
-                  "change a trigger's schedule; its task, enabled flag and events stay")
-    update.add_argument("trigger", metavar="TRIGGER")
-    edit.trigger_options(update)
-
-
-def _backup_verbs(verbs: Subcommands, verb: Verb) -> None:
-    from edge.cli import commands as c
-
-    exp = verb(verbs, "export", c.export_state,
-               "write tasks and triggers (and, with --with-secrets, secret values) to FILE, mode 0600")
-    exp.add_argument("file", metavar="FILE")
-    exp.add_argument("--with-secrets", action="store_true", help="include secret values (needs secret.export)")
-    sources = verbs.add_parser(
-        "import", help="import tasks and triggers: qledge import FILE, or from crontab or qinglong").add_subparsers(
-        dest="source", metavar="FILE|SOURCE", required=True)
-    imp = verb(sources, "file", c.import_state,
-               "import an export made by `qledge export`: create what is missing, skip what is identical")
-    imp.add_argument("file", metavar="FILE")
-    imp.add_argument("--replace", action="store_true", help="overwrite tasks, triggers and secrets that differ")
-    imp.add_argument("--dry-run", action="store_true", help="say what would change; change nothing")
-    from edge.cli.import_commands import add_import_sources
-
-    add_import_sources(sources, verb)

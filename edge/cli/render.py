@@ -13,7 +13,7 @@ import time
 import msgspec
 
 from edge.core.runs import Run, exit_text
-from edge.core.tasks import ShellCommand, TaskSpec
+from edge.core.tasks import AgentInstruction, ShellCommand, TaskSpec
 
 _json = msgspec.json.Encoder()
 TIME_FORMAT = "%Y-%m-%d %H:%M:%S %Z"
@@ -97,6 +97,8 @@ def command_text(spec: TaskSpec) -> str:
     cmd = spec.command
     if isinstance(cmd, ShellCommand):
         return cmd.command
+    if isinstance(cmd, AgentInstruction):
+        return "AI: " + " ".join(cmd.instruction.split())
     return " ".join([cmd.file, *cmd.args])
 
 

@@ -65,10 +65,11 @@ class Grant(msgspec.Struct, frozen=True):
 class Principal(msgspec.Struct, frozen=True):
     """Who is calling. `subject` is what the audit log records (never a secret)."""
 
-    subject: str  # "uid:1000" or "credential:<id>"
+    subject: str  # "uid:1000", "credential:<id>" or "agent:<run id>"
     role: Role
     permissions: Grant
     credential_id: str | None = None
+    run_id: str | None = None  # a run-scoped credential: the run it was minted for
 
 
 class Credential(msgspec.Struct, rename="camel"):
@@ -137,13 +138,15 @@ def missing_permission(grant: Grant, tool_name: str, permissions: Iterable[str])
     return first_missing(grant, (f"tool.call:{tool_name}", *permissions))
 
 
-def task_permissions(privileged: bool, secrets: Iterable[str]) -> list[str]:
+def task_permissions(privileged: bool, secrets: Iterable[str], reads: Iterable[str] = ()) -> list[str]:
     """What writing a task revision, or making one runnable (enabling the task, pointing a
     trigger at it), needs beyond task.write / trigger.write: task.privileged when it runs
-    privileged, and secret.use:<name> for each secret its environment references. A role's
-    limits hold through the tasks it can write: a task can do what its writer could."""
+    privileged, secret.use:<name> for each secret its environment references, and for an
+    AI task what its runs' credential may do (`reads`: the permissions of the read tools
+    its child is offered). A role's limits hold through the tasks it can write: a task can
+    do what its writer could."""
     needed = [TASK_PRIVILEGED] if privileged else []
-    return needed + [f"{SECRET_USE}:{name}" for name in sorted(set(secrets))]
+    return needed + [f"{SECRET_USE}:{name}" for name in sorted(set(secrets))] + list(reads)
 
 
 def valid_permission(permission: str) -> bool:

@@ -40,7 +40,7 @@ class TaskHead(msgspec.Struct, frozen=True):
     task_id: _RowText
     revision: Revision
     name: _RowLabel
-    kind: Literal["argv", "shell"]
+    kind: Literal["argv", "shell", "agent"]
     spec_schema: _Schema
     enabled: bool
     updated_at_ms: Millis

@@ -1,4 +1,7 @@
-"""Tasks: a head row plus immutable revisions of a `qinglong/command@v1` spec."""
+"""Tasks: a head row plus immutable revisions of a spec: `qinglong/command@v1` (a command
+to run) or `qinglong/agent@v1` (an instruction for the AI operator, whose `command` is
+`{kind: agent, instruction, budget?, profile?}`; the command spec's JSON is unchanged by
+it; an AI task names no user, group, working directory or environment)."""
 
 from __future__ import annotations
 
@@ -12,6 +15,8 @@ from edge.core.schedule import Misfire
 from edge.core.text import Account, EnvName, Label, Name
 
 SPEC_SCHEMA = "qinglong/command@v1"
+AGENT_SPEC_SCHEMA = "qinglong/agent@v1"
+INSTRUCTION_MAX = 2000
 
 # Every limit of a task spec, named once: the types below enforce them, and the CLI states
 # them (in its own units and flags) in its messages and its --help.
@@ -41,6 +46,25 @@ class ShellCommand(msgspec.Struct, tag="shell", tag_field="kind", forbid_unknown
     shell: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ARG_CHARS, pattern=r"^[^\x00]*$")] = "/bin/sh"
 
 
+class AgentBudget(msgspec.Struct, rename="camel", forbid_unknown_fields=True, omit_defaults=True):
+    """Per-task budget overrides; each is lowered to its configured maximum at run time."""
+
+    rounds: Annotated[int, msgspec.Meta(ge=1, le=1000)] | None = None
+    input_tokens: Annotated[int, msgspec.Meta(ge=1, le=10**9)] | None = None
+    output_tokens: Annotated[int, msgspec.Meta(ge=1, le=10**9)] | None = None
+    cost_usd: Annotated[float, msgspec.Meta(ge=0, le=10_000)] | None = None
+    wall_clock_s: Annotated[int, msgspec.Meta(ge=1, le=86_400)] | None = None
+
+
+class AgentInstruction(msgspec.Struct, tag="agent", tag_field="kind", forbid_unknown_fields=True,
+                       omit_defaults=True):
+    """What an AI task does: an instruction for the operator, run in a child process."""
+
+    instruction: Annotated[str, msgspec.Meta(min_length=1, max_length=INSTRUCTION_MAX, pattern=r"^[^\x00]*$")]
+    budget: AgentBudget | None = None
+    profile: Name | None = None  # an [agent.profiles.NAME] of the config; None: the [agent] defaults
+
+
 Command = ArgvCommand | ShellCommand
 
 
@@ -57,7 +81,7 @@ RESERVED_ENV_PREFIX = "QLEDGE_"
 
 
 class TaskSpec(msgspec.Struct, rename="camel", forbid_unknown_fields=True, omit_defaults=True):
-    command: Command
+    command: ArgvCommand | ShellCommand | AgentInstruction
     working_dir: Annotated[
         str, msgspec.Meta(min_length=1, max_length=MAX_PATH_CHARS, pattern=r"^[^\x00]*$")] | None = None
     env: Annotated[dict[EnvName, EnvValue], msgspec.Meta(max_length=MAX_ENV)] = {}
@@ -70,6 +94,12 @@ class TaskSpec(msgspec.Struct, rename="camel", forbid_unknown_fields=True, omit_
     group: Account | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.command, AgentInstruction):
+            given = [name for name, value in (("user", self.user), ("group", self.group),
+                                              ("workingDir", self.working_dir), ("env", self.env)) if value]
+            if given:
+                raise ValueError(f"an AI task takes no {given[0]}: its runs are the daemon's [agent] user,"
+                                 " with no environment of their own")
         for key in self.env:
             if key.startswith(RESERVED_ENV_PREFIX):
                 raise ValueError(f"environment variable {key}: names starting with {RESERVED_ENV_PREFIX} are"
@@ -106,7 +136,18 @@ class Task(msgspec.Struct, rename="camel"):
 
     @property
     def kind(self) -> str:
-        return "argv" if isinstance(self.spec.command, ArgvCommand) else "shell"
+        return kind(self.spec)
+
+
+def kind(spec: TaskSpec) -> str:
+    """`argv`, `shell` or `agent`: the tag of the spec's command."""
+    command = spec.command
+    return "argv" if isinstance(command, ArgvCommand) else "shell" if isinstance(command, ShellCommand) else "agent"
+
+
+def spec_schema(spec: TaskSpec) -> str:
+    """The schema a revision is stored under: an agent instruction makes it `qinglong/agent@v1`."""
+    return AGENT_SPEC_SCHEMA if isinstance(spec.command, AgentInstruction) else SPEC_SCHEMA
 
 
 _NAMED = 5  # triggers a refusal names; the count covers the rest

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 import edge
-from edge.tools.definition import Tool
+from edge.tools.definition import Tool, object_schema
 
 MODERN = "2026-07-28"
 HANDSHAKE = ("2025-11-25", "2025-06-18")
@@ -258,28 +258,3 @@ def _entry(tool: Tool) -> ToolEntry:
         annotations=Annotations(),
     )
 
-
-def object_schema(struct_type: type) -> dict[str, Any]:
-    """msgspec's JSON Schema with every `$ref` inlined: MCP wants `type: object` at the root,
-    and several clients do not resolve `$ref`/`$defs`."""
-    schema = msgspec.json.schema(struct_type)
-    defs = schema.pop("$defs", {})
-    root = _inline(schema, defs, ())
-    if root.get("type") != "object":
-        raise ValueError(f"{struct_type.__name__}: an MCP schema must describe an object")
-    return root
-
-
-def _inline(node: Any, defs: dict[str, Any], seen: tuple[str, ...]) -> Any:
-    if isinstance(node, list):
-        return [_inline(item, defs, seen) for item in node]
-    if not isinstance(node, dict):
-        return node
-    ref = node.get("$ref")
-    if not isinstance(ref, str):
-        return {key: _inline(value, defs, seen) for key, value in node.items()}
-    name = ref.rpartition("/")[2]
-    if name in seen:
-        raise ValueError(f"recursive schema {name} cannot be inlined")
-    rest = {key: _inline(value, defs, seen) for key, value in node.items() if key != "$ref"}
-    return {**_inline(defs[name], defs, (*seen, name)), **rest}

@@ -67,7 +67,7 @@ class Session:
     def __init__(self, server: McpServer, conn: Connection) -> None:
         self.server = server
         self.conn = conn
-        self.uid = peer_uid(conn.writer.get_extra_info("socket"))
+        self.uid = peer_uid(conn.writer.get_extra_info("socket")) if conn.believe_uid else None
         self.token: str | None = None
         self.initialized = False  # a handshake-era session: requests may omit the _meta envelope
         self.calls: dict[int | str, asyncio.Task] = {}

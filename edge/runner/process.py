@@ -11,7 +11,7 @@ import signal
 from collections.abc import Iterable
 
 from edge.core.errors import ToolError, invalid
-from edge.core.tasks import ArgvCommand, RunAs, TaskSpec
+from edge.core.tasks import ArgvCommand, RunAs, ShellCommand, TaskSpec
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DEFAULT_WORK_DIR = "/"  # a run's working directory unless its task names one
@@ -195,17 +195,23 @@ def argv(spec: TaskSpec) -> list[str]:
     command = spec.command
     if isinstance(command, ArgvCommand):
         return [command.file, *command.args]
-    return [command.shell, "-c", command.command]
+    if isinstance(command, ShellCommand):
+        return [command.shell, "-c", command.command]
+    raise ValueError("an AI task is not a command")
 
 
-async def spawn(args: list[str], cwd: str, env: dict[str, str], run_as: RunAs) -> asyncio.subprocess.Process:
+async def spawn(
+    args: list[str], cwd: str, env: dict[str, str], run_as: RunAs | None, pass_fds: tuple[int, ...] = ()
+) -> asyncio.subprocess.Process:
+    """Start `args` in its own session, as `run_as` (None: the daemon's own user)."""
     # The child switches (setgroups, setregid, setreuid) itself, after fork and before
-    # exec: no shell or helper runs in between with the daemon's rights.
-    if run_as.switch:
+    # exec: no shell or helper runs in between with the daemon's rights. Descriptors in
+    # `pass_fds` (an AI run's job and tool connection) are inherited.
+    if run_as is not None and run_as.switch:
         return await asyncio.create_subprocess_exec(
             *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT, cwd=cwd, env=env, start_new_session=True,
-            user=run_as.uid, group=run_as.gid, extra_groups=list(run_as.groups),
+            user=run_as.uid, group=run_as.gid, extra_groups=list(run_as.groups), pass_fds=pass_fds,
         )
     return await asyncio.create_subprocess_exec(
         *args,
@@ -215,7 +221,27 @@ async def spawn(args: list[str], cwd: str, env: dict[str, str], run_as: RunAs) -
         cwd=cwd,
         env=env,
         start_new_session=True,  # own session and process group: we can stop all of it
+        pass_fds=pass_fds,
     )
+
+
+def job_descriptor(data: bytes, fallback_dir: str) -> int:
+    """An anonymous, unlinked file holding `data`, positioned at its start: what an AI run's
+    child reads its job from (the runner passes it with pass_fds; it has no name anyone
+    could open). Falls back to an O_TMPFILE (0600) where memfd_create is missing."""
+    try:
+        fd = os.memfd_create("qledge-job", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        fd = os.open(fallback_dir, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _stat(pid: int) -> list[bytes] | None:

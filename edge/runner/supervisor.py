@@ -9,6 +9,7 @@ import contextlib
 import logging
 import os
 import signal
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -19,8 +20,12 @@ from edge.core.notices import Notices, run_finished
 from edge.core.ports.runtime import Clock, TaskUsers
 from edge.core.ports.stores import LogWriter, RunAdmission, RunLogFiles, RunStore, SecretStore, TaskStore
 from edge.core.runs import ActorType, Run, RunProcess, RunStatus, RunUpdate, exit_text, summary
-from edge.core.tasks import RunAs, SecretRef, Task
+from edge.core.tasks import AgentInstruction, RunAs, SecretRef, Task
 from edge.runner import process
+
+if TYPE_CHECKING:
+    from edge.core.agent import AgentLaunch
+    from edge.core.ports.agent import AgentRuns
 
 log = logging.getLogger("qledge.runner")
 
@@ -50,7 +55,8 @@ MAX_FOLLOWERS = 64
 
 
 class _Job:
-    __slots__ = ("run", "task", "proc", "cancel_reason", "done", "started", "unrecorded_start", "chunks", "_grew")
+    __slots__ = ("run", "task", "proc", "cancel_reason", "done", "started", "unrecorded_start", "chunks", "_grew",
+                 "spec", "agent")
 
     def __init__(self, run: Run) -> None:
         self.run = run
@@ -62,6 +68,8 @@ class _Job:
         self.unrecorded_start: RunUpdate | None = None  # the process runs; `running` is not stored yet
         self.chunks = 0  # output chunks written to the log so far (output_mark)
         self._grew: asyncio.Event | None = None  # exists only while someone follows the log
+        self.spec: Task | None = None  # the task revision it runs, once read
+        self.agent = False  # an AI run: its own slots, a child with a run credential, evidence
 
     def moved(self) -> None:
         """Output arrived or the run ended: wake whoever follows the log."""
@@ -82,6 +90,7 @@ class Runner:
     def __init__(
         self, *, runs: RunStore, tasks: TaskStore, admission: RunAdmission, secrets: SecretStore, logs: RunLogFiles,
         clock: Clock, settings: RunnerSettings, users: TaskUsers, notices: Notices | None = None,
+        agents: AgentRuns | None = None,
     ) -> None:
         self._runs = runs
         self._tasks = tasks
@@ -94,6 +103,8 @@ class Runner:
         self._notices = notices or Notices(clock, LoopTimers())
         self._slots = asyncio.Semaphore(settings.concurrency)
         self._following = 0  # output_mark calls waiting now (MAX_FOLLOWERS)
+        self._agents = agents
+        self._agent_slots = asyncio.Semaphore(agents.concurrency if agents is not None else 1)
         self._jobs: dict[str, _Job] = {}
         self._background = Background(log)  # hand-offs and process-group stops
         self._closing = False  # shutting down: what is submitted now is cancelled, not run
@@ -129,6 +140,8 @@ class Runner:
                 run.id, run.version, "cancelled", self._clock.now_ms(), "user",
                 RunUpdate(finished_at_ms=self._clock.now_ms(), error_summary=f"cancelled: {reason}"), reason,
             )
+            if self._agents is not None:
+                await self._agents.ended(cancelled, None)
             self._finished(cancelled, reason)
             return cancelled
         self._request_cancel(job, reason)
@@ -222,6 +235,8 @@ class Runner:
                 finished_at_ms=now, error_code="daemon_lost", log_bytes=size, log_truncated=truncated,
                 error_summary=f"the daemon stopped while this run was {run.status}; {detail}",
             ), detail)
+            if self._agents is not None:
+                await self._agents.ended(lost, task)
             log.warning("run %s was left %s by a daemon that stopped: %s", run.id, run.status, detail)
             self._finished(lost)
         except (ToolError, OSError) as exc:
@@ -242,8 +257,13 @@ class Runner:
             if job.cancel_reason is not None:  # cancelled before it was ever queued for a slot
                 await self._finish(job, "cancelled", RunUpdate(error_summary=f"cancelled: {job.cancel_reason}"))
                 return
+            run = job.run
             try:
-                await self._slots.acquire()
+                # The task revision says which slots to wait for: AI runs have their own.
+                job.spec = await self._tasks.get(run.project_id, run.task_id, run.task_revision)
+                job.agent = job.spec is not None and isinstance(job.spec.spec.command, AgentInstruction)
+                slots = self._agent_slots if job.agent and self._agents is not None else self._slots
+                await slots.acquire()
             except asyncio.CancelledError:
                 await self._finish(job, "cancelled", RunUpdate(error_summary=f"cancelled: {job.cancel_reason}"))
                 return
@@ -254,7 +274,7 @@ class Runner:
                     return
                 await self._run_process(job)
             finally:
-                self._slots.release()
+                slots.release()
         except ToolError as exc:
             log.error("run %s could not be recorded: %s", job.run.id, exc.message)
         except Exception:
@@ -267,15 +287,29 @@ class Runner:
             job.moved()
 
     async def _run_process(self, job: _Job) -> None:
-        run = job.run
-        task = await self._tasks.get(run.project_id, run.task_id, run.task_revision)
+        run, task = job.run, job.spec
         if task is None:
             await self._finish(job, "failed", RunUpdate(
                 error_code="task_missing", error_summary=f"task {run.task_id} revision {run.task_revision} is gone"))
             return
+        if job.agent and self._agents is None:
+            await self._finish(job, "failed", RunUpdate(error_code="agent_disabled", error_summary=(
+                "this is an AI task and the AI operator is off ([agent] enabled = false)")))
+            return
         short = self.disk_shortfall()
         if short is not None:
             await self._finish(job, "failed", RunUpdate(error_code="disk_space_low", error_summary=short))
+            return
+        if job.agent and self._agents is not None:
+            try:
+                launch = await self._agents.launch(task, run)
+            except ToolError as exc:
+                await self._finish(job, "failed", RunUpdate(error_code="agent_config", error_summary=exc.message))
+                return
+            try:
+                await self._start(job, task, None, process.DEFAULT_WORK_DIR, launch)
+            finally:
+                _close_tool_fd(launch)  # never left open, whatever happened before the spawn
             return
         try:
             run_as, cwd = self._identity(task)
@@ -283,8 +317,15 @@ class Runner:
             code = "permission_denied" if exc.code == "permission_denied" else "spawn_failed"
             await self._finish(job, "failed", RunUpdate(error_code=code, error_summary=summary(exc.message)))
             return
+        await self._start(job, task, run_as, cwd, None)
+
+    async def _start(self, job: _Job, task: Task, run_as: RunAs | None, cwd: str, launch: AgentLaunch | None) -> None:
+        """The environment, the log, then the process. `run_as` None: an AI run's child,
+        started as the daemon's user; it becomes `launch.uid` itself (edge.agent)."""
+        run = job.run
         try:
-            env, secrets = await self._environment(task, run, run_as)
+            uid = launch.uid if launch is not None else run_as.uid if run_as is not None else os.geteuid()
+            env, secrets = await self._environment(task, run, uid)
         except ToolError as exc:
             await self._finish(job, "failed", RunUpdate(error_code="secret_missing", error_summary=exc.message))
             return
@@ -295,7 +336,7 @@ class Runner:
                 error_code="log_unavailable", error_summary=summary(f"cannot create the log file: {exc}")))
             return
         try:
-            await self._supervise(job, task, env, sink, run_as, cwd)
+            await self._supervise(job, task, env, sink, run_as, cwd, launch)
         finally:
             sink.close()
 
@@ -310,12 +351,29 @@ class Runner:
                             " it was not written with permission task.privileged")
         return run_as, self._users.working_dir(spec.working_dir, run_as)
 
+    async def _spawn(
+        self, task: Task, env: dict[str, str], run_as: RunAs | None, cwd: str, launch: AgentLaunch | None
+    ) -> asyncio.subprocess.Process:
+        if launch is None:
+            assert run_as is not None
+            return await process.spawn(process.argv(task.spec), cwd, env, run_as)
+        # The child of an AI run reads its job (credential included) from an inherited
+        # descriptor and calls tools on the other: neither has a name anyone could open.
+        fd = process.job_descriptor(launch.job, self._settings.state_dir)
+        try:
+            argv = [*launch.argv, "--job-fd", str(fd), "--tool-fd", str(launch.tool_fd)]
+            return await process.spawn(argv, cwd, env, None, (fd, launch.tool_fd))
+        finally:
+            os.close(fd)
+            _close_tool_fd(launch)  # the child holds it now: its exit ends the connection
+
     async def _supervise(
-        self, job: _Job, task: Task, env: dict[str, str], sink: LogWriter, run_as: RunAs, cwd: str
+        self, job: _Job, task: Task, env: dict[str, str], sink: LogWriter, run_as: RunAs | None, cwd: str,
+        launch: AgentLaunch | None,
     ) -> None:
         run = job.run
         try:
-            proc = await process.spawn(process.argv(task.spec), cwd, env, run_as)
+            proc = await self._spawn(task, env, run_as, cwd, launch)
         except OSError as exc:
             size = sink.close()
             await self._finish(job, "failed", RunUpdate(
@@ -328,7 +386,8 @@ class Runner:
             self._background.spawn(process.stop_group(proc, self._grace_s()), f"stop-{run.id}")
         pump = asyncio.create_task(_pump(proc, sink, job))
         loop = asyncio.get_running_loop()
-        timeout_s, begun = task.spec.timeout_ms / 1000, loop.time()
+        timeout_s = launch.timeout_s if launch is not None else task.spec.timeout_ms / 1000
+        begun = loop.time()
         if not await _exits_within(proc, min(RECORD_RUNNING_AFTER_S, timeout_s)):
             start, job.unrecorded_start = job.unrecorded_start, None
             job.run = await self._runs.transition(run.id, run.version, "running", now, "runner", start)
@@ -340,7 +399,9 @@ class Runner:
                 await asyncio.shield(pump)
         pump.cancel()
         size = sink.close()
-        status, update = _outcome(job, proc.returncode, size, sink.truncated, task.spec.timeout_ms)
+        status, update = _outcome(job, proc.returncode, size, sink.truncated, timeout_s)
+        if launch is not None and self._agents is not None:
+            status = self._agents.exited(run.id, status, update)  # its credential dies with it
         if sink.failed is not None:  # the log says so too (its last line)
             how = update.error_summary or "succeeded"
             update.error_code = "log_incomplete"
@@ -366,11 +427,17 @@ class Runner:
         return summary(f"only {_mib(free)} free in {where}; runs need"
                        f" {_mib(reserve)} ([runner] disk_reserve_bytes): free some space")
 
-    async def _environment(self, task: Task, run: Run, run_as: RunAs) -> tuple[dict[str, str], list[bytes]]:
-        """The run's environment, and every secret value its output must not show."""
+    async def _environment(self, task: Task, run: Run, uid: int) -> tuple[dict[str, str], list[bytes]]:
+        """The run's environment, and every secret value its output must not show. An AI
+        run's child gets the login variables and the markers only: its job comes on a
+        descriptor, and an AI task names no variables."""
         settings = self._settings
         # A login's variables for the user the run executes as (its task's, resolved above).
-        env = process.user_environment(run_as.uid, settings.timezone, settings.lang)
+        env = process.user_environment(uid, settings.timezone, settings.lang)
+        if isinstance(task.spec.command, AgentInstruction):
+            env["QLEDGE_RUN_ID"] = run.id
+            env["QLEDGE_TASK_ID"] = task.id
+            return env, [v.encode() for v in await self._secrets.values(task.project_id)]
         refs = {k: v.secret for k, v in task.spec.env.items() if isinstance(v, SecretRef)}
         # Every secret of the project is redacted, not only the ones this task names:
         # a script may read one some other way.
@@ -400,18 +467,24 @@ class Runner:
         # only when another writer got there first is the row read again.
         current, started = job.run, job.unrecorded_start
         try:
-            job.run = await self._runs.transition(
-                current.id, current.version, status, now, "runner", update, detail, started)
-        except ToolError as exc:
-            if exc.code != "conflict":
-                raise
-            latest = await self._runs.get(current.project_id, current.id)
-            if latest is None or latest.terminal:
-                return
-            job.run = await self._runs.transition(latest.id, latest.version, status, now, "runner", update, detail,
-                                                  started if latest.status == "queued" else None)
-        job.unrecorded_start = None
-        self._finished(job.run, job.cancel_reason)
+            try:
+                job.run = await self._runs.transition(
+                    current.id, current.version, status, now, "runner", update, detail, started)
+            except ToolError as exc:
+                if exc.code != "conflict":
+                    raise
+                latest = await self._runs.get(current.project_id, current.id)
+                if latest is None or latest.terminal:
+                    job.run = latest or job.run
+                    return
+                job.run = await self._runs.transition(latest.id, latest.version, status, now, "runner", update,
+                                                      detail, started if latest.status == "queued" else None)
+            job.unrecorded_start = None
+            self._finished(job.run, job.cancel_reason)
+        finally:
+            # Unread (cancelled before its task was read): only the task can tell if it was an AI run.
+            if self._agents is not None and (job.agent or job.spec is None) and job.run.terminal:
+                await self._agents.ended(job.run, job.spec)
 
     def _finished(self, run: Run, reason: str | None = None) -> None:
         level, line = run_finished(run, reason)
@@ -437,11 +510,18 @@ def _mib(n: int) -> str:
     return f"{n / 1048576:.1f} MiB"
 
 
-def _outcome(job: _Job, code: int | None, size: int, truncated: bool, timeout_ms: int) -> tuple[RunStatus, RunUpdate]:
+def _close_tool_fd(launch: AgentLaunch) -> None:
+    if launch.tool_fd >= 0:
+        fd, launch.tool_fd = launch.tool_fd, -1  # closed once: the number may be reused
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _outcome(job: _Job, code: int | None, size: int, truncated: bool, timeout_s: float) -> tuple[RunStatus, RunUpdate]:
     update = RunUpdate(exit_code=code, log_bytes=size, log_truncated=truncated)
     if job.cancel_reason == "timeout":
         update.error_code = "timeout"
-        update.error_summary = f"timed out after {timeout_ms / 1000:g}s"
+        update.error_summary = f"timed out after {timeout_s:g}s"
         return "timed_out", update
     if job.cancel_reason is not None:
         update.error_summary = summary(f"cancelled: {job.cancel_reason}")

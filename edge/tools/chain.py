@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -32,6 +32,9 @@ from edge.core.ports.stores import CredentialStore
 from edge.tools.context import Caller, Services, ToolContext
 from edge.tools.definition import Entry, Registry
 
+if TYPE_CHECKING:
+    from edge.core.ports.agent import RunCredentials
+
 log = logging.getLogger("qledge.tools")
 
 
@@ -50,6 +53,7 @@ class Authenticator:
         owner_uids: Iterable[int],
         project: str,
         read_tools: Iterable[str],
+        run_credentials: RunCredentials | None = None,
     ) -> None:
         self._credentials = credentials
         self._pepper = pepper
@@ -57,6 +61,7 @@ class Authenticator:
         self._project = project
         self._read_tools = list(read_tools)
         self._roles = {role: role_permissions(role, self._read_tools) for role in ("owner", "operator", "viewer")}
+        self._runs = run_credentials
 
     async def authenticate(self, caller: Caller) -> Principal:
         # A refusal names the peer, or a credential that exists: never an id the caller
@@ -73,6 +78,11 @@ class Authenticator:
         if parsed is None:
             raise AuthFailure("credential_malformed", peer)
         cid, secret = parsed
+        minted = self._runs.lookup(cid) if self._runs is not None else None
+        if minted is not None:
+            if not digest_matches(minted[0], self._pepper, secret):
+                raise AuthFailure("credential_mismatch", minted[1].subject)
+            return minted[1]
         found = await self._credentials.lookup(cid) if len(cid) <= 32 and cid.isalnum() else None
         if found is None:
             raise AuthFailure("credential_unknown", peer)
@@ -97,6 +107,8 @@ class Authenticator:
         """The chain's last step: a credential revoked since authentication fails here."""
         if principal.credential_id is None:
             return True
+        if principal.run_id is not None:
+            return self._runs is not None and self._runs.lookup(principal.credential_id) is not None
         found = await self._credentials.lookup(principal.credential_id)
         return found is not None and found[0].revoked_at_ms is None
 

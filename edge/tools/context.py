@@ -18,7 +18,7 @@ from edge.core.ports.stores import (
     SecretStore,
     TaskStore,
 )
-from edge.core.tasks import TaskSpec
+from edge.core.tasks import AgentInstruction, TaskSpec
 
 
 class Caller(msgspec.Struct, frozen=True):
@@ -86,12 +86,26 @@ class ToolContext:
         task.privileged (recorded on a revision it writes). Raises invalid_argument for a
         user, group or working directory this system refuses, permission_denied naming
         the first permission missing."""
+        grant = self.principal.permissions
+        if isinstance(spec.command, AgentInstruction):
+            # Its runs are the [agent] user's, not the task's, and name no secrets: what
+            # they may do is read, through the AI read tools, and the writer must hold that.
+            missing = first_missing(grant, task_permissions(False, (), self.ai_reads()))
+            if missing is not None:
+                raise ToolError("permission_denied", f"{what}: an AI task's runs call the AI read tools;"
+                                f" that requires permission {missing}")
+            return first_missing(grant, (TASK_PRIVILEGED,)) is None
         users = self.services.users
         run_as = users.resolve(spec.user, spec.group)
         users.working_dir(spec.working_dir, run_as)
-        grant = self.principal.permissions
         missing = first_missing(grant, task_permissions(run_as.privileged is not None, spec.secrets()))
         if missing is not None:
             why = run_as.privileged if missing == TASK_PRIVILEGED else f"it uses secret {missing.split(':', 1)[1]!r}"
             raise ToolError("permission_denied", f"{what}: {why}; that requires permission {missing}")
         return first_missing(grant, (TASK_PRIVILEGED,)) is None
+
+    def ai_reads(self) -> list[str]:
+        """What an AI run's credential may do at most: call each AI read tool, with its
+        permissions (edge.tools.agent grants a run these, or fewer)."""
+        tools = [t for t in self.services.catalog if t.ai and t.effect == "read"]
+        return sorted({f"tool.call:{t.name}" for t in tools} | {p for t in tools for p in t.permissions})

@@ -101,3 +101,30 @@ class Registry:
 
 class Empty(msgspec.Struct, forbid_unknown_fields=True):
     """Arguments of a tool that takes none."""
+
+
+def object_schema(struct_type: type) -> dict[str, Any]:
+    """msgspec's JSON Schema with every `$ref` inlined: MCP and chat-completions function
+    parameters want `type: object` at the root, and several clients and servers do not
+    resolve `$ref`/`$defs`."""
+    schema = msgspec.json.schema(struct_type)
+    defs = schema.pop("$defs", {})
+    root = _inline(schema, defs, ())
+    if root.get("type") != "object":
+        raise ValueError(f"{struct_type.__name__}: a tool schema must describe an object")
+    return root
+
+
+def _inline(node: Any, defs: dict[str, Any], seen: tuple[str, ...]) -> Any:
+    if isinstance(node, list):
+        return [_inline(item, defs, seen) for item in node]
+    if not isinstance(node, dict):
+        return node
+    ref = node.get("$ref")
+    if not isinstance(ref, str):
+        return {key: _inline(value, defs, seen) for key, value in node.items()}
+    name = ref.rpartition("/")[2]
+    if name in seen:
+        raise ValueError(f"recursive schema {name} cannot be inlined")
+    rest = {key: _inline(value, defs, seen) for key, value in node.items() if key != "$ref"}
+    return {**_inline(defs[name], defs, (*seen, name)), **rest}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 
 import msgspec
 
@@ -33,8 +34,14 @@ class ToolServer(UnixListener):
     def _refusal(self, code: str, message: str) -> bytes:
         return frames.error_frame(None, code, message)
 
+    def attach(self, sock: socket.socket) -> None:
+        """Serve `sock`, one end of a connection the daemon made for a child it started (an
+        AI run's). Its peer is never trusted by uid (the daemon made both ends, so the
+        kernel names the daemon's own): every call on it needs a token."""
+        self.adopt(sock)
+
     async def _serve_connection(self, conn: Connection) -> None:
-        uid = peer_uid(conn.writer.get_extra_info("socket"))
+        uid = peer_uid(conn.writer.get_extra_info("socket")) if conn.believe_uid else None
         in_flight: set[asyncio.Task[None]] = set()
         slots = asyncio.Semaphore(MAX_IN_FLIGHT)
         try:

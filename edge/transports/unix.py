@@ -115,10 +115,21 @@ class Refused(Exception):
 
 class Connection:
     """One accepted connection: its streams, its state under the limits, budgeted reads and
-    drained writes. Reads raise `Refused` when a limit ends the connection."""
+    drained writes. Reads raise `Refused` when a limit ends the connection.
 
-    def __init__(self, listener: UnixListener, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    `attached`: one end of a connection the daemon made for a child it started (an AI run's),
+    not accepted from the socket. Its peer's uid is not believed (the daemon made both
+    ends), it is never closed to make room nor for being silent (its run's own limits end
+    it), and it does not count toward the socket's cap; the frame timeout, the shared
+    budget and drained writes apply to it as to any other."""
+
+    def __init__(
+        self, listener: UnixListener, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+        attached: bool = False,
+    ) -> None:
         self._listener = listener
+        self.attached = attached
+        self.believe_uid = not attached  # SO_PEERCRED names the peer
         self._limits = listener.limits
         self._shared = listener.shared
         self.reader = reader
@@ -139,7 +150,7 @@ class Connection:
         """Nothing in flight and never authenticated: a peer that only holds a slot. (The
         newest connection is the last to go, so a client's request is read before its
         connection could be chosen.)"""
-        return not self.trusted and self.in_flight == 0
+        return not self.trusted and not self.attached and self.in_flight == 0
 
     def call_started(self) -> None:
         self.in_flight += 1
@@ -158,7 +169,7 @@ class Connection:
     def _deadline(self) -> float | None:
         if self._buffer:
             return self._started + self._limits.frame_timeout_s
-        if self.in_flight:
+        if self.in_flight or self.attached:
             return None
         idle = self._limits.session_idle_timeout_s if self.trusted else self._limits.idle_timeout_s
         return self.last_active + idle if idle > 0 else None
@@ -310,6 +321,15 @@ class UnixListener(abc.ABC):
         self._sock: socket.socket | None = None
         self._accepting: asyncio.Task[None] | None = None
         self._connections: dict[asyncio.Task[None], Connection] = {}
+        self._attached = 0  # of the connections, those the daemon made (`adopt`)
+        self._adopting: set[asyncio.Task[None]] = set()
+
+    def adopt(self, sock: socket.socket) -> None:
+        """Serve `sock`, one end of a connection the daemon made for a child it started, as
+        an attached connection (Connection.attached)."""
+        task = asyncio.get_running_loop().create_task(self._connect(sock, attached=True), name="adopt")
+        self._adopting.add(task)
+        task.add_done_callback(self._adopting.discard)
 
     async def start(self) -> None:
         remove_stale_socket(self.path)
@@ -335,6 +355,8 @@ class UnixListener(abc.ABC):
             self._accepting.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._accepting
+        for adopting in list(self._adopting):
+            adopting.cancel()
         if self._sock is not None:
             self._sock.close()
         with contextlib.suppress(FileNotFoundError):
@@ -367,7 +389,7 @@ class UnixListener(abc.ABC):
             await self._admit(client)
 
     async def _admit(self, client: socket.socket) -> None:
-        if len(self._connections) >= self.limits.max_connections or (
+        if len(self._connections) - self._attached >= self.limits.max_connections or (
                 self.shared.connections >= self.shared.max_connections):
             victim = self._evictable()
             if victim is None:
@@ -378,6 +400,9 @@ class UnixListener(abc.ABC):
                 return
             victim.say_and_close(self._refusal(
                 "resource_exhausted", "too many connections: closing the one idle the longest"))
+        await self._connect(client)
+
+    async def _connect(self, client: socket.socket, attached: bool = False) -> None:
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader(limit=STREAM_LIMIT)
         protocol = asyncio.StreamReaderProtocol(reader)
@@ -386,9 +411,13 @@ class UnixListener(abc.ABC):
         except OSError:
             client.close()
             return
+        except asyncio.CancelledError:  # stopping while a child's connection was being adopted
+            client.close()
+            raise
         writer = asyncio.StreamWriter(transport, protocol, reader, loop)
-        conn = Connection(self, reader, writer)
+        conn = Connection(self, reader, writer, attached)
         self.shared.connections += 1
+        self._attached += attached
         task = asyncio.create_task(self._track(conn))
         self._connections[task] = conn
 
@@ -402,6 +431,7 @@ class UnixListener(abc.ABC):
         finally:
             conn.release()
             self.shared.connections -= 1
+            self._attached -= conn.attached
             task = asyncio.current_task()
             if task is not None:
                 self._connections.pop(task, None)

@@ -41,7 +41,8 @@ class RunClaims(Protocol):
 
     async def request_cancel(self, project: str, run_id: str, reason: str) -> bool:
         """Ask the node holding an active run to cancel it (its hint is sent on commit);
-        False when the run is not active."""
+        False when the run is not active or no node holds it (a queued run nobody claimed:
+        the caller cancels it itself)."""
         ...
 
     async def cancel_requests(self, run_ids: list[str]) -> dict[str, str]:

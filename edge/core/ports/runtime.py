@@ -76,6 +76,11 @@ class TaskUsers(Protocol):
         """The user a new task gets when it names none."""
         ...
 
+    @property
+    def can_switch(self) -> bool:
+        """Whether runs can be another user than the daemon's (the daemon is root)."""
+        ...
+
     def resolve(self, user: str | None, group: str | None) -> RunAs:
         """Who a run of a task naming `user` and `group` is (user None: the daemon's own
         user; group None: the user's own), with why running so needs task.privileged, if

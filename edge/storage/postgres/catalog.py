@@ -12,7 +12,7 @@ import msgspec
 from edge.core.errors import conflict, invalid, not_found
 from edge.core.ports.stores import RunLogFiles
 from edge.core.schedule import ONCE, REBOOT, Schedule, ScheduleError
-from edge.core.tasks import SPEC_SCHEMA as TASK_SCHEMA
+from edge.core.tasks import spec_schema
 from edge.core.tasks import ImportedTask, ImportRecord, ImportTask, Task, TaskSpec, content_digest, has_triggers
 from edge.core.triggers import SPEC_SCHEMA, CronSpec, Trigger, TriggerEvent
 from edge.storage.postgres.db import PgDatabase, Row, Tx
@@ -64,7 +64,7 @@ async def _insert_task_revision(
     await tx.execute(
         "INSERT INTO task_revisions (project_id, task_id, revision, spec_schema, spec, content_digest, enabled,"
         " created_at_ms, privileged) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-        (project, task_id, revision, TASK_SCHEMA, _json.encode(spec).decode(), content_digest(spec), enabled, now,
+        (project, task_id, revision, spec_schema(spec), _json.encode(spec).decode(), content_digest(spec), enabled, now,
          privileged),
     )
 

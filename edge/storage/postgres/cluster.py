@@ -5,6 +5,7 @@ node's runtime pieces."""
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -22,6 +23,9 @@ from edge.storage.postgres.reads import PgCountsReader, pg_readers
 from edge.storage.postgres.runs import Fences, PgClaims, PgRunLogReader, PgRunStore, Policy
 from edge.storage.postgres.schema import migrate
 from edge.storage.postgres.security import PgAuditLog, PgAuditReader, PgCredentialStore, PgSecretStore
+
+if TYPE_CHECKING:
+    from edge.core.ports.agent import AgentRuns
 
 __all__ = ["ClusterOptions", "NodeSettings", "Policy", "PgCluster", "open_cluster"]
 
@@ -62,13 +66,15 @@ class PgCluster:
         self.claims = PgClaims(db, node.project, node.node_id, fences, node.lease_s)
         self.nodes = PgNodes(db, node)
 
-    def runtime(self, local: RunController, notices: Notices) -> tuple[Node, ClusterRunner]:
+    def runtime(self, local: RunController, notices: Notices,
+                agents: AgentRuns | None = None) -> tuple[Node, ClusterRunner]:
         """The node's background side and its runner as tools and the scheduler see it;
-        `notices`: the daemon's system-log lines (runs this node records lost or cancels)."""
+        `notices`: the daemon's system-log lines (runs this node records lost or cancels);
+        `agents`: the AI runs' records, ended for runs cancelled before any node took them."""
         node = Node(self.db, self.claims, self.nodes, self.clock, self.settings, local, notices,
                     self.audit.move_spool)
         return node, ClusterRunner(local, node, self.admission, self.runs, self.claims, self.clock, self.settings,
-                                   notices)
+                                   notices, agents)
 
     async def close(self) -> None:
         await self.db.close()

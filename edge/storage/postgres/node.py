@@ -16,6 +16,7 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import msgspec
 import psycopg
@@ -30,6 +31,9 @@ from edge.core.runs import ActorType, Run, RunUpdate
 from edge.core.tasks import Task
 from edge.storage.postgres.db import PgDatabase, Tx
 from edge.storage.postgres.runs import NOW_MS
+
+if TYPE_CHECKING:
+    from edge.core.ports.agent import AgentRuns
 
 log = logging.getLogger("qledge.cluster")
 
@@ -298,9 +302,11 @@ class ClusterRunner:
     by any node."""
 
     def __init__(self, local: RunController, node: Node, admission: RunAdmission, runs: RunStore,
-                 claims: RunClaims, clock: Clock, settings: NodeSettings, notices: Notices) -> None:
+                 claims: RunClaims, clock: Clock, settings: NodeSettings, notices: Notices,
+                 agents: AgentRuns | None = None) -> None:
         self._local = local
         self._notices = notices
+        self._agents = agents  # an AI run cancelled before any node took it still gets its record
         self._node = node
         self._admission = admission
         self._runs = runs
@@ -341,12 +347,15 @@ class ClusterRunner:
                 cancelled = await self._runs.transition(
                     run.id, run.version, "cancelled", now, "user",
                     RunUpdate(finished_at_ms=now, error_summary=f"cancelled: {reason}"), reason)
-                level, line = run_finished(cancelled, reason)
-                self._notices.say(log, cancelled.task_id, level, line, cancelled.status)
-                return cancelled
             except ToolError as exc:
                 if exc.code != "conflict":
                     raise
+                continue
+            level, line = run_finished(cancelled, reason)
+            self._notices.say(log, cancelled.task_id, level, line, cancelled.status)
+            if self._agents is not None:
+                await self._agents.ended(cancelled, None)
+            return cancelled
         raise conflict(f"run {run_id} kept changing; try again")
 
     async def wait(self, project: str, run_id: str, timeout_s: float) -> Run | None:

@@ -56,6 +56,13 @@ PREFIXED = ", ".join(f"r.{f}" for f in FIELDS)
 BATCH = 64
 _FINISHED = "status IN ('cancelled', 'failed', 'lost', 'succeeded', 'timed_out')"
 NOW_MS = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+# A run recorded lost here rather than by its runner (its node's lease expired): the record
+# of an AI run that had started ends with it (edge.storage.postgres.evidence; none: nothing).
+SQL_EVIDENCE_LOST = (
+    "UPDATE agent_evidence SET state = 'lost', error_code = %s, error = left(%s, 500),"
+    " position_after = pg_snapshot_xmax(pg_current_snapshot())::text::bigint, finished_at_ms = %s"
+    " WHERE run_id = %s AND state = 'running'"
+)
 
 SQL_GET = f"SELECT {COLUMNS} FROM runs WHERE id = %s AND project_id = %s"
 SQL_PAGE_PROJECT = (
@@ -451,6 +458,7 @@ async def _lose(tx: Tx, run_id: str, seq: int, code: str, summary: str, detail: 
         f" error_code = %s, error_summary = %s, cancel_reason = NULL WHERE id = %s RETURNING {COLUMNS}",
         (now, code, summary, run_id))
     await tx.execute(SQL_EVENT, (run_id, seq + 1, "run.lost", "system", now, detail))
+    await tx.execute(SQL_EVIDENCE_LOST, (code, summary, now, run_id))
     return to_run(lost)
 
 
@@ -477,8 +485,11 @@ async def lose_untaken(tx: Tx, project: str, node: str) -> list[Run]:
 
 
 async def _ask_cancel(tx: Tx, project: str, run_id: str, reason: str) -> bool:
+    # Only a run some node holds is asked: one that no node took is cancelled by the caller
+    # at once (a compare-and-set that a claim meanwhile makes fail), not left to wait for a slot.
     asked = await tx.execute(
-        "UPDATE runs SET cancel_reason = %s WHERE id = %s AND project_id = %s AND status IN ('queued', 'running')",
+        "UPDATE runs SET cancel_reason = %s WHERE id = %s AND project_id = %s AND status IN ('queued', 'running')"
+        " AND node_id IS NOT NULL",
         (reason, run_id, project))
     if asked:
         await tx.notify("cancel")

@@ -293,12 +293,43 @@ CREATE INDEX runs_task_unsuccessful_idx ON runs (project_id, task_id, created_at
 CREATE INDEX runs_unscheduled_idx ON runs (project_id, created_at_ms DESC, id DESC) WHERE origin <> 'scheduled';
 """
 
-# The audit in three classes, each with its own bounds (as SQLite's version 8): `call`
+# The evidence history of AI runs (as SQLite's version 8, seed 001): one row per run, `seq`
+# its insertion order (retention trims the oldest), listed newest first by creation time.
+_V5 = """
+CREATE TABLE agent_evidence (
+    seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    run_id text COLLATE "C" NOT NULL UNIQUE,
+    project_id text COLLATE "C" NOT NULL,
+    task_id text COLLATE "C" NOT NULL,
+    task_revision integer NOT NULL,
+    state text NOT NULL,
+    error_code text,
+    budget text,
+    error text,
+    instruction text NOT NULL,
+    provider text NOT NULL,
+    model text NOT NULL,
+    rounds jsonb NOT NULL DEFAULT '[]',
+    round_count integer NOT NULL DEFAULT 0,
+    input_tokens bigint NOT NULL DEFAULT 0,
+    output_tokens bigint NOT NULL DEFAULT 0,
+    usage_estimated boolean NOT NULL DEFAULT false,
+    cost_usd double precision,
+    answer_summary text,
+    position_before bigint NOT NULL,
+    position_after bigint,
+    created_at_ms bigint NOT NULL,
+    finished_at_ms bigint
+);
+CREATE INDEX agent_evidence_created_idx ON agent_evidence (project_id, created_at_ms DESC, run_id DESC);
+"""
+
+# The audit in three classes, each with its own bounds (as SQLite's version 10): `call`
 # (allowed calls), `change` (allowed changes of credentials and secrets) and `refused`
 # (denied or unauthenticated calls, one row per principal, cause, outcome, transport and
 # minute, counting its calls from `at_ms` to `last_at_ms`). The two small classes have
 # partial indexes of their own, which an allowed call never writes.
-_V5 = """
+_V6 = """
 ALTER TABLE security_audit ADD COLUMN class text NOT NULL DEFAULT 'call';
 ALTER TABLE security_audit ADD COLUMN count bigint NOT NULL DEFAULT 1;
 ALTER TABLE security_audit ADD COLUMN last_at_ms bigint;
@@ -310,7 +341,7 @@ CREATE INDEX security_audit_change_idx ON security_audit (id) WHERE class = 'cha
 CREATE INDEX security_audit_refused_idx ON security_audit (id) WHERE class = 'refused';
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
 
 SQL_VERSION_TABLE = (
     "CREATE TABLE IF NOT EXISTS qledge_schema (version integer PRIMARY KEY, applied_at timestamptz NOT NULL)"

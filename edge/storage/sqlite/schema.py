@@ -275,12 +275,43 @@ CREATE INDEX runs_task_unsuccessful_idx ON runs (project_id, task_id, created_at
 CREATE INDEX runs_unscheduled_idx ON runs (project_id, created_at_ms, id) WHERE origin != 'scheduled';
 """
 
+# The evidence history of AI runs (seed 001): one row per run, `seq` its insertion order
+# (retention trims the oldest), listed newest first by creation time.
+_V9 = """
+CREATE TABLE agent_evidence (
+    seq INTEGER PRIMARY KEY,
+    run_id TEXT NOT NULL UNIQUE,
+    project_id TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    task_revision INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    error_code TEXT,
+    budget TEXT,
+    error TEXT,
+    instruction TEXT NOT NULL,
+    provider TEXT NOT NULL,
+    model TEXT NOT NULL,
+    rounds TEXT NOT NULL DEFAULT '[]',
+    round_count INTEGER NOT NULL DEFAULT 0,
+    input_tokens INTEGER NOT NULL DEFAULT 0,
+    output_tokens INTEGER NOT NULL DEFAULT 0,
+    usage_estimated INTEGER NOT NULL DEFAULT 0,
+    cost_usd REAL,
+    answer_summary TEXT,
+    position_before INTEGER NOT NULL,
+    position_after INTEGER,
+    created_at_ms INTEGER NOT NULL,
+    finished_at_ms INTEGER
+) STRICT;
+CREATE INDEX agent_evidence_created_idx ON agent_evidence (project_id, created_at_ms, run_id);
+"""
+
 # The audit log in three classes, each with its own bounds, so that no volume of one can
 # push out another: `call` (allowed calls), `change` (allowed changes of credentials and
 # secrets) and `refused` (denied or unauthenticated calls, one row per principal, cause,
 # outcome, transport and minute, counting its calls from `at_ms` to `last_at_ms`). The two
 # small classes have partial indexes of their own, which an allowed call never writes.
-_V9 = """
+_V10 = """
 ALTER TABLE security_audit ADD COLUMN class TEXT NOT NULL DEFAULT 'call';
 ALTER TABLE security_audit ADD COLUMN count INTEGER NOT NULL DEFAULT 1;
 ALTER TABLE security_audit ADD COLUMN last_at_ms INTEGER;
@@ -292,7 +323,7 @@ CREATE INDEX security_audit_change_idx ON security_audit (id) WHERE class = 'cha
 CREATE INDEX security_audit_refused_idx ON security_audit (id) WHERE class = 'refused';
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10)
 
 
 class SchemaTooNew(apsw.SQLError):

@@ -8,7 +8,7 @@ import msgspec
 from edge.core.errors import conflict, not_found
 from edge.core.tasks import ImportedTask, ImportRecord, ImportTask
 from edge.core.ports.stores import RunLogFiles
-from edge.core.tasks import SPEC_SCHEMA, Task, TaskSpec, content_digest, has_triggers
+from edge.core.tasks import Task, TaskSpec, content_digest, has_triggers, spec_schema
 from edge.core.triggers import CronSpec
 from edge.storage.sqlite import triggers as trigger_sql
 from edge.storage.sqlite.db import Database, immediate
@@ -64,7 +64,7 @@ def _insert_revision(
     conn.execute(
         "INSERT INTO task_revisions (project_id, task_id, revision, spec_schema, spec, content_digest,"
         " enabled, created_at_ms, privileged) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (project, task_id, revision, SPEC_SCHEMA, _spec_encoder.encode(spec).decode(),
+        (project, task_id, revision, spec_schema(spec), _spec_encoder.encode(spec).decode(),
          content_digest(spec), int(enabled), now, int(privileged)),
     )
 

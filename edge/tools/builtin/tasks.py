@@ -12,7 +12,16 @@ import msgspec
 from edge.core.errors import invalid, not_found
 from edge.core.reads import keyset
 from edge.core.schedule import ScheduleError, normalize
-from edge.core.tasks import ArgvCommand, ImportedTask, ImportKey, ImportRecord, ImportTask, Task, TaskSpec
+from edge.core.tasks import (
+    AgentInstruction,
+    ArgvCommand,
+    ImportedTask,
+    ImportKey,
+    ImportRecord,
+    ImportTask,
+    Task,
+    TaskSpec,
+)
 from edge.core.text import Label, Limit, Name, NonNegative
 from edge.core.triggers import CronSpec
 from edge.tools.context import ToolContext
@@ -82,7 +91,7 @@ async def _get(ctx: ToolContext, task_id: str) -> Task:
 def _named(ctx: ToolContext, spec: TaskSpec) -> TaskSpec:
     """A spec always names its user: one that does not gets the default now, so what it
     runs as never changes behind its back when the configuration does."""
-    if spec.user is not None:
+    if spec.user is not None or isinstance(spec.command, AgentInstruction):  # an AI run is the [agent] user
         return spec
     return msgspec.structs.replace(spec, user=ctx.services.users.default_user)
 

@@ -1,0 +1,202 @@
+"""The operator's loop: one request per round until the model answers without tool calls.
+
+Each round: build the request from the whole conversation (trimming the oldest tool results
+if it would not fit the context window), check every budget against it, send it (retrying
+what may pass, with backoff, each retry checked again), read the reply, report the round to
+the daemon before anything else happens, then run the tool calls it asked for (at most the
+per-round limit; the rest are answered as refused) and keep their results as data.
+
+The loop knows the model, the tools and the daemon only through small interfaces (`Model`,
+edge.agent.tools `Toolbox` and `Reporter`), so a later change can offer more tools or send
+work to other models without reshaping it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+from collections.abc import Callable
+from typing import Any, Protocol, TextIO
+
+from edge.agent.budget import Budget, estimate_tokens
+from edge.agent.prompt import Conversation, ToolResult, new_marker
+from edge.agent.provider import ProviderError, Reply, ToolCall, parse
+from edge.agent.tools import DaemonGone, Reporter, ToolFailure, Toolbox
+from edge.core.excerpt import normalize
+from edge.core.agent import (
+    EVIDENCE_TEXT_MAX,
+    ROUND_TOOLS_MAX,
+    UNKNOWN_TOOL,
+    AgentJob,
+    BudgetName,
+    OutcomeReport,
+    RoundMeta,
+)
+
+RETRY_AFTER_MAX_S = 30.0
+
+
+class Model(Protocol):
+    def send(self, body: bytes, timeout_s: float) -> bytes:
+        """One request body out, the body of a successful reply back; raises ProviderError."""
+        ...
+
+
+class Stop(Exception):
+    """The run ends without an answer; `code` becomes the run's error code."""
+
+    def __init__(self, code: str, message: str, budget: BudgetName | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.budget = budget
+
+
+def _line(text: str, limit: int = EVIDENCE_TEXT_MAX) -> str:
+    return " ".join(normalize(text).split())[:limit]
+
+
+class Operator:
+    def __init__(
+        self, job: AgentJob, model: Model, tools: Toolbox, reporter: Reporter, budget: Budget,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.job = job
+        self.model = model
+        self.tools = tools
+        self.reporter = reporter
+        self.budget = budget
+        self._sleep = sleep
+        self._names = {t.name for t in tools.offered()}
+        self._markers: set[str] = set()
+
+    def main(self, out: TextIO) -> int:
+        """Run to the end: the answer (or one line saying why there is none) goes to `out`,
+        the run's log; the outcome to the daemon. Returns the exit code."""
+        try:
+            answer = self.answer()
+        except Stop as stop:
+            return self.fail(out, stop)
+        except Exception as exc:  # a defect here: one line in the log, not a traceback
+            return self.fail(out, Stop("agent_error", f"{type(exc).__name__}: {exc}"[:400]))
+        out.write(answer.rstrip("\n") + "\n")
+        out.flush()
+        self._report(OutcomeReport(outcome="succeeded", answer_summary=_line(answer)))
+        return 0
+
+    def fail(self, out: TextIO, stop: Stop) -> int:
+        """End without an answer: one line to the log, the outcome to the daemon."""
+        out.write(f"qledge agent: {stop.code}: {stop.message}\n")
+        out.flush()
+        exhausted = stop.code == "budget_exhausted"
+        self._report(OutcomeReport(outcome="budget_exhausted" if exhausted else "failed", error_code=stop.code,
+                                   budget=stop.budget, message=_line(stop.message)))
+        return 2 if exhausted else 1
+
+    def _report(self, report: OutcomeReport) -> None:
+        with contextlib.suppress(ToolFailure, DaemonGone):  # the runner records the exit either way
+            self.reporter.outcome(report)
+
+    def _unmarked(self, text: str) -> str:
+        for marker in self._markers:
+            text = text.replace(marker, " ")
+        return text
+
+    def answer(self) -> str:
+        job = self.job
+        conversation = Conversation(job.instruction, self.tools.offered(), job.limits.tool_calls_per_round)
+        for number in itertools.count(1):
+            reply, request_tokens = self._round(conversation, number)
+            self._account(number, reply, request_tokens)
+            conversation.add_reply(reply)
+            if not reply.tool_calls:
+                answer = self._unmarked(reply.content).strip()
+                if not answer:
+                    raise Stop("empty_answer", "the model ended without an answer")
+                return answer
+            for index, call in enumerate(reply.tool_calls):
+                conversation.add_result(ToolResult(call.id, self._call(index, call)))
+        raise AssertionError("unreachable")
+
+    def _body(self, conversation: Conversation) -> bytes:
+        provider = self.job.provider
+        while True:
+            marker = new_marker()
+            self._markers.add(marker)
+            body = conversation.body(provider.model, provider.max_tokens_param, provider.max_output_tokens, marker)
+            if estimate_tokens(len(body)) + provider.max_output_tokens <= provider.context_window_tokens:
+                return body
+            if not conversation.trim_oldest():
+                raise Stop("context_window_exceeded", (
+                    f"the request needs about {estimate_tokens(len(body)):,} tokens plus {provider.max_output_tokens:,}"
+                    f" for the reply; the context window is {provider.context_window_tokens:,}"))
+
+    def _round(self, conversation: Conversation, number: int) -> tuple[Reply, int]:
+        provider, budget = self.job.provider, self.budget
+        attempts = 1 + provider.retries
+        for attempt in range(1, attempts + 1):
+            body = self._body(conversation)  # every request gets a marker of its own
+            tokens = estimate_tokens(len(body))
+            refused = budget.refuse(number, tokens)
+            if refused is not None:
+                raise Stop("budget_exhausted", f"{refused[0]} budget exhausted: {refused[1]}", budget=refused[0])
+            timeout = min(provider.request_timeout_s, budget.remaining_s())
+            try:
+                return parse(self.model.send(body, timeout), number), tokens
+            except ProviderError as exc:
+                if exc.code == "provider_timeout" and timeout < provider.request_timeout_s:
+                    raise Stop("budget_exhausted", "wall_clock budget exhausted: the provider had not answered",
+                               budget="wall_clock") from None
+                tried = f" (after {attempt} attempts)" if attempt > 1 else ""
+                delay = exc.retry_after_s if exc.retry_after_s is not None else 2.0 ** (attempt - 1)
+                if not exc.retryable or attempt == attempts or not 0 <= delay <= RETRY_AFTER_MAX_S:
+                    raise Stop(exc.code, exc.message + tried) from None
+                if delay >= budget.remaining_s():
+                    raise Stop(exc.code, exc.message + tried + "; no time left to retry") from None
+                self._sleep(delay)
+        raise AssertionError("unreachable")
+
+    def _account(self, number: int, reply: Reply, request_tokens: int) -> None:
+        estimated = reply.prompt_tokens is None or reply.completion_tokens is None
+        input_tokens = request_tokens if reply.prompt_tokens is None else reply.prompt_tokens
+        output_tokens = reply.completion_tokens
+        if output_tokens is None:
+            output_tokens = estimate_tokens(reply.body_bytes)
+        self.budget.charge(input_tokens, output_tokens, estimated)
+        plan = None
+        if reply.tool_calls:
+            first = next((line for line in self._unmarked(reply.content).splitlines() if line.strip()), "")
+            plan = _line(first) or None
+        meta = RoundMeta(
+            round=number, model=_line(reply.model or self.job.provider.model, 128) or self.job.provider.model,
+            input_tokens=input_tokens, output_tokens=output_tokens, usage_estimated=estimated,
+            response_chars=len(reply.content) + sum(len(c.arguments_json) for c in reply.tool_calls),
+            # Names the model made up are not kept: the evidence holds offered names only.
+            tools=[c.name if c.name in self._names else UNKNOWN_TOOL for c in reply.tool_calls[:ROUND_TOOLS_MAX]],
+            plan=plan,
+        )
+        try:
+            self.reporter.round(meta)
+        except ToolFailure as exc:
+            if exc.code == "unauthenticated":
+                raise Stop("agent_revoked", "the run's credential was revoked: the run is ending") from None
+        except DaemonGone as exc:
+            raise Stop("daemon_unreachable", str(exc)) from None
+
+    def _call(self, index: int, call: ToolCall) -> Any:
+        limit = self.job.limits.tool_calls_per_round
+        if index >= limit:
+            return {"error": {"code": "refused", "message": f"at most {limit} tool calls per round; ask again"}}
+        if call.name not in self._names:
+            return {"error": {"code": "unknown_tool", "message": f"there is no tool {call.name[:64]!r} here"}}
+        if call.arguments is None:
+            return {"error": {"code": "invalid_argument", "message": "the arguments must be a JSON object"}}
+        try:
+            return self.tools.call(call.name, call.arguments)
+        except ToolFailure as exc:
+            if exc.code == "unauthenticated":
+                raise Stop("agent_revoked", "the run's credential was revoked: the run is ending") from None
+            return {"error": {"code": exc.code, "message": exc.message}}
+        except DaemonGone as exc:
+            raise Stop("daemon_unreachable", str(exc)) from None

@@ -1,0 +1,113 @@
+"""Composition of the AI operator's side of the daemon, imported by edge.app.graph only when
+`[agent]` is enabled: the configuration checked (one clear line for each problem), the
+evidence store, the run credentials and the service the runner and the tools share."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from edge.app.config import AgentConfig, AgentProfile, Config
+from edge.app.graph import StartupError, Stores
+from edge.core.agent import Limits, ProviderSettings, endpoint
+from edge.core.agent import EvidenceCursor, EvidenceDetail, EvidenceEnd, EvidenceOpen, EvidenceSummary, RoundMeta
+from edge.core.errors import ToolError
+from edge.core.ports.runtime import Clock, TaskUsers
+from edge.storage.sqlite.db import Database
+from edge.tools.agent import AgentService, AgentSettings, RunCredentialRegistry, child_user
+
+if TYPE_CHECKING:
+    from edge.core.ports.agent import AgentEvidenceStore, RunCredentials
+
+
+class EvidenceOnFirstUse:
+    """AgentEvidenceStore: the SQLite adapter, imported at the first record or history read
+    (an idle daemon never needs it)."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._store: AgentEvidenceStore | None = None
+
+    def _real(self) -> AgentEvidenceStore:
+        if self._store is None:
+            from edge.storage.sqlite.evidence import SqliteEvidenceStore
+
+            self._store = SqliteEvidenceStore(self._db)
+        return self._store
+
+    async def open(self, record: EvidenceOpen, now_ms: int) -> None:
+        await self._real().open(record, now_ms)
+
+    async def add_round(self, project: str, run_id: str, meta: RoundMeta, cost_usd: float | None) -> bool:
+        return await self._real().add_round(project, run_id, meta, cost_usd)
+
+    async def end(self, end: EvidenceEnd, started: EvidenceOpen, now_ms: int) -> None:
+        await self._real().end(end, started, now_ms)
+
+    async def page(self, project: str, after: EvidenceCursor | None, limit: int) -> list[EvidenceSummary]:
+        return await self._real().page(project, after, limit)
+
+    async def get(self, project: str, run_id: str) -> EvidenceDetail | None:
+        return await self._real().get(project, run_id)
+
+
+BAD = "invalid_argument"  # a configuration problem: the start fails with exit code 2
+
+
+def _checked(provider: ProviderSettings, where: str) -> ProviderSettings:
+    """One clear line for each problem of a provider ([agent], or a profile over it)."""
+    url = provider.base_url
+    if not url:
+        raise StartupError(f"{where} base_url is required (e.g. https://api.openai.com/v1)", BAD)
+    if endpoint(url) is None:
+        raise StartupError(f"{where} base_url {url!r} must be http(s)://host[:port][/path]", BAD)
+    if not provider.model:
+        raise StartupError(f"{where} model is required (e.g. gpt-4o-mini)", BAD)
+    if provider.proxy is not None:
+        proxy = endpoint(provider.proxy)
+        if proxy is None or proxy.scheme != "http" or proxy.path:
+            raise StartupError(f"{where} proxy {provider.proxy!r} must be http://host:port", BAD)
+    for key, path in (("api_key_file", provider.api_key_file), ("ca_file", provider.ca_file)):
+        if path is None:
+            continue
+        try:
+            mode = os.stat(path).st_mode
+        except OSError as exc:
+            raise StartupError(f"{where} {key} {path}: {exc.strerror}", BAD) from None
+        if key == "api_key_file" and mode & 0o077:
+            raise StartupError(f"{where} api_key_file {path} has mode {mode & 0o777:04o}; it must be 0600", BAD)
+    return provider
+
+
+def _overlay(provider: ProviderSettings, profile: AgentProfile) -> ProviderSettings:
+    given = {k: v for k, v in msgspec.structs.asdict(profile).items() if v is not None}
+    return msgspec.structs.replace(provider, **given)
+
+
+def build_agent(
+    config: Config, stores: Stores, clock: Clock, pepper: bytes, users: TaskUsers, evidence: AgentEvidenceStore,
+    credentials: RunCredentials | None = None,
+) -> AgentService:
+    """The AI operator's side of the daemon, its configuration checked."""
+    a: AgentConfig = config.agent
+    provider = _checked(ProviderSettings(
+        base_url=a.base_url or "", model=a.model or "", api_key_file=a.api_key_file, ca_file=a.ca_file, proxy=a.proxy,
+        request_timeout_s=a.request_timeout_s, max_output_tokens=a.max_output_tokens,
+        max_tokens_param=a.max_tokens_param, context_window_tokens=a.context_window_tokens,
+        input_usd_per_mtok=a.input_usd_per_mtok, output_usd_per_mtok=a.output_usd_per_mtok, retries=a.retries,
+    ), "[agent]")
+    profiles = {name: _checked(_overlay(provider, p), f"[agent.profiles.{name}]") for name, p in a.profiles.items()}
+    try:
+        child_user(users, a.user)
+    except ToolError as exc:
+        message = exc.message if exc.message.startswith("[agent]") else f"[agent] user: {exc.message}"
+        raise StartupError(message, BAD) from None
+    limits = Limits(rounds=a.budget_rounds, input_tokens=a.budget_input_tokens, output_tokens=a.budget_output_tokens,
+                    cost_usd=a.budget_cost_usd, wall_clock_s=a.budget_wall_clock_s,
+                    tool_calls_per_round=a.tool_calls_per_round)
+    settings = AgentSettings(provider=provider, profiles=profiles, limits=limits, read_logs=a.read_logs,
+                             concurrency=a.concurrency, user=a.user)
+    return AgentService(settings=settings, credentials=credentials or RunCredentialRegistry(pepper),
+                        evidence=evidence, tasks=stores.tasks, secrets=stores.secrets, clock=clock, users=users)

@@ -1,0 +1,158 @@
+"""The evidence history of AI runs (seed 001) on the daemon's database: one row per run.
+Implements AgentEvidenceStore (edge.core.ports.stores).
+
+Retention is part of the transaction that inserts a record, and of nothing else (no
+sweeper, no start-up pass): the newest MAX_RECORDS records are kept and none created more
+than MAX_AGE_MS before the inserting write's clock (the device clock: a clock set wrongly
+prunes early or late, which changes nothing else). Each insert looks at the PRUNE_BATCH
+oldest rows only, so its cost is bounded and the table converges. The rule covers the
+whole table, as one daemon serves one project.
+
+The store's change position, recorded before and after each run, costs no write: it is the
+number of rows the daemon's connection has changed since it opened, above a base taken once
+per daemon from the highest position any record holds. So within one daemon's life the
+difference of two positions is exactly the number of rows changed in between, and across
+restarts positions only grow.
+"""
+
+from __future__ import annotations
+
+import apsw
+import msgspec
+
+from edge.core.errors import unavailable
+from edge.core.agent import EvidenceCursor, EvidenceDetail, EvidenceEnd, EvidenceOpen, EvidenceSummary, RoundMeta
+from edge.storage.sqlite.db import Database, immediate, one
+
+MAX_RECORDS = 500
+MAX_AGE_MS = 90 * 86_400_000
+PRUNE_BATCH = 16
+
+_round = msgspec.json.Encoder()
+_rounds = msgspec.json.Decoder(list[RoundMeta])
+
+SQL_HIGHEST = "SELECT max(coalesce(max(position_before), 0), coalesce(max(position_after), 0)) FROM agent_evidence"
+SQL_INSERT = (
+    "INSERT INTO agent_evidence (run_id, project_id, task_id, task_revision, state, instruction, provider, model,"
+    " cost_usd, position_before, created_at_ms) VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (run_id) DO NOTHING"
+)
+# Only the oldest few rows (seq is insertion order) are looked at, so no insert scans the table.
+SQL_PRUNE = (
+    "DELETE FROM agent_evidence WHERE seq IN (SELECT seq FROM (SELECT seq, created_at_ms FROM agent_evidence"
+    " ORDER BY seq LIMIT ?) WHERE seq <= ? OR created_at_ms < ?)"
+)
+SQL_ROUND = (
+    "UPDATE agent_evidence SET rounds = json_insert(rounds, '$[#]', json(?1)), round_count = round_count + 1,"
+    " input_tokens = input_tokens + ?2, output_tokens = output_tokens + ?3,"
+    " usage_estimated = usage_estimated OR ?4, cost_usd = CASE WHEN ?5 IS NULL THEN NULL ELSE cost_usd + ?5 END"
+    " WHERE run_id = ?6 AND project_id = ?7 AND state = 'running'"
+)
+SQL_END = (
+    "UPDATE agent_evidence SET state = ?, error_code = ?, budget = ?, error = ?, answer_summary = ?,"
+    " position_after = ?, finished_at_ms = ? WHERE run_id = ? AND project_id = ? AND state = 'running'"
+)
+SUMMARY = (
+    "project_id, run_id, task_id, task_revision, state, error_code, budget, provider, model, round_count,"
+    " input_tokens, output_tokens, usage_estimated, cost_usd, created_at_ms, finished_at_ms"
+)
+SQL_PAGE = (
+    f"SELECT {SUMMARY} FROM agent_evidence WHERE project_id = ? AND (created_at_ms, run_id) < (?, ?)"
+    " ORDER BY created_at_ms DESC, run_id DESC LIMIT ?"
+)
+SQL_GET = (
+    f"SELECT {SUMMARY}, instruction, rounds, error, answer_summary, position_before, position_after"
+    " FROM agent_evidence WHERE run_id = ? AND project_id = ?"
+)
+_AHEAD_OF_ALL = EvidenceCursor(created_at_ms=1 << 62, run_id="\U0010ffff")
+_USAGE_ESTIMATED = 12  # column index in SUMMARY
+
+
+class Position:
+    """The change position of one daemon's connection (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        self._base: int | None = None
+
+    def __call__(self, conn: apsw.Connection) -> int:
+        if self._base is None:  # once per daemon, at its first record: at most MAX_RECORDS rows
+            self._base = int(one(conn, SQL_HIGHEST)[0] or 0) + 1 - conn.total_changes()
+        return self._base + conn.total_changes()
+
+
+def _insert(conn: apsw.Connection, record: EvidenceOpen, now: int, position: Position) -> None:
+    conn.execute(SQL_INSERT, (
+        record.run_id, record.project_id, record.task_id, record.task_revision, record.instruction,
+        record.provider, record.model, 0.0 if record.cost_known else None, position(conn), now,
+    ))
+    (newest,) = one(conn, "SELECT coalesce(max(seq), 0) FROM agent_evidence")
+    conn.execute(SQL_PRUNE, (PRUNE_BATCH, newest - MAX_RECORDS, now - MAX_AGE_MS))
+
+
+def open_record(conn: apsw.Connection, record: EvidenceOpen, now: int, position: Position) -> None:
+    with immediate(conn):
+        _insert(conn, record, now, position)
+
+
+def add_round(conn: apsw.Connection, project: str, run_id: str, meta: RoundMeta, cost: float | None) -> bool:
+    with immediate(conn):
+        conn.execute(SQL_ROUND, (_round.encode(meta).decode(), meta.input_tokens, meta.output_tokens,
+                                 int(meta.usage_estimated), cost, run_id, project))
+        return conn.changes() > 0
+
+
+def end_record(conn: apsw.Connection, end: EvidenceEnd, started: EvidenceOpen, now: int, position: Position) -> None:
+    with immediate(conn):
+        found = conn.execute("SELECT 1 FROM agent_evidence WHERE run_id = ? AND project_id = ?",
+                             (end.run_id, end.project_id)).fetchone()
+        if found is None:
+            _insert(conn, started, now, position)
+        conn.execute(SQL_END, (end.state, end.error_code, end.budget, end.error, end.answer_summary, position(conn),
+                               now, end.run_id, end.project_id))
+
+
+def _flags(row: tuple) -> tuple:
+    # SQLite stores booleans as integers; anything but 0/1 stays an int and fails validation.
+    value = row[_USAGE_ESTIMATED]
+    return (*row[:_USAGE_ESTIMATED], bool(value) if value in (0, 1) else value, *row[_USAGE_ESTIMATED + 1 :])
+
+
+def page(conn: apsw.Connection, project: str, after: EvidenceCursor, limit: int) -> list[EvidenceSummary]:
+    rows = conn.execute(SQL_PAGE, (project, after.created_at_ms, after.run_id, limit))
+    return [EvidenceSummary(*_flags(row)) for row in rows]
+
+
+def get(conn: apsw.Connection, project: str, run_id: str) -> EvidenceDetail | None:
+    row = conn.execute(SQL_GET, (run_id, project)).fetchone()
+    if row is None:
+        return None
+    head = _flags(row[:16])
+    instruction, rounds, error, answer, before, after = row[16:]
+    try:
+        meta = _rounds.decode(rounds)
+    except msgspec.DecodeError:
+        raise unavailable("storage returned a malformed evidence record; nothing is returned") from None
+    return EvidenceDetail(*[*head, instruction, meta, error, answer, before, after])
+
+
+class SqliteEvidenceStore:
+    """AgentEvidenceStore on the daemon's database."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._position = Position()
+
+    async def open(self, record: EvidenceOpen, now_ms: int) -> None:
+        await self._db.run(open_record, record, now_ms, self._position)
+
+    async def add_round(self, project: str, run_id: str, meta: RoundMeta, cost_usd: float | None) -> bool:
+        return await self._db.run(add_round, project, run_id, meta, cost_usd)
+
+    async def end(self, end: EvidenceEnd, started: EvidenceOpen, now_ms: int) -> None:
+        await self._db.run(end_record, end, started, now_ms, self._position)
+
+    async def page(self, project: str, after: EvidenceCursor | None, limit: int) -> list[EvidenceSummary]:
+        return await self._db.run(page, project, after or _AHEAD_OF_ALL, limit)
+
+    async def get(self, project: str, run_id: str) -> EvidenceDetail | None:
+        return await self._db.run(get, project, run_id)

@@ -1,0 +1,90 @@
+"""Shared by the AI operator's tests: a daemon configured against a scripted provider, and
+helpers to start AI runs and read what the provider was sent."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any
+
+from fake_provider import FakeProvider, Request
+from support import DaemonProcess
+
+READ_TOOLS = {
+    "qinglong.task.list", "qinglong.task.get", "qinglong.trigger.list", "qinglong.run.list", "qinglong.run.get",
+    "qinglong.run.events.list", "qinglong.run.compare", "qinglong.task.runs.compare", "qinglong.run.log.excerpt",
+    "qinglong.agent.history.list", "qinglong.agent.history.get",
+}
+
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return repr(value)
+
+
+def agent_config(provider: FakeProvider | None, extra: str = "", **keys: Any) -> str:
+    lines = ["[agent]", "enabled = true", f'base_url = "{provider.url if provider else "http://127.0.0.1:9/v1"}"',
+             'model = "test-model"', *(f"{k} = {toml_value(v)}" for k, v in keys.items())]
+    return "\n".join(lines) + "\n" + extra
+
+
+def ai_task(d: DaemonProcess, task_id: str, instruction: str = "Why did backup fail?", **budget: Any) -> dict:
+    command: dict[str, Any] = {"kind": "agent", "instruction": instruction}
+    if budget:  # snake_case here, camelCase on the wire
+        command["budget"] = {re.sub(r"_(.)", lambda m: m.group(1).upper(), k): v for k, v in budget.items()}
+    return d.call("qledge.task.create", {"taskId": task_id, "spec": {"command": command}})
+
+
+def start_and_wait(d: DaemonProcess, task_id: str, timeout_s: float = 60.0) -> dict:
+    run = d.call("qledge.run.start", {"taskId": task_id})
+    return wait(d, run["id"], timeout_s)
+
+
+def wait(d: DaemonProcess, run_id: str, timeout_s: float = 60.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        waited = d.call("qledge.run.wait", {"runId": run_id, "timeoutMs": 30_000})
+        if waited["done"]:
+            return waited["run"]
+    raise AssertionError(f"run {run_id} did not finish")
+
+
+def record(d: DaemonProcess, run_id: str) -> dict:
+    found = d.call("qinglong.agent.history.get", {"runId": run_id})
+    assert found["found"], found
+    found["record"]["toolSequence"] = [name for r in found["record"]["perRound"] for name in r["tools"]]
+    return found["record"]
+
+
+def log(d: DaemonProcess, run_id: str) -> str:
+    return bytes(d.call("qledge.run.log.read", {"runId": run_id})["data"]).decode()
+
+
+def marker(request: Request) -> str:
+    system = request.body["messages"][0]["content"]
+    found = re.search(r"marker (\^[0-9a-f]{6}\^)", system)
+    assert found, system
+    return found.group(1)
+
+
+def tool_messages(request: Request) -> list[dict[str, Any]]:
+    return [m for m in request.body["messages"] if m["role"] == "tool"]
+
+
+def unmarked(request: Request, content: str) -> Any:
+    """A tool message's content with this request's marker turned back into spaces, as JSON."""
+    return json.loads(content.replace(marker(request), " ").split("\n[qledge:", 1)[0])
+
+
+def until(predicate: Any, timeout_s: float = 20.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -1,0 +1,250 @@
+"""The AI run's credential, in-process: the daemon's own graph (a real SQLite file, or a
+cluster node on a real PostgreSQL; real chain, real tool socket, the real runner starting
+the real child against a scripted provider). The one double: the daemon's credential
+registry, subclassed only to remember the tokens it mints, so the test can hold the very
+credential the child holds."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+
+import msgspec
+import pytest
+
+from edge.app.config import Config
+from edge.app.graph import (
+    Cluster,
+    DaemonFacts,
+    agent_service,
+    build_chain,
+    build_services,
+    build_stores,
+    build_workers,
+    task_users,
+)
+from edge.cli.client import CallFailed, Client
+from edge.core.clock import SystemClock
+from edge.core.errors import ToolError
+from edge.core.tasks import AgentInstruction, TaskSpec
+from edge.storage.sqlite.db import Database
+from edge.app.graph import ai_tools, builtin_tools
+from edge.tools.agent import RunCredentialRegistry
+from edge.tools.context import Caller
+from edge.tools.definition import Registry
+from edge.transports.tool_socket import ToolServer
+from fake_provider import FakeProvider, Step, answer
+
+pytestmark = pytest.mark.e2e  # real children, real time
+
+
+class RecordingCredentials(RunCredentialRegistry):
+    def __init__(self, pepper: bytes) -> None:
+        super().__init__(pepper)
+        self.minted: dict[str, str] = {}
+
+    def mint(self, run_id: str, permissions: frozenset[str]) -> str:
+        token = super().mint(run_id, permissions)
+        self.minted[run_id] = token
+        return token
+
+
+class Daemon:
+    """The daemon's graph on SQLite, or as a cluster node on PostgreSQL (`dsn`): the node's
+    claim loop hands the run to its runner, and its evidence and audit are PostgreSQL's."""
+
+    def __init__(self, home: str, provider: FakeProvider, dsn: str | None = None) -> None:
+        self.home = home
+        self.provider = provider
+        self.socket = os.path.join(home, "qledge.sock")
+        self.dsn = dsn
+        self.db: Database | None = None
+        self.cluster: Cluster | None = None
+
+    async def open(self) -> Daemon:
+        keys: dict = {"agent": {"enabled": True, "base_url": self.provider.url, "model": "m"}}
+        if self.dsn is not None:
+            keys["cluster"] = {"dsn": self.dsn, "node": "n1", "lease_s": 3, "heartbeat_s": 0.5, "poll_s": 0.5}
+        config = msgspec.convert(keys, Config)
+        clock, pepper = SystemClock(), b"p" * 32
+        self.credentials = RecordingCredentials(pepper)
+        users = task_users(config, self.home)
+        distribute = None
+        if self.dsn is None:
+            self.db = await Database.open(os.path.join(self.home, "qledge.db"))
+            stores = build_stores(self.db, config, self.home)
+            agent = agent_service(config, stores, clock, pepper, users, credentials=self.credentials, db=self.db)
+        else:
+            self.cluster = cluster = Cluster(config, self.home)
+            await cluster.open()
+            assert cluster.stores is not None and cluster.clock is not None
+            stores, clock = cluster.stores, cluster.clock
+            agent = agent_service(config, stores, clock, pepper, users, cluster.evidence, self.credentials)
+            distribute = functools.partial(cluster.distribute, agents=agent)
+        workers = build_workers(config, self.home, stores, clock, distribute, agents=agent, users=users)
+        self.registry = Registry([*builtin_tools(), *ai_tools(), *agent.tools()])
+        agent.offer(self.registry.tools())
+        facts = DaemonFacts(stores.location, "asyncio", clock, stores.counts, workers.settings, "/")
+        self.services = build_services(config, stores, workers, facts, self.registry, pepper, clock)
+        self.chain = build_chain(config, self.services, self.registry, self.credentials)
+        self.local = workers.runner
+        self.runner = workers.controller  # on a cluster node, the cluster's runner
+        self.server = ToolServer(self.chain, self.socket, config.max_frame_bytes)
+        agent.serve_with(self.server.attach)
+        if self.cluster is not None and self.cluster.node is not None:
+            await self.cluster.node.start(workers.scheduler.changed)
+        await self.server.start()
+        return self
+
+    async def close(self) -> None:
+        await self.server.stop()
+        node = self.cluster.node if self.cluster is not None else None
+        if node is not None:
+            await node.stop()
+        await self.local.shutdown()
+        if node is not None:
+            await node.close()
+        if self.cluster is not None:
+            await self.cluster.close()
+        if self.db is not None:
+            await self.db.close()
+
+    async def audit_count(self, principal: str, outcome: str) -> int:
+        """Calls audited (a refused call may be one of the count on an aggregate row)."""
+        await self.services.audit.flush()  # what is still counted in memory
+        query = "SELECT coalesce(sum(count), 0) FROM security_audit WHERE principal = {0} AND outcome = {0}"
+        if self.db is not None:
+            return await self.db.run(lambda conn: conn.execute(query.format("?"), (principal, outcome)).fetchone()[0])
+        import psycopg
+
+        assert self.dsn is not None
+        async with await psycopg.AsyncConnection.connect(self.dsn) as conn:
+            cur = await conn.execute(query.format("%s"), (principal, outcome))
+            found = await cur.fetchone()
+            assert found is not None
+            return int(found[0])
+
+    async def recent_audit(self, count: int) -> list[str]:
+        query = "SELECT principal FROM security_audit ORDER BY id DESC LIMIT {}"
+        if self.db is not None:
+            return await self.db.run(lambda conn: [r[0] for r in conn.execute(query.format("?"), (count,))])
+        import psycopg
+
+        assert self.dsn is not None
+        async with await psycopg.AsyncConnection.connect(self.dsn) as conn:
+            cur = await conn.execute(query.format("%s"), (count,))
+            return [r[0] for r in await cur.fetchall()]
+
+    async def owner(self, tool: str, args: dict) -> object:
+        result = await self.chain.call(tool, json.dumps(args).encode(), "json", Caller("socket", peer_uid=os.getuid()))
+        return json.loads(msgspec.json.encode(result))
+
+    async def ai_run(self, task_id: str) -> str:
+        spec = TaskSpec(command=AgentInstruction(instruction="What failed?"))
+        task = await self.services.tasks.create("default", task_id, task_id, spec, 1000, privileged=False)
+        return (await self.runner.start(task, "user")).id
+
+
+def code_with(socket: str, token: str, tool: str, args: dict | None = None) -> str:
+    """The error code a call with `token` gets ("ok" when it succeeds), from a blocking client."""
+    with Client(socket, token=token, timeout_s=10) as client:
+        try:
+            client.call(tool, args or {})
+        except CallFailed as exc:
+            return exc.code
+    return "ok"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def daemon(request, home):
+    provider = FakeProvider()
+    dsn = request.getfixturevalue("pg_dsn") if request.param == "postgres" else None
+    d = await Daemon(home, provider, dsn).open()
+    yield d
+    await d.close()
+    provider.close()
+
+
+async def test_the_run_credential_is_refused_every_write_tool_and_dead_after_the_run(daemon):
+    seen: dict[str, str] = {}
+    qinglong = sorted(t.name for t in daemon.registry.tools() if t.name.startswith("qinglong."))
+    others = sorted(t.name for t in daemon.registry.tools()
+                    if not t.name.startswith("qinglong.") and t.name not in ("qledge.agent.round",
+                                                                             "qledge.agent.outcome"))
+
+    def while_running(request):  # in the provider's thread, while the child waits for this reply
+        (run_id, token), = daemon.credentials.minted.items()
+        for name in [*others, *qinglong]:
+            seen[name] = code_with(daemon.socket, token, name, {"taskId": "x", "runId": run_id})
+        return answer("done")
+
+    daemon.provider.add(while_running)
+    run_id = await daemon.ai_run("probe")
+    final = await daemon.runner.wait("default", run_id, 60)
+    assert final is not None and final.status == "succeeded", final
+    writes = {t.name for t in daemon.registry.tools() if t.effect == "write"} - {"qledge.agent.round",
+                                                                                 "qledge.agent.outcome"}
+    assert writes and all(seen[name] == "permission_denied" for name in writes), seen
+    assert all(seen[name] == "permission_denied" for name in others), seen  # qledge.* reads too
+    assert all(seen[name] != "permission_denied" for name in qinglong), seen  # exactly the qinglong.* reads
+    # Dead once the run has ended: for every tool, the reporting ones included.
+    token = daemon.credentials.minted[run_id]
+    for name in ("qinglong.run.list", "qledge.agent.round", "qledge.agent.outcome"):
+        assert await asyncio.to_thread(code_with, daemon.socket, token, name) == "unauthenticated"
+    # The refusals were audited as the run's principal.
+    assert await daemon.audit_count(f"agent:{run_id}", "denied") == len(others)
+
+
+async def test_cancel_during_a_provider_call_revokes_the_credential(daemon):
+    daemon.provider.add(Step(answer("never"), delay_s=float("inf")))
+    run_id = await daemon.ai_run("hang")
+    for _ in range(400):
+        if daemon.provider.requests:
+            break
+        await asyncio.sleep(0.05)
+    token = daemon.credentials.minted[run_id]
+    assert await asyncio.to_thread(code_with, daemon.socket, token, "qinglong.run.list") == "ok"
+    cancelled = await daemon.runner.cancel("default", run_id, "user")
+    assert cancelled.status == "cancelled"
+    assert await asyncio.to_thread(code_with, daemon.socket, token, "qinglong.run.list") == "unauthenticated"
+    evidence = await daemon.owner("qinglong.agent.history.get", {"runId": run_id})
+    assert evidence["record"]["state"] == "cancelled"
+
+
+async def test_only_a_run_credential_may_report(daemon):
+    for tool in ("qledge.agent.round", "qledge.agent.outcome"):
+        with pytest.raises(ToolError) as err:
+            await daemon.owner(tool, {"outcome": "succeeded"} if tool.endswith("outcome") else {
+                "round": 1, "model": "m", "inputTokens": 1, "outputTokens": 1, "usageEstimated": False,
+                "responseChars": 1})
+        assert err.value.code == "permission_denied"
+
+
+async def test_a_connection_made_for_a_child_trusts_its_token_only(daemon):
+    """Both ends of a child's connection are the daemon's, so the kernel names the daemon (an
+    owner by uid) as the peer: on such a connection, only a token counts."""
+    import socket
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    daemon.server.attach(ours)
+    daemon.credentials.mint("r-probe", frozenset({"tool.call:qinglong.run.list", "run.read"}))
+    token = daemon.credentials.minted["r-probe"]
+
+    def calls() -> tuple[str, str, str]:
+        with Client("a child's connection", connected=theirs, timeout_s=10) as client:
+            codes = []
+            for tok, tool in ((None, "qinglong.run.list"), (None, "qledge.status"), (token, "qinglong.run.list")):
+                client.token = tok
+                try:
+                    client.call(tool, {})
+                    codes.append("ok")
+                except CallFailed as exc:
+                    codes.append(exc.code)
+            return codes[0], codes[1], codes[2]
+
+    assert await asyncio.to_thread(calls) == ("unauthenticated", "unauthenticated", "ok")
+    # The two refusals share a row (one per peer, cause and minute) that counts both.
+    assert await daemon.recent_audit(2) == ["agent:r-probe", "anonymous"]
+    assert await daemon.audit_count("anonymous", "unauthenticated") == 2
