@@ -26,8 +26,9 @@ PACKAGE = "edge"
 OPTIONAL: dict[str, str | tuple[str, ...]] = {
     "mcp": "edge/mcp/",
     "postgres": "edge/storage/postgres/",
-    "agent": ("edge/agent/", "edge/app/agent.py", "edge/core/agent.py", "edge/core/ports/agent.py",
-              "edge/storage/sqlite/evidence.py", "edge/tools/agent.py"),
+    "agent": ("edge/agent/", "edge/app/agent.py", "edge/core/agent.py", "edge/core/ledger.py",
+              "edge/core/ports/agent.py", "edge/storage/sqlite/evidence.py", "edge/storage/sqlite/ledger.py",
+              "edge/tools/agent.py", "edge/tools/missions.py"),
 }
 # The profiles one may ask for, and the capabilities each adds to the edge core.
 WANTED: dict[str, tuple[str, ...]] = {

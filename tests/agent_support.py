@@ -16,6 +16,9 @@ READ_TOOLS = {
     "qinglong.run.events.list", "qinglong.run.compare", "qinglong.task.runs.compare", "qinglong.run.log.excerpt",
     "qinglong.agent.history.list", "qinglong.agent.history.get",
 }
+# The operator model's own specialist tools (handled in the child; never on MCP or the socket).
+SPECIALIST_TOOLS = {"specialist.delegate", "specialist.correct", "specialist.revoke", "specialist.ask",
+                    "specialist.items"}
 
 
 def toml_value(value: Any) -> str:

@@ -14,6 +14,7 @@ import pytest
 
 from agent_support import (
     READ_TOOLS,
+    SPECIALIST_TOOLS,
     agent_config,
     ai_task,
     log,
@@ -73,9 +74,9 @@ def test_ask_answers_about_real_runs_through_the_cli(agent, provider):
     run_id = re.search(r"run (\S+) queued", asked.stderr).group(1)
 
     first, second, third = provider.requests
-    # What the model was offered: the qinglong.* read tools, nothing else.
+    # What the model was offered: the qinglong.* read tools and its specialist tools, nothing else.
     offered = {t["function"]["name"] for t in first.body["tools"]}
-    assert offered == READ_TOOLS
+    assert offered == READ_TOOLS | SPECIALIST_TOOLS
     assert all(req.body["model"] == "test-model" and req.body["max_tokens"] == 4096 for req in provider.requests)
     assert first.body["messages"][1] == {"role": "user", "content": "why did backup fail?"}
     # Tool results are data, datamarked with a marker of each request's own, which the system prompt explains.
@@ -480,7 +481,7 @@ def test_the_daemon_loads_nothing_of_the_child_even_after_ai_runs(agent, provide
     run = start_and_wait(d, ai_task(d, "cjk")["id"])
     assert run["status"] == "succeeded" and log(d, run["id"]) == "备份失败：磁盘已满。\n"
     offered = {t["function"]["name"] for t in provider.requests[0].body["tools"]}
-    assert offered == READ_TOOLS - {"qinglong.run.log.excerpt"}  # read_logs = false
+    assert offered == READ_TOOLS - {"qinglong.run.log.excerpt"} | SPECIALIST_TOOLS  # read_logs = false
     modules = d.call("qledge.status", {"includeModules": True})["modules"]
     assert "edge.tools.agent" in modules and "edge.storage.sqlite.evidence" in modules
     for absent in ("edge.agent", "ssl", "_ssl", "http"):  # (urllib: the editable install loads it)

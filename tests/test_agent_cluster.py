@@ -108,3 +108,17 @@ def test_a_node_killed_mid_run_leaves_it_lost_and_its_record_ended(daemon_factor
     found = record(survivor, run["id"])
     assert (found["state"], found["errorCode"], found["rounds"]) == ("lost", "lease_expired", 1)
     assert found["finishedAtMs"] is not None and found["positionAfter"] is not None
+
+
+def test_attempts_above_one_are_refused_on_a_node_with_one_line(daemon_factory, pg_dsn):
+    """A cluster node keeps no mission ledger: an attempt of a mission could not be bound."""
+    import subprocess
+    import sys
+
+    d = daemon_factory(config=node_config(pg_dsn, "n1", extra=agent_config(None, attempts=2)))
+    assert d.config_path is not None
+    result = subprocess.run([sys.executable, "-m", "edge", "serve", "--config", d.config_path],
+                            env={**os.environ, "QLEDGE_HOME": d.home}, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("qledge: invalid_argument: [agent] attempts = 2: a cluster node keeps no mission"), line

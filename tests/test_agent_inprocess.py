@@ -167,16 +167,39 @@ async def daemon(request, home):
     provider.close()
 
 
+@pytest.fixture
+async def local_daemon(home):
+    provider = FakeProvider()
+    d = await Daemon(home, provider).open()
+    yield d
+    await d.close()
+    provider.close()
+
+
+@pytest.fixture
+async def cluster_daemon(home, pg_dsn):
+    provider = FakeProvider()
+    d = await Daemon(home, provider, pg_dsn).open()
+    yield d
+    await d.close()
+    provider.close()
+
+
+# The run's own tools: its reports and its mission's ledger (a cluster node keeps none).
+REPORTS = {"qledge.agent.round", "qledge.agent.outcome"}
+LEDGER = {f"qledge.agent.specialist.{op}" for op in ("delegate", "correct", "revoke", "items", "prepare", "commit",
+                                                     "withdraw")}
+
+
 async def test_the_run_credential_is_refused_every_write_tool_and_dead_after_the_run(daemon):
+    OWN = REPORTS | (LEDGER if daemon.db is not None else set())  # noqa: N806
     seen: dict[str, str] = {}
     qinglong = sorted(t.name for t in daemon.registry.tools() if t.name.startswith("qinglong."))
-    others = sorted(t.name for t in daemon.registry.tools()
-                    if not t.name.startswith("qinglong.") and t.name not in ("qledge.agent.round",
-                                                                             "qledge.agent.outcome"))
+    others = sorted(t.name for t in daemon.registry.tools() if not t.name.startswith("qinglong.") and t.name not in OWN)
 
     def while_running(request):  # in the provider's thread, while the child waits for this reply
         (run_id, token), = daemon.credentials.minted.items()
-        for name in [*others, *qinglong]:
+        for name in [*others, *qinglong, *OWN]:
             seen[name] = code_with(daemon.socket, token, name, {"taskId": "x", "runId": run_id})
         return answer("done")
 
@@ -184,14 +207,14 @@ async def test_the_run_credential_is_refused_every_write_tool_and_dead_after_the
     run_id = await daemon.ai_run("probe")
     final = await daemon.runner.wait("default", run_id, 60)
     assert final is not None and final.status == "succeeded", final
-    writes = {t.name for t in daemon.registry.tools() if t.effect == "write"} - {"qledge.agent.round",
-                                                                                 "qledge.agent.outcome"}
+    writes = {t.name for t in daemon.registry.tools() if t.effect == "write"} - OWN
     assert writes and all(seen[name] == "permission_denied" for name in writes), seen
     assert all(seen[name] == "permission_denied" for name in others), seen  # qledge.* reads too
     assert all(seen[name] != "permission_denied" for name in qinglong), seen  # exactly the qinglong.* reads
-    # Dead once the run has ended: for every tool, the reporting ones included.
+    assert all(seen[name] not in ("permission_denied", "unauthenticated") for name in OWN), seen  # and its own
+    # Dead once the run has ended: for every tool, the reporting and ledger ones included.
     token = daemon.credentials.minted[run_id]
-    for name in ("qinglong.run.list", "qledge.agent.round", "qledge.agent.outcome"):
+    for name in ("qinglong.run.list", *sorted(OWN)):
         assert await asyncio.to_thread(code_with, daemon.socket, token, name) == "unauthenticated"
     # The refusals were audited as the run's principal.
     assert await daemon.audit_count(f"agent:{run_id}", "denied") == len(others)
@@ -248,3 +271,64 @@ async def test_a_connection_made_for_a_child_trusts_its_token_only(daemon):
     # The two refusals share a row (one per peer, cause and minute) that counts both.
     assert await daemon.recent_audit(2) == ["agent:r-probe", "anonymous"]
     assert await daemon.audit_count("anonymous", "unauthenticated") == 2
+
+
+async def test_a_run_credential_reaches_its_own_mission_only(local_daemon):
+    daemon = local_daemon
+    from fake_provider import tool_call
+
+    daemon.provider.add(tool_call("specialist.delegate", {"specialist": "log-analyst", "instruction": "A-SCOPE"}),
+                        answer("a done"))
+    run_a = await daemon.ai_run("mission-a")
+    final_a = await daemon.runner.wait("default", run_a, 60)
+    assert final_a.status == "succeeded", final_a
+    token_a = daemon.credentials.minted[run_a]
+    seen: dict[str, object] = {}
+
+    def while_b_runs(request):  # run B's child waits for its round 2 reply; B's credential is live
+        token_b = daemon.credentials.minted[max(daemon.credentials.minted)]
+        with Client(daemon.socket, token=token_b, timeout_s=10) as client:
+            for cid in (1, 2):  # mission A's constraint is c1; B has none at all
+                try:
+                    client.call("qledge.agent.specialist.revoke", {"constraint": cid, "round": 1, "call": "x"})
+                    seen[f"revoke c{cid}"] = "ok"
+                except CallFailed as exc:
+                    seen[f"revoke c{cid}"] = exc.code
+            context = client.call("qledge.agent.specialist.prepare",
+                                  {"child": "log-analyst", "message": "B-MSG", "round": 1, "call": "x"})
+            seen["constraints"] = context["constraints"]
+            seen["mission"] = context["missionId"]
+        seen["a, ended"] = code_with(daemon.socket, token_a, "qledge.agent.specialist.prepare",
+                                     {"child": "log-analyst", "message": "A-MSG", "round": 1, "call": "x"})
+        return answer("b done")
+
+    daemon.provider.add(tool_call("qinglong.run.list", {}), while_b_runs)  # round 1 reported: B may write
+    run_b = await daemon.ai_run("mission-b")
+    final_b = await daemon.runner.wait("default", run_b, 60)
+    assert final_b.status == "succeeded", (final_b, seen)
+    assert seen == {"revoke c1": "not_found", "revoke c2": "not_found", "constraints": [], "mission": run_b,
+                    "a, ended": "unauthenticated"}
+    status = await daemon.db.run(lambda conn: conn.execute("SELECT text, status FROM agent_constraints").fetchall())
+    assert status == [("A-SCOPE", "active")]
+
+
+async def test_a_cluster_node_keeps_no_missions(cluster_daemon):
+    """No mission ledger in PostgreSQL: the model is offered no specialist, the ledger's tools
+    do not exist, and retry and the mission view say why in one line."""
+    from fake_provider import tool_call
+
+    daemon = cluster_daemon
+    daemon.provider.add(tool_call("specialist.delegate", {"specialist": "log-analyst", "instruction": "X"}),
+                        answer("done"))
+    run_id = await daemon.ai_run("no-mission")
+    final = await daemon.runner.wait("default", run_id, 60)
+    assert final is not None and final.status == "succeeded", final
+    first, second = (r.body for r in daemon.provider.requests)
+    offered = {t["function"]["name"] for t in first["tools"]}
+    assert offered and not any(name.startswith("specialist.") for name in offered), offered
+    assert "unknown_tool" in json.dumps(second["messages"][-1]), second["messages"][-1]  # answered, never run
+    assert not any(t.name.startswith("qledge.agent.specialist.") for t in daemon.registry.tools())
+    for tool in ("qledge.agent.retry", "qledge.agent.mission"):
+        with pytest.raises(ToolError) as err:
+            await daemon.owner(tool, {"runId": run_id})
+        assert err.value.code == "unavailable" and "cluster node keeps no mission ledger" in err.value.message

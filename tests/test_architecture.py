@@ -75,8 +75,8 @@ def test_the_agent_child_is_imported_by_nothing_outside_it():
 
 # The AI operator's modules outside edge/agent: shipped by the profiles that include it, loaded
 # by the daemon only when [agent] is enabled.
-AGENT_SIDE = {"app/agent.py", "core/agent.py", "core/ports/agent.py", "storage/sqlite/evidence.py",
-              "storage/postgres/evidence.py", "tools/agent.py"}
+AGENT_SIDE = {"app/agent.py", "core/agent.py", "core/ledger.py", "core/ports/agent.py", "storage/sqlite/evidence.py",
+              "storage/sqlite/ledger.py", "storage/postgres/evidence.py", "tools/agent.py", "tools/missions.py"}
 
 
 def _eager_imports(tree: ast.Module) -> set[str]:

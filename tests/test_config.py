@@ -97,6 +97,9 @@ def test_openwrt_zonename(text, zone):
         ("[agent.profiles.local]\nmodle = 'x'\n", "unknown key `agent.profiles[...].modle`"),
         ("[agent]\nconcurrency = 0\n", "`agent.concurrency`: expected `int` >= 1"),
         ("[agent]\nmax_tokens_param = 'tokens'\n", "`agent.max_tokens_param`: invalid enum value 'tokens'"),
+        ("[agent.specialists.log-analyst]\nsytem = 'x'\n", "unknown key `agent.specialists[...].sytem`"),
+        ("[agent.specialists.Log_Analyst]\n", "a name in `agent.specialists`: expected `str` matching regex"),
+        ("[agent]\nattempts = 0\n", "`agent.attempts`: expected `int` >= 1"),
     ],
 )
 def test_bad_agent_config_is_one_clear_line(home, text, message):
@@ -123,6 +126,9 @@ def test_bad_agent_config_is_one_clear_line(home, text, message):
         ("[agent]\nenabled = true\nbase_url = 'http://127.0.0.1:9/v1'\nmodel = 'm'\n"
          "[agent.profiles.cloud]\nbase_url = 'ftp://x'\n",
          "qledge: [agent.profiles.cloud] base_url 'ftp://x' must be http(s)://host[:port][/path]"),
+        ("[agent]\nenabled = true\nbase_url = 'http://127.0.0.1:9/v1'\nmodel = 'm'\n"
+         "[agent.specialists.wifi]\ndescription = 'knows wireless'\n",
+         "qledge: [agent.specialists.wifi] needs description and system (it is not a default one)"),
     ],
 )
 def test_an_enabled_agent_is_checked_at_start_in_one_line(home, text, line):
@@ -148,6 +154,10 @@ def _keys(struct: type, prefix: str = "") -> list[str]:
             from edge.app.config import AgentProfile
 
             found += [f"[agent.profiles.NAME] {f.name}" for f in msgspec.structs.fields(AgentProfile)]
+        elif field.name == "specialists":
+            from edge.app.config import SpecialistConfig
+
+            found += [f"[agent.specialists.NAME] {f.name}" for f in msgspec.structs.fields(SpecialistConfig)]
         else:
             found.append(prefix + field.name)
     return found

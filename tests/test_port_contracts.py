@@ -225,7 +225,7 @@ OLD_AUDIT = [  # at_ms, tool, outcome
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 async def test_audit_rows_written_before_the_classes_are_classified(backend, request, home):
-    """The migration that gives the audit its classes, on each backend (SQLite's version 10,
+    """The migration that gives the audit its classes, on each backend (SQLite's version 11,
     PostgreSQL's 6): allowed credential and secret changes, refused calls (a count of one)
     and the other allowed calls; later refused calls never push out the old changes."""
     if backend == "sqlite":

@@ -5,10 +5,11 @@ it, reads the provider's key from `api_key_file` (which must be 0600), loads eve
 will need, and only then becomes the job's user (`[agent] user`, when the daemon can switch
 users): before it has read anything from the provider or a tool, and for good. From then on
 it cannot read the state directory, and having changed credentials it is not dumpable, so
-no other process of that user can trace it or read its memory. It calls tools on the
-inherited connection M, runs the operator's loop, writes the answer (or one line saying why
-there is none) to stdout, which is the run's log, and exits 0 (answered), 1 (failed) or 2
-(a budget ran out). It blocks: no event loop, and `ssl` only when the endpoint is https.
+no other process of that user can trace it or read its memory. It calls tools (the mission
+ledger's too, for its specialists) on the inherited connection M, runs the operator's loop,
+writes the answer (or one line saying why there is none) to stdout, which is the run's log,
+and exits 0 (answered), 1 (failed) or 2 (a budget ran out). It blocks: no event loop, and
+`ssl` only when the endpoint is https.
 """
 
 from __future__ import annotations
@@ -101,15 +102,19 @@ def main(argv: list[str] | None = None) -> int:
     from edge.agent.budget import Budget
     from edge.agent.operator import Operator, Stop
     from edge.agent.provider import ChatClient
+    from edge.agent.specialists import Specialists
     from edge.agent.tools import DaemonTools
     from edge.cli.client import Client
 
     with Client(f"descriptor {fds[1]}", token=job.token, timeout_s=30.0, connected=connection) as client:
         tools = DaemonTools(client, job.tools)
         model: ChatClient | None = None
+        specialists: Specialists | None = None
         problem: str | None = None
         try:
             model = ChatClient(job.provider, _api_key(job.provider.api_key_file))
+            if job.mission is not None and job.mission.specialists:
+                specialists = Specialists(job.mission, tools, job.provider)  # their ledger calls go on M
         except (ValueError, OSError) as exc:
             problem = str(exc)
         if job.user is not None:
@@ -118,13 +123,15 @@ def main(argv: list[str] | None = None) -> int:
             except OSError as exc:
                 print(f"qledge agent: agent_error: cannot become uid {job.user.uid}: {exc}")
                 return EXIT_FAILED
-        if model is None:
-            operator = Operator(job, _NoModel(), tools, tools, Budget(job.limits, job.provider))
-            return operator.fail(sys.stdout, Stop("agent_config", problem or "no provider"))
         try:
-            return Operator(job, model, tools, tools, Budget(job.limits, job.provider)).main(sys.stdout)
+            if model is None or problem is not None:
+                operator = Operator(job, _NoModel(), tools, tools, Budget(job.limits, job.provider))
+                return operator.fail(sys.stdout, Stop("agent_config", problem or "no provider"))
+            operator = Operator(job, model, tools, tools, Budget(job.limits, job.provider), specialists=specialists)
+            return operator.main(sys.stdout)
         finally:
-            model.close()
+            if model is not None:
+                model.close()
 
 
 class _NoModel:

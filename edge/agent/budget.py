@@ -45,19 +45,23 @@ class Budget:
         assert self.prices is not None
         return (input_tokens * self.prices[0] + output_tokens * self.prices[1]) / 1e6
 
-    def refuse(self, round_number: int, request_tokens: int) -> tuple[BudgetName, str] | None:
-        """The first budget the request would not fit, with why; None: it may be sent."""
+    def refuse(self, round_number: int, request_tokens: int, max_output: int | None = None
+               ) -> tuple[BudgetName, str] | None:
+        """The first budget the request would not fit, with why; None: it may be sent.
+        `max_output`: what the request reserves for its reply (a specialist's own), else
+        the provider's max_output_tokens."""
         limits = self.limits
+        reserve = self.max_output if max_output is None else max_output
         if round_number > limits.rounds:
             return "rounds", f"{limits.rounds} rounds used"
         if self.input_tokens + request_tokens > limits.input_tokens:
             return "input_tokens", (f"{self.input_tokens:,} input tokens used + {request_tokens:,} for the next request"
                                     f" > {limits.input_tokens:,}")
-        if self.output_tokens + self.max_output > limits.output_tokens:
-            return "output_tokens", (f"{self.output_tokens:,} output tokens used + up to {self.max_output:,} for the"
+        if self.output_tokens + reserve > limits.output_tokens:
+            return "output_tokens", (f"{self.output_tokens:,} output tokens used + up to {reserve:,} for the"
                                      f" next reply > {limits.output_tokens:,}")
         if self.prices is not None:
-            need = self._cost(request_tokens, self.max_output)
+            need = self._cost(request_tokens, reserve)
             if self.cost_usd + need > limits.cost_usd + COST_EPSILON_USD:
                 return "cost_usd", (f"${self.cost_usd:.4f} spent + up to ${need:.4f} for the next request"
                                     f" > ${limits.cost_usd:g}")

@@ -7,14 +7,14 @@ the daemon before anything else happens, then run the tool calls it asked for (a
 per-round limit; the rest are answered as refused) and keep their results as data.
 
 The loop knows the model, the tools and the daemon only through small interfaces (`Model`,
-edge.agent.tools `Toolbox` and `Reporter`), so a later change can offer more tools or send
-work to other models without reshaping it.
+edge.agent.tools `Toolbox` and `Reporter`). Specialists (edge.agent.specialists) add their
+tools beside the daemon's, and send their requests through `consult`: the same budgets,
+retries, accounting and reports as the operator's own rounds, numbered in one sequence.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import time
 from collections.abc import Callable
 from typing import Any, Protocol, TextIO
@@ -22,6 +22,7 @@ from typing import Any, Protocol, TextIO
 from edge.agent.budget import Budget, estimate_tokens
 from edge.agent.prompt import Conversation, ToolResult, new_marker
 from edge.agent.provider import ProviderError, Reply, ToolCall, parse
+from edge.agent.specialists import Refused, Specialists
 from edge.agent.tools import DaemonGone, Reporter, ToolFailure, Toolbox
 from edge.core.excerpt import normalize
 from edge.core.agent import (
@@ -32,6 +33,7 @@ from edge.core.agent import (
     BudgetName,
     OutcomeReport,
     RoundMeta,
+    SpecialistRound,
 )
 
 RETRY_AFTER_MAX_S = 30.0
@@ -60,15 +62,17 @@ def _line(text: str, limit: int = EVIDENCE_TEXT_MAX) -> str:
 class Operator:
     def __init__(
         self, job: AgentJob, model: Model, tools: Toolbox, reporter: Reporter, budget: Budget,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] = time.sleep, specialists: Specialists | None = None,
     ) -> None:
         self.job = job
         self.model = model
         self.tools = tools
         self.reporter = reporter
         self.budget = budget
+        self.specialists = specialists
         self._sleep = sleep
-        self._names = {t.name for t in tools.offered()}
+        self._offered = [*tools.offered(), *(specialists.offered() if specialists is not None else [])]
+        self._names = {t.name for t in self._offered}
         self._markers: set[str] = set()
 
     def main(self, out: TextIO) -> int:
@@ -105,9 +109,10 @@ class Operator:
 
     def answer(self) -> str:
         job = self.job
-        conversation = Conversation(job.instruction, self.tools.offered(), job.limits.tool_calls_per_round)
-        for number in itertools.count(1):
-            reply, request_tokens = self._round(conversation, number)
+        conversation = Conversation(job.instruction, self._offered, job.limits.tool_calls_per_round)
+        while True:
+            number = self.budget.rounds + 1  # specialists' rounds count in the same sequence
+            reply, request_tokens = self._send(lambda: self._body(conversation), number)
             self._account(number, reply, request_tokens)
             conversation.add_reply(reply)
             if not reply.tool_calls:
@@ -116,8 +121,17 @@ class Operator:
                     raise Stop("empty_answer", "the model ended without an answer")
                 return answer
             for index, call in enumerate(reply.tool_calls):
-                conversation.add_result(ToolResult(call.id, self._call(index, call)))
-        raise AssertionError("unreachable")
+                conversation.add_result(ToolResult(call.id, self._call(index, call, number)))
+
+    def consult(self, body: bytes, max_output: int, meta: SpecialistRound) -> tuple[int, Reply]:
+        """A specialist's request as a round of this run (edge.agent.specialists.Consult)."""
+        number = self.budget.rounds + 1
+        refused = self.budget.refuse(number, estimate_tokens(len(body)), max_output)
+        if refused is not None:
+            raise Refused(refused[0], f"{refused[0]} budget exhausted: {refused[1]}; the request was not sent")
+        reply, tokens = self._send(lambda: body, number, max_output)
+        self._account(number, reply, tokens, meta)
+        return number, reply
 
     def _body(self, conversation: Conversation) -> bytes:
         provider = self.job.provider
@@ -132,13 +146,13 @@ class Operator:
                     f"the request needs about {estimate_tokens(len(body)):,} tokens plus {provider.max_output_tokens:,}"
                     f" for the reply; the context window is {provider.context_window_tokens:,}"))
 
-    def _round(self, conversation: Conversation, number: int) -> tuple[Reply, int]:
+    def _send(self, build: Callable[[], bytes], number: int, max_output: int | None = None) -> tuple[Reply, int]:
         provider, budget = self.job.provider, self.budget
         attempts = 1 + provider.retries
         for attempt in range(1, attempts + 1):
-            body = self._body(conversation)  # every request gets a marker of its own
+            body = build()  # every operator request gets a marker of its own
             tokens = estimate_tokens(len(body))
-            refused = budget.refuse(number, tokens)
+            refused = budget.refuse(number, tokens, max_output)
             if refused is not None:
                 raise Stop("budget_exhausted", f"{refused[0]} budget exhausted: {refused[1]}", budget=refused[0])
             timeout = min(provider.request_timeout_s, budget.remaining_s())
@@ -157,7 +171,8 @@ class Operator:
                 self._sleep(delay)
         raise AssertionError("unreachable")
 
-    def _account(self, number: int, reply: Reply, request_tokens: int) -> None:
+    def _account(self, number: int, reply: Reply, request_tokens: int, specialist: SpecialistRound | None = None
+                 ) -> None:
         estimated = reply.prompt_tokens is None or reply.completion_tokens is None
         input_tokens = request_tokens if reply.prompt_tokens is None else reply.prompt_tokens
         output_tokens = reply.completion_tokens
@@ -165,16 +180,18 @@ class Operator:
             output_tokens = estimate_tokens(reply.body_bytes)
         self.budget.charge(input_tokens, output_tokens, estimated)
         plan = None
-        if reply.tool_calls:
+        if reply.tool_calls and specialist is None:
             first = next((line for line in self._unmarked(reply.content).splitlines() if line.strip()), "")
             plan = _line(first) or None
         meta = RoundMeta(
             round=number, model=_line(reply.model or self.job.provider.model, 128) or self.job.provider.model,
             input_tokens=input_tokens, output_tokens=output_tokens, usage_estimated=estimated,
             response_chars=len(reply.content) + sum(len(c.arguments_json) for c in reply.tool_calls),
-            # Names the model made up are not kept: the evidence holds offered names only.
-            tools=[c.name if c.name in self._names else UNKNOWN_TOOL for c in reply.tool_calls[:ROUND_TOOLS_MAX]],
-            plan=plan,
+            # Names the model made up are not kept: the evidence holds offered names only. A
+            # specialist is offered none: whatever it asks for is never called, nor recorded.
+            tools=[] if specialist is not None else [
+                c.name if c.name in self._names else UNKNOWN_TOOL for c in reply.tool_calls[:ROUND_TOOLS_MAX]],
+            plan=plan, specialist=specialist,
         )
         try:
             self.reporter.round(meta)
@@ -184,7 +201,7 @@ class Operator:
         except DaemonGone as exc:
             raise Stop("daemon_unreachable", str(exc)) from None
 
-    def _call(self, index: int, call: ToolCall) -> Any:
+    def _call(self, index: int, call: ToolCall, number: int) -> Any:
         limit = self.job.limits.tool_calls_per_round
         if index >= limit:
             return {"error": {"code": "refused", "message": f"at most {limit} tool calls per round; ask again"}}
@@ -193,6 +210,8 @@ class Operator:
         if call.arguments is None:
             return {"error": {"code": "invalid_argument", "message": "the arguments must be a JSON object"}}
         try:
+            if self.specialists is not None and self.specialists.handles(call.name):
+                return self.specialists.call(call.name, call.arguments, number, call.id, self)
             return self.tools.call(call.name, call.arguments)
         except ToolFailure as exc:
             if exc.code == "unauthenticated":

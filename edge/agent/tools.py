@@ -1,17 +1,23 @@
-"""The daemon as the child sees it: the read tools the model may call and the two tools the
-run reports through, all on the daemon's socket with the run's credential, so every call
-goes through the daemon's whole chain (authentication, policy, audit as `agent:<run id>`).
+"""The daemon as the child sees it: the read tools the model may call, the two tools the
+run reports through and the mission ledger's tools, all on the daemon's socket with the
+run's credential, so every call goes through the daemon's whole chain (authentication,
+policy, audit as `agent:<run id>`).
 
-The loop (edge.agent.operator) sees tools through `Toolbox`, so other sources of tools (a
-parent's delegation tools, say) can sit beside the daemon's without changing it.
+The loop (edge.agent.operator) sees tools through `Toolbox`, the daemon's reporting through
+`Reporter`, and the specialists (edge.agent.specialists) reach the ledger through `Ledger`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
-from edge.cli.client import CallFailed, Client, Unreachable
+import msgspec
+
+from edge.cli.client import BadReply, CallFailed, Client, Unreachable
 from edge.core.agent import OfferedTool, OutcomeReport, RoundMeta
+
+T = TypeVar("T")
+LEDGER_PREFIX = "qledge.agent.specialist."
 
 
 class ToolFailure(Exception):
@@ -47,8 +53,15 @@ class Reporter(Protocol):
         ...
 
 
+class Ledger(Protocol):
+    def ledger(self, op: str, args: msgspec.Struct, result: type[T]) -> T:
+        """One call of the mission ledger (`qledge.agent.specialist.<op>`), its result decoded
+        as `result`. Raises ToolFailure or DaemonGone."""
+        ...
+
+
 class DaemonTools:
-    """Toolbox and Reporter over one connection to the daemon's tool socket."""
+    """Toolbox, Reporter and Ledger over one connection to the daemon's tool socket."""
 
     def __init__(self, client: Client, offered: list[OfferedTool]) -> None:
         self._client = client
@@ -73,3 +86,13 @@ class DaemonTools:
 
     def outcome(self, report: OutcomeReport) -> None:
         self._call("qledge.agent.outcome", report)
+
+    def ledger(self, op: str, args: msgspec.Struct, result: type[T]) -> T:
+        try:
+            return self._client.typed(LEDGER_PREFIX + op, args, result)
+        except CallFailed as exc:
+            raise ToolFailure(exc.code, exc.message) from None
+        except BadReply as exc:
+            raise ToolFailure("internal", str(exc)) from None
+        except Unreachable as exc:
+            raise DaemonGone(str(exc)) from None

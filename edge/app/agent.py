@@ -1,17 +1,19 @@
 """Composition of the AI operator's side of the daemon, imported by edge.app.graph only when
 `[agent]` is enabled: the configuration checked (one clear line for each problem), the
-evidence store, the run credentials and the service the runner and the tools share."""
+specialists (the defaults with `[agent.specialists.NAME]` over them), the evidence store,
+the missions' ledger, the run credentials and the service the runner and the tools share."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import msgspec
 
-from edge.app.config import AgentConfig, AgentProfile, Config
+from edge.app.config import AgentConfig, AgentProfile, Config, SpecialistConfig
 from edge.app.graph import StartupError, Stores
-from edge.core.agent import Limits, ProviderSettings, endpoint
+from edge.core.agent import Limits, ProviderSettings, SpecialistSpec, endpoint
 from edge.core.agent import EvidenceCursor, EvidenceDetail, EvidenceEnd, EvidenceOpen, EvidenceSummary, RoundMeta
 from edge.core.errors import ToolError
 from edge.core.ports.runtime import Clock, TaskUsers
@@ -19,7 +21,13 @@ from edge.storage.sqlite.db import Database
 from edge.tools.agent import AgentService, AgentSettings, RunCredentialRegistry, child_user
 
 if TYPE_CHECKING:
-    from edge.core.ports.agent import AgentEvidenceStore, RunCredentials
+    from edge.core.ports.agent import AgentEvidenceStore, MissionLedger, RunCredentials
+
+SPECIALISTS_MAX = 8
+SPECIALIST_OUTPUT_TOKENS = 1024  # a specialist's reply reserve unless configured (never above [agent]'s)
+# Built in; their descriptions and system texts are the child's (edge.agent.specialists), so
+# the daemon never holds them.
+DEFAULT_SPECIALISTS = ("log-analyst", "schedule-advisor")
 
 
 class EvidenceOnFirstUse:
@@ -56,6 +64,26 @@ class EvidenceOnFirstUse:
 BAD = "invalid_argument"  # a configuration problem: the start fails with exit code 2
 
 
+def specialists(configured: dict[str, SpecialistConfig], max_output_tokens: int) -> list[SpecialistSpec]:
+    """The default specialists with the configuration over them, in name order; one clear
+    line for each problem."""
+    found: list[SpecialistSpec] = []
+    for name in sorted({*DEFAULT_SPECIALISTS, *configured}):
+        given = configured.get(name, SpecialistConfig())
+        if not given.enabled:
+            continue
+        if name not in DEFAULT_SPECIALISTS and (given.description is None or given.system is None):
+            raise StartupError(f"[agent.specialists.{name}] needs description and system (it is not a default one)",
+                               BAD)
+        found.append(SpecialistSpec(
+            name=name, description=" ".join(given.description.split()) if given.description else None,
+            system=given.system.strip() if given.system else None,
+            max_output_tokens=given.max_output_tokens or min(SPECIALIST_OUTPUT_TOKENS, max_output_tokens)))
+    if len(found) > SPECIALISTS_MAX:
+        raise StartupError(f"[agent.specialists] enables {len(found)} specialists; at most {SPECIALISTS_MAX}", BAD)
+    return found
+
+
 def _checked(provider: ProviderSettings, where: str) -> ProviderSettings:
     """One clear line for each problem of a provider ([agent], or a profile over it)."""
     url = provider.base_url
@@ -88,9 +116,11 @@ def _overlay(provider: ProviderSettings, profile: AgentProfile) -> ProviderSetti
 
 def build_agent(
     config: Config, stores: Stores, clock: Clock, pepper: bytes, users: TaskUsers, evidence: AgentEvidenceStore,
-    credentials: RunCredentials | None = None,
+    ledger: Callable[[], MissionLedger] | None, credentials: RunCredentials | None = None,
 ) -> AgentService:
-    """The AI operator's side of the daemon, its configuration checked."""
+    """The AI operator's side of the daemon, its configuration checked. Without a `ledger`
+    (a cluster node: there is no mission ledger in PostgreSQL) its runs are attempts of no
+    mission: no specialists are offered, and retries and [agent] attempts are refused."""
     a: AgentConfig = config.agent
     provider = _checked(ProviderSettings(
         base_url=a.base_url or "", model=a.model or "", api_key_file=a.api_key_file, ca_file=a.ca_file, proxy=a.proxy,
@@ -107,7 +137,25 @@ def build_agent(
     limits = Limits(rounds=a.budget_rounds, input_tokens=a.budget_input_tokens, output_tokens=a.budget_output_tokens,
                     cost_usd=a.budget_cost_usd, wall_clock_s=a.budget_wall_clock_s,
                     tool_calls_per_round=a.tool_calls_per_round)
+    roles = specialists(a.specialists, a.max_output_tokens)  # checked even where none is offered
+    if ledger is None and a.attempts > 1:
+        raise StartupError(f"[agent] attempts = {a.attempts}: a cluster node keeps no mission ledger, so its AI runs"
+                           " are never attempts of a mission; set it to 1", BAD)
     settings = AgentSettings(provider=provider, profiles=profiles, limits=limits, read_logs=a.read_logs,
-                             concurrency=a.concurrency, user=a.user)
+                             concurrency=a.concurrency, user=a.user, attempts=a.attempts,
+                             specialists=roles if ledger is not None else [])
     return AgentService(settings=settings, credentials=credentials or RunCredentialRegistry(pepper),
-                        evidence=evidence, tasks=stores.tasks, secrets=stores.secrets, clock=clock, users=users)
+                        evidence=evidence, ledger=ledger, tasks=stores.tasks, secrets=stores.secrets, clock=clock,
+                        users=users)
+
+
+def sqlite_ledger(db: Database) -> Callable[[], MissionLedger]:
+    """The missions' ledger on the daemon's database, made at the first AI run (an idle
+    daemon never loads it)."""
+
+    def make() -> MissionLedger:
+        from edge.storage.sqlite.ledger import SqliteMissionLedger
+
+        return SqliteMissionLedger(db)
+
+    return make

@@ -100,6 +100,18 @@ class AgentProfile(msgspec.Struct, forbid_unknown_fields=True):
     max_output_tokens: Annotated[int, msgspec.Meta(ge=16, le=1_000_000)] | None = None
 
 
+class SpecialistConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """A no-tool specialist the operator may consult; for a default one, unset keys keep its own."""
+
+    enabled: bool = True
+    description: Annotated[str, msgspec.Meta(min_length=1, max_length=200)] | None = None
+    system: Annotated[str, msgspec.Meta(min_length=1, max_length=4000)] | None = None
+    max_output_tokens: Annotated[int, msgspec.Meta(ge=16, le=1_000_000)] | None = None
+
+
+SpecialistName = Annotated[str, msgspec.Meta(min_length=1, max_length=32, pattern=r"^[a-z][a-z0-9-]*$")]
+
+
 class AgentConfig(msgspec.Struct, forbid_unknown_fields=True):
     enabled: bool = False
     base_url: str | None = None  # an OpenAI-compatible API root, e.g. https://api.openai.com/v1
@@ -112,6 +124,7 @@ class AgentConfig(msgspec.Struct, forbid_unknown_fields=True):
     max_output_tokens: Annotated[int, msgspec.Meta(ge=16, le=1_000_000)] = 4096
     max_tokens_param: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
     retries: Annotated[int, msgspec.Meta(ge=0, le=5)] = 2
+    attempts: Annotated[int, msgspec.Meta(ge=1, le=16)] = 1  # of a mission, when the provider fails an attempt
     ca_file: str | None = None  # None: the system's trust store
     proxy: str | None = None  # http://host:port; the environment's proxy variables are never used
     read_logs: bool = True
@@ -125,6 +138,7 @@ class AgentConfig(msgspec.Struct, forbid_unknown_fields=True):
     budget_wall_clock_s: Annotated[int, msgspec.Meta(ge=5, le=86_400)] = 600
     tool_calls_per_round: Annotated[int, msgspec.Meta(ge=1, le=16)] = 8
     profiles: dict[Name, AgentProfile] = {}
+    specialists: dict[SpecialistName, SpecialistConfig] = {}
 
 
 class Config(msgspec.Struct, forbid_unknown_fields=True):
@@ -152,6 +166,9 @@ class ConfigError(Exception):
 def _explain(exc: msgspec.ValidationError) -> str:
     text = str(exc)
     where = ""
+    name = re.search(r" - at `key` in `\$\.?(.*)`$", text)  # a table's name, e.g. [agent.specialists.NAME]
+    if name:
+        return f"a name in `{name.group(1)}`: {text[0].lower()}{text[1:name.start()]}"
     m = re.search(r" - at `\$\.?(.*)`$", text)
     if m:
         text = text[: m.start()]

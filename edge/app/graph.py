@@ -385,19 +385,18 @@ def agent_service(
     db: Database | None = None,
 ) -> AgentService:
     """The daemon's side of the AI operator. Its evidence store: `evidence()` (a cluster's),
-    else the SQLite one on `db`, loaded at its first use."""
+    else the SQLite one on `db`, loaded at its first use; its mission ledger: the SQLite one
+    on `db`, made at the first AI run, and none on a cluster node (no specialists there)."""
     import importlib.util
 
     if importlib.util.find_spec("edge.agent") is None:  # finds it without importing it
         raise StartupError("the AI operator is not included in this build", "invalid_argument")
-    from edge.app.agent import EvidenceOnFirstUse, build_agent
+    from edge.app.agent import EvidenceOnFirstUse, build_agent, sqlite_ledger
 
     if evidence is not None:
-        store = evidence()
-    else:
-        assert db is not None
-        store = EvidenceOnFirstUse(db)
-    return build_agent(config, stores, clock, pepper, users, store, credentials)
+        return build_agent(config, stores, clock, pepper, users, evidence(), None, credentials)
+    assert db is not None
+    return build_agent(config, stores, clock, pepper, users, EvidenceOnFirstUse(db), sqlite_ledger(db), credentials)
 
 
 # -- the daemon's graph -------------------------------------------------------------
@@ -448,6 +447,7 @@ class Graph:
         registry = Registry([*builtin_tools(), *ai_tools(), *(agent.tools() if agent else [])])
         if agent is not None:
             agent.offer(registry.tools())
+            agent.attach(self.workers.runner)
             self.facts.add_extra(agent.status)
         services = build_services(config, self.stores, self.workers, self.facts, registry, pepper, self.stamps)
         self.chain = build_chain(config, services, registry, agent.credentials if agent else None)

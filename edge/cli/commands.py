@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from types import ModuleType
 
+    from edge.core.ledger import MissionView
     from edge.tools import agent as agent_tools
 
     from edge.tools.ai.projections import TaskView
@@ -482,7 +483,12 @@ def _record_fields(r: agent_tools.HistoryDetailView) -> None:
         ("finished", render.when(r.finished_at_ms)), ("position", f"{r.position_before} -> {r.position_after}"),
     ])
     for rnd in r.per_round:
-        print(f"  round {rnd.round}: {rnd.model}, {rnd.input_tokens}/{rnd.output_tokens} tokens,"
+        who = ""
+        if rnd.specialist is not None:
+            s = rnd.specialist
+            who = (f" specialist {s.child} ({s.constraints} constraints, history {s.history_sent} sent,"
+                   f" {s.history_trimmed} not)")
+        print(f"  round {rnd.round}:{who} {rnd.model}, {rnd.input_tokens}/{rnd.output_tokens} tokens,"
               f" {rnd.response_chars} chars" + (f", {', '.join(rnd.tools)}" if rnd.tools else "")
               + (f": {rnd.plan}" if rnd.plan else ""))
 
@@ -503,6 +509,52 @@ def agent_get(c: Client, a: argparse.Namespace) -> int:
         if not isinstance(found.next_after_round, int):
             return show(a, record, _record_fields)
         after = found.next_after_round
+
+
+def agent_retry(c: Client, a: argparse.Namespace) -> int:
+    _agent_tools()
+    from edge.tools import missions
+
+    retried = _agent(c, "qledge.agent.retry", missions.RetryArgs(run_id=a.run), missions.Retried)
+    if not a.wait:
+        return show(a, retried, lambda r: print(f"run {r.run.id} {r.run.status}: attempt {r.attempt} of mission"
+                                                f" {r.mission_id}"))
+    if not a.json:
+        print(f"run {retried.run.id} {retried.run.status}: attempt {retried.attempt} of mission {retried.mission_id}",
+              file=sys.stderr, flush=True)
+    final = _waited(c, retried.run.id)
+    text = _log(c, final.id).decode("utf-8", "replace") if final.status == "succeeded" else None
+    if a.json:
+        render.json_out(AskResult(run=final, answer=text))
+    elif text is not None:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    else:
+        print(render.run_line(final), file=sys.stderr)
+    return OK if final.status == "succeeded" else TOOL_ERROR
+
+
+def _mission_fields(m: MissionView) -> None:
+    render.fields([
+        ("mission", m.mission_id), ("task", f"{m.task_id} (revision {m.task_revision})"), ("goal", m.goal),
+        ("attempts", ", ".join(f"{n}: {run}" for n, run in enumerate(m.attempts, 1))),
+        ("messages", f"{m.messages_consumed} consumed, {m.messages_pending} pending; {m.replies} replies"),
+        ("created", render.when(m.created_at_ms)),
+    ])
+    for k in m.constraints:
+        by = f" by c{k.superseded_by}" if k.superseded_by is not None else ""
+        print(f"  c{k.id} {k.child} {k.kind} v{k.version} {k.status}{by} (attempt {k.source.attempt} round"
+              f" {k.source.round}): {k.text}")
+    for w in m.items:
+        print(f"  w{w.id} {w.child} {w.status}: {w.text}" + (f" (acceptance: {w.acceptance})" if w.acceptance else ""))
+
+
+def agent_mission(c: Client, a: argparse.Namespace) -> int:
+    _agent_tools()
+    from edge.core.ledger import MissionView
+    from edge.tools import missions
+
+    view = _agent(c, "qledge.agent.mission", missions.MissionArgs(run_id=a.run), MissionView)
+    return show(a, view, _mission_fields)
 
 
 def call(c: Client, a: argparse.Namespace) -> int:

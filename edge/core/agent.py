@@ -88,10 +88,33 @@ class ChildUser(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     groups: list[int]
 
 
+# The operator model's specialist tools (seed 003): handled in the child, offered nowhere else.
+PARENT_TOOLS = ("specialist.delegate", "specialist.correct", "specialist.revoke", "specialist.ask",
+                "specialist.items")
+
+
+class SpecialistSpec(msgspec.Struct, kw_only=True):
+    """A no-tool role the operator may consult: [agent.specialists.NAME], defaults included."""
+
+    name: str
+    description: str | None  # one line for the operator's tool descriptions; None: the default's
+    system: str | None  # its system text; None: the default's (edge.agent.specialists holds them)
+    max_output_tokens: int  # the reply reserved in its context window and budgets
+
+
+class MissionJob(msgspec.Struct, kw_only=True):
+    """The run as an attempt of its mission, and the specialists it may consult."""
+
+    mission_id: str
+    attempt: int
+    specialists: list[SpecialistSpec]
+
+
 class AgentJob(msgspec.Struct, kw_only=True):
     """Everything the child needs, passed on an inherited descriptor (never argv or the
     environment): the run's credential, the instruction, the provider, the budgets, the
-    tools it may offer the model, and the user it is to become. It calls tools on another
+    tools it may offer the model, the user it is to become and, as an attempt of its
+    mission, the specialists it may consult. It calls tools (the ledger's too) on another
     inherited descriptor: a connection of its own to the tool server, which trusts it by
     its token only."""
 
@@ -103,6 +126,7 @@ class AgentJob(msgspec.Struct, kw_only=True):
     limits: Limits
     tools: list[OfferedTool]
     user: ChildUser | None = None  # None: it stays the daemon's user (a daemon that is not root)
+    mission: MissionJob | None = None  # None: no mission ledger (unreachable, or a cluster node); no specialists
 
 
 class AgentLaunch(msgspec.Struct, kw_only=True):
@@ -133,8 +157,18 @@ _Code = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-z
 _Model = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=SAFE_TEXT)]
 
 
+class SpecialistRound(msgspec.Struct, rename="camel", forbid_unknown_fields=True, frozen=True):
+    """What a specialist round delivered: counts only, never the text."""
+
+    child: Annotated[str, msgspec.Meta(min_length=1, max_length=32, pattern=r"^[a-z][a-z0-9-]*$")]
+    constraints: _Count  # active constraints delivered (all of them, always)
+    history_sent: _Count
+    history_trimmed: _Count  # history entries of the child not sent (window, bytes, context)
+
+
 class RoundMeta(msgspec.Struct, rename="camel", forbid_unknown_fields=True, frozen=True):
-    """One model round as the evidence keeps it: what the child reports after each response."""
+    """One model round as the evidence keeps it: what the child reports after each response.
+    A specialist's round counts like the operator's and says whose it was."""
 
     round: Annotated[int, msgspec.Meta(ge=1, le=1000)]
     model: _Model
@@ -144,6 +178,7 @@ class RoundMeta(msgspec.Struct, rename="camel", forbid_unknown_fields=True, froz
     response_chars: _Count
     tools: Annotated[list[_ToolName], msgspec.Meta(max_length=ROUND_TOOLS_MAX)] = []  # calls asked for, in order
     plan: _ShortText | None = None  # the model's own one-line plan
+    specialist: SpecialistRound | None = None  # a specialist's round: its child and what it was sent
 
 
 class OutcomeReport(msgspec.Struct, rename="camel", forbid_unknown_fields=True, frozen=True):

@@ -1,24 +1,31 @@
 """The AI operator's side of the daemon: how an AI run starts and ends (AgentRuns, for the
-runner), the two narrow tools its child reports through, the evidence history read tools,
-and `qledge.agent.ask`. Imported only by composition, when `[agent]` is enabled; the child
-itself (edge.agent) is never imported here.
+runner), the two narrow tools its child reports through, the mission ledger's tools, the
+evidence history read tools, `qledge.agent.ask` and `qledge.agent.retry`. Imported only by
+composition, when `[agent]` is enabled; the child itself (edge.agent) is never imported here.
 
 An AI run's child gets, on an inherited descriptor, a credential minted for that run alone:
-exactly the `qinglong.*` read tools (the log excerpt only when logs may be read) and the
-two reporting tools, revoked when the process is gone, whatever the outcome. The evidence
-record (seed 001) is opened when the child starts, gets one round's metadata per report,
-and is ended by the daemon for every terminal outcome; a record that cannot be written is
-logged once per run and changes nothing else.
+exactly the `qinglong.*` read tools (the log excerpt only when logs may be read), the two
+reporting tools and the ledger's tools, revoked when the process is gone, whatever the
+outcome. The evidence record (seed 001) is opened when the child starts, gets one round's
+metadata per report, and is ended by the daemon for every terminal outcome; a record that
+cannot be written is logged once per run and changes nothing else.
+
+Each AI run is an attempt of a mission (seed 003), bound when it launches: a new mission, or
+the next attempt of the one `qledge.agent.retry` named. The ledger's tools and retry are
+handled by edge.tools.missions, loaded at their first use. A daemon without a ledger (a
+cluster node) binds no attempts and offers no specialists; retry and the mission view
+answer it in one line.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
 import sys
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -26,10 +33,11 @@ from msgspec import UNSET, UnsetType
 import edge
 from edge.core.auth import TOKEN_PREFIX, Grant, Principal, token_digest
 from edge.core.errors import ToolError, conflict, invalid, unavailable
-from edge.core.ports.runtime import Clock, TaskUsers
+from edge.core.ports.runtime import Clock, RunController, TaskUsers
 from edge.core.ports.stores import SecretStore, TaskStore
 from edge.core.agent import (
     EVIDENCE_TEXT_MAX,
+    PARENT_TOOLS,
     UNKNOWN_TOOL,
     AgentJob,
     AgentLaunch,
@@ -41,10 +49,12 @@ from edge.core.agent import (
     EvidenceState,
     EvidenceSummary,
     Limits,
+    MissionJob,
     OfferedTool,
     OutcomeReport,
     ProviderSettings,
     RoundMeta,
+    SpecialistSpec,
     endpoint,
 )
 from edge.core.reads import PAGE_DEFAULT, keyset, storage_fault, valid_page, valid_row
@@ -56,7 +66,8 @@ from edge.tools.context import ToolContext
 from edge.tools.definition import Tool, object_schema, tool
 
 if TYPE_CHECKING:  # the agent's ports are for type checking only
-    from edge.core.ports.agent import AgentEvidenceStore, RunCredentials
+    from edge.core.ledger import Attempt
+    from edge.core.ports.agent import AgentEvidenceStore, MissionLedger, RunCredentials
 
 log = logging.getLogger("qledge.agent")
 
@@ -64,6 +75,11 @@ ASK_TASK = "ask"  # where `qledge ask` keeps its runs: one AI task, a revision p
 LOG_EXCERPT = "qinglong.run.log.excerpt"
 REPORT_TOOLS = ("qledge.agent.round", "qledge.agent.outcome")
 REPORT_PERMISSION = "agent.report"  # held by run credentials only (owners hold `*`; the tools check the run)
+LEDGER_OPS = ("delegate", "correct", "revoke", "items", "prepare", "commit", "withdraw")
+LEDGER_TOOLS = tuple(f"qledge.agent.specialist.{op}" for op in LEDGER_OPS)
+LEDGER_PERMISSION = "agent.ledger"  # like REPORT_PERMISSION: run credentials only
+NO_MISSIONS = ("a cluster node keeps no mission ledger: its AI runs have no specialists and cannot be retried"
+               " as attempts of a mission")
 # The child is started like this, not with `python -m`: -I keeps the environment and the
 # working directory (where tasks may write) out of its import path.
 _BOOT = "import sys; sys.path.insert(0, {root!r}); from edge.agent.__main__ import main; sys.exit(main())"
@@ -80,6 +96,8 @@ class AgentSettings(msgspec.Struct, kw_only=True):
     read_logs: bool
     concurrency: int
     user: str  # whom the child becomes where the daemon can switch users ([agent] user)
+    specialists: list[SpecialistSpec] = []
+    attempts: int = 1  # a mission's attempts started by themselves after provider failures
     python: str = sys.executable
 
 
@@ -148,10 +166,10 @@ def provider_name(base_url: str) -> str:
     return found.where if found is not None else "?"
 
 
-class _Active:
+class ActiveRun:
     """An AI run whose child is running (or about to): what the daemon knows of it."""
 
-    __slots__ = ("record", "limits", "prices", "rounds", "outcome", "warned")
+    __slots__ = ("record", "limits", "prices", "rounds", "outcome", "warned", "attempt")
 
     def __init__(self, record: EvidenceOpen, limits: Limits, prices: tuple[float, float] | None) -> None:
         self.record = record
@@ -160,6 +178,7 @@ class _Active:
         self.rounds = 0
         self.outcome: OutcomeReport | None = None
         self.warned = False
+        self.attempt: Attempt | None = None  # None: its mission could not be recorded
 
 
 class AgentService:
@@ -167,25 +186,54 @@ class AgentService:
 
     def __init__(
         self, *, settings: AgentSettings, credentials: RunCredentials, evidence: AgentEvidenceStore,
-        tasks: TaskStore, secrets: SecretStore, clock: Clock, users: TaskUsers,
+        ledger: Callable[[], MissionLedger] | None, tasks: TaskStore, secrets: SecretStore, clock: Clock,
+        users: TaskUsers,
     ) -> None:
         self.settings = settings
         self.evidence = evidence
+        # Made at the first AI run: an idle daemon loads none of it. None: a cluster node,
+        # whose runs are attempts of no mission (no specialists, no retries).
+        self._make_ledger = ledger
+        self._ledger: MissionLedger | None = None
         self.credentials = credentials
-        self._tasks = tasks
+        # A retry names its mission before its run launches; launches read it under the lock
+        # the retry holds from admission to naming, so no launch can miss it.
+        self.retrying: dict[str, str] = {}  # run id -> mission id
+        self.binding = asyncio.Lock()
+        self.runner: RunController | None = None  # for the attempts [agent] attempts starts
+        self.tasks = tasks
         self._secrets = secrets
-        self._clock = clock
+        self.clock = clock
         self._users = users
         self._serve: Callable[[socket.socket], None] | None = None
-        self._active: dict[str, _Active] = {}
+        self._active: dict[str, ActiveRun] = {}
         self._offered: list[Tool] = []
         self._tool_specs: list[OfferedTool] | None = None  # built at the first launch
         self.offered_names: frozenset[str] = frozenset()
         self.permissions: frozenset[str] = frozenset()
+        self.specialist_names: frozenset[str] = frozenset()
 
     @property
     def concurrency(self) -> int:
         return self.settings.concurrency
+
+    @property
+    def ledger(self) -> MissionLedger:
+        """The missions' ledger. Raises unavailable on a daemon that keeps none (a cluster node)."""
+        if self._ledger is None:
+            if self._make_ledger is None:
+                raise unavailable(NO_MISSIONS)
+            self._ledger = self._make_ledger()
+        return self._ledger
+
+    @property
+    def missions(self) -> bool:
+        """Whether this daemon keeps missions: its AI runs are attempts, with specialists."""
+        return self._make_ledger is not None
+
+    def attach(self, runner: RunController) -> None:
+        """The runner that starts the next attempt of a mission after a provider failure."""
+        self.runner = runner
 
     def tools(self) -> list[Tool]:
         """Every tool the agent capability adds, for the registry."""
@@ -202,10 +250,15 @@ class AgentService:
             (t for t in tools if t.ai and t.effect == "read" and (self.settings.read_logs or t.name != LOG_EXCERPT)),
             key=lambda t: t.name,
         )
-        self.offered_names = frozenset(t.name for t in self._offered)
-        granted = {f"tool.call:{name}" for name in (*self.offered_names, *REPORT_TOOLS)}
-        granted |= {p for t in self._offered for p in t.permissions}
-        self.permissions = frozenset(granted | {REPORT_PERMISSION})
+        names = {t.name for t in self._offered}
+        granted = {f"tool.call:{name}" for name in (*names, *REPORT_TOOLS)}
+        granted |= {p for t in self._offered for p in t.permissions} | {REPORT_PERMISSION}
+        if self.settings.specialists:  # the child's own tools, and the ledger's it calls for them
+            names |= set(PARENT_TOOLS)
+            granted |= {f"tool.call:{name}" for name in LEDGER_TOOLS} | {LEDGER_PERMISSION}
+        self.offered_names = frozenset(names)
+        self.permissions = frozenset(granted)
+        self.specialist_names = frozenset(spec.name for spec in self.settings.specialists)
 
     def _specs(self) -> list[OfferedTool]:
         if self._tool_specs is None:
@@ -234,7 +287,7 @@ class AgentService:
             raise
         return theirs.detach()
 
-    def active(self, run_id: str) -> _Active | None:
+    def active(self, run_id: str) -> ActiveRun | None:
         return self._active.get(run_id)
 
     def _provider(self, spec: AgentInstruction) -> ProviderSettings:
@@ -266,13 +319,21 @@ class AgentService:
         limits = lowered(self.settings.limits, spec.budget)
         record = self._record(task, run, provider)
         pin, pout = provider.input_usd_per_mtok, provider.output_usd_per_mtok
-        state = _Active(record, limits, (pin, pout) if pin is not None and pout is not None else None)
+        state = ActiveRun(record, limits, (pin, pout) if pin is not None and pout is not None else None)
         token = self.credentials.mint(run.id, self.permissions)
         self._active[run.id] = state
-        await self.write_evidence(state, self.evidence.open(record, self._clock.now_ms()))
+        await self.write_evidence(state, self.evidence.open(record, self.clock.now_ms()))
+        if self.missions:
+            from edge.tools.missions import bind_attempt
+
+            state.attempt = await bind_attempt(self, run, spec.instruction)
+        mission = None
+        if state.attempt is not None:
+            mission = MissionJob(mission_id=state.attempt.mission_id, attempt=state.attempt.attempt,
+                                 specialists=self.settings.specialists)
         job = AgentJob(
             run_id=run.id, task_id=task.id, token=token, instruction=spec.instruction,
-            provider=provider, limits=limits, tools=self._specs(), user=user,
+            provider=provider, limits=limits, tools=self._specs(), user=user, mission=mission,
         )
         return AgentLaunch(
             argv=[self.settings.python, "-I", "-c", _BOOT.format(root=_ROOT)], job=_job.encode(job),
@@ -291,10 +352,11 @@ class AgentService:
 
     async def ended(self, run: Run, task: Task | None) -> None:
         self.credentials.revoke(run.id)
+        self.retrying.pop(run.id, None)  # a retry that ended before it launched
         state = self._active.pop(run.id, None)
         if state is None:  # it never started (or its daemon died): only the task tells if it is an AI run
             try:
-                task = task or await self._tasks.get(run.project_id, run.task_id, run.task_revision)
+                task = task or await self.tasks.get(run.project_id, run.task_id, run.task_revision)
             except ToolError as exc:
                 log.warning("run %s: its task could not be read for its evidence (%s); the run is unaffected",
                             run.id, exc.message)
@@ -305,7 +367,7 @@ class AgentService:
                 provider = self._provider(task.spec.command)
             except ToolError:
                 provider = self.settings.provider  # a profile that is not configured: the run failed for it
-            state = _Active(self._record(task, run, provider), self.settings.limits, None)
+            state = ActiveRun(self._record(task, run, provider), self.settings.limits, None)
         reported = state.outcome
         end = EvidenceEnd(
             project_id=run.project_id, run_id=run.id, state=_state(run), error_code=run.error_code,
@@ -313,9 +375,13 @@ class AgentService:
             error=run.error_summary[:EVIDENCE_TEXT_MAX] if run.error_summary and run.status != "succeeded" else None,
             answer_summary=reported.answer_summary if reported is not None and run.status == "succeeded" else None,
         )
-        await self.write_evidence(state, self.evidence.end(end, state.record, self._clock.now_ms()))
+        await self.write_evidence(state, self.evidence.end(end, state.record, self.clock.now_ms()))
+        if state.attempt is not None and run.status == "failed" and (run.error_code or "").startswith("provider_"):
+            from edge.tools.missions import next_attempt
 
-    async def write_evidence(self, state: _Active, write: Awaitable[object]) -> bool:
+            await next_attempt(self, run, state.attempt, task)
+
+    async def write_evidence(self, state: ActiveRun, write: Awaitable[object]) -> bool:
         """Await an evidence write; a failure is logged once per run and swallowed."""
         try:
             await write
@@ -352,7 +418,7 @@ class Ack(msgspec.Struct, rename="camel"):
     recorded: bool  # false when the evidence could not be written (the run goes on)
 
 
-def _reporter(ctx: ToolContext, service: AgentService) -> tuple[str, _Active]:
+def _reporter(ctx: ToolContext, service: AgentService) -> tuple[str, ActiveRun]:
     run_id = ctx.principal.run_id
     if run_id is None:
         raise ToolError("permission_denied", "only an AI run's own credential may report on it")
@@ -372,6 +438,8 @@ def report_tools(service: AgentService) -> list[Tool]:
         strange = [name for name in args.tools if name not in service.offered_names and name != UNKNOWN_TOOL]
         if strange:
             raise invalid(f"{strange[0][:64]!r} was not offered (record it as {UNKNOWN_TOOL!r})")
+        if args.specialist is not None and args.specialist.child not in service.specialist_names:
+            raise invalid(f"there is no specialist {args.specialist.child!r}")
         state.rounds += 1
         meta = msgspec.structs.replace(args, plan=await service.clean(ctx.project, args.plan))
         cost = None
@@ -567,10 +635,43 @@ async def ask(ctx: ToolContext, args: AskArgs) -> Run:
     raise conflict("too many questions at once; try again")
 
 
+# -- the missions' tools: their shapes and handlers are edge.tools.missions' ------------------
+
+
+def _later(service: AgentService, handler: str, *bound: str) -> Any:
+    """A handler of edge.tools.missions, imported at its first call: an idle daemon has none of it."""
+
+    async def handle(ctx: ToolContext, args: dict[str, Any]) -> Any:
+        if not service.missions:
+            raise unavailable(NO_MISSIONS)
+        from edge.tools import missions
+
+        return await getattr(missions, handler)(service, *bound, ctx, args)
+
+    return handle
+
+
+def mission_tools(service: AgentService) -> list[Tool]:
+    """`qledge.agent.retry` and `qledge.agent.mission`, for owners, and with specialists one
+    narrow tool per ledger operation, for an AI run's own credential."""
+    found = [
+        tool("qledge.agent.retry", _later(service, "retry_run"), dict[str, Any], object, effect="write",
+             risk="medium", permission="run.write",
+             title="Start the next attempt of an AI run's mission (a new run of the same task revision)"),
+        tool("qledge.agent.mission", _later(service, "mission_view"), dict[str, Any], object, effect="read",
+             risk="low", permission="run.read", title="An AI run's mission: its attempts and its specialists' ledger"),
+    ]
+    if service.settings.specialists:
+        found += [tool(name, _later(service, "ledger_call", op), dict[str, Any], object, effect="write", risk="low",
+                       permission=LEDGER_PERMISSION, title=f"An AI run's {op} on its mission's ledger")
+                  for op, name in zip(LEDGER_OPS, LEDGER_TOOLS, strict=True)]
+    return found
+
+
 def agent_tools(service: AgentService) -> list[Tool]:
     """Every tool the agent capability adds, for the registry."""
     return [
-        *report_tools(service), *history_tools(service),
+        *report_tools(service), *history_tools(service), *mission_tools(service),
         tool("qledge.agent.ask", ask, AskArgs, Run, effect="write", risk="medium",
              permission=("task.write", "run.write"),
              title="Ask the AI operator a question (a new revision of the `ask` task, and its run)"),

@@ -324,7 +324,7 @@ CREATE TABLE agent_evidence (
 CREATE INDEX agent_evidence_created_idx ON agent_evidence (project_id, created_at_ms DESC, run_id DESC);
 """
 
-# The audit in three classes, each with its own bounds (as SQLite's version 10): `call`
+# The audit in three classes, each with its own bounds (as SQLite's version 11): `call`
 # (allowed calls), `change` (allowed changes of credentials and secrets) and `refused`
 # (denied or unauthenticated calls, one row per principal, cause, outcome, transport and
 # minute, counting its calls from `at_ms` to `last_at_ms`). The two small classes have

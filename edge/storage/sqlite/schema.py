@@ -306,12 +306,111 @@ CREATE TABLE agent_evidence (
 CREATE INDEX agent_evidence_created_idx ON agent_evidence (project_id, created_at_ms, run_id);
 """
 
+# The mission ledger of AI runs (seed 003). A mission is what its attempts (AI runs) share:
+# per specialist (`child`) its constraints, work items, the parent's messages with a
+# receipt per consumption, and the child's replies. Ledger ids are one sequence per
+# mission (`next_id`), which also orders the history; `seq` is insertion order, for
+# retention. Deleting a mission deletes its ledger. Every index ascends (see _V8): ledger ids
+# grow, so new entries land at the right edge; the history is read backwards.
+_V10 = """
+CREATE TABLE agent_missions (
+    seq INTEGER PRIMARY KEY,
+    project_id TEXT NOT NULL,
+    id TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    task_revision INTEGER NOT NULL,
+    goal TEXT NOT NULL,
+    next_id INTEGER NOT NULL DEFAULT 1,
+    created_at_ms INTEGER NOT NULL,
+    UNIQUE (project_id, id)
+) STRICT;
+CREATE TABLE agent_attempts (
+    run_id TEXT PRIMARY KEY,
+    mission INTEGER NOT NULL REFERENCES agent_missions (seq) ON DELETE CASCADE,
+    attempt INTEGER NOT NULL,
+    started_at_ms INTEGER NOT NULL,
+    UNIQUE (mission, attempt)
+) STRICT, WITHOUT ROWID;
+CREATE TABLE agent_constraints (
+    mission INTEGER NOT NULL REFERENCES agent_missions (seq) ON DELETE CASCADE,
+    id INTEGER NOT NULL,
+    child TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    text TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    replaces INTEGER,
+    superseded_by INTEGER,
+    source_attempt INTEGER NOT NULL,
+    source_round INTEGER NOT NULL,
+    source_call TEXT NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    updated_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (mission, id)
+) STRICT, WITHOUT ROWID;
+CREATE INDEX agent_constraints_child_idx ON agent_constraints (mission, child, status, id);
+CREATE TABLE agent_work_items (
+    mission INTEGER NOT NULL REFERENCES agent_missions (seq) ON DELETE CASCADE,
+    id INTEGER NOT NULL,
+    child TEXT NOT NULL,
+    text TEXT NOT NULL,
+    acceptance TEXT,
+    status TEXT NOT NULL,
+    source_attempt INTEGER NOT NULL,
+    source_round INTEGER NOT NULL,
+    source_call TEXT NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    updated_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (mission, id)
+) STRICT, WITHOUT ROWID;
+CREATE INDEX agent_work_items_child_idx ON agent_work_items (mission, child, status, id);
+CREATE TABLE agent_messages (
+    mission INTEGER NOT NULL REFERENCES agent_missions (seq) ON DELETE CASCADE,
+    id INTEGER NOT NULL,
+    child TEXT NOT NULL,
+    text TEXT NOT NULL,
+    status TEXT NOT NULL,
+    consumed_seq INTEGER,
+    source_attempt INTEGER NOT NULL,
+    source_round INTEGER NOT NULL,
+    source_call TEXT NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (mission, id)
+) STRICT, WITHOUT ROWID;
+CREATE INDEX agent_messages_pending_idx ON agent_messages (mission, child, id) WHERE status = 'pending';
+CREATE INDEX agent_messages_history_idx ON agent_messages (mission, child, consumed_seq) WHERE status = 'consumed';
+CREATE TABLE agent_receipts (
+    mission INTEGER NOT NULL,
+    message INTEGER NOT NULL,
+    request_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    run_id TEXT NOT NULL,
+    at_ms INTEGER NOT NULL,
+    PRIMARY KEY (mission, message, request_id),
+    FOREIGN KEY (mission, message) REFERENCES agent_messages (mission, id) ON DELETE CASCADE
+) STRICT, WITHOUT ROWID;
+CREATE TABLE agent_replies (
+    mission INTEGER NOT NULL REFERENCES agent_missions (seq) ON DELETE CASCADE,
+    id INTEGER NOT NULL,
+    child TEXT NOT NULL,
+    text TEXT NOT NULL,
+    request_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    run_id TEXT NOT NULL,
+    round INTEGER NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (mission, id),
+    UNIQUE (mission, request_id)
+) STRICT, WITHOUT ROWID;
+CREATE INDEX agent_replies_child_idx ON agent_replies (mission, child, id);
+"""
+
 # The audit log in three classes, each with its own bounds, so that no volume of one can
 # push out another: `call` (allowed calls), `change` (allowed changes of credentials and
 # secrets) and `refused` (denied or unauthenticated calls, one row per principal, cause,
 # outcome, transport and minute, counting its calls from `at_ms` to `last_at_ms`). The two
 # small classes have partial indexes of their own, which an allowed call never writes.
-_V10 = """
+_V11 = """
 ALTER TABLE security_audit ADD COLUMN class TEXT NOT NULL DEFAULT 'call';
 ALTER TABLE security_audit ADD COLUMN count INTEGER NOT NULL DEFAULT 1;
 ALTER TABLE security_audit ADD COLUMN last_at_ms INTEGER;
@@ -323,7 +422,7 @@ CREATE INDEX security_audit_change_idx ON security_audit (id) WHERE class = 'cha
 CREATE INDEX security_audit_refused_idx ON security_audit (id) WHERE class = 'refused';
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11)
 
 
 class SchemaTooNew(apsw.SQLError):
