@@ -164,11 +164,13 @@ def test_default_daemon_modules(idle):
     # edge.core.imports: the import planner runs in the CLI; the daemon needs only its shapes (core.tasks).
     # hashlib, hmac, secrets, random: SHA-256 and the kernel's random bytes suffice (edge.core.ids);
     # those would map their other hash modules, base64 and zlib (about 0.4 MiB).
+    # edge.core.redaction and edge.core.excerpt: loaded with the first run's log or excerpt, not while idle.
     # http, smtplib, email, edge.notify.send: notifications are delivered by a child process;
     # the rest of the notify capability waits for a channel (only its dormant handle is loaded)
     for absent in ("edge.mcp", "edge.storage.postgres", "edge.core.ports.cluster", "psycopg", "ssl", "_ssl",
                    "_hashlib", "argparse", "edge.core.imports", "hashlib", "hmac", "secrets", "random", "base64",
-                   "edge.core.excerpt", "edge.agent", "edge.tools.agent", "edge.core.agent", "http", "smtplib",
+                   "edge.core.excerpt", "edge.core.redaction", "edge.agent", "edge.tools.agent", "edge.core.agent",
+                   "http", "smtplib",
                    "email", "edge.notify.send", "edge.notify.dispatch", "edge.notify.channels", "edge.notify.tools",
                    "edge.core.ports.notify", "edge.storage.sqlite.notify"):
         assert not [m for m in modules if m == absent or m.startswith(absent + ".")], absent

@@ -260,3 +260,123 @@ def test_following_a_log_from_either_node(daemon_factory, pg_dsn):
     for out, err in outputs:
         assert (out, err) == ("one\ntwo\nthree\n", "")
     assert [f.returncode for f in followers] == [0, 0]
+
+
+def _garbage_calls(path: str, calls: int) -> int:
+    """Calls with tokens nobody issued, pipelined on one connection; how many were refused."""
+    import socket
+
+    import msgspec
+
+    from edge.transports import tool_protocol as frames
+
+    refused = 0
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(30)
+        sock.connect(path)
+        stream = sock.makefile("rb")
+        for start in range(0, calls, 250):
+            sock.sendall(b"".join(frames.frame(msgspec.msgpack.encode(
+                {"id": i, "tool": f"qledge.tool{i % 5}", "token": f"qle_{i:012x}_garbage"}))
+                for i in range(start, start + 250)))
+            for _ in range(250):
+                size = int.from_bytes(stream.read(4), "big")
+                refused += msgspec.msgpack.decode(stream.read(size))["error"]["code"] == "unauthenticated"
+    return refused
+
+
+def test_a_flood_of_refused_calls_is_a_few_aggregate_rows_on_postgresql(daemon_factory, pg_dsn):
+    """As on SQLite: refused calls on a cluster node are counted on a row per peer, cause and
+    minute in PostgreSQL, which `qledge audit` on any node shows with its count; the
+    credential change before the flood is still there."""
+    a, b = start_nodes(daemon_factory, pg_dsn, 2)
+    a.call("qledge.credential.create", {"role": "viewer"})
+    assert _garbage_calls(a.socket, 2000) == 2000
+
+    def counted() -> list[tuple]:
+        return rows(pg_dsn, "SELECT principal, tool, count, class, node_id FROM security_audit WHERE class = 'refused'")
+
+    found = wait_for(lambda: (r := counted()) and sum(x[2] for x in r) == 2000 and r, timeout=10)
+    assert 1 <= len(found) <= 2, found  # the flood's minute, or two
+    assert all(principal == f"uid:{os.getuid()}" and tool == "*" and node == "n1"
+               for principal, tool, _, _, node in found)
+    shown = _json_out(b.cli("audit", "--limit", "200", "--json"))
+    aggregates = [r for r in shown if r["outcome"] == "unauthenticated"]
+    assert sum(r["count"] for r in aggregates) == 2000 and all(r["lastAtMs"] >= r["atMs"] for r in aggregates)
+    assert [r["tool"] for r in shown if r.get("change")] == ["qledge.credential.create"]
+    table = b.cli("audit", "--limit", "200").stdout.splitlines()
+    assert table[0].split()[-1] == "CALLS" and any(" until " in line for line in table[1:]), table
+
+
+async def test_refused_calls_spooled_while_postgresql_is_unreachable_are_aggregated(pg_dsn, home):
+    """With PostgreSQL down, the first refused call of a row goes to the spool; the calls
+    counted after it become one more spooled row when its minute is over (or at close), not
+    one line each, so a flood cannot fill the spool; moving the spool keeps every count."""
+    from edge.core.auth import MINUTE_MS, AuditRecord
+    from edge.storage.postgres.db import PgDatabase
+    from edge.storage.postgres.schema import migrate
+    from edge.storage.postgres.security import PgAuditLog, PgAuditReader
+
+    spool = os.path.join(home, "audit-spool.jsonl")
+    minute = 1_800_000_000_000 // MINUTE_MS * MINUTE_MS
+
+    def refused(at: int, tool: str = "qledge.status") -> AuditRecord:
+        return AuditRecord(at_ms=at, project_id="default", principal="uid:7", tool=tool, outcome="unauthenticated",
+                           reasons=["credential_unknown", "tool_x"], transport="socket", request_id="r")
+
+    nowhere = PgDatabase(f"host={home} port=1 dbname=none user=none", connect_timeout_s=1)
+    down = PgAuditLog(nowhere, "n1", spool=spool)
+    for i in range(500):
+        await down.append(refused(minute + i, tool="qledge.status" if i % 2 else "qledge.run.start"))
+    await down.flush()  # its minute is not over: still counted in memory
+    with open(spool) as f:
+        assert len(f.read().splitlines()) == 1
+    await down.append(refused(minute + MINUTE_MS + 1))  # the next minute: its own row
+    await down.flush()  # the first minute is over: its counts are one spooled row
+    with open(spool) as f:
+        assert len(f.read().splitlines()) == 3
+    await down.close()
+    await nowhere.close()
+
+    db = PgDatabase(pg_dsn)
+    await migrate(db)
+    up = PgAuditLog(db, "n1", spool=spool)
+    assert await up.move_spool() == 3 and not os.path.exists(spool)
+    entries = (await PgAuditReader(db).page("default", None, None, 10)).entries
+    assert [(e.tool, e.count, e.at_ms, e.last_at_ms) for e in reversed(entries)] == [
+        ("qledge.run.start", 1, minute, minute), ("qledge.status", 1, minute + MINUTE_MS + 1, minute + MINUTE_MS + 1),
+        ("*", 499, minute + 1, minute + 499)]
+    await db.close()
+
+
+async def test_counts_of_a_row_in_postgresql_are_spooled_at_stop_when_it_is_gone(pg_server, home):
+    """The first refused call of a row reached PostgreSQL; then it went away (its database
+    dropped under the node): at stop, the calls counted since become a spooled row of their
+    own rather than being lost."""
+    import msgspec
+    import psycopg
+
+    from edge.core.auth import MINUTE_MS, AuditRecord
+    from edge.storage.postgres.db import PgDatabase
+    from edge.storage.postgres.schema import migrate
+    from edge.storage.postgres.security import PgAuditLog
+
+    dsn = pg_server.create_database()
+    spool = os.path.join(home, "audit-spool.jsonl")
+    db = PgDatabase(dsn, connect_timeout_s=2)
+    await migrate(db)
+    audit = PgAuditLog(db, "n1", spool=spool)
+    minute = 1_800_000_000_000 // MINUTE_MS * MINUTE_MS
+    for i in range(30):
+        await audit.append(AuditRecord(at_ms=minute + i, project_id="default", principal="uid:7", tool="qledge.status",
+                                       outcome="denied", reasons=["tool_policy_denied"], transport="socket"))
+    assert not os.path.exists(spool)  # the first call is in PostgreSQL, the rest counted
+    name = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
+    with psycopg.connect(pg_server.dsn(), autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    await audit.close()
+    await db.close()
+    with open(spool, "rb") as f:
+        (line,) = f.read().splitlines()
+    row = msgspec.json.decode(line)
+    assert (row["count"], row["atMs"], row["lastAtMs"], row["outcome"]) == (29, minute + 1, minute + 29, "denied")

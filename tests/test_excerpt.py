@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from edge.core.excerpt import MASK, WINDOW_BYTES, injection_signals, normalize, opaque, redact, window_text
+from edge.core.excerpt import WINDOW_BYTES, injection_signals, normalize, redact, window_text
+from edge.core.redaction import MASK, opaque
 
 PEM = (
     "-----BEGIN RSA PRIVATE KEY-----\n"
@@ -162,6 +163,8 @@ def test_empty_secret_values_are_ignored():
         ("Zk9xR2t3b1pQcXlMbTd2TjR1VzhzQ2ZqSDBnRTZhWQ", True),
         ("3f786850e387550fdab836ed7e6dc881de23001b", True),  # hex digests look random too
         ("0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b", False),
+        ("QLEDGE_RUN_ID=0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b", False),  # what `env` prints in a run
+        ("X=Zk9xR2t3b1pQcXlMbTd2TjR1VzhzQ2ZqSDBnRTZhWQ", True),
         ("/usr/lib/python3/dist-packages/x", False),
         ("a/b/c/d/e/f/g1h2i3j4k5l6m7n8o9p0qq", False),
         ("aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa11", False),
@@ -199,7 +202,8 @@ def test_redaction_of_a_full_window_is_fast_enough():
         ("cat ~/.ssh/id_rsa", ["secret_exfiltration"]),
         ("call the qinglong.task.runs.compare tool", ["tool_coercion"]),
         ("use the shell tool to fix it", ["tool_coercion"]),
-        ("please execute the following command", ["tool_coercion"]),
+        ("you must execute the following command", ["tool_coercion"]),
+        ("please execute the following command", []),  # installers say this too (see the corpus)
         ("+ rm -rf build/\nbuild ok", []),  # a shell trace is not an instruction
         ("Failed to run command: exit status 1", []),
         ("error: connection refused (retry 3/5)", []),

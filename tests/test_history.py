@@ -318,7 +318,7 @@ def test_audit_is_for_owners(daemon):
     assert _json(daemon.cli("audit", "--since", "2999-01-01", "--json")) == []
     assert _ok(daemon.cli("audit", "--since", "2999-01-01")).stdout == "no audit rows since then\n"
     table = _ok(daemon.cli("audit", "--limit", "3")).stdout.splitlines()
-    assert table[0].split() == ["TIME", "WHO", "TOOL", "OUTCOME", "WHY", "VIA"] and len(table) == 4
+    assert table[0].split() == ["TIME", "WHO", "TOOL", "OUTCOME", "WHY", "VIA", "CALLS"] and len(table) == 4
 
 
 def test_audit_pages_walk_a_bounded_number_of_rows(home):

@@ -25,43 +25,76 @@ def _feed(redactor: Redactor, data: bytes, sizes: list[int]) -> bytes:
     return b"".join(out)
 
 
-def _reference(data: bytes, secrets: list[bytes]) -> bytes:
-    values = sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True)
-    return re.sub(b"|".join(map(re.escape, values)), b"***", data)
+def _text(seed: int, size: int) -> bytes:
+    """Log-like bytes that hold no credential (letters a-j, spaces, line breaks)."""
+    rng = random.Random(seed)
+    return bytes(rng.choice(b"abcdefghij abcdefghij\n") for _ in range(size))
 
 
 def test_secret_straddling_two_reads_is_redacted():
     r = Redactor([b"hunter2-secret"])
     out = r.feed(b"login hunt") + r.feed(b"er2-sec") + r.feed(b"ret ok\n") + r.flush()
-    assert out == b"login *** ok\n"
+    assert out == b"login [REDACTED] ok\n"
 
 
-def test_held_back_bytes_are_never_emitted_early_and_appear_at_the_end():
+def test_a_line_waits_for_its_end_and_held_back_bytes_appear_at_the_end():
     r = Redactor([b"abcdefgh"])
-    assert r.feed(b"xxabcd") == b""  # could still become the secret: held back
-    assert r.flush() == b"xxabcd"  # it did not: emitted unchanged
+    data = b"a first line\na line a secret could continue from: abcd\nxxabc"
+    early = r.feed(data)
+    assert early == b"a first line\n"  # the rest could still hold the secret: held back, whole lines
+    assert early + r.flush() == data  # it did not: emitted unchanged
+    # A run that ended in the middle of printing a secret: what it printed of it is masked.
+    r = Redactor([b"abcdefgh"])
+    assert r.feed(b"xx abcdef") + r.flush() == b"xx ***"
 
 
-def test_short_values_are_not_redacted_and_no_secrets_is_a_passthrough():
+def test_short_values_are_masked_only_as_whole_tokens():
     r = Redactor([b"abc", b""])
-    assert not r.active and r.feed(b"abc abc") == b"abc abc"
+    assert r.feed(b"abc abcdef xabc (abc)\n") + r.flush() == b"*** abcdef xabc (***)\n"
 
 
-def test_overlapping_and_nested_secrets_match_a_whole_stream_replace():
-    secrets = [b"abab", b"ababab", b"xyz1", b"1xyz12"]
+def test_credentials_are_masked_in_the_log_too():
+    r = Redactor([])
+    out = r.feed(b"wifi: option key 'hunter2hunter2'\nDB_PASS=s3cr3tDb ok\n") + r.flush()
+    assert b"hunter2" not in out and b"s3cr3tDb" not in out and out.startswith(b"wifi: option key ")
+
+
+def test_a_secret_split_by_a_line_break_or_colour_codes_is_masked():
+    secret = b"Tr0ub4dor&3-extra"
+    for shown in (b"Tr0ub4d\nor&3-extra", b"Tr0ub\x1b[31m4dor\x1b[0m&3-extra", "Tr0ub\u200b4dor&3-extra".encode()):
+        out = _feed(Redactor([secret]), b"pw " + shown + b" end\n", [5, 3])
+        assert b"Tr0ub" not in out and b"3-extra" not in out and out.endswith(b" end\n"), out
+
+
+def test_any_chunking_gives_what_one_pass_over_the_whole_stream_gives():
+    secrets = [b"abab", b"ababab", b"xyz1", b"1xyz12", b"longsecret-01", b"x\nyzlong-99"]
     rng = random.Random(7)
-    alphabet = b"abxyz12 "
+    alphabet = b"abxyz12 -\nlongsecret09=:p"
     for _ in range(300):
-        data = bytes(rng.choice(alphabet) for _ in range(rng.randint(0, 120)))
+        data = bytes(rng.choice(alphabet) for _ in range(rng.randint(0, 160)))
         sizes = [rng.randint(0, 9) for _ in range(rng.randint(0, 20))]
-        assert _feed(Redactor(secrets), data, sizes) == _reference(data, secrets), (data, sizes)
+        whole = Redactor(secrets).feed(data, final=True)
+        assert _feed(Redactor(secrets), data, sizes) == whole, (data, sizes)
+        assert len(whole) <= len(data)
 
 
 def test_every_chunk_boundary_of_a_secret(tmp_path):
     secret = b"s3cr3t-VALUE-42"
-    data = b"A" * 10 + secret + b"B" * 10 + secret
+    data = b"A" * 10 + b" " + secret + b" " + b"B" * 10 + b" " + secret
+    expected = b"A" * 10 + b" [REDACTED] " + b"B" * 10 + b" [REDACTED]"
     for cut in range(len(data) + 1):
-        assert _feed(Redactor([secret]), data, [cut]) == b"A" * 10 + b"***" + b"B" * 10 + b"***"
+        assert _feed(Redactor([secret]), data, [cut]) == expected
+
+
+def test_a_private_key_is_masked_line_after_line_until_its_end():
+    body = [b"MIIEowIBAAKCAQEA0Z3VS5JJcds3xfn/ygWyF8PbnGy0AHB7MhgwQmSfdKNbGdMm",
+            b"Qz9+Ab3dE4kRt8wQp1vXn2LmC7yZa0sHf6Ju5Tg4Vb1Ni8Kq3Wr9Oe2Px7Yc0Dd="]
+    data = b"before\n-----BEGIN RSA PRIVATE KEY-----\n" + b"\n".join(body) + b"\n-----END RSA PRIVATE KEY-----\nafter\n"
+    for size in (1, 7, 40, 64, 1000):
+        out = _feed(Redactor([]), data, [size] * (len(data) // size + 1))
+        assert out.startswith(b"before\n") and out.endswith(b"after\n"), out
+        for line in body:
+            assert line[:12] not in out and line[-12:] not in out
 
 
 def _sink_roundtrip(tmp_path, cap: int, data: bytes, chunk: int, secrets=()) -> tuple[bytes, LogSink]:
@@ -69,8 +102,10 @@ def _sink_roundtrip(tmp_path, cap: int, data: bytes, chunk: int, secrets=()) -> 
     sink = LogSink(path, cap, secrets)
     for i in range(0, len(data), chunk):
         sink.write(data[i : i + chunk])
-        if not secrets and i + chunk <= cap:  # within the cap the file is the output so far
-            assert os.path.getsize(path) == min(i + chunk, len(data))
+        if not secrets and i + chunk <= cap:  # within the cap the file is the output so far, lines whole
+            written = data[: i + chunk]
+            done = max(written.rfind(b"\n") + 1, len(written) - logsink.LINE_MAX)
+            assert os.path.getsize(path) == done
     size = sink.close()
     with open(path, "rb") as f:
         body = f.read()
@@ -81,7 +116,7 @@ def _sink_roundtrip(tmp_path, cap: int, data: bytes, chunk: int, secrets=()) -> 
 
 @pytest.mark.parametrize("chunk", [7, 1000, 4096, 65536, 100_000])
 def test_output_within_the_cap_is_kept_whole(tmp_path, chunk):
-    data = os.urandom(300_000 if chunk > 7 else 70_000)
+    data = _text(chunk, 300_000 if chunk > 7 else 70_000)
     body, sink = _sink_roundtrip(tmp_path, 1 << 20, data, chunk)
     assert body == data and not sink.truncated
 
@@ -92,7 +127,7 @@ def test_output_within_the_cap_is_kept_whole(tmp_path, chunk):
     (1 << 20, 65536, 1), (1 << 20, 4000, 5000), (200_000, 65536, 70_000),
 ])
 def test_head_marker_tail_and_exact_sizes(tmp_path, cap, chunk, extra):
-    data = random.Random(cap + extra).randbytes(cap + extra)
+    data = _text(cap + extra, cap + extra)
     body, sink = _sink_roundtrip(tmp_path, cap, data, chunk)
     head = min(HEAD_MAX, cap // 2)
     assert sink.truncated and len(body) == cap and sink.total == len(data)
@@ -134,7 +169,7 @@ def test_redaction_happens_before_the_head_tail_split(tmp_path):
     body, _ = _sink_roundtrip(tmp_path, cap, data, 4093, [secret])
     for piece in (secret[:4], secret[4:8], secret[-5:], b"SECR"):
         assert piece not in body
-    assert body.count(b"***") >= 2 and body.endswith(b"***\n")
+    assert body.count(b"[REDACTED]") >= 2 and body.endswith(b"[REDACTED]\n")
 
 
 def test_full_disk_stops_writing_but_not_draining(tmp_path):
@@ -151,7 +186,7 @@ def test_full_disk_stops_writing_but_not_draining(tmp_path):
 def test_recover_assembles_what_a_dead_daemon_left(tmp_path):
     path = str(tmp_path / "lost.log")
     cap = 1 << 20
-    data = random.Random(3).randbytes(3 * cap)
+    data = _text(3, 3 * cap) + b"\n"
     sink = LogSink(path, cap)
     for i in range(0, len(data), 50_000):
         sink.write(data[i : i + 50_000])
@@ -169,7 +204,7 @@ def test_recover_assembles_what_a_dead_daemon_left(tmp_path):
 def test_recover_a_short_log_and_a_missing_one(tmp_path):
     path = str(tmp_path / "short.log")
     sink = LogSink(path, 1 << 20)
-    sink.write(b"x" * 100_000)  # within the cap: the file is complete as written
+    sink.write(b"x" * 99_999 + b"\n")  # within the cap: the file is complete as written
     assert os.path.getsize(path) == 100_000 and not os.path.exists(path + ".tail")
     os.close(sink._fd)
     assert logsink.recover(path, 1 << 20) == (100_000, False)
@@ -258,13 +293,30 @@ def test_a_log_that_could_not_be_written_says_so_even_on_a_full_disk(tmp_path):
     path = str(tmp_path / "r.log")
     released = []
     sink = LogSink(path, 1 << 20, on_full=lambda: released.append(1) or True)
-    sink.write(b"y" * 10_000)
+    sink.write(b"y" * 9_999 + b"\n")  # a whole line: written at once (an unfinished one is held back)
     sink.failed = OSError(28, "No space left on device")  # what the next write met
     sink.write(b"z" * 5_000)
     size = sink.close()
     with open(path, "rb") as f:
         body = f.read()
-    assert size == len(body) and body.startswith(b"y" * 10_000)
+    assert size == len(body) and body.startswith(b"y" * 9_999 + b"\n")
     assert body.endswith(b"\n[qledge: log incomplete: No space left on device; 5000 bytes of output are missing"
                          b" from here on]\n")
     assert released == []  # there was room: nothing given back
+
+
+def test_a_line_is_never_split_between_its_key_and_its_value():
+    """Holding back what a long secret could start with must not cut a line in two (the
+    key emitted, its value left to a buffer that no longer shows the key): however the
+    output is chunked, the log is what one pass over the whole of it gives."""
+    secret = b"Tr0ub4dor&3-correct-horse"
+    data = (b"\toption key 'hunter2hunter2'\nwireless.default_radio0.key='wifi-pass-2024'\n"
+            b"DB_PASS=s3cr3tDb sshpass -p Ssh-Pass-1 ssh root@10.0.0.2\nhex: " + secret.hex().encode()
+            + b"\nsplit: " + secret[:9] + b"\n" + secret[9:] + b" (continued)\n")
+    whole = Redactor([secret]).feed(data, final=True)
+    assert not any(leak in whole for leak in (b"hunter2", b"wifi-pass", b"s3cr3tDb", b"Ssh-Pass", secret[9:]))
+    rng = random.Random(11)
+    for _ in range(500):
+        cuts = sorted(rng.sample(range(1, len(data)), rng.randint(1, 12)))
+        sizes = [b - a for a, b in zip([0, *cuts[:-1]], cuts, strict=True)]
+        assert _feed(Redactor([secret]), data, sizes) == whole, cuts

@@ -4,13 +4,16 @@ test is written once and parametrized over the backend by the `stores` fixture."
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import AsyncIterator
 
+import msgspec
 import pytest
 
-from edge.app.config import ClusterConfig, Config
+from edge.app.config import ClusterConfig, Config, RetentionConfig
 from edge.app.graph import Cluster, Stores, build_stores
-from edge.core.auth import AuditRecord, Credential
+from edge.core.auth import MINUTE_MS, AuditRecord, Credential
 from edge.core.errors import ToolError
 from edge.core.runs import Run, RunCursor, RunQuery, RunUpdate
 from edge.core.ports.notify import NoticeOutcome
@@ -32,19 +35,38 @@ DAY = 86_400_000
 T0 = 1_800_000_000_000  # a round time, in ms: 2027-01-15T08:00:00Z
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-async def stores(request, home):
+@contextlib.asynccontextmanager
+async def open_backend(request, home: str, config: Config) -> AsyncIterator[Stores]:
+    """Every storage adapter of the backend the test is parametrized with, under `config`."""
     if request.param == "sqlite":
         db = await Database.open(os.path.join(home, "contract.db"))
-        yield build_stores(db, Config(), home)
-        await db.close()
+        try:
+            yield build_stores(db, config, home)
+        finally:
+            await db.close()
         return
     dsn = request.getfixturevalue("pg_dsn")
-    cluster = Cluster(Config(cluster=ClusterConfig(dsn=dsn, node="contract")), home)
+    cluster = Cluster(msgspec.structs.replace(config, cluster=ClusterConfig(dsn=dsn, node="contract")), home)
     await cluster.open()
     assert cluster.stores is not None
-    yield cluster.stores
-    await cluster.close()
+    try:
+        yield cluster.stores
+    finally:
+        await cluster.close()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def stores(request, home):
+    async with open_backend(request, home, Config()) as s:
+        yield s
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def bounded(request, home):
+    """Stores whose audit keeps 100 rows of each class."""
+    keep = RetentionConfig(audit_max_rows=100, audit_change_max_rows=100, audit_refused_max_rows=100)
+    async with open_backend(request, home, Config(retention=keep)) as s:
+        yield s
 
 
 def spec(overlap: str = "forbid", file: str = "true") -> TaskSpec:
@@ -200,6 +222,78 @@ async def test_revisions_written_before_task_users_run_as_they_did(backend, requ
         assert old is not None and (old.privileged, old.spec.user, old.spec.env) == (True, None, {"K": "kept"})
         newer = await s.tasks.update(P, "old", 1, old.spec, None, T0, privileged=False)
         assert newer.privileged is False
+    finally:
+        await close()
+
+
+OLD_AUDIT = [  # at_ms, tool, outcome
+    (T0, "qledge.credential.create", "allowed"), (T0 + 1, "qledge.status", "allowed"),
+    (T0 + 2, "qledge.status", "unauthenticated"), (T0 + 3, "qledge.import.secret", "allowed"),
+    (T0 + 4, "qledge.secret.set", "denied"),
+]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+async def test_audit_rows_written_before_the_classes_are_classified(backend, request, home):
+    """The migration that gives the audit its classes, on each backend (SQLite's version 11,
+    PostgreSQL's 6): allowed credential and secret changes, refused calls (a count of one)
+    and the other allowed calls; later refused calls never push out the old changes."""
+    if backend == "sqlite":
+        import apsw
+
+        from edge.storage.sqlite.schema import MIGRATIONS as SQLITE
+
+        path = os.path.join(home, "old.db")
+        conn = apsw.Connection(path)
+        for number, sql in enumerate(SQLITE[:7], start=1):
+            conn.execute(sql)
+            conn.pragma("user_version", number)
+        for at, tool, outcome in OLD_AUDIT:
+            conn.execute("INSERT INTO security_audit (at_ms, project_id, principal, tool, outcome, reasons, transport)"
+                         " VALUES (?, 'default', 'uid:0', ?, ?, '[\"x\"]', 'socket')", (at, tool, outcome))
+        conn.close()
+        db = await Database.open(path)
+        keep = RetentionConfig(audit_refused_max_rows=100)
+        s, close = build_stores(db, Config(retention=keep), home), db.close
+    else:
+        import psycopg
+
+        from edge.storage.postgres.schema import MIGRATIONS as PG
+        from edge.storage.postgres.schema import SQL_VERSION_TABLE
+
+        dsn = request.getfixturevalue("pg_dsn")
+        with psycopg.connect(dsn, autocommit=True) as pg:
+            pg.execute(SQL_VERSION_TABLE)
+            for number, sql in enumerate(PG[:4], start=1):
+                pg.execute(sql)
+                pg.execute("INSERT INTO qledge_schema VALUES (%s, now())", (number,))
+            for at, tool, outcome in OLD_AUDIT:
+                pg.execute("INSERT INTO security_audit (at_ms, project_id, principal, tool, outcome, reasons,"
+                           " transport) VALUES (%s, 'default', 'uid:0', %s, %s, '[\"x\"]', 'socket')",
+                           (at, tool, outcome))
+        keep = RetentionConfig(audit_refused_max_rows=100)
+        cluster = Cluster(Config(retention=keep, cluster=ClusterConfig(dsn=dsn, node="contract")), home)
+        await cluster.open()
+        assert cluster.stores is not None
+        s, close = cluster.stores, cluster.close
+    try:
+        rows = (await s.audit_reader.page(P, None, None, 10)).entries
+        assert [(e.tool, e.outcome, e.change, e.count, e.last_at_ms) for e in reversed(rows)] == [
+            ("qledge.credential.create", "allowed", True, 1, None), ("qledge.status", "allowed", False, 1, None),
+            ("qledge.status", "unauthenticated", False, 1, T0 + 2), ("qledge.import.secret", "allowed", True, 1, None),
+            ("qledge.secret.set", "denied", False, 1, T0 + 4)]
+        for i in range(150):  # refused rows of 150 minutes: the old refused ones go, the changes stay
+            await s.audit.append(refused(T0 + (i + 1) * MINUTE_MS))
+        await s.audit.close()
+        tools: list[str] = []
+        before = None
+        while True:
+            page = await s.audit_reader.page(P, None, before, 64)
+            tools += [e.tool for e in page.entries if e.outcome == "allowed"]
+            if page.next is None:
+                break
+            before = page.next
+        assert tools == ["qledge.import.secret", "qledge.status", "qledge.credential.create"]
     finally:
         await close()
 
@@ -978,6 +1072,89 @@ async def test_audit_reader_pages_the_project_newest_first(stores: Stores):
     since = await s.audit_reader.page(P, T0 + 2, None, 10)
     assert [e.tool for e in since.entries] == ["tool.4", "tool.3", "tool.2"] and since.next is None
     assert (await s.audit_reader.page("nobody's", None, None, 10)).entries == []
+
+
+def refused(at: int, tool: str = "qledge.status", who: str = "uid:7", cause: str = "credential_unknown",
+            request: str | None = "r") -> AuditRecord:
+    return AuditRecord(at_ms=at, project_id=P, principal=who, tool=tool, outcome="unauthenticated",
+                       reasons=[cause, "tool_" + tool.replace(".", "_")], transport="socket", request_id=request)
+
+
+async def test_refused_calls_are_aggregated_per_principal_cause_and_minute(stores: Stores):
+    """The first refused call of a row is written at once; the rest are counted and added by
+    `flush` (the row then names no tool or request once they differ); the reader shows the
+    count and the first and last time, and `since` looks at the last."""
+    s = stores
+    minute = T0 // MINUTE_MS * MINUTE_MS
+    await s.audit.append(refused(minute + 1))
+    first = (await s.audit_reader.page(P, None, None, 10)).entries
+    assert [(e.tool, e.count, e.at_ms, e.last_at_ms, e.request_id) for e in first] == [
+        ("qledge.status", 1, minute + 1, minute + 1, "r")]
+    for i in range(2, 40):
+        await s.audit.append(refused(minute + i))
+    await s.audit.append(refused(minute + 50, cause="credential_malformed"))  # another cause: its own row
+    await s.audit.append(refused(minute + 60, who="uid:8"))  # another peer: its own row
+    assert [e.count for e in (await s.audit_reader.page(P, None, None, 10)).entries] == [1, 1, 1]
+    await s.audit.flush()
+    rows = (await s.audit_reader.page(P, None, None, 10)).entries
+    assert [(e.principal, e.reasons[0], e.count) for e in rows] == [
+        ("uid:8", "credential_unknown", 1), ("uid:7", "credential_malformed", 1), ("uid:7", "credential_unknown", 39)]
+    agg = rows[-1]
+    assert (agg.tool, agg.at_ms, agg.last_at_ms, agg.request_id, agg.outcome) == (
+        "qledge.status", minute + 1, minute + 39, None, "unauthenticated")
+    await s.audit.append(refused(minute + 70, tool="qledge.run.start"))  # another tool, same row
+    await s.audit.append(refused(minute + MINUTE_MS + 5))  # the next minute: a row of its own
+    await s.audit.append(AuditRecord(at_ms=minute + MINUTE_MS + 6, project_id=P, principal="uid:0",
+                                     tool="qledge.status", outcome="allowed", reasons=["tool_invocation_allowed"],
+                                     transport="socket"))
+    await s.audit.close()  # what is still counted is written
+    rows = (await s.audit_reader.page(P, None, None, 10)).entries
+    assert [(e.outcome, e.count) for e in rows[:2]] == [("allowed", 1), ("unauthenticated", 1)]
+    agg = rows[-1]
+    assert (agg.tool, agg.reasons, agg.count, agg.last_at_ms) == ("*", ["credential_unknown"], 40, minute + 70)
+    # `since` after the aggregate's first call but before its last: still shown.
+    since = (await s.audit_reader.page(P, minute + 65, None, 10)).entries
+    assert agg.id in [e.id for e in since] and len(since) == 3
+    # The newest time on record counts an aggregate's last call.
+    assert await s.admission.newest_time(P) >= minute + MINUTE_MS + 6
+
+
+async def test_each_audit_class_is_trimmed_to_its_own_bound(bounded: Stores):
+    """No volume of refused calls, or of allowed calls, pushes out credential and secret
+    changes (or each other)."""
+    s = bounded
+
+    def allowed(at: int, change: bool = False) -> AuditRecord:
+        return AuditRecord(at_ms=at, project_id=P, principal="uid:0", tool="qledge.secret.set" if change else "t",
+                           outcome="allowed", reasons=["tool_invocation_allowed"], transport="socket", change=change)
+
+    for i in range(3):
+        await s.audit.append(allowed(T0 + i, change=True))
+    for i in range(50):
+        await s.audit.append(allowed(T0 + 10 + i))
+    for i in range(160):  # refused calls of 160 minutes (and 3 peers): 160 rows, the newest 100 stay
+        await s.audit.append(refused(T0 + i * MINUTE_MS, who=f"uid:{i % 3}"))
+    await s.audit.close()
+
+    async def classes() -> dict[str, int]:
+        found: dict[str, int] = {}
+        before = None
+        while True:
+            page = await s.audit_reader.page(P, None, before, 64)
+            for e in page.entries:
+                cls = "refused" if e.outcome != "allowed" else "change" if e.change else "call"
+                found[cls] = found.get(cls, 0) + 1
+            if page.next is None:
+                return found
+            before = page.next
+
+    # At most each bound (SQLite trims in batches below it, to spare flash: AUDIT_TRIM).
+    first = await classes()
+    assert first["change"] == 3 and first["call"] == 50 and 75 <= first["refused"] <= 100, first
+    for i in range(150):  # allowed calls past their own bound never touch the changes
+        await s.audit.append(allowed(T0 + 1000 + i))
+    then = await classes()
+    assert then["change"] == 3 and 75 <= then["call"] <= 100 and then["refused"] == first["refused"], then
 
 
 async def test_secrets_are_write_only_outside_the_runner(stores: Stores):

@@ -106,7 +106,7 @@ def test_secret_output_is_redacted_even_across_pipe_reads(daemon):
     assert added.returncode == 0
     run = _start_and_wait(daemon, "leaky")
     assert run["status"] == "succeeded", run
-    assert _log(daemon, run["id"]) == b"a=***!\nb=*** abc\nc=***\n"
+    assert _log(daemon, run["id"]) == b"a=[REDACTED]!\nb=[REDACTED] abc\nc=[REDACTED]\n"
     assert secret not in daemon.stderr() and "hunter2" not in daemon.stderr()
 
 

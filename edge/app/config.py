@@ -48,8 +48,21 @@ class RetentionConfig(msgspec.Struct, forbid_unknown_fields=True):
     runs_per_task: Annotated[int, msgspec.Meta(ge=65)] = 100
     run_max_age_days: _Positive = 30
     log_quota_bytes: Annotated[int, msgspec.Meta(ge=1 << 20)] = 32 << 20
-    audit_max_rows: Annotated[int, msgspec.Meta(ge=100)] = 10_000
+    audit_max_rows: Annotated[int, msgspec.Meta(ge=100)] = 10_000  # allowed calls
+    audit_change_max_rows: Annotated[int, msgspec.Meta(ge=100)] = 1_000  # credential and secret changes
+    audit_refused_max_rows: Annotated[int, msgspec.Meta(ge=100)] = 1_000  # aggregates of refused calls
     audit_max_age_days: _Positive = 30
+
+
+class ConnectionsConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """Limits every socket connection lives under, before and after authentication."""
+
+    max_per_socket: Annotated[int, msgspec.Meta(ge=1, le=65536)] = 32
+    frame_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
+    idle_timeout_s: Annotated[float, msgspec.Meta(ge=0, le=86400)] = 30.0  # 0: never
+    session_idle_timeout_s: Annotated[float, msgspec.Meta(ge=0, le=86400)] = 0.0  # 0: never
+    partial_bytes: Annotated[int, msgspec.Meta(ge=64 * 1024, le=1 << 30)] = 4 << 20
+    fd_reserve: Annotated[int, msgspec.Meta(ge=16, le=1 << 20)] = 64
 
 
 class McpConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -153,6 +166,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True):
     store: StoreConfig = msgspec.field(default_factory=StoreConfig)
     runner: RunnerConfig = msgspec.field(default_factory=RunnerConfig)
     retention: RetentionConfig = msgspec.field(default_factory=RetentionConfig)
+    connections: ConnectionsConfig = msgspec.field(default_factory=ConnectionsConfig)
     mcp: McpConfig = msgspec.field(default_factory=McpConfig)
     cluster: ClusterConfig = msgspec.field(default_factory=ClusterConfig)
     notify: NotifyConfig = msgspec.field(default_factory=NotifyConfig)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -17,6 +18,7 @@ from edge.app.graph import LIVE_KEYS, Cluster, Graph
 from edge.app.home import StartupError
 from edge.app.lean import defer_hangups, hangups_deferred
 from edge.app.sdnotify import Notifier, start_watchdog
+from edge.core.errors import ToolError
 from edge.core.ports.runtime import Clock
 from edge.storage.sqlite.db import Ballast, Database, OpenError
 from edge.transports.unix import UnixListener
@@ -130,6 +132,8 @@ class Daemon:
             if node is not None:
                 await node.stop()  # claim nothing more; what this node holds is recorded below
             await g.runner.shutdown()
+            with contextlib.suppress(ToolError):  # the store has logged why
+                await g.stores.audit.close()  # counts of refused calls still in memory
             g.workers.notices.close()
             if node is not None:
                 await node.close()

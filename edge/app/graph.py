@@ -18,6 +18,7 @@ import msgspec
 
 from edge.app.config import Config, default_zone, run_timezone
 from edge.app.home import StartupError, private_dir
+from edge.core.auth import AuditBounds
 from edge.core.clock import EPOCH_FLOOR_MS, LoopTimers, SteadyClock, SystemClock
 from edge.core.notices import Notices
 from edge.core.ports.runtime import Clock, RunController
@@ -56,7 +57,7 @@ from edge.tools.chain import Authenticator, Chain
 from edge.tools.context import Services, ToolInfo
 from edge.tools.definition import WRITE_DEADLINE_S, Deferred, Registry, Tool, info
 from edge.transports.tool_socket import ToolServer
-from edge.transports.unix import UnixListener
+from edge.transports.unix import Limits, Shared, UnixListener, descriptor_allowance
 
 if TYPE_CHECKING:  # cluster, agent and notify ports are loaded only where they are used
     from edge.core.ports.agent import AgentEvidenceStore, AgentRuns, RunCredentials
@@ -139,6 +140,12 @@ def run_logs(home: str, on_full: Callable[[], bool] | None = None) -> RunLogs:
     return RunLogs(private_dir(os.path.join(home, "logs")), on_full)
 
 
+def audit_bounds(config: Config) -> AuditBounds:
+    keep = config.retention
+    return AuditBounds(calls=keep.audit_max_rows, changes=keep.audit_change_max_rows,
+                       refused=keep.audit_refused_max_rows, max_age_days=keep.audit_max_age_days)
+
+
 def build_stores(db: Database, config: Config, home: str) -> Stores:
     keep = config.retention
     logs = run_logs(home, db.ballast.release if db.ballast else None)
@@ -150,7 +157,7 @@ def build_stores(db: Database, config: Config, home: str) -> Stores:
         tasks=SqliteTaskStore(db, logs), runs=SqliteRunStore(db, policy, logs, followers),
         triggers=SqliteTriggerStore(db), admission=SqliteAdmission(db, capacity(config), followers),
         credentials=SqliteCredentialStore(db), secrets=SqliteSecretStore(db),
-        audit=SqliteAuditLog(db, keep.audit_max_rows, keep.audit_max_age_days), audit_reader=SqliteAuditReader(db),
+        audit=SqliteAuditLog(db, audit_bounds(config), LoopTimers()), audit_reader=SqliteAuditReader(db),
         readers=sqlite_readers(db), counts=SqliteCountsReader(db), followers=followers,
         notify=lambda: sqlite_notify_store(db),
     )
@@ -268,16 +275,11 @@ def _credential_tools() -> list[Tool]:
     return credentials.TOOLS
 
 
-def _secret_tools() -> list[Tool]:
-    from edge.tools.builtin import secrets
-
-    return secrets.TOOLS
-
-
 def deferred_tools() -> list[Deferred]:
     """The management tools loaded by their first call."""
-    return [Deferred(infos=BACKUP_TOOLS, load=_backup_tools), Deferred(infos=CREDENTIAL_TOOLS, load=_credential_tools),
-            Deferred(infos=SECRET_TOOLS, load=_secret_tools)]
+    # The secret tools share the credential tools' module.
+    return [Deferred(infos=BACKUP_TOOLS, load=_backup_tools),
+            Deferred(infos=CREDENTIAL_TOOLS + SECRET_TOOLS, load=_credential_tools)]
 
 
 def build_notifier(config: Config, stores: Stores, clock: Clock) -> tuple[NotifierHandle | None, list[Deferred]]:
@@ -359,14 +361,32 @@ def build_chain(
 def build_listeners(
     config: Config, home: str, socket_path: str, chain: Chain, facts: DaemonFacts
 ) -> list[UnixListener]:
-    """The tool socket, then MCP's when enabled (edge.mcp is imported here and only here)."""
-    listeners: list[UnixListener] = [ToolServer(chain, socket_path, config.max_frame_bytes)]
+    """The tool socket, then MCP's when enabled (edge.mcp is imported here and only here),
+    under one shared budget of partial-frame bytes and descriptors."""
+    limits, shared = connection_limits(config)
+    listeners: list[UnixListener] = [ToolServer(chain, socket_path, config.max_frame_bytes, limits, shared)]
     if config.mcp.enabled:
-        listeners.append(mcp_server(config, home, chain, facts))
+        listeners.append(mcp_server(config, home, chain, facts, limits, shared))
     return listeners
 
 
-def mcp_server(config: Config, home: str, chain: Chain, facts: DaemonFacts) -> UnixListener:
+def connection_limits(config: Config) -> tuple[Limits, Shared]:
+    c = config.connections
+    limits = Limits(max_connections=c.max_per_socket, frame_timeout_s=c.frame_timeout_s,
+                    idle_timeout_s=c.idle_timeout_s, session_idle_timeout_s=c.session_idle_timeout_s)
+    # One frame or line of the largest size allowed always fits.
+    largest = max(config.max_frame_bytes, config.mcp.max_line_bytes if config.mcp.enabled else 0)
+    allowance = descriptor_allowance(c.fd_reserve)
+    if allowance < c.max_per_socket:
+        log.warning("connections: %d descriptors left after the reserve of %d for runs; at most %d connections",
+                    allowance + c.fd_reserve, c.fd_reserve, allowance)
+    return limits, Shared(partial_bytes=max(c.partial_bytes, largest), max_connections=allowance)
+
+
+def mcp_server(
+    config: Config, home: str, chain: Chain, facts: DaemonFacts, limits: Limits | None = None,
+    shared: Shared | None = None,
+) -> UnixListener:
     try:
         from edge.mcp.server import McpServer
     except ImportError as exc:
@@ -375,7 +395,7 @@ def mcp_server(config: Config, home: str, chain: Chain, facts: DaemonFacts) -> U
         raise
     path = os.path.abspath(config.mcp.socket or os.path.join(home, "mcp.sock"))
     try:
-        server = McpServer(chain, path, config.mcp.max_line_bytes)
+        server = McpServer(chain, path, config.mcp.max_line_bytes, limits, shared)
     except ValueError as exc:  # a tool that cannot be described to MCP clients
         raise StartupError(f"MCP: {exc}", "internal") from None
     facts.add_extra(lambda: {"mcp": path})
@@ -426,8 +446,7 @@ class Cluster:
         options = ClusterOptions(
             dsn=c.dsn or "", node=settings, capacity=capacity(cfg), pool_size=c.pool_size,
             connect_timeout_s=c.connect_timeout_s, write_retry_s=c.write_retry_s,
-            audit_max_rows=keep.audit_max_rows, audit_max_age_days=keep.audit_max_age_days,
-            audit_spool=os.path.join(self.home, "audit-spool.jsonl"))
+            audit=audit_bounds(cfg), audit_spool=os.path.join(self.home, "audit-spool.jsonl"))
         policy = Policy(runs_per_task=keep.runs_per_task, max_age_ms=keep.run_max_age_days * 86_400_000,
                         log_quota_bytes=keep.log_quota_bytes)
         logs = run_logs(self.home)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import socket
+import time
 from typing import Any, TypeVar
 
 import msgspec
@@ -51,6 +52,20 @@ def decoder(result: type[T]) -> msgspec.msgpack.Decoder[T]:
     return found
 
 
+def _connect(sock: socket.socket, path: str, patience_s: float = 5.0) -> None:
+    """Connect; while the daemon's listen queue is full (a Unix socket says EAGAIN at once,
+    e.g. while it refuses a flood of connections), try again for a few seconds."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            sock.connect(path)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 def _one_line(text: str) -> str:
     return " ".join(text.split())
 
@@ -74,7 +89,7 @@ class Client:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.settimeout(timeout_s)
         try:
-            self._sock.connect(path)
+            _connect(self._sock, path)
         except (FileNotFoundError, ConnectionRefusedError):
             self._sock.close()
             raise Unreachable(f"daemon not running at {path}") from None

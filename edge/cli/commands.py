@@ -31,7 +31,7 @@ from edge.core.tasks import (
 from edge.tools.builtin import backup as backup_tools
 from edge.tools.builtin import credentials as credential_tools
 from edge.tools.builtin import runs as run_tools
-from edge.tools.builtin import secrets as secret_tools
+from edge.tools.builtin import credentials as secret_tools
 from edge.tools.builtin import status as status_tools
 from edge.tools.builtin import tasks as task_tools
 from edge.tools.definition import Empty

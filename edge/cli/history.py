@@ -290,7 +290,15 @@ def audit(c: Client, a: argparse.Namespace) -> int:
         return OK
     render.table(
         [[render.when(e.at_ms), e.principal, e.tool, e.outcome,
-          ", ".join(r for r in e.reasons if not r.startswith("tool_")) or "-", e.transport] for e in entries],
-        ["TIME", "WHO", "TOOL", "OUTCOME", "WHY", "VIA"],
+          ", ".join(r for r in e.reasons if not r.startswith("tool_")) or "-", e.transport, _calls(e)]
+         for e in entries],
+        ["TIME", "WHO", "TOOL", "OUTCOME", "WHY", "VIA", "CALLS"],
     )
     return OK
+
+
+def _calls(e: AuditEntry) -> str:
+    """1, or for an aggregate of refused calls how many and until when (TIME is the first)."""
+    if e.count <= 1 or e.last_at_ms is None:
+        return str(e.count)
+    return f"{e.count} until {render.when(e.last_at_ms)}"

@@ -46,7 +46,7 @@ from edge.core.imports import (
 )
 from edge.core.schedule import ScheduleError, load_zone
 from edge.core.tasks import DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS, ArgvCommand, ImportedTask, ImportRecord, ShellCommand
-from edge.tools.builtin import secrets as secret_tools
+from edge.tools.builtin import credentials as secret_tools
 from edge.tools.builtin import status as status_tools
 from edge.tools.builtin import tasks as task_tools
 

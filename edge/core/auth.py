@@ -3,12 +3,17 @@ Permission checks fail closed."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Literal
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Literal
 
 import msgspec
 
+from edge.core.errors import ToolError
 from edge.core.ids import digests_equal, hmac_sha256
+
+if TYPE_CHECKING:
+    from edge.core.ports.runtime import Timers
 
 Role = Literal["owner", "operator", "viewer"]
 Outcome = Literal["allowed", "denied", "unauthenticated"]
@@ -179,22 +184,205 @@ def digest_matches(expected: bytes, pepper: bytes, secret: str) -> bool:
 
 
 class AuditRecord(msgspec.Struct, rename="camel"):
-    """One security audit row: every tool call leaves one, allowed or not."""
+    """One tool call for the security audit: every call leaves one, allowed or not.
+    Refused ones (denied, unauthenticated) may be stored as a count on an aggregate row."""
 
     at_ms: int
     project_id: str
     principal: str
     tool: str
     outcome: Outcome
-    reasons: list[str]
+    reasons: list[str]  # the cause first, then tool_<name>
     transport: str
     request_id: str | None = None
+    change: bool = False  # an allowed change of credentials or secrets: kept in a class of its own
+
+
+CHANGE_PERMISSIONS = frozenset({"credential.admin", "secret.write"})
 
 
 class AuditEntry(AuditRecord, rename="camel", kw_only=True):
-    """An audit row as read back: the record and its id (its place in the log)."""
+    """An audit row as read back: the record and its id (its place in the log). A row of
+    refused calls counts every such call of its principal, cause, outcome, transport and
+    minute: `at_ms` is the first, `last_at_ms` the last; with more than one tool among them
+    it names none (`*`), and it names no request."""
 
     id: int
+    count: int = 1
+    last_at_ms: int | None = None
+
+
+AuditClass = Literal["call", "change", "refused"]
+MINUTE_MS = 60_000  # refused calls of one minute share a row
+FLUSH_S = 2.0  # how long counts of refused calls may wait in memory
+MAX_PENDING = 256  # aggregate rows counted in memory at once; more are written at once
+_TallyKey = tuple[str, str, str, str, str, int]  # project, principal, outcome, cause, transport, minute
+TallyUpdate = tuple[int, int, int, bool, str]  # row id, calls to add, last call's time, several tools, cause
+
+
+class AuditBounds(msgspec.Struct, frozen=True, kw_only=True):
+    """Rows kept per class of the audit, and the age beyond which any row goes: allowed
+    calls, allowed changes of credentials and secrets, aggregates of refused calls."""
+
+    calls: int = 10_000
+    changes: int = 1_000
+    refused: int = 1_000
+    max_age_days: int = 30
+
+    def rows(self, cls: AuditClass) -> int:
+        return self.calls if cls == "call" else self.changes if cls == "change" else self.refused
+
+    @property
+    def max_age_ms(self) -> int:
+        return self.max_age_days * 86_400_000
+
+
+def audit_class(record: AuditRecord) -> AuditClass:
+    if record.outcome != "allowed":
+        return "refused"
+    return "change" if record.change else "call"
+
+
+class _Tally:
+    """An aggregate row of refused calls: where it is, and what is not written yet."""
+
+    __slots__ = ("record", "row_id", "placed", "count", "first_at_ms", "last_at_ms", "mixed")
+
+    def __init__(self, record: AuditRecord) -> None:
+        self.record = record  # its first call
+        self.row_id: int | None = None  # None: being written, or placed where it cannot be added to
+        self.placed = False  # its first call is written (in the database, or a spool)
+        self.count = 0  # calls counted since
+        self.first_at_ms = record.at_ms  # the first of those (once there are some)
+        self.last_at_ms = record.at_ms
+        self.mixed = False  # calls of more than one tool: the row names none
+
+    @property
+    def cause(self) -> str:
+        return self.record.reasons[0] if self.record.reasons else ""
+
+    def aggregate(self) -> AuditRecord:
+        """The row that holds the counted calls, when they cannot be added to the first's."""
+        r = self.record
+        return AuditRecord(at_ms=self.first_at_ms, project_id=r.project_id, principal=r.principal,
+                           tool="*" if self.mixed else r.tool, outcome=r.outcome,
+                           reasons=[self.cause] if self.mixed else r.reasons, transport=r.transport)
+
+
+class RefusalTallies:
+    """Refused calls (denied, unauthenticated), aggregated for the audit log of either
+    backend: one row per project, principal, cause (the first reason), outcome, transport
+    and minute, with a count and its first and last time. Nothing runs for a refused call,
+    so only the first of a row is written before the caller is answered; the calls after it
+    are counted here and added at most `FLUSH_S` later, all rows in one write. A flood of
+    refused calls thus writes a few rows a minute.
+
+    The backend supplies `insert(record, count, last_at_ms)`, which writes a row durably and
+    returns its id, or None when the row went where it cannot be added to (a spool while the
+    database is unreachable); and `add(updates)`, which adds counts to rows in one write.
+    Counts for a row that cannot be added to become a row of their own once its minute is
+    over (or at close). Both raise ToolError when they cannot write; counts are kept then.
+    """
+
+    def __init__(
+        self, insert: Callable[[AuditRecord, int, int], Awaitable[int | None]],
+        add: Callable[[list[TallyUpdate]], Awaitable[None]], timers: Timers | None, log: logging.Logger,
+    ) -> None:
+        from edge.core.handoff import Background  # asyncio: the daemon's, not the CLI's (auth is both)
+
+        self._insert = insert
+        self._add = add
+        self._timers = timers
+        self._tallies: dict[_TallyKey, _Tally] = {}
+        self._armed = False
+        self._background = Background(log)
+
+    async def append(self, record: AuditRecord) -> None:
+        cause = record.reasons[0] if record.reasons else ""
+        key = (record.project_id, record.principal, record.outcome, cause, record.transport, record.at_ms // MINUTE_MS)
+        tally = self._tallies.get(key)
+        if tally is not None:  # counted now, written with the next flush
+            if not tally.count:
+                tally.first_at_ms = record.at_ms
+            tally.count += 1
+            tally.last_at_ms = max(tally.last_at_ms, record.at_ms)
+            tally.mixed = tally.mixed or record.tool != tally.record.tool
+            self._arm()
+            return
+        if len(self._tallies) >= MAX_PENDING:
+            await self.flush(everything=True)
+            self._tallies = {k: t for k, t in self._tallies.items() if not t.placed}
+        tally = self._tallies[key] = _Tally(record)
+        try:
+            tally.row_id = await self._insert(record, 1, record.at_ms)
+        except BaseException:
+            if self._tallies.get(key) is tally:
+                del self._tallies[key]
+            raise
+        tally.placed = True
+
+    def _arm(self) -> None:
+        if self._armed or self._timers is None:
+            return
+        self._armed = True
+        self._timers.call_later(FLUSH_S, self._flush_later)
+
+    def _flush_later(self) -> None:
+        self._background.spawn(self._timed_flush(), "audit flush")
+
+    async def _timed_flush(self) -> None:
+        try:
+            await self.flush()
+        except ToolError:  # logged by the store; the counts wait for the next flush
+            self._arm()
+
+    async def flush(self, everything: bool = False) -> None:
+        """Write the counts held in memory; forget rows of past minutes. Counts for a row
+        that cannot be added to wait for the end of its minute, unless `everything`."""
+        self._armed = False
+        current = max((key[5] for key in self._tallies), default=0)
+        updates: list[TallyUpdate] = []
+        taken: list[tuple[_Tally, int]] = []
+        apart: list[_Tally] = []
+        for key, t in self._tallies.items():
+            if not t.count:
+                continue
+            if t.row_id is not None:
+                updates.append((t.row_id, t.count, t.last_at_ms, t.mixed, t.cause))
+                taken.append((t, t.count))
+                t.count = 0
+            elif t.placed and (everything or key[5] < current):
+                apart.append(t)
+        if updates:
+            try:
+                await self._add(updates)
+            except BaseException:
+                for t, count in taken:  # not written: counted again with the next flush
+                    t.count += count
+                raise
+        for t in apart:
+            count, t.count = t.count, 0
+            try:
+                t.row_id = await self._insert(t.aggregate(), count, t.last_at_ms)
+            except BaseException:
+                t.count += count
+                raise
+        for key in [k for k, t in self._tallies.items() if k[5] < current and t.placed and not t.count]:
+            del self._tallies[key]
+        if any(t.count for t in self._tallies.values()):
+            self._arm()  # what waits for the end of its minute
+
+    async def close(self) -> None:
+        """Write everything held in memory (at stop). Counts that cannot be added to their
+        rows become rows of their own (which a spool may take)."""
+        await self._background.wait()
+        try:
+            await self.flush(everything=True)
+        except ToolError:
+            for t in self._tallies.values():
+                if t.count and t.row_id is not None:
+                    t.row_id = None
+            await self.flush(everything=True)
 
 
 def tool_reason(tool_name: str) -> str:

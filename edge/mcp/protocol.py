@@ -27,6 +27,7 @@ INVALID_REQUEST = -32600
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 UNSUPPORTED_VERSION = -32022
+SERVER_ERROR = -32000  # a limit of this server ended the session
 
 LIST_TTL_MS = 300_000  # the tool set only changes when the daemon is upgraded
 INSTRUCTIONS = (

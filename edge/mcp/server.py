@@ -17,12 +17,13 @@ import msgspec
 
 from edge.core.errors import ToolError
 from edge.mcp import protocol as p
-from edge.transports.unix import MAX_IN_FLIGHT, UnixListener, peer_uid
+from edge.transports.unix import MAX_IN_FLIGHT, Connection, Limits, Refused, Shared, UnixListener, peer_uid
 from edge.tools.chain import Chain
 from edge.tools.context import Caller
 
 log = logging.getLogger("qledge.mcp")
 
+_LIMIT_CODES = {"resource_exhausted": p.INVALID_REQUEST}  # the rest are -32000, a server error
 _MISSING_ENVELOPE = (
     f"params._meta must carry {p.VERSION_KEY} and {p.CAPABILITIES_KEY} "
     "(or open a handshake-era session with initialize first)"
@@ -30,43 +31,43 @@ _MISSING_ENVELOPE = (
 
 
 class McpServer(UnixListener):
-    def __init__(self, chain: Chain, path: str, max_line_bytes: int) -> None:
-        super().__init__(path, limit=max_line_bytes)
+    def __init__(
+        self, chain: Chain, path: str, max_line_bytes: int, limits: Limits | None = None, shared: Shared | None = None,
+    ) -> None:
+        super().__init__(path, limits, shared)
         self.chain = chain
         self.catalog = p.Catalog(chain.registry.tools())
         self.max_line_bytes = max_line_bytes
 
-    async def _serve_connection(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, trusted: bool = True
-    ) -> None:
-        session = Session(self, reader, writer, trusted)
+    def _refusal(self, code: str, message: str) -> bytes:
+        return p.error_line(None, _LIMIT_CODES.get(code, p.SERVER_ERROR), f"{code}: {message}")
+
+    async def _serve_connection(self, conn: Connection) -> None:
+        session = Session(self, conn)
         try:
             await session.run()
+        except Refused as refused:  # a limit ends the session: say which, once
+            with contextlib.suppress(ConnectionError):
+                await conn.send(self._refusal(refused.code, refused.message))
         except (ConnectionError, _Close):
             pass
         except Exception:
             log.exception("MCP session failed")
         finally:
             session.cancel_all()
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
 
 
 class _Close(Exception):
-    """The session ends here (oversize line, refused credential)."""
+    """The session ends here (refused credential)."""
 
 
 class Session:
     """Per-connection state: the presented credential, the handshake flag and calls in flight."""
 
-    def __init__(
-        self, server: McpServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, trusted: bool = True
-    ) -> None:
+    def __init__(self, server: McpServer, conn: Connection) -> None:
         self.server = server
-        self.reader = reader
-        self.writer = writer
-        self.uid = peer_uid(writer.get_extra_info("socket")) if trusted else None
+        self.conn = conn
+        self.uid = peer_uid(conn.writer.get_extra_info("socket")) if conn.believe_uid else None
         self.token: str | None = None
         self.initialized = False  # a handshake-era session: requests may omit the _meta envelope
         self.calls: dict[int | str, asyncio.Task] = {}
@@ -74,14 +75,20 @@ class Session:
 
     async def run(self) -> None:
         first = True
-        while (line := await self._read_line()) is not None:
+        while (line := await self.conn.read_line(self.server.max_line_bytes)) is not None:
             if not line.strip():
                 continue
-            if first:
-                first = False
-                if await self._hello(line):
-                    continue
-            await self._message(line)
+            too_deep = False
+            try:
+                if first:
+                    first = False
+                    if await self._hello(line):
+                        continue
+                await self._message(line)
+            except RecursionError:  # nested deeper than any decoder goes: answered, never logged
+                too_deep = True
+            if too_deep:
+                await self._send(p.error_line(None, p.PARSE_ERROR, "parse error: message nests too deeply"))
         if self.calls:  # end of input: answer what was asked before it
             await asyncio.gather(*self.calls.values(), return_exceptions=True)
 
@@ -89,20 +96,9 @@ class Session:
         for task in self.calls.values():
             task.cancel()
 
-    async def _read_line(self) -> bytes | None:
-        try:
-            return await self.reader.readuntil(b"\n")
-        except asyncio.IncompleteReadError as exc:
-            return exc.partial or None  # a last line without its newline still counts
-        except asyncio.LimitOverrunError:
-            cap = self.server.max_line_bytes
-            await self._send(p.error_line(None, p.INVALID_REQUEST, f"message exceeds the {cap}-byte line limit"))
-            raise _Close from None  # we cannot find the next line boundary we trust
-
     async def _send(self, data: bytes) -> None:
-        if not self.writer.is_closing():
-            self.writer.write(data)
-            await self.writer.drain()
+        if not self.conn.writer.is_closing():
+            await self.conn.send(data)
 
     async def _hello(self, line: bytes) -> bool:
         """The bridge's credential line, if this is one; a refused credential ends the session."""
@@ -111,15 +107,19 @@ class Session:
                 return False
         except msgspec.DecodeError:
             return False  # not an object at all: the MCP parser answers it
+        refusal: tuple[str, str] | None = None
         try:
             hello = p.hello_decoder.decode(line)
             self.token = hello.qledge.token
             caller = Caller(transport="mcp", token=self.token, peer_uid=self.uid)
             await self.server.chain.authenticate(caller, "mcp.session", "mcp_session_open")
         except msgspec.DecodeError as exc:
-            await self._refuse("invalid_argument", f"invalid qledge hello: {exc}")
+            refusal = ("invalid_argument", f"invalid qledge hello: {exc}")
         except ToolError as exc:
-            await self._refuse(exc.code, exc.message)
+            refusal = (exc.code, exc.message)
+        if refusal is not None:  # answered outside the handler: no exception outlives the line
+            await self._refuse(*refusal)
+        self.conn.authenticated()
         await self._send(p.line(p.HelloAnswer(p.HelloReply(ok=True))))
         return True
 
@@ -128,14 +128,9 @@ class Session:
         raise _Close
 
     async def _message(self, line: bytes) -> None:
-        try:
-            msg = p.envelope_decoder.decode(line)
-        except msgspec.ValidationError:
-            batch = line.lstrip()[:1] == b"["
-            text = "batch arrays are not supported: send one message per line" if batch else "not a JSON-RPC object"
-            return await self._send(p.error_line(None, p.INVALID_REQUEST, text))
-        except msgspec.DecodeError as exc:
-            return await self._send(p.error_line(None, p.PARSE_ERROR, f"parse error: {exc}"))
+        msg, problem = _envelope(line)
+        if msg is None:
+            return await self._send(problem)
         rid = msg.id if type(msg.id) in (int, str) else None
         if msg.jsonrpc != "2.0":
             return await self._send(p.error_line(rid, p.INVALID_REQUEST, 'jsonrpc must be "2.0"'))
@@ -230,6 +225,7 @@ class Session:
         if args[:1] != b"{":
             return await self._send(p.error_line(rid, p.INVALID_PARAMS, "arguments must be an object"))
         await self.slots.acquire()  # backpressure: stop reading while too much is in flight
+        self.conn.call_started()
         task = asyncio.create_task(self._call(rid, call.name, args, is_modern))
         self.calls[rid] = task
         task.add_done_callback(lambda done: self._finished(rid, done))
@@ -237,6 +233,7 @@ class Session:
     def _finished(self, rid: int | str, task: asyncio.Task) -> None:
         if self.calls.get(rid) is task:
             del self.calls[rid]
+        self.conn.call_finished(authenticated=False)  # _call says when it authenticated
         self.slots.release()
 
     async def _call(self, rid: int | str, name: str, args: bytes, is_modern: bool) -> None:
@@ -244,13 +241,32 @@ class Session:
         try:
             data = p.encoder.encode(await self.server.chain.call(name, args, "json", caller))
             result = p.CallToolResult([p.TextContent(data.decode())], False, msgspec.Raw(data))
+            self.conn.authenticated()
         except ToolError as exc:
             result = p.CallToolResult([p.TextContent(f"{exc.code}: {exc.message}")], True)
+            if exc.code not in ("unauthenticated", "unavailable"):
+                self.conn.authenticated()
         except Exception:
             log.exception("MCP call of %s failed", name)
             result = p.CallToolResult([p.TextContent("internal: internal error; see the daemon log")], True)
         with contextlib.suppress(ConnectionError):
             await self._send(p.result_line(rid, p.modern(result) if is_modern else result))
+
+
+def _envelope(line: bytes) -> tuple[p.Envelope, bytes] | tuple[None, bytes]:
+    """The message, or (None, the error line that answers it). The error is built here and
+    sent by the caller, so no exception (nor the line its traceback holds) lives across a
+    write that may wait on the peer."""
+    try:
+        return p.envelope_decoder.decode(line), b""
+    except msgspec.ValidationError:
+        batch = line.lstrip()[:1] == b"["
+        text = "batch arrays are not supported: send one message per line" if batch else "not a JSON-RPC object"
+        return None, p.error_line(None, p.INVALID_REQUEST, text)
+    except msgspec.DecodeError as exc:
+        return None, p.error_line(None, p.PARSE_ERROR, f"parse error: {exc}")
+    except RecursionError:
+        return None, p.error_line(None, p.PARSE_ERROR, "parse error: message nests too deeply")
 
 
 def _envelope_problem(meta: dict[str, Any]) -> tuple[int, str, Any] | None:

@@ -49,6 +49,11 @@ class RunnerSettings(msgspec.Struct, kw_only=True):
     lang: str = process.DEFAULT_LANG  # a run's LANG
 
 
+# Follows of a log (output_mark waits) at once, whatever the connection limits: each holds a
+# task and a call; beyond this many, a follower is answered at once and reads again shortly.
+MAX_FOLLOWERS = 64
+
+
 class _Job:
     __slots__ = ("run", "task", "proc", "cancel_reason", "done", "started", "unrecorded_start", "chunks", "_grew",
                  "spec", "agent")
@@ -97,6 +102,7 @@ class Runner:
         self._users = users
         self._notices = notices or Notices(clock, LoopTimers())
         self._slots = asyncio.Semaphore(settings.concurrency)
+        self._following = 0  # output_mark calls waiting now (MAX_FOLLOWERS)
         self._agents = agents
         self._agent_slots = asyncio.Semaphore(agents.concurrency if agents is not None else 1)
         self._jobs: dict[str, _Job] = {}
@@ -157,7 +163,13 @@ class Runner:
         if job is None or job.run.project_id != project:
             return None
         if seen is not None and job.chunks == seen and not job.done.is_set():
-            await job.wait_moved(timeout_s)
+            if self._following >= MAX_FOLLOWERS:
+                return job.chunks  # enough are waiting: this one is answered now and reads again
+            self._following += 1
+            try:
+                await job.wait_moved(timeout_s)
+            finally:
+                self._following -= 1
         return job.chunks if run_id in self._jobs else None
 
     # -- lifecycle ----------------------------------------------------------------

@@ -1,9 +1,10 @@
 """Run logs on disk: the one owner of their files (RunLogs: paths, creation, reading,
-recovery, removal) and of their format (LogSink: 0600, capped to head and tail, secrets
-redacted, never a reason to stop reading the child's pipe).
+recovery, removal) and of their format (LogSink: 0600, capped to head and tail,
+credentials and secrets redacted, never a reason to stop reading the child's pipe).
 
 Memory stays small whatever the child prints. Output goes straight into the log file
-until the cap is reached, so a log within the cap is complete (and readable) as it grows.
+until the cap is reached, line by line (redaction needs to see a line whole), so a log
+within the cap is complete up to its unfinished last line, and readable, as it grows.
 Beyond the cap, output is spooled in fixed-size segment files in `<log>.tail/`, each named
 by the stream offset of its first byte; the oldest is deleted once the newer ones cover
 the tail. Closing rewrites the file in place as head + marker + tail. Because segments
@@ -15,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import re
 import stat
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -26,8 +26,8 @@ from edge.core.runs import LOG_HEAD_MAX, log_cap_marker
 
 HEAD_MAX = LOG_HEAD_MAX
 SEGMENT_MAX = 256 * 1024  # fewer, larger files: creating and deleting them is the cost
-MIN_SECRET = 4  # shorter values would redact ordinary text
-MASK = b"***"
+LINE_MAX = 8192  # an unfinished line longer than this is decided without waiting for its end
+KEY_MAX = 16384  # after a private key's BEGIN, how much is masked while its END does not come
 _COPY = 64 * 1024
 # Never through a link: a log or segment path that is one (or anything else) is refused.
 _FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -35,44 +35,70 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class Redactor:
-    """Replaces every occurrence of every secret in a byte stream fed in arbitrary chunks.
+    """Masks credentials and configured secret values (edge.core.redaction: the same rules
+    as the AI excerpt) in a byte stream fed in arbitrary chunks.
 
-    The last len(longest)-1 bytes of each chunk are held back (unredacted, never emitted)
-    until the next chunk shows whether a secret straddles the boundary.
+    Output is decided line by line: the unfinished last line is held back (unredacted,
+    never emitted) until its end arrives, and so are the last characters before it that a
+    secret continuing on the next line could start with. A line longer than `LINE_MAX` is
+    decided without waiting for its end. A private key whose END has not arrived yet keeps
+    being masked, line after line, up to `KEY_MAX` characters.
     """
 
     def __init__(self, secrets: Iterable[bytes]) -> None:
-        values = sorted({s for s in secrets if len(s) >= MIN_SECRET}, key=len, reverse=True)
-        # Longest first: where two secrets start at the same byte, the longer one wins.
-        self._pattern = re.compile(b"|".join(re.escape(v) for v in values)) if values else None
-        self._keep = len(values[0]) - 1 if values else 0
-        self._carry = b""
+        # Loaded with the first run's log, not by an idle daemon: the rules are large.
+        from edge.core.redaction import PEM_BEGIN, PEM_END, Masker, apply, merge
 
-    @property
-    def active(self) -> bool:
-        return self._pattern is not None
+        self._masker = Masker(s.decode("utf-8", "surrogateescape") for s in secrets)
+        self._apply, self._merge = apply, merge
+        self._begin, self._end = PEM_BEGIN, PEM_END
+        self._carry = b""
+        self._in_key = 0  # characters masked so far inside a key whose END is still to come; 0: none
 
     def feed(self, chunk: bytes, final: bool = False) -> bytes:
-        if self._pattern is None:
-            return chunk
         buf = self._carry + chunk if self._carry else chunk
-        # A match starting before `cut` lies wholly inside buf, so it is decided now;
-        # anything starting later waits for more bytes.
-        cut = len(buf) if final else max(0, len(buf) - self._keep)
-        out: list[bytes] = []
-        pos = 0
-        for m in self._pattern.finditer(buf):
-            if m.start() >= cut:
-                break
-            out += (buf[pos : m.start()], MASK)
-            pos = m.end()
-        end = max(pos, cut)
-        out.append(buf[pos:end])
-        self._carry = buf[end:]
-        return b"".join(out)
+        if not buf:
+            return b""
+        text = buf.decode("utf-8", "surrogateescape")  # bytes in, the same bytes out
+        cut = len(text) if final else self._decided(text)
+        found = self._masker.spans(text, cut_at_end=final)
+        if self._in_key:
+            closing = self._end.search(text)
+            found.append((0, closing.end() if closing else cut, "private_key"))
+        decided = [span for span in self._merge(found) if span[0] < cut]
+        end = max(cut, decided[-1][1] if decided else 0)
+        out = self._apply(text[:end], decided)
+        self._follow_key(text[:end], end)
+        self._carry = text[end:].encode("utf-8", "surrogateescape")
+        return out.encode("utf-8", "surrogateescape")
 
     def flush(self) -> bytes:
         return self.feed(b"", final=True)
+
+    def _decided(self, text: str) -> int:
+        """Where the text that can be decided now ends: at the start of a line, so that no
+        line is cut between a key and its value (unless it is longer than LINE_MAX)."""
+        line_end = max(text.rfind("\n"), text.rfind("\r")) + 1
+        if len(text) - line_end > LINE_MAX:
+            return len(text) - LINE_MAX
+        held = self._masker.undecided(text)
+        if held >= line_end:
+            return line_end
+        start = max(text.rfind("\n", 0, held), text.rfind("\r", 0, held)) + 1
+        return start if held - start <= LINE_MAX else held
+
+    def _follow_key(self, emitted: str, size: int) -> None:
+        begin = None
+        for begin in self._begin.finditer(emitted):  # noqa: B007 - the last one is wanted
+            pass
+        if begin is not None and not self._end.search(emitted, begin.end()):
+            self._in_key = max(1, len(emitted) - begin.start())
+        elif self._in_key and not self._end.search(emitted):
+            self._in_key += size
+        else:
+            self._in_key = 0
+        if self._in_key > KEY_MAX:
+            self._in_key = 0  # a BEGIN line without a key after it: stop masking
 
 
 def marker(dropped: int) -> bytes:

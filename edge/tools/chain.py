@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from edge.core.auth import (
+    CHANGE_PERMISSIONS,
     AuditRecord,
     Grant,
     Outcome,
@@ -63,27 +64,29 @@ class Authenticator:
         self._runs = run_credentials
 
     async def authenticate(self, caller: Caller) -> Principal:
+        # A refusal names the peer, or a credential that exists: never an id the caller
+        # made up, so a flood of invented ids cannot spread over many audit rows.
+        peer = f"uid:{caller.peer_uid}" if caller.peer_uid is not None else "anonymous"
         if caller.token is not None:
-            return await self._from_token(caller.token)
+            return await self._from_token(caller.token, peer)
         if caller.peer_uid is not None and caller.peer_uid in self._owner_uids:
-            return Principal(subject=f"uid:{caller.peer_uid}", role="owner", permissions=Grant(self._roles["owner"]))
-        subject = f"uid:{caller.peer_uid}" if caller.peer_uid is not None else "anonymous"
-        raise AuthFailure("credential_missing", subject)
+            return Principal(subject=peer, role="owner", permissions=Grant(self._roles["owner"]))
+        raise AuthFailure("credential_missing", peer)
 
-    async def _from_token(self, token: str) -> Principal:
+    async def _from_token(self, token: str, peer: str) -> Principal:
         parsed = parse_token(token)
         if parsed is None:
-            raise AuthFailure("credential_malformed", "anonymous")
+            raise AuthFailure("credential_malformed", peer)
         cid, secret = parsed
-        subject = f"credential:{cid}" if len(cid) <= 32 and cid.isalnum() else "anonymous"
         minted = self._runs.lookup(cid) if self._runs is not None else None
         if minted is not None:
             if not digest_matches(minted[0], self._pepper, secret):
                 raise AuthFailure("credential_mismatch", minted[1].subject)
             return minted[1]
-        found = await self._credentials.lookup(cid)
+        found = await self._credentials.lookup(cid) if len(cid) <= 32 and cid.isalnum() else None
         if found is None:
-            raise AuthFailure("credential_unknown", subject)
+            raise AuthFailure("credential_unknown", peer)
+        subject = f"credential:{cid}"
         cred, digest = found
         if not digest_matches(digest, self._pepper, secret):
             raise AuthFailure("credential_mismatch", subject)
@@ -137,7 +140,8 @@ class Chain:
             why = "tool_policy_denied" if missing.startswith("tool.call:") else "domain_permission_denied"
             await self._audit(principal.subject, name, "denied", [why, reason], caller)
             raise ToolError("permission_denied", f"{name} requires permission {missing}")
-        await self._audit(principal.subject, name, "allowed", ["tool_invocation_allowed", reason], caller)
+        change = entry.tool.effect != "read" and not CHANGE_PERMISSIONS.isdisjoint(entry.tool.permissions)
+        await self._audit(principal.subject, name, "allowed", ["tool_invocation_allowed", reason], caller, change)
         if not await self._auth.still_valid(principal):
             await self._audit(principal.subject, name, "unauthenticated", ["credential_revoked", reason], caller)
             raise ToolError("unauthenticated", "credential was revoked")
@@ -175,7 +179,9 @@ class Chain:
             return
         await self._audit(principal.subject, name, "denied", [why, reason], caller)
 
-    async def _audit(self, subject: str, tool: str, outcome: Outcome, reasons: list[str], caller: Caller) -> None:
+    async def _audit(
+        self, subject: str, tool: str, outcome: Outcome, reasons: list[str], caller: Caller, change: bool = False,
+    ) -> None:
         record = AuditRecord(
             at_ms=self._services.clock.now_ms(),
             project_id=self._services.project,
@@ -185,6 +191,7 @@ class Chain:
             reasons=reasons,
             transport=caller.transport,
             request_id=caller.request_id,
+            change=change,
         )
         try:
             await self._services.audit.append(record)
@@ -199,6 +206,8 @@ class Chain:
             raise invalid(f"invalid arguments for {tool.name}: {exc}") from None
         except msgspec.DecodeError:
             raise invalid(f"arguments for {tool.name} could not be decoded") from None
+        except RecursionError:  # hostile nesting: answered, never logged
+            raise invalid(f"arguments for {tool.name} nest too deeply") from None
         try:
             async with asyncio.timeout(tool.deadline_s):
                 return await tool.handler(ctx, args)

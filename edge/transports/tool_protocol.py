@@ -55,7 +55,7 @@ def frame(body: bytes) -> bytes:
 def salvage_id(body: bytes) -> int | str | None:
     try:
         return _id_decoder.decode(body).id
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, RecursionError):  # ValidationError is a DecodeError
         return None
 
 

@@ -14,43 +14,44 @@ from edge.core.errors import ToolError
 from edge.tools.chain import Chain
 from edge.tools.context import Caller
 from edge.transports import tool_protocol as frames
-from edge.transports.unix import MAX_IN_FLIGHT, UnixListener, peer_uid
+from edge.transports.unix import MAX_IN_FLIGHT, Connection, Limits, Refused, Shared, UnixListener, peer_uid
 
 log = logging.getLogger("qledge.server")
 
+_NOT_A_REQUEST = "frame is not a msgpack request"
+_TOO_DEEP = "request nests too deeply"
+
 
 class ToolServer(UnixListener):
-    def __init__(self, chain: Chain, path: str, max_frame: int = frames.DEFAULT_MAX_FRAME) -> None:
-        super().__init__(path)
+    def __init__(
+        self, chain: Chain, path: str, max_frame: int = frames.DEFAULT_MAX_FRAME,
+        limits: Limits | None = None, shared: Shared | None = None,
+    ) -> None:
+        super().__init__(path, limits, shared)
         self._chain = chain
         self._max_frame = max_frame
-        self._attaching: set[asyncio.Task[None]] = set()  # attached connections not yet tracked
+
+    def _refusal(self, code: str, message: str) -> bytes:
+        return frames.error_frame(None, code, message)
 
     def attach(self, sock: socket.socket) -> None:
         """Serve `sock`, one end of a connection the daemon made for a child it started (an
         AI run's). Its peer is never trusted by uid (the daemon made both ends, so the
         kernel names the daemon's own): every call on it needs a token."""
-        task = asyncio.get_running_loop().create_task(self._attached(sock), name="tool-attached")
-        self._attaching.add(task)
-        task.add_done_callback(self._attaching.discard)
+        self.adopt(sock)
 
-    async def _attached(self, sock: socket.socket) -> None:
-        try:
-            reader, writer = await asyncio.open_unix_connection(sock=sock)
-        except OSError:
-            sock.close()
-            return
-        await self._track(reader, writer, trusted=False)
-
-    async def _serve_connection(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, trusted: bool = True
-    ) -> None:
-        uid = peer_uid(writer.get_extra_info("socket")) if trusted else None
+    async def _serve_connection(self, conn: Connection) -> None:
+        uid = peer_uid(conn.writer.get_extra_info("socket")) if conn.believe_uid else None
         in_flight: set[asyncio.Task[None]] = set()
         slots = asyncio.Semaphore(MAX_IN_FLIGHT)
         try:
-            with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
-                await self._read_requests(reader, writer, uid, in_flight, slots)
+            try:
+                await self._read_requests(conn, uid, in_flight, slots)
+            except Refused as refused:  # a limit ends the connection: say which, once
+                with contextlib.suppress(ConnectionError):
+                    await conn.send(frames.error_frame(None, refused.code, refused.message))
+            except (ConnectionError, asyncio.IncompleteReadError):
+                pass
             # End of input: answer what was asked before it (each call has its deadline).
             if in_flight:
                 await asyncio.wait(set(in_flight))
@@ -58,65 +59,76 @@ class ToolServer(UnixListener):
             for call in list(in_flight):
                 call.cancel()
             raise
-        finally:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
 
     async def _read_requests(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, uid: int | None,
-        in_flight: set[asyncio.Task[None]], slots: asyncio.Semaphore,
+        self, conn: Connection, uid: int | None, in_flight: set[asyncio.Task[None]], slots: asyncio.Semaphore,
     ) -> None:
         while True:
-            body = await self._read_frame(reader, writer)
+            body = await self._read_frame(conn)
             if body is None:
                 break
-            try:
-                request = frames.request_decoder.decode(body)
-            except msgspec.ValidationError as exc:
-                writer.write(frames.error_frame(
-                    frames.salvage_id(body), "invalid_argument", f"invalid request: {exc}"))
+            request, problem = _decode(body)
+            if request is None:
+                await conn.send(problem)
+                if problem is _GARBAGE:
+                    break  # garbage: we no longer trust this peer's framing
                 continue
-            except msgspec.DecodeError:
-                writer.write(frames.error_frame(None, "invalid_argument", "frame is not a msgpack request"))
-                await writer.drain()
-                break  # garbage: we no longer trust this peer's framing
             await slots.acquire()
-            call = asyncio.create_task(self._answer(request, uid, writer, slots))
+            conn.call_started()
+            call = asyncio.create_task(self._answer(request, uid, conn, slots))
             in_flight.add(call)
             call.add_done_callback(in_flight.discard)
 
-    async def _read_frame(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes | None:
-        try:
-            header = await reader.readexactly(frames.HEADER_BYTES)
-        except asyncio.IncompleteReadError:
+    async def _read_frame(self, conn: Connection) -> bytes | None:
+        header = await conn.read_exactly(frames.HEADER_BYTES)
+        if header is None:
             return None  # clean end of stream
         size = int.from_bytes(header, "big")
         if size > self._max_frame:
-            writer.write(frames.error_frame(
+            await conn.send(frames.error_frame(
                 None, "resource_exhausted", f"frame of {size} bytes exceeds the {self._max_frame}-byte limit"))
-            await writer.drain()
             return None  # the stream cannot be resynchronised: close
-        return await reader.readexactly(size)
+        return await conn.read_exactly(size)
 
     async def _answer(
-        self, request: frames.Request, uid: int | None, writer: asyncio.StreamWriter, slots: asyncio.Semaphore
+        self, request: frames.Request, uid: int | None, conn: Connection, slots: asyncio.Semaphore
     ) -> None:
+        authenticated = False
         try:
-            writer.write(await self._reply(request, uid))
-            await writer.drain()
+            answer, authenticated = await self._reply(request, uid)
+            await conn.send(answer)
         except ConnectionError:
             pass  # the peer is gone; the call itself has finished
         finally:
+            conn.call_finished(authenticated)
             slots.release()
 
-    async def _reply(self, request: frames.Request, uid: int | None) -> bytes:
+    async def _reply(self, request: frames.Request, uid: int | None) -> tuple[bytes, bool]:
+        """The answer frame, and whether the caller authenticated."""
         caller = Caller(transport="socket", token=request.token, peer_uid=uid, request_id=str(request.id))
         try:
             result = await self._chain.call(request.tool, bytes(request.args), "msgpack", caller)
-            return frames.result_frame(request.id, result)
+            return frames.result_frame(request.id, result), True
         except ToolError as exc:
-            return frames.error_frame(request.id, exc.code, exc.message)
+            authenticated = exc.code not in ("unauthenticated", "unavailable")
+            return frames.error_frame(request.id, exc.code, exc.message), authenticated
         except Exception:
             log.exception("unexpected failure answering %s", request.tool)
-            return frames.error_frame(request.id, "internal", "internal error; see the daemon log")
+            return frames.error_frame(request.id, "internal", "internal error; see the daemon log"), False
+
+
+_GARBAGE = frames.error_frame(None, "invalid_argument", _NOT_A_REQUEST)
+
+
+def _decode(body: bytes) -> tuple[frames.Request, bytes] | tuple[None, bytes]:
+    """The request, or (None, the error frame that answers it). Nothing here raises: a
+    hostile frame (deep nesting included) is answered, never logged."""
+    try:
+        return frames.request_decoder.decode(body), b""
+    except msgspec.ValidationError as exc:
+        message = f"invalid request: {exc}"
+    except msgspec.DecodeError:
+        return None, _GARBAGE
+    except RecursionError:
+        message = _TOO_DEEP
+    return None, frames.error_frame(frames.salvage_id(body), "invalid_argument", message)

@@ -121,8 +121,10 @@ class RunController(RunExecutor, Protocol):
     async def output_mark(self, project: str, run_id: str, seen: int | None, timeout_s: float) -> int | None:
         """How far the run's output has come: a count that moves with every chunk its log
         receives. With `seen` given, first wait up to `timeout_s` until the count differs
-        from it or the run ends (no polling: the pump wakes the waiters). None when this
-        runner is not executing the run (it has ended, or was never handed over)."""
+        from it or the run ends (no polling: the pump wakes the waiters); when a bounded
+        number of callers are waiting already, it returns at once instead (the count
+        unchanged), so followers never hold more than that. None when this runner is not
+        executing the run (it has ended, or was never handed over)."""
         ...
 
 

@@ -330,10 +330,31 @@ class SecretStore(Protocol):
 
 
 class AuditLog(Protocol):
+    """Three classes of rows, each trimmed to its own bounds, so the volume of one never
+    pushes out another: allowed calls, allowed changes of credentials and secrets
+    (`record.change`), and refused calls (outcome denied or unauthenticated)."""
+
     async def append(self, record: AuditRecord) -> None:
-        """Durably record one call, trimming the oldest rows (bounded per write) to the
-        configured row and age limits. Raises unavailable when it cannot be written: the
-        caller then does nothing."""
+        """Record one call, trimming the oldest rows of its class (bounded per write) to at
+        most that class's row limit (an adapter may trim in batches below it) and the age
+        limit.
+
+        An allowed call is durable when this returns. A refused call is aggregated: one row
+        per project, principal, cause (`reasons[0]`), outcome, transport and minute, with a
+        count and its first and last time; the first call of a row is durable when this
+        returns, later ones are counted and written within a few seconds (`flush`;
+        edge.core.auth.RefusalTallies on either backend). Raises unavailable when a row
+        cannot be written: the caller then does nothing."""
+        ...
+
+    async def flush(self) -> None:
+        """Write the counts of refused calls not written yet (on a cluster node whose
+        PostgreSQL is unreachable, counts for a row in the spool wait for the end of its
+        minute). Raises unavailable."""
+        ...
+
+    async def close(self) -> None:
+        """Write everything held (the daemon calls this when it stops). Raises unavailable."""
         ...
 
 
@@ -342,7 +363,8 @@ class AuditReader(Protocol):
 
     async def page(self, project: str, since_ms: int | None, before_id: int | None, limit: int) -> AuditPage:
         """The project's rows newest first (id DESC) with id < before_id and, when given,
-        at_ms >= since_ms; at most `limit`, examining at most SEARCH_BUDGET rows (the table
+        a last call (an aggregate's `last_at_ms`, else `at_ms`) at or after since_ms; at most
+        `limit`, examining at most SEARCH_BUDGET rows (the table
         is bounded anyway). `next` is the before_id of the following page; None: no more."""
         ...
 

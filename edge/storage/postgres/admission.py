@@ -346,7 +346,8 @@ async def _armed(tx: Tx, project: str, node: str) -> list[tuple[int, str]]:
 
 
 async def _newest_time(tx: Tx, project: str) -> int:
-    audit = await tx.row("SELECT at_ms FROM security_audit ORDER BY id DESC LIMIT 1")
+    audit = await tx.row(
+        "SELECT greatest(at_ms, coalesce(last_at_ms, at_ms)) FROM security_audit ORDER BY id DESC LIMIT 1")
     run = await tx.row("SELECT max(created_at_ms) FROM runs WHERE project_id = %s", (project,))
     return max([await catalog.clock_mark(tx)] + [int(r[0]) for r in (audit, run) if r and r[0] is not None])
 

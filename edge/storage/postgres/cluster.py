@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from edge.core.auth import AuditBounds
+from edge.core.clock import LoopTimers
 from edge.core.errors import ToolError
 from edge.core.notices import Notices
 from edge.core.ports.runtime import RunController
@@ -37,8 +39,7 @@ class ClusterOptions(msgspec.Struct, frozen=True, kw_only=True):
     pool_size: int = 4
     connect_timeout_s: int = 5
     write_retry_s: float = 30.0
-    audit_max_rows: int = 10_000
-    audit_max_age_days: int = 30
+    audit: AuditBounds = msgspec.field(default_factory=AuditBounds)
     audit_spool: str | None = None  # where audit rows wait while PostgreSQL is unreachable
 
 
@@ -61,8 +62,7 @@ class PgCluster:
         self._notify: PgNotifyStore | None = None
         self.credentials = PgCredentialStore(db)
         self.secrets = PgSecretStore(db)
-        self.audit = PgAuditLog(db, node.node_id, options.audit_max_rows, options.audit_max_age_days,
-                                options.audit_spool)
+        self.audit = PgAuditLog(db, node.node_id, options.audit, options.audit_spool, LoopTimers())
         self.audit_reader = PgAuditReader(db)
         self.readers = pg_readers(db)
         self.counts = PgCountsReader(db)
@@ -81,7 +81,8 @@ class PgCluster:
         """The node's background side and its runner as tools and the scheduler see it;
         `notices`: the daemon's system-log lines (runs this node records lost or cancels);
         `agents`: the AI runs' records, ended for runs cancelled before any node took them."""
-        node = Node(self.db, self.claims, self.nodes, self.clock, self.settings, local, notices, self.audit.flush)
+        node = Node(self.db, self.claims, self.nodes, self.clock, self.settings, local, notices,
+                    self.audit.move_spool)
         return node, ClusterRunner(local, node, self.admission, self.runs, self.claims, self.clock, self.settings,
                                    notices, agents)
 

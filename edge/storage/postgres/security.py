@@ -9,26 +9,57 @@ is back. So `qledge status` can say that PostgreSQL is down; a full spool fails 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import stat
+from typing import TYPE_CHECKING
 
 import msgspec
 
-from edge.core.auth import AuditEntry, AuditRecord, Credential, SecretInfo
+from edge.core.auth import (
+    AuditBounds,
+    AuditClass,
+    AuditEntry,
+    AuditRecord,
+    Credential,
+    RefusalTallies,
+    SecretInfo,
+    TallyUpdate,
+    audit_class,
+)
 from edge.core.errors import ToolError, conflict, unavailable
 from edge.core.ports.stores import AuditPage
 from edge.core.reads import SEARCH_BUDGET
 from edge.core.tasks import SecretImport
 from edge.storage.postgres.db import PgDatabase, Row, Tx
 
+if TYPE_CHECKING:
+    from edge.core.ports.runtime import Timers
+
+log = logging.getLogger("qledge.store")
+
 _perm_encoder = msgspec.json.Encoder()
 _perm_decoder = msgspec.json.Decoder(list[str] | None)
 _reasons = msgspec.json.Encoder()
 _COLUMNS = "id, project_id, name, role, permissions, created_at_ms, revoked_at_ms"
 PRUNE_BATCH = 64
-SQL_PRUNE = (
+# The audit's classes and their bounds as on SQLite (edge.storage.sqlite.security): allowed
+# calls by id, beyond the newest `max_rows` ids or too old; a small class counted exactly
+# through its partial index (named by a literal class, so that every plan can use it).
+SQL_PRUNE_CALLS = (
     "DELETE FROM security_audit WHERE id IN (SELECT id FROM (SELECT id, at_ms FROM security_audit"
-    " ORDER BY id LIMIT %s) AS oldest WHERE id <= %s OR at_ms < %s)"
+    " WHERE class = 'call' ORDER BY id LIMIT %s) AS oldest WHERE id <= %s OR at_ms < %s)"
+)
+SQL_COUNT = "SELECT count(*) FROM security_audit WHERE class = '{cls}'"
+SQL_PRUNE = (
+    "DELETE FROM security_audit WHERE id IN (SELECT id FROM (SELECT id, coalesce(last_at_ms, at_ms) AS t,"
+    " row_number() OVER (ORDER BY id) AS n FROM (SELECT id, at_ms, last_at_ms FROM security_audit"
+    " WHERE class = '{cls}' ORDER BY id LIMIT %s) AS oldest) AS numbered WHERE n <= %s OR t < %s)"
+)
+SQL_ADD = (
+    "UPDATE security_audit SET count = count + %s, last_at_ms = greatest(coalesce(last_at_ms, at_ms), %s),"
+    " request_id = NULL, tool = CASE WHEN %s THEN '*' ELSE tool END,"
+    " reasons = CASE WHEN %s THEN %s ELSE reasons END WHERE id = %s"
 )
 
 
@@ -145,26 +176,50 @@ class PgSecretStore:
         return await self._db.tx(_values, project)
 
 
-async def _append(tx: Tx, record: AuditRecord, node: str | None, max_rows: int, min_at_ms: int) -> None:
+async def _trim(tx: Tx, cls: AuditClass, newest: int, max_rows: int, min_at_ms: int) -> None:
+    if cls == "call":
+        await tx.execute(SQL_PRUNE_CALLS, (PRUNE_BATCH, newest - max_rows, min_at_ms))
+        return
+    (rows,) = await tx.one(SQL_COUNT.format(cls=cls))
+    await tx.execute(SQL_PRUNE.format(cls=cls), (PRUNE_BATCH, max(0, int(rows) - max_rows), min_at_ms))
+
+
+async def _append(tx: Tx, record: AuditRecord, node: str | None, count: int, last_at_ms: int | None,
+                  bounds: AuditBounds) -> int:
+    cls = audit_class(record)
     (newest,) = await tx.one(
         "INSERT INTO security_audit (at_ms, project_id, principal, tool, outcome, reasons, transport, request_id,"
-        " node_id) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
+        " node_id, class, count, last_at_ms) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
         (record.at_ms, record.project_id, record.principal, record.tool, record.outcome,
-         _reasons.encode(record.reasons).decode(), record.transport, record.request_id, node))
-    await tx.execute(SQL_PRUNE, (PRUNE_BATCH, newest - max_rows, min_at_ms))
+         _reasons.encode(record.reasons).decode(), record.transport, record.request_id, node, cls, count,
+         last_at_ms if cls == "refused" else None))
+    await _trim(tx, cls, newest, bounds.rows(cls), record.at_ms - bounds.max_age_ms)
+    return int(newest)
+
+
+async def _add(tx: Tx, updates: list[TallyUpdate]) -> None:
+    for row_id, count, last_at, mixed, cause in updates:
+        await tx.execute(SQL_ADD, (count, last_at, mixed, mixed, _reasons.encode([cause]).decode(), row_id))
+
+
+class Spooled(AuditRecord, kw_only=True):
+    """A row waiting in the spool: a call, or an aggregate of refused calls."""
+
+    count: int = 1
+    last_at_ms: int | None = None
 
 
 SPOOL_MAX_ROWS = 10_000
-_spooled = msgspec.json.Decoder(AuditRecord)
+_spooled = msgspec.json.Decoder(Spooled)
 _spool_encoder = msgspec.json.Encoder()
 
 
-async def _append_many(tx: Tx, records: list[AuditRecord], node: str | None, max_rows: int, max_age_ms: int) -> None:
-    for record in records:
-        await _append(tx, record, node, max_rows, record.at_ms - max_age_ms)
+async def _append_many(tx: Tx, records: list[Spooled], node: str | None, bounds: AuditBounds) -> None:
+    for r in records:
+        await _append(tx, r, node, r.count, r.last_at_ms if r.last_at_ms is not None else r.at_ms, bounds)
 
 
-def _read_spool(path: str) -> list[AuditRecord] | None:
+def _read_spool(path: str) -> list[Spooled] | None:
     """The spooled rows ([] when there is no spool); None when it cannot be read."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -187,28 +242,46 @@ def _read_spool(path: str) -> list[AuditRecord] | None:
 
 
 class PgAuditLog:
-    """AuditLog (edge.core.ports.stores) on PostgreSQL, with the local spool above."""
+    """AuditLog (edge.core.ports.stores) on PostgreSQL, with the local spool above. Refused
+    calls are aggregated as on SQLite (edge.core.auth.RefusalTallies); a row whose first
+    call went to the spool gets the calls counted after it as a row of its own once its
+    minute is over, so a flood while PostgreSQL is unreachable spools a few rows a minute."""
 
-    def __init__(self, db: PgDatabase, node: str | None, max_rows: int = 10_000, max_age_days: int = 30,
-                 spool: str | None = None) -> None:
+    def __init__(self, db: PgDatabase, node: str | None, bounds: AuditBounds | None = None,
+                 spool: str | None = None, timers: Timers | None = None) -> None:
         self._db = db
         self._node = node
-        self._max_rows = max_rows
-        self._max_age_ms = max_age_days * 86_400_000
+        self._bounds = bounds or AuditBounds()
         self._spool = spool
         self._spooled = 0
+        self._tallies = RefusalTallies(self._write, self._add, timers, log)
 
     async def append(self, record: AuditRecord) -> None:
+        if audit_class(record) == "refused":
+            return await self._tallies.append(record)
+        await self._write(record, 1, None)
+
+    async def _write(self, record: AuditRecord, count: int, last_at_ms: int | None) -> int | None:
+        """The row's id; None when it went to the spool."""
         if not self._spooled:
             try:
-                await self._db.tx(_append, record, self._node, self._max_rows, record.at_ms - self._max_age_ms)
-                return
+                return await self._db.tx(_append, record, self._node, count, last_at_ms, self._bounds)
             except ToolError:
                 if self._spool is None:
                     raise
-        self._to_spool(record)
+        self._to_spool(Spooled(**msgspec.structs.asdict(record), count=count, last_at_ms=last_at_ms))
+        return None
 
-    def _to_spool(self, record: AuditRecord) -> None:
+    async def _add(self, updates: list[TallyUpdate]) -> None:
+        await self._db.tx(_add, updates)
+
+    async def flush(self) -> None:
+        await self._tallies.flush()
+
+    async def close(self) -> None:
+        await self._tallies.close()
+
+    def _to_spool(self, record: Spooled) -> None:
         if self._spool is None or self._spooled >= SPOOL_MAX_ROWS:
             raise unavailable("the security audit could not be written")
         try:
@@ -223,7 +296,7 @@ class PgAuditLog:
             raise unavailable("the security audit could not be written") from None
         self._spooled += 1
 
-    async def flush(self) -> int:
+    async def move_spool(self) -> int:
         """Move the spooled rows into PostgreSQL (one transaction); how many moved."""
         if self._spool is None:
             return 0
@@ -231,7 +304,7 @@ class PgAuditLog:
         if records is None:
             return 0
         if records:
-            await self._db.tx(_append_many, records, self._node, self._max_rows, self._max_age_ms)
+            await self._db.tx(_append_many, records, self._node, self._bounds)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._spool)
         self._spooled = 0
@@ -241,8 +314,8 @@ class PgAuditLog:
 # Newest first along the primary key (insertion order): no index of its own, so an audited
 # call writes no more than before; `since` is checked on each row, within the page's budget.
 SQL_AUDIT_PAGE = (
-    "SELECT id, at_ms, project_id, principal, tool, outcome, reasons, transport, request_id FROM security_audit"
-    " WHERE id < %s AND project_id = %s ORDER BY id DESC LIMIT %s"
+    "SELECT id, at_ms, project_id, principal, tool, outcome, reasons, transport, request_id, class, count,"
+    " last_at_ms FROM security_audit WHERE id < %s AND project_id = %s ORDER BY id DESC LIMIT %s"
 )
 _NO_ROW = 1 << 62
 _reasons_decoder = msgspec.json.Decoder(list[str])
@@ -253,14 +326,15 @@ async def _audit_page(
 ) -> AuditPage:
     rows = await tx.rows(SQL_AUDIT_PAGE, (_NO_ROW if before_id is None else before_id, project, budget))
     entries: list[AuditEntry] = []
-    for rid, at, proj, principal, tool, outcome, reasons, transport, request_id in rows:
-        if since_ms is not None and at < since_ms:
+    for rid, at, proj, principal, tool, outcome, reasons, transport, request_id, cls, count, last in rows:
+        if since_ms is not None and (last or at) < since_ms:
             continue
         if len(entries) == limit:
             return AuditPage(entries=entries, next=entries[-1].id)
         entries.append(AuditEntry(
             id=rid, at_ms=at, project_id=proj, principal=principal, tool=tool, outcome=outcome,
-            reasons=_reasons_decoder.decode(reasons), transport=transport, request_id=request_id))
+            reasons=_reasons_decoder.decode(reasons), transport=transport, request_id=request_id,
+            change=cls == "change", count=int(count), last_at_ms=last))
     return AuditPage(entries=entries, next=rows[-1][0] if len(rows) == budget else None)
 
 

@@ -479,7 +479,24 @@ CREATE INDEX notify_attempts_channel_idx ON notify_attempts (project_id, channel
 CREATE INDEX notify_attempts_notification_idx ON notify_attempts (notification_id);
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11)
+# The audit log in three classes, each with its own bounds, so that no volume of one can
+# push out another: `call` (allowed calls), `change` (allowed changes of credentials and
+# secrets) and `refused` (denied or unauthenticated calls, one row per principal, cause,
+# outcome, transport and minute, counting its calls from `at_ms` to `last_at_ms`). The two
+# small classes have partial indexes of their own, which an allowed call never writes.
+_V12 = """
+ALTER TABLE security_audit ADD COLUMN class TEXT NOT NULL DEFAULT 'call';
+ALTER TABLE security_audit ADD COLUMN count INTEGER NOT NULL DEFAULT 1;
+ALTER TABLE security_audit ADD COLUMN last_at_ms INTEGER;
+UPDATE security_audit SET class = 'refused', last_at_ms = at_ms WHERE outcome != 'allowed';
+UPDATE security_audit SET class = 'change' WHERE outcome = 'allowed' AND tool IN (
+    'qledge.credential.create', 'qledge.credential.revoke', 'qledge.secret.set', 'qledge.secret.delete',
+    'qledge.import.secret', 'qledge.secret.import');
+CREATE INDEX security_audit_change_idx ON security_audit (id) WHERE class = 'change';
+CREATE INDEX security_audit_refused_idx ON security_audit (id) WHERE class = 'refused';
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12)
 
 
 class SchemaTooNew(apsw.SQLError):

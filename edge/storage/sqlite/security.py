@@ -1,19 +1,35 @@
 """Credentials, secrets and the security audit on the daemon's database (as
 edge.storage.postgres.security on a cluster): only an HMAC digest of a credential's secret
 is stored; secret values are readable only by the runner and redaction (the database is
-0600); the audit is bounded on write (rows and age), never by a sweeper."""
+0600); the audit is bounded on write (rows and age) per class, never by a sweeper."""
 
 from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
 
 import apsw
 import msgspec
 
-from edge.core.auth import AuditEntry, AuditRecord, Credential, SecretInfo
+from edge.core.auth import (
+    AuditBounds,
+    AuditClass,
+    AuditEntry,
+    AuditRecord,
+    Credential,
+    RefusalTallies,
+    SecretInfo,
+    TallyUpdate,
+    audit_class,
+)
 from edge.core.errors import conflict
 from edge.core.ports.stores import AuditPage
 from edge.core.reads import SEARCH_BUDGET
 from edge.core.tasks import SecretImport
 from edge.storage.sqlite.db import Database, immediate, one
+
+if TYPE_CHECKING:
+    from edge.core.ports.runtime import Timers
 
 # -- credentials --------------------------------------------------------------------
 
@@ -169,43 +185,98 @@ class SqliteSecretStore:
 
 
 # -- the security audit ---------------------------------------------------------------
+#
+# Three classes, bounded separately on write (rows and age), never by a sweeper: allowed
+# calls (`call`), allowed changes of credentials and secrets (`change`), and refused calls
+# (`refused`: denied or unauthenticated), aggregated by edge.core.auth.RefusalTallies into a
+# few rows a minute. No volume of one class can push out the rows of another.
 
+log = logging.getLogger("qledge.store")
 _reasons = msgspec.json.Encoder()
 _reasons_decoder = msgspec.json.Decoder(list[str])
 PRUNE_BATCH = 64  # rows one write may delete: bounded cost per call, converges over calls
-# Over max_rows, the oldest go down to max_rows - AUDIT_TRIM at once: deleting one row per
-# call rebalances the oldest pages on every call, about two more pages written per call.
+# Over a bound, the oldest go down to the bound less AUDIT_TRIM (at most a quarter of it) at
+# once: deleting one row per call rebalances the oldest pages on every call, about two more
+# pages written per call.
 AUDIT_TRIM = 32
-SQL_PRUNE = (
+
+SQL_INSERT = (
+    "INSERT INTO security_audit (at_ms, project_id, principal, tool, outcome, reasons, transport, request_id,"
+    " class, count, last_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+# Allowed calls are the bulk: the oldest batch of them by id (only the rows of the small
+# classes are passed over on the way), those up to `cut` or too old. Between those ids lie
+# rows of the other classes too, so at most `max_rows` calls are kept.
+SQL_OLDEST_CALL = "SELECT id FROM security_audit WHERE class = 'call' ORDER BY id LIMIT 1"
+SQL_PRUNE_CALLS = (
     "DELETE FROM security_audit WHERE id IN (SELECT id FROM (SELECT id, at_ms FROM security_audit"
-    " ORDER BY id LIMIT ?) WHERE id <= ? OR at_ms < ?)"
+    " WHERE class = 'call' ORDER BY id LIMIT ?) WHERE id <= ? OR at_ms < ?)"
+)
+# A small class is counted exactly, through its partial index (the literal class is what
+# lets the planner use it): over the bound, the first of its oldest batch go (down to the
+# bound less the trim), and any whose last
+# call is older than the age bound.
+SQL_COUNT = "SELECT count(*) FROM security_audit WHERE class = '{cls}'"
+SQL_PRUNE = (
+    "DELETE FROM security_audit WHERE id IN (SELECT id FROM (SELECT id, coalesce(last_at_ms, at_ms) AS t,"
+    " row_number() OVER (ORDER BY id) AS n FROM (SELECT id, at_ms, last_at_ms FROM security_audit"
+    " WHERE class = '{cls}' ORDER BY id LIMIT ?)) WHERE n <= ? OR t < ?)"
+)
+SQL_ADD = (
+    "UPDATE security_audit SET count = count + ?, last_at_ms = max(coalesce(last_at_ms, at_ms), ?),"
+    " request_id = NULL, tool = CASE WHEN ? THEN '*' ELSE tool END,"
+    " reasons = CASE WHEN ? THEN ? ELSE reasons END WHERE id = ?"
 )
 
 
-def append_audit(conn: apsw.Connection, record: AuditRecord, max_rows: int, min_at_ms: int) -> None:
+def trim_audit(conn: apsw.Connection, cls: AuditClass, newest: int, max_rows: int, min_at_ms: int) -> None:
+    trim = min(AUDIT_TRIM, max_rows // 4)
+    if cls == "call":
+        oldest = conn.execute(SQL_OLDEST_CALL).fetchone()
+        over = oldest is not None and oldest[0] <= newest - max_rows
+        conn.execute(SQL_PRUNE_CALLS, (PRUNE_BATCH, newest - max_rows + trim if over else 0, min_at_ms))
+        return
+    excess = one(conn, SQL_COUNT.format(cls=cls))[0] - max_rows
+    conn.execute(SQL_PRUNE.format(cls=cls), (PRUNE_BATCH, excess + trim if excess > 0 else 0, min_at_ms))
+
+
+def append_audit(
+    conn: apsw.Connection, record: AuditRecord, cls: AuditClass, count: int, last_at_ms: int | None,
+    max_rows: int, min_at_ms: int,
+) -> int:
+    """Insert one row and trim its class (a little per write, until its bounds hold); its id."""
     with immediate(conn):
-        conn.execute(
-            "INSERT INTO security_audit (at_ms, project_id, principal, tool, outcome, reasons, transport, request_id)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (record.at_ms, record.project_id, record.principal, record.tool, record.outcome,
-             _reasons.encode(record.reasons).decode(), record.transport, record.request_id),
-        )
-        newest = conn.last_insert_rowid()
-        # Look only at the oldest few rows (id order is insertion order), so one write
-        # never scans the table; each write trims a little until both bounds hold.
-        oldest = one(conn, "SELECT min(id) FROM security_audit")[0]
-        over = oldest is not None and oldest <= newest - max_rows
-        cut = newest - max_rows + min(AUDIT_TRIM, max_rows // 4) if over else 0
-        conn.execute(SQL_PRUNE, (PRUNE_BATCH, cut, min_at_ms))
+        conn.execute(SQL_INSERT, (
+            record.at_ms, record.project_id, record.principal, record.tool, record.outcome,
+            _reasons.encode(record.reasons).decode(), record.transport, record.request_id, cls, count, last_at_ms,
+        ))
+        row_id = conn.last_insert_rowid()
+        trim_audit(conn, cls, row_id, max_rows, min_at_ms)
+    return row_id
+
+
+def add_counts(conn: apsw.Connection, updates: list[TallyUpdate]) -> None:
+    with immediate(conn):
+        for row_id, count, last_at, mixed, cause in updates:
+            conn.execute(SQL_ADD, (count, last_at, mixed, mixed, _reasons.encode([cause]).decode(), row_id))
 
 
 # Newest first along the rowid (insertion order): no index of its own, so an audited call
-# writes no more than before; `since` is checked on each row, within the page's budget.
+# writes no more than before; `since` is checked on each row (an aggregate's last call),
+# within the page's budget.
 SQL_AUDIT_PAGE = (
-    "SELECT id, at_ms, project_id, principal, tool, outcome, reasons, transport, request_id FROM security_audit"
-    " WHERE id < ? AND project_id = ? ORDER BY id DESC LIMIT ?"
+    "SELECT id, at_ms, project_id, principal, tool, outcome, reasons, transport, request_id, class, count,"
+    " last_at_ms FROM security_audit WHERE id < ? AND project_id = ? ORDER BY id DESC LIMIT ?"
 )
 _NO_ROW = 1 << 62
+
+
+def audit_entry(row: tuple) -> AuditEntry:
+    rid, at, proj, principal, tool, outcome, reasons, transport, request_id, cls, count, last = row
+    return AuditEntry(
+        id=rid, at_ms=at, project_id=proj, principal=principal, tool=tool, outcome=outcome,
+        reasons=_reasons_decoder.decode(reasons), transport=transport, request_id=request_id,
+        change=cls == "change", count=count, last_at_ms=last)
 
 
 def audit_page(
@@ -216,15 +287,13 @@ def audit_page(
     scanned, last = 0, None
     cursor = conn.execute(SQL_AUDIT_PAGE, (_NO_ROW if before_id is None else before_id, project, budget))
     try:
-        for rid, at, proj, principal, tool, outcome, reasons, transport, request_id in cursor:
-            scanned, last = scanned + 1, rid
-            if since_ms is not None and at < since_ms:
+        for row in cursor:
+            scanned, last = scanned + 1, row[0]
+            if since_ms is not None and (row[11] or row[1]) < since_ms:
                 continue
             if len(entries) == limit:
                 return AuditPage(entries=entries, next=entries[-1].id)
-            entries.append(AuditEntry(
-                id=rid, at_ms=at, project_id=proj, principal=principal, tool=tool, outcome=outcome,
-                reasons=_reasons_decoder.decode(reasons), transport=transport, request_id=request_id))
+            entries.append(audit_entry(row))
     finally:
         cursor.close()
     return AuditPage(entries=entries, next=last if scanned == budget else None)
@@ -243,10 +312,27 @@ class SqliteAuditReader:
 class SqliteAuditLog:
     """AuditLog (edge.core.ports.stores) on the daemon's database."""
 
-    def __init__(self, db: Database, max_rows: int = 10_000, max_age_days: int = 30) -> None:
+    def __init__(self, db: Database, bounds: AuditBounds | None = None, timers: Timers | None = None) -> None:
         self._db = db
-        self._max_rows = max_rows
-        self._max_age_ms = max_age_days * 86_400_000
+        self._bounds = bounds or AuditBounds()
+        self._tallies = RefusalTallies(self._insert_refused, self._add, timers, log)
 
     async def append(self, record: AuditRecord) -> None:
-        await self._db.run(append_audit, record, self._max_rows, record.at_ms - self._max_age_ms)
+        cls = audit_class(record)
+        if cls == "refused":
+            return await self._tallies.append(record)
+        await self._db.run(append_audit, record, cls, 1, None, self._bounds.rows(cls),
+                           record.at_ms - self._bounds.max_age_ms)
+
+    async def _insert_refused(self, record: AuditRecord, count: int, last_at_ms: int) -> int:
+        return await self._db.run(append_audit, record, "refused", count, last_at_ms, self._bounds.refused,
+                                  record.at_ms - self._bounds.max_age_ms)
+
+    async def _add(self, updates: list[TallyUpdate]) -> None:
+        await self._db.run(add_counts, updates)
+
+    async def flush(self) -> None:
+        await self._tallies.flush()
+
+    async def close(self) -> None:
+        await self._tallies.close()

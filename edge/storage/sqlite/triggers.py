@@ -103,7 +103,8 @@ SQL_NEWEST_RUN = "SELECT max(created_at_ms) FROM runs WHERE project_id = ?"
 def newest_time(conn: apsw.Connection, project: str) -> int:
     """The newest wall-clock time on record: saved by the scheduler, or stamped on a run
     or an audit row (every tool call writes one)."""
-    audit = conn.execute("SELECT at_ms FROM security_audit ORDER BY id DESC LIMIT 1").fetchone()
+    audit = conn.execute(  # an aggregate of refused calls: its last call
+        "SELECT max(at_ms, coalesce(last_at_ms, at_ms)) FROM security_audit ORDER BY id DESC LIMIT 1").fetchone()
     run = conn.execute(SQL_NEWEST_RUN, (project,)).fetchone()
     return max([clock_mark(conn)] + [r[0] for r in (audit, run) if r and isinstance(r[0], int)])
 

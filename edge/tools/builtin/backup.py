@@ -17,7 +17,7 @@ from edge.core.reads import keyset
 from edge.core.tasks import Task, TaskSpec, content_digest
 from edge.core.text import Label, Limit, Name
 from edge.core.triggers import CronSpec, Trigger
-from edge.tools.builtin import secrets as secret_tools
+from edge.tools.builtin import credentials as secret_tools
 from edge.tools.builtin import tasks as task_tools
 from edge.tools.builtin import triggers as trigger_tools
 from edge.tools.context import ToolContext

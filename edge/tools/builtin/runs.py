@@ -211,9 +211,11 @@ async def read_log(ctx: ToolContext, args: LogArgs) -> LogChunk:
         remaining = deadline - ctx.services.clock.monotonic()
         if remaining <= 0:
             break
-        mark = await runner.output_mark(ctx.project, run.id, mark, remaining)
+        seen, mark = mark, await runner.output_mark(ctx.project, run.id, mark, remaining)
         run = await ctx.services.runs.get(ctx.project, run.id) or run
         chunk = await _chunk(ctx, run, args)
+        if mark == seen:
+            break  # the time is up, or the runner would not wait (too many follow): answered now
     return chunk
 
 

@@ -1,0 +1,506 @@
+"""Masking credentials and configured secret values in program output: pure functions, no
+I/O, shared by the run-log sink (what reaches the log file) and the AI log excerpt.
+
+Two kinds of match, each reported by category:
+- credential patterns, line by line: assignments (`password=`, `DB_PASS=`, `密码：`,
+  `passwort:`, OpenWrt UCI `option key '…'` and `uci show`'s `….key='…'`), command-line
+  passwords (`mysql -p…`, `sshpass -p`, `redis-cli -a`, `curl -u`), `password <value>` and
+  `.netrc` lines, authorization headers, private keys, URL userinfo (with or without a
+  scheme), webhook URLs and well-known token formats;
+- configured secret values, also URL-encoded, hex, base64 (alone or inside a longer
+  base64 string, as in Basic auth) and JSON-escaped, and across ANSI colour codes,
+  zero-width characters and line breaks. A value shorter than `SHORT_SECRET` is masked
+  only as a whole token, so where it is masked does not tell it (`abc` never turns
+  `abcdef…` into `***def…`).
+
+Matching runs on a skeleton of the text with that noise taken out; each match is mapped
+back and the original span, noise included, is masked. A mask never lengthens the text: a
+span becomes `[REDACTED]` when it is at least that long, else as many `*` as it has
+characters (at most three).
+"""
+
+from __future__ import annotations
+
+import binascii
+import bisect
+import functools
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable
+from typing import NamedTuple
+
+MASK = "[REDACTED]"
+SHORT_SECRET = 8  # configured values shorter than this are masked only as whole tokens
+PARTIAL_SECRET_MIN = 4  # a secret cut by the end of the text is masked from this many characters on
+_BASE64_CORE_MIN = 8  # shorter cores of a base64-embedded secret would match too much
+
+# Terminal escapes (raw, or as normalized text shows them: ESC became U+FFFD), invisible
+# characters, and U+FFFD where normalization put one in place of a control.
+_INLINE_NOISE = (
+    r"(?:\x1b|\ufffd)(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b\n]{0,256}(?:\x07|\x1b\\))"
+    r"|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\u00ad\u200b-\u200f\u2060-\u2064\ufeff\ufffd]"
+)
+_LINE_NOISE = re.compile(_INLINE_NOISE)
+_JOINED_NOISE = re.compile(_INLINE_NOISE + r"|\r\n|[\r\n]")
+
+_KEY_WORDS = (
+    r"password|passwd|passphrase|passwort|kennwort|contrase(?:ñ|n)a|[пП]ароль|pwd|secret|token|api[_-]?key|apikey"
+    r"|access[_-]?key|accountkey|private[_-]?key|preshared[_-]?key|client[_-]?secret|credentials?|auth[_-]?key"
+    r"|session[_-]?id|cookie|密码|口令|密钥|秘钥|令牌"
+)
+# Short words that name a secret only as a whole name or its last part (`DB_PASS`, `pt_key`).
+_WEAK_WORDS = r"pass|pw|psk|key|sig|sign"
+_SEP = r"[ \t]*(?:=>?|:|：|＝)[ \t]*"
+_VALUE = r"(?P<v>\"[^\"\n]*\"|'[^'\n]*'|[^\s\"',;&]+)"
+_QUOTED_OR_WORD = r"(?P<v>'[^'\n]*'|\"[^\"\n]*\"|[^\s'\"]+)"
+_PEM_BEGIN = r"-{3,}[ \t]*BEGIN[^\n-]*PRIVATE[ \t]+KEY[^\n-]*-{3,}"
+_PEM_END = r"-{3,}[ \t]*END[^\n-]*PRIVATE[ \t]+KEY[^\n-]*-{3,}"
+_TOKEN_CHARS = r"A-Za-z0-9+/_=-"
+# What follows `password ` in prose rather than a value.
+_PROSE = (
+    r"(?:is|was|for|of|to|the|a|an|and|or|not|no|incorrect|invalid|changed|change|required|expired|wrong|failed"
+    r"|authentication|auth|must|should|has|have|will|can|cannot|could|policy|reset|too|length|mismatch|updated"
+    r"|accepted|denied|rejected|protected|prompt|login|manager|hash|file|field|from|with|set|saved|stored|here"
+    r"|please|again|successfully|ok|okay|none|empty|missing|needed|given|provided|entered|sent)\b"
+)
+
+@functools.cache
+def _keys() -> tuple[re.Pattern[str], ...]:
+    """Compiled on first use: a daemon that runs nothing does not hold them."""
+    return (
+        re.compile(_PEM_BEGIN + r".*?" + _PEM_END, re.S),
+        # A key cut by the end of the text (no END after BEGIN); for one cut by its start, see _backwards.
+        re.compile(_PEM_BEGIN + r"(?:(?!-{3,}[ \t]*END).)*\Z", re.S),
+    )
+
+
+class Rule(NamedTuple):
+    """A pattern, the category its matches count in, and what must precede a match: rules
+    run over whole logs, so each starts with a literal (a fast search) and the character
+    before it is checked here rather than by a look-behind (which would make it slow)."""
+
+    category: str
+    pattern: re.Pattern[str]
+    after: str = ""  # "word": not after a letter, digit or _; "alnum": not after a letter or digit;
+    #                  "digit": after a digit; "space": at a line's start or after white space
+
+
+def _rule(category: str, pattern: str, after: str = "") -> Rule:
+    return Rule(category, re.compile(pattern), after)
+
+
+# The named group `v` (or v2…), when present, is the part that is masked. These apply
+# within a line, to the text in lower case (so each is a case-sensitive search), and only
+# to lines holding one of `_TRIGGERS`: a log is mostly lines none of them could match.
+@functools.cache
+def rules() -> tuple[Rule, ...]:
+    """The rules, compiled on first use."""
+    return (
+        _rule("authorization", r"(?:proxy-authorization|authorization)\b[\"']?\s*[:=]\s*(?P<v>[^\n]+)", "word"),
+        _rule("authorization", r"(?:x-api-key|x-auth-token|x-access-token|cookie|set-cookie)[\"']?\s*:\s*(?P<v>[^\n]+)",
+              "word"),
+        _rule("authorization", r"bearer\s+(?P<v>(?=[^\s]*[0-9._~+/=-])[A-Za-z0-9._~+/=-]{8,})", "word"),
+        # scheme://user:password@ (a password may hold a slash), scheme://token@
+        _rule("url_userinfo", r"://(?P<v>[^\s/@:]*:(?!\d+/)[^\s@]*|[^\s/@:]+)@(?=[\w\[])"),
+        _rule("webhook",
+              r"(?:hooks\.slack\.com/(?:services|workflows|triggers)/|discord(?:app)?\.com/api/webhooks/"
+              r"|open\.(?:feishu\.cn|larksuite\.com)/open-apis/bot/v2/hook/|api\.day\.app/|sctapi\.ftqq\.com/"
+              r"|api\.telegram\.org/bot)(?P<v>[A-Za-z0-9:._/-]{8,})"),
+        _rule("credential_assignment",  # a query parameter that carries a secret
+              r"[?&](?:key|access_token|token|sign|signature|sig|secret|sendkey|apikey|api_key|auth|password|pwd"
+              r"|pass)=(?P<v>[^\s&#\"'<>]{4,})"),
+        _rule("credential_assignment",  # the key word anywhere in the name: DB_PASSWORD=, "api_key": …
+              r"(?:" + _KEY_WORDS + r")[A-Za-z0-9_.-]{0,40}[\"']?" + _SEP + _VALUE),
+        _rule("credential_assignment",  # DB_PASS=, pass=, pw:, wifi.psk=, pt_key=, uci show's ….key='…'
+              r"(?:" + _WEAK_WORDS + r")[\"']?(?![A-Za-z0-9])" + _SEP
+              + r"(?P<v>\"[^\"\n]{4,}\"|'[^'\n]{4,}'|[^\s\"',;&]{4,})", "alnum"),
+        _rule("credential_assignment",  # OpenWrt UCI: option key 'hunter2', list password …
+              r"(?:option|list)[ \t]+[\"']?\w*(?:key|password|passwd|pass|psk|secret|token|pwd)[\"']?[ \t]+"
+              + _QUOTED_OR_WORD, "space"),
+        _rule("credential_assignment",
+              r"--(?:password|passwd|pass|token|secret|api-key|apikey|access-key|auth-token)(?:=|\s+)(?P<v>[^\s\"']+)"),
+        _rule("credential_assignment",  # passwords on command lines
+              r"(?:mysql(?:dump|admin|sh)?\b[^\n]*?\s-p(?P<v>[^\s'\"]+|'[^'\n]*'|\"[^\"\n]*\")"
+              r"|sshpass\b[^\n]*?\s-p\s*(?P<v2>'[^'\n]*'|\"[^\"\n]*\"|\S+)"
+              r"|redis-cli\b[^\n]*?\s-a\s+(?P<v3>\S+)"
+              r"|(?:curl|wget)\b[^\n]*?\s(?:-u|--user)\s*(?P<v4>[^\s:]+:\S+))", "word"),
+        _rule("credential_assignment",  # password hunter2, .netrc: machine h login u password p
+              r"(?:password|passwd|passphrase|passwort|kennwort)[ \t]+(?!" + _PROSE + r")(?P<v>[^\s'\"]{4,})", "word"),
+        _rule("opaque_token",
+              r"(?:qle_[A-Za-z0-9]+_[A-Za-z0-9]+|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
+              r"|glpat-[A-Za-z0-9_-]{20,}|xox[abposr]-[A-Za-z0-9-]{10,}|xapp-[A-Za-z0-9-]{10,}|sk-[A-Za-z0-9_-]{20,}"
+              r"|(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{8,}|whsec_[A-Za-z0-9]{16,}|npm_[A-Za-z0-9]{30,}"
+              r"|hf_[A-Za-z0-9]{30,}|sg\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}|shp(?:at|ss|ca|pa)_[a-fA-F0-9]{32}"
+              r"|dop_v1_[a-f0-9]{64}|pypi-age[A-Za-z0-9_-]{50,}|tskey-[A-Za-z0-9-]{20,}|ya29\.[A-Za-z0-9_-]{20,}"
+              r"|key-[0-9a-f]{32}|sct\d{3,}t[A-Za-z0-9]{10,})", "word"),
+        _rule("opaque_token", r":aa[a-z0-9_-]{30,}", "digit"),  # a Telegram bot token's secret half
+    )
+# Formats whose case is part of them: looked for in the text as it is.
+@functools.cache
+def exact_rules() -> tuple[Rule, ...]:
+    """The case-sensitive rules, compiled on first use."""
+    return (
+        _rule("cloud_access_key",
+              r"(?:(?:AKIA|ASIA|AGPA|AIDA|AROA|AIPA|ANPA|ANVA|ABIA|ACCA)[A-Z0-9]{16}"
+              r"|AIza[0-9A-Za-z_-]{35}|LTAI[0-9A-Za-z]{12,20})\b", "word"),
+        _rule("jwt", r"eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*", "word"),
+    )
+_TRIGGERS = (
+    "pass", "pw", "psk", "key", "sig", "secret", "token", "auth", "cookie", "credential", "session", "bearer",
+    "option", "list", "mysql", "sshpass", "redis", "curl", "wget", "://", "hooks.", "discord", "feishu",
+    "lark", "day.app", "ftqq", "telegram", "gh", "glpat", "xox", "xapp", "sk-", "sk_", "rk_", "whsec", "npm_",
+    "hf_", "sg.", "shp", "dop_", "pypi-", "tskey", "ya29", "sct", "akia", "asia", "agpa", "aida", "aroa", "aipa",
+    "anpa", "anva", "abia", "acca", "aiza", "ltai", "eyj", "qle_", ":aa", "kennwort", "contrase", "пароль",
+    "密码", "口令", "密钥", "秘钥", "令牌",
+)
+
+
+def _trie(words: Iterable[str]) -> str:
+    """An alternation grouped by first character, so the engine tries one branch per position."""
+    by_first: dict[str, list[str]] = {}
+    for word in words:
+        by_first.setdefault(word[0], []).append(word[1:])
+    branches = []
+    for first, rests in sorted(by_first.items()):
+        if "" in rests:  # the one-character word already matches: the longer ones add nothing
+            branches.append(re.escape(first))
+        elif len(rests) == 1:
+            branches.append(re.escape(first + rests[0]))
+        else:
+            branches.append(re.escape(first) + "(?:" + _trie(rests) + ")")
+    return "|".join(branches)
+
+
+@functools.cache
+def _trigger() -> re.Pattern[str]:
+    return re.compile(_trie(_TRIGGERS))
+
+
+# user:password@host with no scheme (ssh, rsync, mysql): found from its `@`, looked at backwards.
+_AT = re.compile(r"@(?=[A-Za-z0-9\[])")
+_USERINFO_BEFORE = re.compile(r"(?<![\w/.:@-])(?P<v>[A-Za-z0-9_.-]{1,64}:(?:(?![@/:])[!-~]){3,64})\Z")
+_PEM_END_LINE = PEM_END = re.compile(_PEM_END)
+PEM_BEGIN = re.compile(_PEM_BEGIN)  # the log sink follows a key across the lines it decides
+_BASE64_LINE = re.compile(r"[A-Za-z0-9+/=]{8,}[ \t]*")
+_LONG_RUN = re.compile(rf"(?<![{_TOKEN_CHARS}])[{_TOKEN_CHARS}]{{32,}}(?![{_TOKEN_CHARS}])")
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+_VALUE_GROUPS = ("v", "v2", "v3", "v4")
+
+
+def _entropy(token: str) -> float:
+    n = len(token)
+    return -sum(c / n * math.log2(c / n) for c in Counter(token).values())
+
+
+def opaque(token: str) -> bool:
+    """A long run of token characters that looks random rather than like a word, path or UUID
+    (or a variable set to a UUID, as `env` prints a run's QLEDGE_RUN_ID)."""
+    if _UUID.fullmatch(token) or token.startswith("/") or token.count("/") > 2:
+        return False
+    name, _, value = token.partition("=")
+    if value and name.isidentifier() and _UUID.fullmatch(value):
+        return False
+    digits = sum(c.isdigit() for c in token)
+    letters = sum(c.isalpha() for c in token)
+    return digits >= 2 and letters >= 2 and _entropy(token) >= 3.5
+
+
+def mask(length: int) -> str:
+    return MASK if length >= len(MASK) else "*" * min(length, 3)
+
+
+# -- a skeleton: the text without noise, and the way back -----------------------------
+
+
+class _Skeleton:
+    """`text` with the noise taken out, and the way back to the original offsets. The way
+    back is worked out only when a match needs it: most output has no noise but its line
+    breaks, and most has nothing to mask."""
+
+    __slots__ = ("text", "_source", "_noise", "_starts", "_origins")
+
+    def __init__(self, source: str, noise: re.Pattern[str]) -> None:
+        self._source = source
+        self._noise = noise
+        self._starts: list[int] | None = None  # offset in `text` where each kept piece begins
+        self._origins: list[int] = []  # offset of that piece in the source
+        if not _clean(source):
+            self._build()
+        elif noise is _LINE_NOISE:
+            self.text, self._starts, self._origins = source, [0], [0]
+        else:
+            self.text = source.replace("\r", "").replace("\n", "")
+
+    def _build(self) -> None:
+        starts: list[int] = []
+        parts: list[str] = []
+        self._origins = []
+        at = size = 0
+        for m in self._noise.finditer(self._source):
+            if m.start() > at:
+                starts.append(size)
+                self._origins.append(at)
+                parts.append(self._source[at : m.start()])
+                size += m.start() - at
+            at = m.end()
+        if at < len(self._source) or not parts:
+            starts.append(size)
+            self._origins.append(at)
+            parts.append(self._source[at:])
+        self.text, self._starts = "".join(parts), starts
+
+    def span(self, a: int, b: int) -> tuple[int, int]:
+        """The original span of skeleton span [a, b) (b > a), noise inside included."""
+        return self._at(a), self._at(b - 1) + 1
+
+    def _at(self, pos: int) -> int:
+        if self._starts is None:
+            self._build()
+        assert self._starts is not None
+        i = bisect.bisect_right(self._starts, pos) - 1
+        return self._origins[i] + pos - self._starts[i]
+
+
+def _clean(text: str) -> bool:
+    """No noise but line breaks and tabs (a quick test, run in C)."""
+    return "\ufffd" not in text and text.replace("\n", "").replace("\r", "").replace("\t", "").isprintable()
+
+
+# -- configured secrets and their encodings ------------------------------------------
+
+
+def _b64(raw: bytes) -> str:
+    return binascii.b2a_base64(raw, newline=False).decode()
+
+
+def _base64_cores(raw: bytes) -> set[str]:
+    """The characters of base64 that depend on `raw` alone, at each of the three offsets
+    it can have inside a longer encoded string (`user:secret` in Basic auth)."""
+    cores = set()
+    for pad in range(3):
+        encoded = _b64(b"\0" * pad + raw).rstrip("=")
+        first = -(-8 * pad // 6)  # the first character with no bit of the padding
+        last = 8 * (pad + len(raw)) // 6  # characters from here on need bits that follow
+        core = encoded[first:last]
+        if len(core) >= _BASE64_CORE_MIN:
+            cores.add(core)
+            cores.add(core.replace("+", "-").replace("/", "_"))
+    return cores
+
+
+_UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+_JSON_SHORT = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _percent(raw: bytes, space: str) -> str:
+    return "".join(chr(b) if b in _UNRESERVED else space if b == 0x20 and space else f"%{b:02X}" for b in raw)
+
+
+def _json_escaped(secret: str, ascii_only: bool) -> str:
+    out = []
+    for c in secret:
+        if c in _JSON_SHORT:
+            out.append(_JSON_SHORT[c])
+        elif c < " " or (ascii_only and c > "\x7f"):
+            code = ord(c)
+            if code > 0xFFFF:  # a surrogate pair
+                code -= 0x10000
+                out.append(f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}")
+            else:
+                out.append(f"\\u{code:04x}")
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+def encodings(secret: str) -> set[str]:
+    """The forms a value commonly takes in output: as is, URL-encoded, hex, base64, JSON."""
+    raw = secret.encode("utf-8", "surrogateescape")
+    forms = {secret}
+    for quoted in (_percent(raw, ""), _percent(raw, "+")):
+        forms |= {quoted, re.sub(r"%[0-9A-F]{2}", lambda m: m.group().lower(), quoted)}
+    forms |= {raw.hex(), raw.hex().upper()}
+    whole = _b64(raw)
+    urlsafe = whole.replace("+", "-").replace("/", "_")
+    forms |= {whole, whole.rstrip("="), urlsafe, urlsafe.rstrip("=")}
+    forms |= _base64_cores(raw)
+    escaped = _json_escaped(secret, ascii_only=True)
+    forms |= {escaped, _json_escaped(secret, ascii_only=False), escaped.replace("/", "\\/")}
+    return {f for f in forms if f}
+
+
+def _alternation(values: Iterable[str]) -> str:
+    return "|".join(re.escape(v) for v in sorted(values, key=len, reverse=True))
+
+
+class Masker:
+    """Every rule, and the configured secrets of one project compiled once (per excerpt,
+    per run's log). `spans` finds what to mask; `apply` masks it."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        values = {s for s in secrets if s}
+        # Matched on the skeleton, so without the noise the skeleton lacks (a value may hold a line break).
+        forms = {s: {_JOINED_NOISE.sub("", f) for f in encodings(s)} - {""} for s in values}
+        long = {f for s in values if len(s) >= SHORT_SECRET for f in forms[s]}
+        short = {f for s in values if len(s) < SHORT_SECRET for f in forms[s]} - long
+        self._long = re.compile(_alternation(long)) if long else None
+        self._short = re.compile(_alternation(short)) if short else None
+        # A secret still being written at the end of the text: its prefixes, longest first.
+        plain = {_JOINED_NOISE.sub("", s) for s in values if len(s) >= SHORT_SECRET}
+        self._prefixes = sorted(
+            {s[:n] for s in plain for n in range(PARTIAL_SECRET_MIN, len(s))}, key=len, reverse=True)
+        self.longest = max((len(f) for f in long | short), default=0)
+
+    def undecided(self, text: str) -> int:
+        """Where, near the end of `text`, a secret might start that more text could complete:
+        the offset of the last `longest - 1` characters, noise not counted."""
+        if self.longest <= 1:
+            return len(text)
+        keep = self.longest - 1
+        start = max(0, len(text) - 4 * keep - 256)  # the end is enough, unless noise is dense there
+        while True:
+            joined = _Skeleton(text[start:], _JOINED_NOISE)
+            if len(joined.text) > keep:
+                return start + joined.span(len(joined.text) - keep, len(joined.text))[0]
+            if start == 0:
+                return 0
+            start = max(0, start - 4 * keep - 4096)
+
+    def spans(self, text: str, cut_at_end: bool = True) -> list[tuple[int, int, str]]:
+        """(start, end, category) of everything to mask, unmerged. `cut_at_end`: the text
+        may end in the middle of a secret (mask a long one's prefix there)."""
+        found: list[tuple[int, int, str]] = []
+        lines = _Skeleton(text, _LINE_NOISE)
+        skeleton = lines.text
+        low = _lower(skeleton)
+        for a, b in _candidate_lines(low):
+            for kind, subject in ((rules(), low), (exact_rules(), skeleton)):
+                for rule in kind:
+                    for match in rule.pattern.finditer(subject, a, b):
+                        if rule.after and not _preceded(subject, match.start(), rule.after):
+                            continue
+                        group = next((g for g in _VALUE_GROUPS if g in rule.pattern.groupindex
+                                      and match.start(g) >= 0), 0)
+                        if match.end(group) > match.start(group):
+                            found.append((*lines.span(match.start(group), match.end(group)), rule.category))
+        if "PRIVATE" in skeleton:
+            for key in _keys():
+                found += [(*lines.span(m.start(), m.end()), "private_key") for m in key.finditer(skeleton)]
+        for match in _LONG_RUN.finditer(lines.text):
+            if opaque(match.group()):
+                found.append((*lines.span(match.start(), match.end()), "opaque_token"))
+        found += [(*lines.span(a, b), category) for a, b, category in _backwards(lines.text)]
+        if self._long or self._short or (cut_at_end and self._prefixes):
+            found += self._secret_spans(text, _Skeleton(text, _JOINED_NOISE), cut_at_end)
+        return found
+
+    def _secret_spans(self, text: str, joined: _Skeleton, cut_at_end: bool) -> list[tuple[int, int, str]]:
+        found: list[tuple[int, int, str]] = []
+        skeleton = joined.text
+        if self._long is not None:
+            found += [(*joined.span(m.start(), m.end()), "configured_secret")
+                      for m in _overlapping(self._long, skeleton)]
+        if self._short is not None:
+            for m in _overlapping(self._short, skeleton):
+                a, b = joined.span(m.start(), m.end())
+                if _whole_token(text, a, b):
+                    found.append((a, b, "configured_secret"))
+        if cut_at_end and skeleton:
+            for prefix in self._prefixes:
+                if skeleton.endswith(prefix):
+                    found.append((*joined.span(len(skeleton) - len(prefix), len(skeleton)), "configured_secret"))
+                    break
+        return found
+
+
+def _preceded(text: str, at: int, after: str) -> bool:
+    before = text[at - 1] if at > 0 else "\n"
+    if after == "digit":
+        return before.isdigit()
+    if after == "space":
+        return before.isspace()
+    return not (before.isalnum() or (after == "word" and before == "_"))
+
+
+def _lower(text: str) -> str:
+    """Lower case, offset for offset (a character whose lower case is longer stays)."""
+    low = text.lower()
+    return low if len(low) == len(text) else text.translate(_ASCII_LOWER)
+
+
+_ASCII_LOWER = {c: c + 32 for c in range(ord("A"), ord("Z") + 1)}
+
+
+def _candidate_lines(low: str) -> Iterable[tuple[int, int]]:
+    """(start, end) of the runs of lines that hold a trigger word."""
+    at = 0
+    block: tuple[int, int] | None = None
+    while (hit := _trigger().search(low, at)) is not None:
+        start = low.rfind("\n", 0, hit.start()) + 1
+        end = low.find("\n", hit.end())
+        end = len(low) if end < 0 else end
+        if block is not None and start <= block[1] + 1:
+            block = (block[0], end)
+        else:
+            if block is not None:
+                yield block
+            block = (start, end)
+        at = end + 1
+    if block is not None:
+        yield block
+
+
+def _backwards(text: str) -> list[tuple[int, int, str]]:
+    """Matches found from their end: the base64 lines of a key cut by the start of the text
+    (before an END marker), and `user:password@` with no scheme."""
+    found: list[tuple[int, int, str]] = []
+    if "PRIVATE" in text:
+        for end in _PEM_END_LINE.finditer(text):
+            start = text.rfind("\n", 0, end.start()) + 1  # the END line, then the base64 lines above it
+            while start > 0:
+                above = text.rfind("\n", 0, start - 1) + 1
+                if not _BASE64_LINE.fullmatch(text, above, start - 1):
+                    break
+                start = above
+            found.append((start, end.end(), "private_key"))
+    if "@" in text:
+        for at in _AT.finditer(text):
+            before = _USERINFO_BEFORE.search(text, max(0, at.start() - 130), at.start())
+            if before is not None:
+                found.append((before.start("v"), before.end("v"), "url_userinfo"))
+    return found
+
+
+def _overlapping(pattern: re.Pattern[str], text: str) -> Iterable[re.Match[str]]:
+    """Every match, including those starting inside another (`abab` in `ababab` twice)."""
+    at = 0
+    while (m := pattern.search(text, at)) is not None:
+        yield m
+        at = m.start() + 1
+
+
+def _whole_token(text: str, a: int, b: int) -> bool:
+    before = text[a - 1] if a > 0 else " "
+    after = text[b] if b < len(text) else " "
+    return not (before.isalnum() or before == "_" or after.isalnum() or after == "_")
+
+
+def merge(found: list[tuple[int, int, str]]) -> list[list[int]]:
+    """Overlapping spans become one, in order."""
+    merged: list[list[int]] = []
+    for a, b, _ in sorted(found):
+        if merged and a < merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return merged
+
+
+def apply(text: str, merged: list[list[int]]) -> str:
+    parts, at = [], 0
+    for a, b in merged:
+        parts += [text[at:a], mask(b - a)]
+        at = b
+    parts.append(text[at:])
+    return "".join(parts)
