@@ -18,7 +18,7 @@ import msgspec
 from edge.core.clock import LoopTimers
 from edge.core.errors import ToolError, conflict, not_found
 from edge.core.handoff import Background, shielded
-from edge.core.notices import Notices, run_finished
+from edge.core.notices import Notices, run_finished, start_refused
 from edge.core.ports.runtime import Clock, TaskUsers, TimerHandle, Timers
 from edge.core.ports.stores import LogWriter, RunAdmission, RunLogFiles, RunStore, SecretStore, TaskStore
 from edge.core.runs import ActorType, Run, RunProcess, RunStatus, RunUpdate, exit_text, summary
@@ -127,7 +127,11 @@ class Runner:
     async def start(self, task: Task, actor: ActorType) -> Run:
         # Once admission commits, the run must reach the executor even if this call is
         # cancelled (its client hung up, its deadline passed): the hand-off is shielded.
-        return await shielded(self._background, self._admit(task, actor), f"admit-{task.id}")
+        try:
+            return await shielded(self._background, self._admit(task, actor), f"admit-{task.id}")
+        except ToolError as refusal:
+            self._notices.say(log, task.id, *start_refused(task.id, refusal), "start refused")
+            raise
 
     async def _admit(self, task: Task, actor: ActorType) -> Run:
         admitted = await self._admission.admit_manual(task, actor, self._clock.now_ms())
