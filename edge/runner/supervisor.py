@@ -40,7 +40,7 @@ RECORD_RUNNING_AFTER_S = 1.0
 # Output that redaction holds back (an unfinished line, or the end of one a secret could
 # continue past) is written this long after it arrived at the latest, whether more comes
 # or not: a follower sees each line within 250 ms, and a crash loses no more than this.
-RELEASE_AFTER_S = 0.15
+RELEASE_AFTER_S = 0.1
 
 
 class RunnerSettings(msgspec.Struct, kw_only=True):
