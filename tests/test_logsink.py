@@ -320,3 +320,43 @@ def test_a_line_is_never_split_between_its_key_and_its_value():
         cuts = sorted(rng.sample(range(1, len(data)), rng.randint(1, 12)))
         sizes = [b - a for a, b in zip([0, *cuts[:-1]], cuts, strict=True)]
         assert _feed(Redactor([secret]), data, sizes) == whole, cuts
+
+
+def _released(redactor: Redactor, parts: list[bytes]) -> bytes:
+    """Each part fed, then what is held released (as the runner does after a pause)."""
+    out = []
+    for part in parts:
+        out += [redactor.feed(part), redactor.release()]
+    return b"".join([*out, redactor.flush()])
+
+
+def test_a_release_writes_what_is_held_and_masks_what_continues_it():
+    secret = b"Tr0ub4dor&3-extra"
+    r = Redactor([secret])
+    assert r.feed(b"tick 1\n") == b"" and r.held == 7  # a secret's forms are longer: held back
+    assert r.release() == b"tick 1\n" and r.held == 0
+    # A secret cut by a pause (on a line break or not): its start is masked when released,
+    # the rest when it comes.
+    for parts in ([b"pw Tr0ub4d\n", b"or&3-extra end\n"], [b"pw Tr0u", b"b4dor&3-extra end\n"],
+                  [b"pw Tr0ub", b"4dor", b"&3-ex", b"tra end\n"]):
+        out = _released(Redactor([secret]), parts)
+        assert b"Tr0u" not in out and b"3-extra" not in out and b"extra" not in out, (parts, out)
+        assert out.startswith(b"pw ") and out.endswith(b" end\n"), out
+    # A credential's value cut by a pause: masked on both sides of it.
+    for parts in ([b"DB_PASSWORD=s3cr", b"3t-value more\n"], [b"DB_PASSWORD=", b"s3cr3t-value more\n"]):
+        out = _released(Redactor([]), parts)
+        assert b"s3cr" not in out and b"value" not in out and out.endswith(b" more\n"), out
+
+
+def test_releases_anywhere_leave_at_most_a_few_characters_of_a_secret():
+    """However the output is cut by pauses, no more of a configured secret shows than the
+    PARTIAL_SECRET_MIN - 1 characters printed just before one."""
+    secret = b"ABCDEFGHIJKLMNOP"
+    rng = random.Random(5)
+    for _ in range(400):
+        data = b"".join(rng.choice([b"xy ", b"z\n", b"q", secret, secret[:9] + b"\n" + secret[9:]])
+                        for _ in range(rng.randint(1, 12)))
+        cuts = sorted(rng.sample(range(1, len(data) + 1), min(len(data), rng.randint(1, 6))))
+        parts = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+        out = _released(Redactor([secret]), parts).replace(b"\n", b"")
+        assert not any(secret[i:i + 4] in out for i in range(len(secret) - 3)), (parts, out)

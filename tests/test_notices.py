@@ -189,3 +189,40 @@ def test_cluster_nodes_log_skipped_fires_once_across_the_cluster(daemon_factory,
                         r" \d+ more in a row last=\S+Z$")
     assert first and len(first) <= 2  # one streak per node at most
     assert len(first) + sum(int(re.search(r" (\d+) more", line).group(1)) for line in rest) == recorded
+
+
+async def test_a_hand_off_hands_its_refusal_to_its_caller_and_logs_a_bug_once_alone(caplog):
+    """shielded: the caller that waits gets the exception and nothing is logged; once the
+    caller has gone, a refusal (ToolError) is one line and anything else a traceback."""
+    import asyncio
+
+    from edge.core.errors import ToolError, conflict
+    from edge.core.handoff import Background, shielded
+
+    background = Background(logging.getLogger("qledge.test"))
+
+    async def refuse(after_s: float = 0.0) -> None:
+        await asyncio.sleep(after_s)
+        raise conflict("task 'long' already has an active run")
+
+    async def crash(after_s: float) -> None:
+        await asyncio.sleep(after_s)
+        raise RuntimeError("a bug")
+
+    caplog.set_level(logging.INFO)
+    with pytest.raises(ToolError):
+        await shielded(background, refuse(), "admit-long")
+    await background.wait()
+    assert _lines(caplog) == []
+    for work in (refuse(0.05), crash(0.05)):
+        caller = asyncio.create_task(shielded(background, work, "admit-gone"))
+        await asyncio.sleep(0)
+        caller.cancel()  # the client hung up: the work goes on, and its failure is logged here
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+    await background.wait()
+    records = [r for r in caplog.records if r.name == "qledge.test"]
+    assert [(r.levelname, r.getMessage(), r.exc_info is not None) for r in records] == [
+        ("WARNING", "admit-gone: conflict: task 'long' already has an active run", False),
+        ("ERROR", "background task admit-gone failed", True),
+    ]

@@ -1,8 +1,12 @@
 """`qledge mcp`: a stdio ⇄ MCP-socket pump for AI clients (often run as `ssh router qledge mcp`).
 
 It presents the credential once, as the first line on the socket (`{"qledge": {"token": …}}`),
-consumes the daemon's answer, then copies bytes both ways. The daemon parses MCP and
-re-authenticates every call. Kept to the standard library's smallest parts (no argparse,
+consumes the daemon's answer, then copies bytes both ways, each direction on its own (one
+poll loop, bounded buffers): the daemon's answers are read while requests are still being
+written, so a client that pipelines thousands of requests never stalls either side. Only
+whole lines reach stdout; a connection the daemon cuts mid-line, or while input is still
+coming, ends the bridge with one line on stderr and a non-zero exit. The daemon parses MCP
+and re-authenticates every call. Kept to the standard library's smallest parts (no argparse,
 msgspec, asyncio, typing or json on the way in, nor the tool layer) so the bridge stays near the
 bare interpreter's RSS: stdout carries only what the daemon sends, every problem is one line on
 stderr.
@@ -13,6 +17,7 @@ from __future__ import annotations
 import _socket  # socket.py drags in enum, selectors and collections (+1.1 MiB) for nothing used here
 import os
 import select
+import stat
 import sys
 
 from edge import default_home, home_socket
@@ -33,6 +38,10 @@ _VALUED = ("--home", "--socket", "--mcp-socket", "--token-file", "--config")
 _CHUNK = 1 << 16
 _HELLO_TIMEOUT_S = 10.0
 _DRAIN_MS = 30_000  # after stdin ends, how long answers to what was already sent may take
+_BUFFERED = 1 << 20  # bytes held each way before the bridge stops reading that side
+_LINE_MAX = 8 << 20  # an answer line longer than this is not one of the daemon's
+_PIPE_BUF = 4096  # a write this small to a pipe that poll says is writable never blocks
+_CUT = "the daemon cut the connection in the middle of an answer"
 _ACCEPTED = b'{"qledge":{"ok":true}}'
 
 
@@ -215,45 +224,114 @@ def _refused(answer: bytes, path: str) -> None:
         raise _Fail(str(reply.get("message", "refused")), EXIT_REFUSED, str(reply.get("code", "unauthenticated")))
 
 
-def _pump(sock: _socket.socket, pending: bytes) -> int:
-    stdin, stdout = sys.stdin.fileno(), sys.stdout.fileno()
-    sock.settimeout(None)
-    try:
-        _write_all(stdout, pending)
-        poller = select.poll()
-        poller.register(stdin, select.POLLIN)
-        poller.register(sock, select.POLLIN)
-        reading = True
+class _Pump:
+    """stdin → socket and socket → stdout, each as far as its buffer and its peer allow."""
+
+    def __init__(self, sock: _socket.socket, pending: bytes) -> None:
+        self.sock = sock
+        self.stdin, self.stdout = sys.stdin.fileno(), sys.stdout.fileno()
+        # A regular file takes any write at once; a pipe, a socket or a terminal may not.
+        self.piece = 1 << 30 if stat.S_ISREG(os.fstat(self.stdout).st_mode) else _PIPE_BUF
+        self.up = bytearray()  # from stdin, not yet sent to the daemon
+        self.down = bytearray(pending)  # from the daemon, not yet on stdout
+        self.reading = True  # stdin has not ended
+        self.open = True  # the daemon has not closed its side
+        self.shut = False  # the daemon has been told that input ended
+        self.unsent = False  # the daemon's side ended before it took every request
+        self.poller = select.poll()
+        self.masks: dict[int, int] = {}
+
+    def run(self) -> int:
         while True:
-            events = poller.poll(None if reading else _DRAIN_MS)
-            if not events:
-                return EXIT_OK  # stdin ended and the daemon had nothing more to say
-            for fd, _ in events:
-                if fd == stdin:
-                    data = os.read(stdin, _CHUNK)
+            whole = self.down.rfind(b"\n") + 1  # only whole lines are written
+            if not self.open and not whole:
+                if self.down:
+                    raise _Fail(_CUT, EXIT_REFUSED)
+                if self.reading or self.unsent:
+                    raise _Fail("the daemon closed the connection", EXIT_REFUSED)
+                return EXIT_OK
+            if not self.reading and not self.up and not self.shut and self.open:
+                self.sock.shutdown(_socket.SHUT_WR)  # it answers what is in flight, then closes
+                self.shut = True
+            self._want(self.stdin, select.POLLIN if self.reading and len(self.up) < _BUFFERED else 0)
+            self._want(self.sock.fileno(), (select.POLLIN if self.open and whole < _BUFFERED else 0)
+                       | (select.POLLOUT if self.up and self.open else 0))
+            self._want(self.stdout, select.POLLOUT if whole else 0)
+            waiting = not self.reading and not self.up and not whole
+            events = self.poller.poll(_DRAIN_MS if waiting else None)
+            if not events:  # stdin ended and the daemon has said nothing more for a long while
+                if self.down:
+                    raise _Fail(_CUT, EXIT_REFUSED)
+                return EXIT_OK
+            for fd, event in events:
+                if fd == self.stdout:
+                    if not event & select.POLLOUT:
+                        return EXIT_OK  # the client went away
+                    try:
+                        with memoryview(self.down) as view:
+                            written = os.write(self.stdout, view[:min(whole, self.piece)])
+                    except (BrokenPipeError, ConnectionResetError):
+                        return EXIT_OK  # the client went away
+                    del self.down[:written]
+                    whole -= written
+                elif fd == self.stdin:
+                    data = os.read(self.stdin, _CHUNK)
                     if data:
-                        sock.sendall(data)
-                        continue
-                    # EOF: tell the daemon, which answers what is in flight and then closes.
-                    poller.unregister(stdin)
-                    reading = False
-                    sock.shutdown(_socket.SHUT_WR)
-                    continue
-                data = sock.recv(_CHUNK)
-                if not data:
-                    if reading:
-                        raise _Fail("the daemon closed the connection", EXIT_REFUSED)
-                    return EXIT_OK
-                _write_all(stdout, data)
-    except BrokenPipeError:
-        return EXIT_OK  # the client went away
+                        self.up += data
+                    else:
+                        self.reading = False
+                else:
+                    self._socket(event)
+
+    def _socket(self, event: int) -> None:
+        if event & select.POLLOUT and self.up:
+            try:
+                del self.up[:self.sock.send(self.up)]
+            except BlockingIOError:
+                pass
+            except ConnectionError:
+                return self._closed()
+        if event & (select.POLLIN | select.POLLHUP | select.POLLERR):
+            try:
+                data = self.sock.recv(_CHUNK)
+            except BlockingIOError:
+                return
+            except ConnectionError:
+                data = b""  # reset: what arrived whole is still written, then the cut is reported
+            if not data:
+                return self._closed()
+            self.down += data
+            if len(self.down) - (self.down.rfind(b"\n") + 1) > _LINE_MAX:
+                raise _Fail(f"an answer from the daemon is longer than {_LINE_MAX >> 20} MiB", EXIT_REFUSED,
+                            "internal")
+
+    def _closed(self) -> None:
+        """The daemon's side ended: what it sent whole is still written, then the bridge
+        says how it ended."""
+        self.open = False
+        self.unsent = bool(self.up)  # requests it never took
+        self.up.clear()
+
+    def _want(self, fd: int, mask: int) -> None:
+        had = self.masks.get(fd, 0)
+        if mask == had:
+            return
+        if not mask:
+            self.poller.unregister(fd)
+            del self.masks[fd]
+            return
+        if had:
+            self.poller.modify(fd, mask)
+        else:
+            self.poller.register(fd, mask)
+        self.masks[fd] = mask
+
+
+def _pump(sock: _socket.socket, pending: bytes) -> int:
+    sock.setblocking(False)
+    try:
+        return _Pump(sock, pending).run()
     except ConnectionError as exc:
         raise _Fail(f"lost the connection to the daemon: {exc.strerror or exc}", EXIT_REFUSED) from None
     except OSError as exc:  # stdin or stdout failed under us
         raise _Fail(f"i/o error: {exc.strerror or exc}", EXIT_REFUSED) from None
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]

@@ -14,26 +14,54 @@ import logging
 from collections.abc import Coroutine, Iterable
 from typing import Any, TypeVar
 
+from edge.core.errors import ToolError
+
 T = TypeVar("T")
 
 
 class Background:
-    """A set of tasks kept alive until they finish; failures are logged, never lost."""
+    """A set of tasks kept alive until they finish; failures are logged, never lost.
+
+    A task whose caller awaits it (`shielded`) hands its failure to that caller, who
+    answers or logs it; it is logged here only once the caller has gone. An expected
+    refusal (a ToolError: a coded answer such as `conflict`) is one line, never a
+    traceback: a traceback in the system log means a bug.
+    """
 
     def __init__(self, log: logging.Logger) -> None:
         self._log = log
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._awaited: set[asyncio.Task[Any]] = set()  # a caller receives their outcome
 
-    def spawn(self, coro: Coroutine[Any, Any, T], name: str | None = None) -> asyncio.Task[T]:
+    def spawn(self, coro: Coroutine[Any, Any, T], name: str | None = None, awaited: bool = False) -> asyncio.Task[T]:
         task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
+        if awaited:
+            self._awaited.add(task)
         task.add_done_callback(self._done)
         return task
 
+    def abandoned(self, task: asyncio.Task[Any]) -> None:
+        """The caller awaiting `task` has gone: its failure is logged here."""
+        if task in self._awaited:
+            self._awaited.discard(task)
+            if task.done():
+                self._report(task)
+
     def _done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            self._log.error("background task %s failed", task.get_name(), exc_info=task.exception())
+        if task in self._awaited:
+            self._awaited.discard(task)
+            return
+        self._report(task)
+
+    def _report(self, task: asyncio.Task[Any]) -> None:
+        if task.cancelled() or (exc := task.exception()) is None:
+            return
+        if isinstance(exc, ToolError):
+            self._log.warning("%s: %s: %s", task.get_name(), exc.code, exc.message)
+        else:
+            self._log.error("background task %s failed", task.get_name(), exc_info=exc)
 
     def __len__(self) -> int:
         return len(self._tasks)
@@ -51,8 +79,14 @@ class Background:
 
 async def shielded(background: Background, coro: Coroutine[Any, Any, T], name: str | None = None) -> T:
     """Run `coro` to its end even when the caller is cancelled (the caller still sees
-    CancelledError; the work goes on in `background`)."""
-    return await asyncio.shield(background.spawn(coro, name))
+    CancelledError; the work goes on in `background`, which then logs its failure). The
+    caller that waits for the end gets its result or its exception, and nothing is logged."""
+    task = background.spawn(coro, name, awaited=True)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        background.abandoned(task)
+        raise
 
 
 async def wait_within(tasks: Iterable[asyncio.Task[Any]], timeout_s: float, interrupt: asyncio.Event) -> None:

@@ -14,6 +14,7 @@ import signal
 import time
 from collections import Counter
 
+from edge.core.errors import ToolError
 from edge.core.ports.runtime import Clock, TimerHandle, Timers
 from edge.core.runs import Run
 from edge.core.triggers import SkippedFires
@@ -130,6 +131,12 @@ def run_finished(run: Run, reason: str | None = None) -> tuple[int, str]:
     if run.origin != "manual":
         parts.append(f"origin={run.origin}")
     return level, " ".join(parts)
+
+
+def start_refused(task_id: str, refusal: ToolError) -> tuple[int, str]:
+    """(level, line) for a start of a task that was refused (a running `forbid` task, a
+    full queue): expected, and answered to whoever asked, so one line and no traceback."""
+    return logging.INFO, f"start refused: task={task_id} {refusal.code}: {refusal.message[:200]}"
 
 
 def fires_skipped(trigger_id: str, fires: SkippedFires) -> tuple[int, str]:

@@ -9,6 +9,8 @@ import contextlib
 import logging
 import os
 import signal
+from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -16,8 +18,8 @@ import msgspec
 from edge.core.clock import LoopTimers
 from edge.core.errors import ToolError, conflict, not_found
 from edge.core.handoff import Background, shielded
-from edge.core.notices import Notices, run_finished
-from edge.core.ports.runtime import Clock, TaskUsers
+from edge.core.notices import Notices, run_finished, start_refused
+from edge.core.ports.runtime import Clock, TaskUsers, TimerHandle, Timers
 from edge.core.ports.stores import LogWriter, RunAdmission, RunLogFiles, RunStore, SecretStore, TaskStore
 from edge.core.runs import ActorType, Run, RunProcess, RunStatus, RunUpdate, exit_text, summary
 from edge.core.tasks import AgentInstruction, RunAs, SecretRef, Task
@@ -35,6 +37,10 @@ DRAIN_AFTER_EXIT_S = 2.0  # a backgrounded grandchild may hold the pipe open
 # (flash wear); one still going by then is recorded `running` with its process. Should the
 # daemon die meanwhile, recovery finds the run's processes by its id in their environment.
 RECORD_RUNNING_AFTER_S = 1.0
+# Output that redaction holds back (an unfinished line, or the end of one a secret could
+# continue past) is written this long after it arrived at the latest, whether more comes
+# or not: a follower sees each line within 250 ms, and a crash loses no more than this.
+RELEASE_AFTER_S = 0.1
 
 
 class RunnerSettings(msgspec.Struct, kw_only=True):
@@ -71,6 +77,11 @@ class _Job:
         self.spec: Task | None = None  # the task revision it runs, once read
         self.agent = False  # an AI run: its own slots, a child with a run credential, evidence
 
+    def output(self) -> None:
+        """Output arrived, or what was held back of it was written."""
+        self.chunks += 1
+        self.moved()
+
     def moved(self) -> None:
         """Output arrived or the run ended: wake whoever follows the log."""
         if self._grew is not None:
@@ -90,7 +101,7 @@ class Runner:
     def __init__(
         self, *, runs: RunStore, tasks: TaskStore, admission: RunAdmission, secrets: SecretStore, logs: RunLogFiles,
         clock: Clock, settings: RunnerSettings, users: TaskUsers, notices: Notices | None = None,
-        agents: AgentRuns | None = None,
+        agents: AgentRuns | None = None, timers: Timers | None = None,
     ) -> None:
         self._runs = runs
         self._tasks = tasks
@@ -100,7 +111,8 @@ class Runner:
         self._clock = clock
         self._settings = settings
         self._users = users
-        self._notices = notices or Notices(clock, LoopTimers())
+        self._timers = timers or LoopTimers()  # when held-back output is written (RELEASE_AFTER_S)
+        self._notices = notices or Notices(clock, self._timers)
         self._slots = asyncio.Semaphore(settings.concurrency)
         self._following = 0  # output_mark calls waiting now (MAX_FOLLOWERS)
         self._agents = agents
@@ -115,7 +127,11 @@ class Runner:
     async def start(self, task: Task, actor: ActorType) -> Run:
         # Once admission commits, the run must reach the executor even if this call is
         # cancelled (its client hung up, its deadline passed): the hand-off is shielded.
-        return await shielded(self._background, self._admit(task, actor), f"admit-{task.id}")
+        try:
+            return await shielded(self._background, self._admit(task, actor), f"admit-{task.id}")
+        except ToolError as refusal:
+            self._notices.say(log, task.id, *start_refused(task.id, refusal), "start refused")
+            raise
 
     async def _admit(self, task: Task, actor: ActorType) -> Run:
         admitted = await self._admission.admit_manual(task, actor, self._clock.now_ms())
@@ -384,7 +400,7 @@ class Runner:
         job.unrecorded_start = RunUpdate(started_at_ms=now, pid=proc.pid, pid_start_ticks=process.start_ticks(proc.pid))
         if job.cancel_reason is not None:  # cancelled while spawning
             self._background.spawn(process.stop_group(proc, self._grace_s()), f"stop-{run.id}")
-        pump = asyncio.create_task(_pump(proc, sink, job))
+        pump = asyncio.create_task(_Pump(sink, job.output, self._clock, self._timers).run(proc))
         loop = asyncio.get_running_loop()
         timeout_s = launch.timeout_s if launch is not None else task.spec.timeout_ms / 1000
         begun = loop.time()
@@ -498,12 +514,68 @@ async def _exits_within(proc: asyncio.subprocess.Process, seconds: float) -> boo
     return proc.returncode is not None
 
 
-async def _pump(proc: asyncio.subprocess.Process, sink: LogWriter, job: _Job) -> None:
-    assert proc.stdout is not None
-    while chunk := await proc.stdout.read(PIPE_CHUNK):
-        sink.write(chunk)
-        job.chunks += 1
-        job.moved()
+class _Pump:
+    """Copies a run's output into its log, and bounds how long redaction may hold any of
+    it back: each byte is in the file, and followers are woken, within RELEASE_AFTER_S of
+    its arrival (one timer at a time, for the oldest byte held)."""
+
+    def __init__(self, sink: LogWriter, on_output: Callable[[], None], clock: Clock, timers: Timers) -> None:
+        self._sink = sink
+        self._on_output = on_output  # more of the log to see (the followers' mark)
+        self._clock = clock
+        self._timers = timers
+        self._received = 0  # bytes read from the pipe
+        # (stream offset where a chunk ends, when it arrived) of the chunks still partly held
+        self._arrivals: deque[tuple[int, float]] = deque()
+        self._timer: TimerHandle | None = None
+        self._armed_for = -1  # the first held byte when the timer was armed
+
+    async def run(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        try:
+            while chunk := await proc.stdout.read(PIPE_CHUNK):
+                self._sink.write(chunk)
+                self._received += len(chunk)
+                self._arrivals.append((self._received, self._clock.monotonic()))
+                self._on_output()
+                self._watch()
+        finally:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+    def _first_held(self) -> int | None:
+        """The stream offset of the first byte held back, if any."""
+        held = self._sink.held
+        if not held:
+            self._arrivals.clear()
+            return None
+        first = self._received - held
+        while self._arrivals and self._arrivals[0][0] <= first:
+            self._arrivals.popleft()
+        return first
+
+    def _watch(self) -> None:
+        first = self._first_held()
+        if first is None or not self._arrivals:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            return
+        if self._timer is None:
+            due = self._arrivals[0][1] + RELEASE_AFTER_S
+            self._armed_for = first
+            self._timer = self._timers.call_later(max(0.0, due - self._clock.monotonic()), self._expired)
+
+    def _expired(self) -> None:
+        self._timer = None
+        first = self._first_held()
+        if first is not None and first <= self._armed_for:  # held since the timer was armed: its time is up
+            self._sink.release()
+            self._arrivals.clear()
+            self._on_output()
+        else:
+            self._watch()  # what was held then has been written since; what is held now came later
 
 
 def _mib(n: int) -> str:

@@ -4,7 +4,10 @@ credentials and secrets redacted, never a reason to stop reading the child's pip
 
 Memory stays small whatever the child prints. Output goes straight into the log file
 until the cap is reached, line by line (redaction needs to see a line whole), so a log
-within the cap is complete up to its unfinished last line, and readable, as it grows.
+within the cap is complete up to what redaction holds back, and readable, as it grows.
+What is held back (an unfinished line, or the end of one a secret could continue past) is
+written when the runner says it has waited long enough (`LogSink.release`), so a follower
+or a crash never loses more than that wait.
 Beyond the cap, output is spooled in fixed-size segment files in `<log>.tail/`, each named
 by the stream offset of its first byte; the oldest is deleted once the newer ones cover
 the tail. Closing rewrites the file in place as head + marker + tail. Because segments
@@ -43,6 +46,11 @@ class Redactor:
     secret continuing on the next line could start with. A line longer than `LINE_MAX` is
     decided without waiting for its end. A private key whose END has not arrived yet keeps
     being masked, line after line, up to `KEY_MAX` characters.
+
+    `release` decides what is held without waiting for more, as the end of the output
+    would (a secret cut there is masked from its first few characters on). The text just
+    emitted is kept as context: a secret or a credential's value that it began is masked
+    in what follows, though the part already emitted cannot be taken back.
     """
 
     def __init__(self, secrets: Iterable[bytes]) -> None:
@@ -53,27 +61,53 @@ class Redactor:
         self._apply, self._merge = apply, merge
         self._begin, self._end = PEM_BEGIN, PEM_END
         self._carry = b""
+        self._context = ""  # emitted text that what follows may continue (after a release, or a cut mid-line)
         self._in_key = 0  # characters masked so far inside a key whose END is still to come; 0: none
 
+    @property
+    def held(self) -> int:
+        """Bytes fed but not emitted yet."""
+        return len(self._carry)
+
     def feed(self, chunk: bytes, final: bool = False) -> bytes:
+        return self._decide(chunk, final)
+
+    def release(self) -> bytes:
+        """Everything held, decided now (the stream goes on)."""
+        return self._decide(b"", True)
+
+    def flush(self) -> bytes:
+        return self.feed(b"", final=True)
+
+    def _decide(self, chunk: bytes, now: bool) -> bytes:
         buf = self._carry + chunk if self._carry else chunk
         if not buf:
             return b""
         text = buf.decode("utf-8", "surrogateescape")  # bytes in, the same bytes out
-        cut = len(text) if final else self._decided(text)
-        found = self._masker.spans(text, cut_at_end=final)
+        # Spans are found on the context and the text together, and masked in the text only.
+        base = len(self._context)
+        full = self._context + text if base else text
+        cut = len(full) if now else base + self._decided(text)
+        found = self._masker.spans(full, cut_at_end=now)
         if self._in_key:
-            closing = self._end.search(text)
-            found.append((0, closing.end() if closing else cut, "private_key"))
-        decided = [span for span in self._merge(found) if span[0] < cut]
+            closing = self._end.search(full, base)
+            found.append((base, closing.end() if closing else cut, "private_key"))
+        decided = [span for span in self._merge(found) if span[0] < cut and span[1] > base]
         end = max(cut, decided[-1][1] if decided else 0)
-        out = self._apply(text[:end], decided)
-        self._follow_key(text[:end], end)
-        self._carry = text[end:].encode("utf-8", "surrogateescape")
+        emitted = text[:end - base]
+        out = self._apply(emitted, [[max(a, base) - base, b - base] for a, b in decided])
+        self._follow_key(emitted, end - base)
+        self._carry = text[end - base:].encode("utf-8", "surrogateescape")
+        if end > base:
+            self._context = self._continued(full[:end]) if now or full[end - 1] not in "\r\n" else ""
         return out.encode("utf-8", "surrogateescape")
 
-    def flush(self) -> bytes:
-        return self.feed(b"", final=True)
+    def _continued(self, emitted: str) -> str:
+        """What of the emitted text a secret or a credential may continue past: its last
+        line, and the characters a secret could have started with, within LINE_MAX."""
+        line = max(emitted.rfind("\n"), emitted.rfind("\r")) + 1
+        start = min(line, self._masker.undecided(emitted))
+        return emitted[max(start, len(emitted) - LINE_MAX - self._masker.longest):]
 
     def _decided(self, text: str) -> int:
         """Where the text that can be decided now ends: at the start of a line, so that no
@@ -143,8 +177,18 @@ class LogSink:
     def truncated(self) -> bool:
         return self.total > self._cap or self.failed is not None
 
+    @property
+    def held(self) -> int:
+        """Bytes written but held back by redaction, not in the file yet."""
+        return 0 if self._closed else self._redactor.held
+
     def write(self, chunk: bytes) -> None:
         self._store(self._redactor.feed(chunk))
+
+    def release(self) -> None:
+        """Write what redaction holds back now, without waiting for more output."""
+        if not self._closed:
+            self._store(self._redactor.release())
 
     def _store(self, data: bytes) -> None:
         view = memoryview(data)

@@ -395,7 +395,19 @@ class LogWriter(Protocol):
         ...
 
     def write(self, chunk: bytes) -> None:
-        """Never raises: a storage error stops the writing, not the run."""
+        """Never raises: a storage error stops the writing, not the run. Redaction may
+        hold back the end of what was written (`held`) until more output decides it."""
+        ...
+
+    @property
+    def held(self) -> int:
+        """Bytes written but held back, not in the file yet (0 once closed)."""
+        ...
+
+    def release(self) -> None:
+        """Write what is held back now, decided as at the end of the output (the stream
+        goes on; what continues a secret past this point is masked when it comes). Never
+        raises; a no-op once closed."""
         ...
 
     def close(self) -> int:

@@ -23,7 +23,7 @@ import psycopg
 
 from edge.core.errors import ToolError, conflict, not_found
 from edge.core.handoff import Background, shielded
-from edge.core.notices import Notices, run_finished
+from edge.core.notices import Notices, run_finished, start_refused
 from edge.core.ports.cluster import NodeRegistry, RunClaims
 from edge.core.ports.runtime import Clock, RunController
 from edge.core.ports.stores import RunAdmission, RunStore
@@ -326,7 +326,11 @@ class ClusterRunner:
         self._node.wake()  # queued in PostgreSQL already: whichever node has a slot claims it
 
     async def start(self, task: Task, actor: ActorType) -> Run:
-        return await shielded(self._background, self._admit(task, actor), f"admit-{task.id}")
+        try:
+            return await shielded(self._background, self._admit(task, actor), f"admit-{task.id}")
+        except ToolError as refusal:
+            self._notices.say(log, task.id, *start_refused(task.id, refusal), "start refused")
+            raise
 
     async def _admit(self, task: Task, actor: ActorType) -> Run:
         admitted = await self._admission.admit_manual(task, actor, self._clock.now_ms())

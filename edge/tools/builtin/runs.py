@@ -205,9 +205,10 @@ async def read_log(ctx: ToolContext, args: LogArgs) -> LogChunk:
     mark = await runner.output_mark(ctx.project, run.id, None, 0) if args.wait_ms and not run.terminal else None
     chunk = await _chunk(ctx, run, args)
     # Until the log has more at this offset, or the run ends: output beyond the log's cap
-    # moves the mark without growing the file, so one read may wait through several moves.
+    # (or held back by redaction) moves the mark without growing the file, so one read may
+    # wait through several moves. Whatever there is, it is answered at once.
     deadline = ctx.services.clock.monotonic() + args.wait_ms / 1000
-    while mark is not None and chunk.eof and not run.terminal:
+    while mark is not None and not chunk.data and not run.terminal:
         remaining = deadline - ctx.services.clock.monotonic()
         if remaining <= 0:
             break
