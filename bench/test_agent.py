@@ -279,3 +279,61 @@ def test_evidence_sizes(shape):
 
 def test_report_table():
     print(json.dumps(RESULTS, indent=2, ensure_ascii=False))
+
+
+# -- what an AI run writes to flash -------------------------------------------------------
+
+WRITE_RUNS = 30
+
+
+def _flush(home: str) -> None:
+    """The kernel's writeback between two runs far apart: afterwards a page the next run
+    changes counts again (bench/test_budgets.py does the same)."""
+    for name in ("qledge.db", "qledge.db-wal", "qledge.db-shm"):
+        path = os.path.join(home, name)
+        if os.path.exists(path):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def _written(pid: int) -> int:
+    with open(f"/proc/{pid}/io") as f:
+        return int(next(line for line in f if line.startswith("write_bytes")).split()[1])
+
+
+def test_bytes_written_per_ai_run(setup):
+    """write_bytes of the daemon (/proc/<pid>/io) per AI run of three rounds with two tool
+    calls, one run at a time with a writeback between runs (as for runs far apart), after
+    the task's history and the evidence table are warm."""
+    d, provider, _ = setup
+    with Client(d.socket) as c:
+        c.call("qledge.task.create", {"taskId": "written", "spec": {"command": {
+            "kind": "agent", "instruction": "Did anything fail last night?"}, "overlap": "allow"}})
+
+        def one() -> None:
+            provider.add(tool_call("qinglong.run.list", {"limit": 4}), tool_call("qinglong.task.list", {"limit": 4}),
+                         answer("Nothing failed last night."))
+            run = c.call("qledge.run.start", {"taskId": "written"})
+            while not (waited := c.call("qledge.run.wait", {"runId": run["id"], "timeoutMs": 30_000}))["done"]:
+                pass
+            assert waited["run"]["status"] == "succeeded", waited
+
+        for _ in range(5):
+            one()
+        _flush(d.home)
+        before = _written(d.pid)
+        for _ in range(WRITE_RUNS):
+            one()
+            _flush(d.home)
+        apart = (_written(d.pid) - before) / WRITE_RUNS
+        before = _written(d.pid)
+        for _ in range(WRITE_RUNS):
+            one()
+        together = (_written(d.pid) - before) / WRITE_RUNS
+    RESULTS["written_per_ai_run"] = {
+        "written_back_between_runs_bytes": round(apart), "back_to_back_bytes": round(together),
+        "note": "daemon write_bytes per AI run (3 rounds, 2 tool calls), /proc/<pid>/io",
+    }
