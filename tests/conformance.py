@@ -381,7 +381,7 @@ class Gemini(Family):
         return None if fields is None else fields | {"extra_content"}
 
     def shape(self, reply: Any, request: dict[str, Any]) -> Any:
-        if isinstance(reply, dict):
+        if isinstance(reply, dict) and self.flags.get("empty_ids", True):
             for choice in reply.get("choices", []):
                 for call in (choice.get("message") or {}).get("tool_calls") or []:
                     call["id"] = ""  # what the endpoint sends
