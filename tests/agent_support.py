@@ -35,7 +35,7 @@ def toml_value(value: Any) -> str:
     return repr(value)
 
 
-def agent_config(provider: FakeProvider | None, extra: str = "", **keys: Any) -> str:
+def agent_config(provider: FakeProvider | None, extra: str = "", /, **keys: Any) -> str:
     """[agent] against `provider`: its family's profile (`provider = …`, as its host is a
     loopback address that names none) and its model, unless `keys` say otherwise."""
     defaults: dict[str, Any] = {"model": provider.model if provider else "test-model"}

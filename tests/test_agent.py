@@ -465,7 +465,7 @@ def test_long_results_are_cut_and_the_oldest_trimmed_to_fit_the_context(agent, p
 def test_mcp_offers_the_history_tools(provider, daemon_factory):
     from mcp_support import LineClient, request
 
-    d = daemon_factory(config=agent_config(provider, extra="[mcp]\nenabled = true\n")).start()
+    d = daemon_factory(config=agent_config(provider, "[mcp]\nenabled = true\n")).start()
     c = LineClient(os.path.join(d.home, "mcp.sock"))
     c.send({"qledge": {"token": None}})
     assert c.recv() == {"qledge": {"ok": True}}

@@ -230,7 +230,7 @@ def test_error_bodies_of_every_shape_are_read_in_their_own_words():
 
 @pytest.mark.parametrize(("status", "message", "fix"), [
     (400, "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens'"
-          " instead.", 'max_tokens_param = "max_completion_tokens"'),
+          " instead.", 'set max_tokens_param to "max_completion_tokens"'),
     (400, "parameter.enable_thinking must be set to false for non-streaming calls", 'provider = "qwen"'),
     (400, "Missing `reasoning_content` field in the assistant message at message index 2.", 'provider = "deepseek"'),
     (400, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
@@ -249,6 +249,17 @@ def test_each_error_says_what_to_change(status, message, fix):
     assert hint(400, "something else entirely") is None
 
 
+def test_every_line_of_what_to_change_survives_the_logs_masking():
+    from edge.agent import provider
+    from edge.agent.check import _FIX
+    from edge.core.excerpt import redact
+
+    lines = [line for _, line in provider._HINTS] + list(_FIX.values())
+    lines += [hint(status, "") for status in (401, 404, 429)]
+    for line in lines:
+        assert redact(f"qledge agent: to fix: {line}", []).text == f"qledge agent: to fix: {line}", line
+
+
 def test_the_providers_message_and_what_to_change_reach_the_run(tmp_path):
     server = FakeProvider(family="openai")
     try:
@@ -262,9 +273,9 @@ def test_the_providers_message_and_what_to_change_reach_the_run(tmp_path):
         first, second = out.getvalue().splitlines()
         assert first.startswith("qledge agent: provider_http: HTTP 400 from 127.0.0.1:") and \
             "Use 'max_completion_tokens' instead." in first
-        assert second == ('qledge agent: to fix: this model needs max_completion_tokens: set [agent] max_tokens_param'
-                          ' = "max_completion_tokens" (or provider = "openai")')
-        assert "(to fix: this model needs max_completion_tokens" in reporter.outcomes[0].message
+        assert second == ('qledge agent: to fix: this model wants max_completion_tokens instead of max_tokens; in [agent],'
+                          ' set max_tokens_param to "max_completion_tokens" (or provider = "openai")')
+        assert "(to fix: this model wants max_completion_tokens" in reporter.outcomes[0].message
         server.refused.clear()
     finally:
         server.close()

@@ -417,7 +417,7 @@ def test_a_specialist_cannot_call_a_tool_whatever_it_answers(agent, provider):
 def test_the_ledger_tools_are_the_run_credentials_alone(provider, daemon_factory):
     from mcp_support import INITIALIZE, LineClient, request
 
-    d = daemon_factory(config=agent_config(provider, extra="[mcp]\nenabled = true\n")).start()
+    d = daemon_factory(config=agent_config(provider, "[mcp]\nenabled = true\n")).start()
     args = {"child": LA, "constraint": 1, "round": 1, "call": "x"}
     for op in ("delegate", "correct", "revoke", "items", "prepare", "commit", "withdraw"):
         owner = d.cli("call", f"qledge.agent.specialist.{op}", "--args", json.dumps(args))

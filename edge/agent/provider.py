@@ -319,9 +319,10 @@ def error_text(value: Any) -> str:
 
 
 # (what the provider's own message says, what to change): the first that matches is the line shown.
+# Worded so that the log's masking (edge.core.redaction) leaves them whole: no "token…: value".
 _HINTS: tuple[tuple[tuple[str, ...], str], ...] = (
-    (("max_completion_tokens",), 'this model needs max_completion_tokens: set [agent] max_tokens_param ='
-                                 ' "max_completion_tokens" (or provider = "openai")'),
+    (("max_completion_tokens",), 'this model wants max_completion_tokens instead of max_tokens; in [agent], set'
+                                 ' max_tokens_param to "max_completion_tokens" (or provider = "openai")'),
     (("enable_thinking",), 'Qwen3 models answer non-streaming calls only with thinking off: set [agent] provider ='
                            ' "qwen"'),
     (("reasoning_content",), 'the provider wants reasoning_content passed back on tool calls: set [agent] provider ='
@@ -348,7 +349,7 @@ def hint(status: int, message: str) -> str | None:
         if any(n in low for n in needles):
             return line
     if status in (401, 403):
-        return "check api_key_file: the provider refused the key (wrong, expired, or for another provider or region)"
+        return "check the key in api_key_file; the provider refused it (wrong, expired, or for another provider or region)"
     if status == 404:
         return ("check model (is it served there?) and base_url (the API root, e.g. https://api.openai.com/v1,"
                 " http://host:11434/v1, …/compatible-mode/v1)")
