@@ -56,7 +56,8 @@ def test_a_check_that_passes_spends_one_request_and_is_recorded(servers, daemon_
     shown = d.cli("agent", "check")
     assert shown.returncode == 0, shown.stderr
     lines = shown.stdout.splitlines()
-    assert lines[0] == (f'ok  configuration: OpenAI (provider = "openai") at 127.0.0.1:{server.server.server_address[1]},'
+    port = server.server.server_address[1]
+    assert lines[0] == (f'ok  configuration: OpenAI (provider = "openai") at 127.0.0.1:{port},'
                         " model gpt-5-mini, replies bounded by max_completion_tokens")
     assert any(line.startswith("ok  tool calling: the model called qledge_check") for line in lines)
     assert "passed" in lines and lines[-1].startswith("recorded: qledge agent get ")

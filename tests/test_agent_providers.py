@@ -273,8 +273,8 @@ def test_the_providers_message_and_what_to_change_reach_the_run(tmp_path):
         first, second = out.getvalue().splitlines()
         assert first.startswith("qledge agent: provider_http: HTTP 400 from 127.0.0.1:") and \
             "Use 'max_completion_tokens' instead." in first
-        assert second == ('qledge agent: to fix: this model wants max_completion_tokens instead of max_tokens; in [agent],'
-                          ' set max_tokens_param to "max_completion_tokens" (or provider = "openai")')
+        assert second == ('qledge agent: to fix: this model wants max_completion_tokens instead of max_tokens;'
+                          ' in [agent], set max_tokens_param to "max_completion_tokens" (or provider = "openai")')
         assert "(to fix: this model wants max_completion_tokens" in reporter.outcomes[0].message
         server.refused.clear()
     finally:

@@ -477,7 +477,8 @@ def test_specialists_can_be_configured_and_turned_off(agent, provider):
     assert (f"{LA}: reads the log lines, exit codes and errors you quote" in tools["specialist_delegate"]["description"]
             and "wifi-expert: knows OpenWrt wireless" in tools["specialist_delegate"]["description"])
     request, own = specialist_requests(provider)
-    assert system(request).startswith("You know OpenWrt's wireless stack.") and request.body[tokens_key(provider)] == 512
+    assert system(request).startswith("You know OpenWrt's wireless stack.")
+    assert request.body[tokens_key(provider)] == 512
     assert system(own).startswith("LA-OWN-SYSTEM: read logs tersely.\n\nHow this works") and "log analyst" not in \
         system(own)
     assert unmarked(provider.requests[2], tool_messages(provider.requests[2])[-1]["content"])["reply"] == "REPLY"

@@ -349,7 +349,8 @@ def hint(status: int, message: str) -> str | None:
         if any(n in low for n in needles):
             return line
     if status in (401, 403):
-        return "check the key in api_key_file; the provider refused it (wrong, expired, or for another provider or region)"
+        return ("check the key in api_key_file; the provider refused it (wrong, expired, or for another provider or"
+                " region)")
     if status == 404:
         return ("check model (is it served there?) and base_url (the API root, e.g. https://api.openai.com/v1,"
                 " http://host:11434/v1, …/compatible-mode/v1)")
