@@ -26,7 +26,7 @@ import pytest
 
 from daemons import BenchDaemon, install_venv, record
 from edge.cli.client import Client
-from edge.core.agent import EvidenceEnd, EvidenceOpen, RoundMeta
+from edge.core.agent import EvidenceOpen, EvidenceRecord, RoundMeta
 from edge.storage.sqlite.db import Database
 from edge.storage.sqlite.evidence import SqliteEvidenceStore
 from edge.tools.agent import ROUND_PAGE, detail_view
@@ -239,13 +239,12 @@ async def _table(path: str, records: int, rounds: int, make_round, instruction: 
             opened = EvidenceOpen(project_id="default", run_id=f"01a2{i:032d}", task_id="nightly-diagnosis",
                                   task_revision=12, instruction=instruction, provider="api.openai.com",
                                   model="gpt-4o-mini", cost_known=True)
-            await store.open(opened, 1_800_000_000_000 + i)
-            for n in range(1, rounds + 1):
-                await store.add_round("default", opened.run_id, make_round(n), 0.0123)
-            await store.end(EvidenceEnd(project_id="default", run_id=opened.run_id,
-                                        state="failed" if error else "succeeded", error_code="provider_http" if error
-                                        else None, error=error, answer_summary=answer_text), opened,
-                            1_800_000_000_000 + i + 1)
+            rounds_ = [make_round(n) for n in range(1, rounds + 1)]
+            await store.finish(EvidenceRecord(
+                started=opened, state="failed" if error else "succeeded", rounds=rounds_,
+                input_tokens=sum(r.input_tokens for r in rounds_), output_tokens=sum(r.output_tokens for r in rounds_),
+                cost_usd=0.0123 * rounds, error_code="provider_http" if error else None, error=error,
+                answer_summary=answer_text, created_at_ms=1_800_000_000_000 + i), 1_800_000_000_000 + i + 1)
         row = await store.get("default", opened.run_id)
         single = len(_json.encode(detail_view(row)))
         page = len(_json.encode(detail_view(row, 0, ROUND_PAGE)))  # what one history.get answers

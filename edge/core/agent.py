@@ -92,14 +92,10 @@ def detect_provider(base_url: str) -> str:
 
 # -- tool names on the wire --------------------------------------------------------------
 
-WIRE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")  # what every supported provider accepts
-_NOT_WIRE = re.compile(r"[^A-Za-z0-9_-]")
-
-
 def wire_name(name: str) -> str:
-    """`name` as every provider accepts it: letters, digits, `_` and `-`, starting with a
-    letter, at most 64 characters (qinglong.run.get -> qinglong_run_get)."""
-    wire = _NOT_WIRE.sub("_", name)
+    """`name` as every provider accepts it, [A-Za-z][A-Za-z0-9_-]{0,63}: letters, digits, `_`
+    and `-`, starting with a letter, at most 64 characters (qinglong.run.get -> qinglong_run_get)."""
+    wire = "".join(c if c.isascii() and (c.isalnum() or c in "_-") else "_" for c in name)
     if not wire[:1].isascii() or not wire[:1].isalpha():
         wire = "t" + wire
     return wire[:64]
