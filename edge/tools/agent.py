@@ -174,7 +174,7 @@ class ActiveRun:
     rounds its child reported included, until its record is written at its end."""
 
     __slots__ = ("record", "limits", "prices", "rounds", "outcome", "warned", "attempt", "started_ms", "position",
-                 "input_tokens", "output_tokens", "usage_estimated", "cost_usd")
+                 "input_tokens", "output_tokens", "usage_estimated", "cost_usd", "check")
 
     def __init__(self, record: EvidenceOpen, limits: Limits, prices: tuple[float, float] | None,
                  started_ms: int | None = None) -> None:
@@ -191,6 +191,7 @@ class ActiveRun:
         self.output_tokens = 0
         self.usage_estimated = False
         self.cost_usd: float | None = 0.0 if prices is not None else None
+        self.check = False  # a run of `qledge agent check`
 
     def add(self, meta: RoundMeta, cost: float | None) -> None:
         self.rounds.append(meta)
@@ -346,7 +347,10 @@ class AgentService:
         token = self.credentials.mint(run.id, self.permissions)
         self._active[run.id] = state
         await self.write_evidence(state, self._start(state, now))
-        if self.missions:
+        async with self.binding:  # `qledge agent check` names its run under this lock, as a retry does
+            state.check = self.checking.pop(run.id, False)
+        check = state.check
+        if self.missions and not check:  # a check is one request: no mission, no specialists, no retries
             from edge.tools.missions import bind_attempt
 
             state.attempt = await bind_attempt(self, run, spec.instruction)
@@ -354,8 +358,6 @@ class AgentService:
         if state.attempt is not None:
             mission = MissionJob(mission_id=state.attempt.mission_id, attempt=state.attempt.attempt,
                                  specialists=self.settings.specialists)
-        async with self.binding:  # `qledge agent check` names its run under this lock, as a retry does
-            check = self.checking.pop(run.id, False)
         job = AgentJob(
             run_id=run.id, task_id=task.id, token=token, instruction=spec.instruction,
             provider=provider, limits=limits, tools=self._specs(), user=user, mission=mission, check=check,
