@@ -429,10 +429,11 @@ class AgentService:
             return False
 
     async def clean_instruction(self, project: str, text: str) -> str:
-        """An instruction with every configured secret (and credential pattern) masked."""
+        """An instruction with every configured secret (and credential pattern) masked, within
+        the instruction's bound (a mask may be longer than what it hides)."""
         from edge.core.excerpt import redact
 
-        return redact(text, await self._secrets.values(project)).text or text
+        return redact(text, await self._secrets.values(project)).text[:INSTRUCTION_MAX]
 
     async def clean(self, project: str, text: str | None) -> str | None:
         """Model-made text for the evidence: one bounded line, controls neutralized, secrets masked."""
