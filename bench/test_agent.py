@@ -26,7 +26,7 @@ import pytest
 
 from daemons import BenchDaemon, install_venv, record
 from edge.cli.client import Client
-from edge.core.agent import EvidenceEnd, EvidenceOpen, RoundMeta
+from edge.core.agent import EvidenceOpen, EvidenceRecord, RoundMeta
 from edge.storage.sqlite.db import Database
 from edge.storage.sqlite.evidence import SqliteEvidenceStore
 from edge.tools.agent import ROUND_PAGE, detail_view
@@ -239,13 +239,12 @@ async def _table(path: str, records: int, rounds: int, make_round, instruction: 
             opened = EvidenceOpen(project_id="default", run_id=f"01a2{i:032d}", task_id="nightly-diagnosis",
                                   task_revision=12, instruction=instruction, provider="api.openai.com",
                                   model="gpt-4o-mini", cost_known=True)
-            await store.open(opened, 1_800_000_000_000 + i)
-            for n in range(1, rounds + 1):
-                await store.add_round("default", opened.run_id, make_round(n), 0.0123)
-            await store.end(EvidenceEnd(project_id="default", run_id=opened.run_id,
-                                        state="failed" if error else "succeeded", error_code="provider_http" if error
-                                        else None, error=error, answer_summary=answer_text), opened,
-                            1_800_000_000_000 + i + 1)
+            rounds_ = [make_round(n) for n in range(1, rounds + 1)]
+            await store.finish(EvidenceRecord(
+                started=opened, state="failed" if error else "succeeded", rounds=rounds_,
+                input_tokens=sum(r.input_tokens for r in rounds_), output_tokens=sum(r.output_tokens for r in rounds_),
+                cost_usd=0.0123 * rounds, error_code="provider_http" if error else None, error=error,
+                answer_summary=answer_text, created_at_ms=1_800_000_000_000 + i), 1_800_000_000_000 + i + 1)
         row = await store.get("default", opened.run_id)
         single = len(_json.encode(detail_view(row)))
         page = len(_json.encode(detail_view(row, 0, ROUND_PAGE)))  # what one history.get answers
@@ -279,3 +278,61 @@ def test_evidence_sizes(shape):
 
 def test_report_table():
     print(json.dumps(RESULTS, indent=2, ensure_ascii=False))
+
+
+# -- what an AI run writes to flash -------------------------------------------------------
+
+WRITE_RUNS = 30
+
+
+def _flush(home: str) -> None:
+    """The kernel's writeback between two runs far apart: afterwards a page the next run
+    changes counts again (bench/test_budgets.py does the same)."""
+    for name in ("qledge.db", "qledge.db-wal", "qledge.db-shm"):
+        path = os.path.join(home, name)
+        if os.path.exists(path):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def _written(pid: int) -> int:
+    with open(f"/proc/{pid}/io") as f:
+        return int(next(line for line in f if line.startswith("write_bytes")).split()[1])
+
+
+def test_bytes_written_per_ai_run(setup):
+    """write_bytes of the daemon (/proc/<pid>/io) per AI run of three rounds with two tool
+    calls, one run at a time with a writeback between runs (as for runs far apart), after
+    the task's history and the evidence table are warm."""
+    d, provider, _ = setup
+    with Client(d.socket) as c:
+        c.call("qledge.task.create", {"taskId": "written", "spec": {"command": {
+            "kind": "agent", "instruction": "Did anything fail last night?"}, "overlap": "allow"}})
+
+        def one() -> None:
+            provider.add(tool_call("qinglong.run.list", {"limit": 4}), tool_call("qinglong.task.list", {"limit": 4}),
+                         answer("Nothing failed last night."))
+            run = c.call("qledge.run.start", {"taskId": "written"})
+            while not (waited := c.call("qledge.run.wait", {"runId": run["id"], "timeoutMs": 30_000}))["done"]:
+                pass
+            assert waited["run"]["status"] == "succeeded", waited
+
+        for _ in range(5):
+            one()
+        _flush(d.home)
+        before = _written(d.pid)
+        for _ in range(WRITE_RUNS):
+            one()
+            _flush(d.home)
+        apart = (_written(d.pid) - before) / WRITE_RUNS
+        before = _written(d.pid)
+        for _ in range(WRITE_RUNS):
+            one()
+        together = (_written(d.pid) - before) / WRITE_RUNS
+    RESULTS["written_per_ai_run"] = {
+        "written_back_between_runs_bytes": round(apart), "back_to_back_bytes": round(together),
+        "note": "daemon write_bytes per AI run (3 rounds, 2 tool calls), /proc/<pid>/io",
+    }

@@ -11,6 +11,12 @@ from typing import Any
 from fake_provider import FakeProvider, Request
 from support import DaemonProcess
 
+def wire(name: str) -> str:
+    from edge.core.agent import wire_name
+
+    return wire_name(name)
+
+
 READ_TOOLS = {
     "qinglong.task.list", "qinglong.task.get", "qinglong.trigger.list", "qinglong.run.list", "qinglong.run.get",
     "qinglong.run.events.list", "qinglong.run.compare", "qinglong.task.runs.compare", "qinglong.run.log.excerpt",
@@ -29,10 +35,25 @@ def toml_value(value: Any) -> str:
     return repr(value)
 
 
-def agent_config(provider: FakeProvider | None, extra: str = "", **keys: Any) -> str:
+def agent_config(provider: FakeProvider | None, extra: str = "", /, **keys: Any) -> str:
+    """[agent] against `provider`: its family's profile (`provider = …`, as its host is a
+    loopback address that names none) and its model, unless `keys` say otherwise."""
+    defaults: dict[str, Any] = {"model": provider.model if provider else "test-model"}
+    if provider is not None:
+        defaults["provider"] = provider.family.name
     lines = ["[agent]", "enabled = true", f'base_url = "{provider.url if provider else "http://127.0.0.1:9/v1"}"',
-             'model = "test-model"', *(f"{k} = {toml_value(v)}" for k, v in keys.items())]
+             *(f"{k} = {toml_value(v)}" for k, v in {**defaults, **keys}.items())]
     return "\n".join(lines) + "\n" + extra
+
+
+def tokens_key(provider: FakeProvider) -> str:
+    """The field that bounds the reply in what this family's profile sends."""
+    return "max_completion_tokens" if provider.family.name == "openai" else "max_tokens"
+
+
+def no_refusals(provider: FakeProvider) -> None:
+    """Every request was one the family accepts: a refusal fails the test, naming the family."""
+    assert not provider.refused, f"the {provider.family.name} fake refused: " + "; ".join(provider.refused)
 
 
 def ai_task(d: DaemonProcess, task_id: str, instruction: str = "Why did backup fail?", **budget: Any) -> dict:

@@ -1,9 +1,16 @@
-"""A real loopback HTTP(S) server speaking chat-completions, standing in for a provider:
-scripted replies in order, every request recorded (path, headers, decoded body).
+"""A real loopback HTTP(S) server speaking chat-completions, standing in for a provider of one
+family (OpenAI, DeepSeek, Qwen/DashScope, Gemini's OpenAI-compatible endpoint, Ollama /v1,
+llama.cpp server, vLLM): scripted replies in order, every request recorded (path, headers,
+decoded body), and every request checked first against what that family refuses
+(tests/conformance.py, whose docstring cites each rule's source). A refused request gets the
+family's own status and error body, is recorded in `refused` (with the family named), and the
+tests' fixtures fail on any refusal they did not ask for.
 
-A script step is a reply body (dict), a `Step` (status, delay, raw bytes, headers, a hang),
-or a callable taking the recorded `Request` and returning either (to answer with what the
-conversation holds, e.g. a run id from an earlier tool result).
+A script step is a reply body (dict), a `Step` (status, delay, raw bytes, headers, a hang, a
+drip), or a callable taking the recorded `Request` and returning either (to answer with what
+the conversation holds, e.g. a run id from an earlier tool result). Replies are shaped as the
+family sends them (Gemini's empty call ids, DeepSeek's reasoning_content in thinking mode).
+The helpers name tools as a model does: by the wire names it was offered.
 """
 
 from __future__ import annotations
@@ -19,6 +26,11 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from conformance import FAMILIES, MODELS, Family, family, tokens
+from edge.core.agent import wire_name
+
+__all__ = ["FAMILIES", "MODELS"]
+
 
 @dataclass
 class Step:
@@ -26,6 +38,7 @@ class Step:
     status: int = 200
     delay_s: float = 0.0
     headers: dict[str, str] = field(default_factory=dict)
+    drip_s: float = 0.0  # > 0: the headers and body are sent one byte at a time, this far apart
 
 
 @dataclass
@@ -45,14 +58,16 @@ def usage(prompt: int = 100, completion: int = 20) -> dict[str, int]:
 
 def tool_call(name: str, arguments: Any = None, *, call_id: str | None = "call_1", as_object: bool = False,
               content: str | None = "Plan: look at the runs.", usage_: dict | None = None, extra: dict | None = None,
-              calls: list[tuple[str, Any]] | None = None) -> dict[str, Any]:
-    """A reply asking for tool calls (`calls` for several); finish_reason is left `stop` on
-    purpose: tool calls are recognized by their presence."""
+              calls: list[tuple[str, Any]] | None = None, raw_names: bool = False) -> dict[str, Any]:
+    """A reply asking for tool calls (`calls` for several), each named by its wire name as a
+    model offered the tool would (`raw_names`: exactly as given); finish_reason is left `stop`
+    on purpose: tool calls are recognized by their presence."""
     wanted = calls or [(name, arguments or {})]
     tool_calls = []
     for index, (tool, args) in enumerate(wanted):
         call: dict[str, Any] = {"type": "function", "function": {
-            "name": tool, "arguments": args if as_object else json.dumps(args)}}
+            "name": tool if raw_names or not tool else wire_name(tool),
+            "arguments": args if as_object else json.dumps(args)}}
         if call_id is not None:
             call["id"] = f"{call_id}_{index}" if len(wanted) > 1 else call_id
         tool_calls.append(call)
@@ -74,9 +89,19 @@ def answer(text: str, *, usage_: dict | None | bool = None, extra: dict | None =
 
 
 class FakeProvider:
-    def __init__(self, tls: tuple[str, str] | None = None) -> None:
+    """`family` (tests/conformance.FAMILIES) decides what is refused and how replies look;
+    `model` is the one the tests configure (MODELS[family] unless given); `flags` are the
+    server's (e.g. jinja=False for a llama-server started without --jinja, auto_tool_choice=False
+    for vLLM without its flags, n_ctx / max_model_len / num_ctx for the context it serves)."""
+
+    def __init__(self, tls: tuple[str, str] | None = None, family: str = "openai", model: str | None = None,
+                 **flags: Any) -> None:
+        self.family: Family = _family(family, model, **flags)
+        self.model = self.family.model
         self.script: list[Any] = []
         self.requests: list[Request] = []
+        self.refused: list[str] = []  # "<family>: <why>" for each request the family refused
+        self.truncated: list[int] = []  # Ollama: prompts cut to num_ctx without an error (their token counts)
         self._lock = threading.Lock()
         self.release = threading.Event()  # ends every hanging step
         provider = self
@@ -96,14 +121,24 @@ class FakeProvider:
                 except ValueError:
                     body = {}
                 request = Request(self.path, {k.lower(): v for k, v in self.headers.items()}, body, raw, started)
+                refusal = provider.family.refuse(body, raw) if self.path.endswith("/chat/completions") else None
                 with provider._lock:
                     provider.requests.append(request)
-                    step = provider.script.pop(0) if provider.script else Step(
-                        {"error": {"message": "the test script has no more replies"}}, status=500)
+                    if refusal is not None:
+                        provider.refused.append(f"{provider.family.name}: {refusal.why}")
+                        step = Step(refusal.body, status=refusal.status)
+                    else:
+                        step = provider.script.pop(0) if provider.script else Step(
+                            {"error": {"message": "the test script has no more replies"}}, status=500)
+                        num_ctx = provider.family.flags.get("num_ctx")
+                        if num_ctx is not None and tokens(raw) > num_ctx:
+                            provider.truncated.append(tokens(raw))
                 if callable(step):
                     step = step(request)
                 if not isinstance(step, Step):
                     step = Step(step)
+                if refusal is None and step.status == 200 and isinstance(step.body, dict):
+                    step.body = provider.family.shape(json.loads(json.dumps(step.body)), body)
                 if step.delay_s == float("inf"):
                     provider.release.wait(120)
                 elif step.delay_s:
@@ -112,6 +147,16 @@ class FakeProvider:
                 request.handled_s = time.monotonic() - started
                 request.response_bytes = len(data)
                 try:
+                    if step.drip_s:
+                        head = (f"HTTP/1.1 {step.status} OK\r\nContent-Type: application/json\r\n"
+                                f"Content-Length: {len(data)}\r\n\r\n").encode()
+                        for byte in head + data:
+                            if provider.release.is_set():
+                                return
+                            self.wfile.write(bytes([byte]))
+                            self.wfile.flush()
+                            time.sleep(step.drip_s)
+                        return
                     self.send_response(step.status)
                     for key, value in step.headers.items():
                         self.send_header(key, value)
@@ -155,6 +200,10 @@ def self_signed(directory: str) -> tuple[str, str]:
         check=True, capture_output=True, timeout=60,
     )
     return cert, key
+
+
+def _family(name: str, model: str | None, **flags: Any) -> Family:
+    return family(name, model, **flags)
 
 
 Script = Callable[[dict[str, Any]], Any]

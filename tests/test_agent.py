@@ -1,6 +1,8 @@
 """The AI operator end to end: real daemons, real AI runs in real children, a real loopback
 chat-completions server with scripted replies; assertions on what the provider was actually
-sent, on the runs, their logs, the audit and the evidence history."""
+sent, on the runs, their logs, the audit and the evidence history. Every test runs against
+each provider family's conformance fake (tests/conformance.py), which refuses what that
+service refuses: a refused request fails the test, with the family named."""
 
 from __future__ import annotations
 
@@ -19,27 +21,31 @@ from agent_support import (
     ai_task,
     log,
     marker,
+    no_refusals,
     record,
     start_and_wait,
+    tokens_key,
     tool_messages,
     unmarked,
     until,
     wait,
+    wire,
 )
 from edge.agent.budget import estimate_tokens
 from edge.runner.process import alive
-from fake_provider import FakeProvider, Step, answer, tool_call, usage
+from fake_provider import FAMILIES, FakeProvider, Step, answer, tool_call, usage
 
 pytestmark = pytest.mark.e2e
 
 BACKUP = 'echo "copying /etc"; echo "rsync: write failed: No space left on device (28)"; echo UNIQUE-LOG-7f3a; exit 23'
 
 
-@pytest.fixture
-def provider():
-    p = FakeProvider()
+@pytest.fixture(params=FAMILIES)
+def provider(request):
+    p = FakeProvider(family=request.param)
     yield p
     p.close()
+    no_refusals(p)
 
 
 @pytest.fixture
@@ -75,9 +81,11 @@ def test_ask_answers_about_real_runs_through_the_cli(agent, provider):
 
     first, second, third = provider.requests
     # What the model was offered: the qinglong.* read tools and its specialist tools, nothing else.
+    # Offered under wire names every provider accepts; the evidence and the audit keep the real ones.
     offered = {t["function"]["name"] for t in first.body["tools"]}
-    assert offered == READ_TOOLS | SPECIALIST_TOOLS
-    assert all(req.body["model"] == "test-model" and req.body["max_tokens"] == 4096 for req in provider.requests)
+    assert offered == {wire(name) for name in READ_TOOLS | SPECIALIST_TOOLS}
+    key = tokens_key(provider)
+    assert all(req.body["model"] == provider.model and req.body[key] == 4096 for req in provider.requests)
     assert first.body["messages"][1] == {"role": "user", "content": "why did backup fail?"}
     # Tool results are data, datamarked with a marker of each request's own, which the system prompt explains.
     markers = {marker(r) for r in provider.requests}
@@ -92,8 +100,9 @@ def test_ask_answers_about_real_runs_through_the_cli(agent, provider):
     assert all(len(t["content"].encode()) <= 16 * 1024 for r in provider.requests for t in tool_messages(r))
     # The assistant turns are passed back with their tool calls, answered by id.
     assistant = third.body["messages"][2]
-    assert assistant["tool_calls"][0]["id"] == "call_1"
-    assert tool_messages(third)[0]["tool_call_id"] == "call_1"
+    first_id = "call_1_0" if provider.family.name == "gemini" else "call_1"  # Gemini sends no ids: made up
+    assert assistant["tool_calls"][0]["id"] == first_id
+    assert tool_messages(third)[0]["tool_call_id"] == first_id
 
     run = d.call("qledge.run.get", {"runId": run_id})
     assert run["taskId"] == "ask" and run["status"] == "succeeded"
@@ -288,7 +297,12 @@ def test_missing_ids_object_arguments_and_reasoning_content(agent, provider):
     assert run["status"] == "succeeded"
     second = provider.requests[1]
     assistant = second.body["messages"][2]
-    assert assistant["reasoning_content"] == "The owner wants failures; list runs first."
+    # Passed back to DeepSeek (its thinking mode refuses a tool-call turn without it), never to
+    # the others (OpenAI refuses the field).
+    if provider.family.name == "deepseek":
+        assert assistant["reasoning_content"] == "The owner wants failures; list runs first."
+    else:
+        assert "reasoning_content" not in assistant
     (call,) = assistant["tool_calls"]
     assert call["id"] == "call_1_0" and call["function"]["arguments"] == '{"limit":2}'
     (result,) = tool_messages(second)
@@ -368,9 +382,11 @@ def test_kill_9_of_the_daemon_mid_task_leaves_it_lost_and_finalized(agent, provi
     final = again.call("qledge.run.get", {"runId": run["id"]})
     assert (final["status"], final["errorCode"]) == ("lost", "daemon_lost")
     until(lambda: not alive(child), what="the orphaned child to be stopped")
+    # Seed 001: the record is written once, at the end; the rounds the dead daemon held in
+    # memory died with it, and recovery writes the `lost` record from what it knows.
     evidence = record(again, run["id"])
-    assert evidence["state"] == "lost" and evidence["rounds"] == 1 and evidence["finishedAtMs"] is not None
-    assert evidence["toolSequence"] == ["qinglong.run.list"]
+    assert evidence["state"] == "lost" and evidence["rounds"] == 0 and evidence["finishedAtMs"] is not None
+    assert evidence["toolSequence"] == [] and evidence["instruction"] == "Why did backup fail?"
 
 
 def test_an_evidence_write_failure_is_swallowed_and_logged_once(agent, provider):
@@ -449,7 +465,7 @@ def test_long_results_are_cut_and_the_oldest_trimmed_to_fit_the_context(agent, p
 def test_mcp_offers_the_history_tools(provider, daemon_factory):
     from mcp_support import LineClient, request
 
-    d = daemon_factory(config=agent_config(provider, extra="[mcp]\nenabled = true\n")).start()
+    d = daemon_factory(config=agent_config(provider, "[mcp]\nenabled = true\n")).start()
     c = LineClient(os.path.join(d.home, "mcp.sock"))
     c.send({"qledge": {"token": None}})
     assert c.recv() == {"qledge": {"ok": True}}
@@ -481,12 +497,12 @@ def test_the_daemon_loads_nothing_of_the_child_even_after_ai_runs(agent, provide
     run = start_and_wait(d, ai_task(d, "cjk")["id"])
     assert run["status"] == "succeeded" and log(d, run["id"]) == "备份失败：磁盘已满。\n"
     offered = {t["function"]["name"] for t in provider.requests[0].body["tools"]}
-    assert offered == READ_TOOLS - {"qinglong.run.log.excerpt"} | SPECIALIST_TOOLS  # read_logs = false
+    assert offered == {wire(n) for n in READ_TOOLS - {"qinglong.run.log.excerpt"} | SPECIALIST_TOOLS}  # read_logs off
     modules = d.call("qledge.status", {"includeModules": True})["modules"]
     assert "edge.tools.agent" in modules and "edge.storage.sqlite.evidence" in modules
     for absent in ("edge.agent", "ssl", "_ssl", "http"):  # (urllib: the editable install loads it)
         assert not [m for m in modules if m == absent or m.startswith(absent + ".")], absent
-    assert re.search(r"^agent: +test-model at http", d.cli("status").stdout, re.M)
+    assert re.search(rf"^agent: +{re.escape(provider.model)} at http", d.cli("status").stdout, re.M)
 
 
 def test_the_default_daemon_loads_nothing_of_the_operator(daemon):

@@ -16,9 +16,10 @@ import pytest
 from edge.agent.budget import Budget, estimate_tokens
 from edge.agent.prompt import RESULT_MAX_BYTES, Conversation, ToolResult, new_marker
 from edge.agent.provider import ChatClient, ProviderError, parse
-from edge.core.agent import Limits, OfferedTool, ProviderSettings
+from edge.core.agent import PROFILES, Limits, OfferedTool, ProviderSettings
 from fake_provider import FakeProvider, Step, answer, self_signed, tool_call
 
+MINIMAL = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
 LIMITS = Limits(rounds=3, input_tokens=1000, output_tokens=500, cost_usd=1.0, wall_clock_s=60, tool_calls_per_round=8)
 
 
@@ -80,7 +81,7 @@ def body(message: dict, **top) -> bytes:
 
 def test_tool_calls_are_recognized_by_presence_whatever_the_finish_reason():
     reply = parse(json.dumps(tool_call("qinglong.run.list", {"limit": 1})).encode(), 1)
-    assert [(c.id, c.name, c.arguments) for c in reply.tool_calls] == [("call_1", "qinglong.run.list", {"limit": 1})]
+    assert [(c.id, c.name, c.arguments) for c in reply.tool_calls] == [("call_1", "qinglong_run_list", {"limit": 1})]
     assert parse(body({"content": "hi", "tool_calls": []}), 1).tool_calls == []
 
 
@@ -142,8 +143,10 @@ def test_a_result_is_cut_to_16_kib_as_sent_and_says_so():
 
 def test_trimming_replaces_the_oldest_results_and_keeps_the_calls():
     tools = [OfferedTool(name="t", description="d", parameters=msgspec.Raw(b'{"type":"object"}'))]
-    conv = Conversation("question", tools, 8)
-    conv.add_reply(parse(json.dumps(tool_call("t", {})).encode(), 1))
+    conv = Conversation("question", tools, 8, PROFILES["generic"], {"t": "t"})
+    reply = parse(json.dumps(tool_call("t", {})).encode(), 1)
+    reply.tool_calls[0].wire = "t"
+    conv.add_reply(reply)
     conv.add_result(ToolResult("call_1", {"data": "x" * 5000}))
     before = len(conv.body("m", "max_tokens", 10, "^000000^"))
     assert conv.trim_oldest() and not conv.trim_oldest()
@@ -169,11 +172,11 @@ def test_tls_is_verified_against_the_trust_store_or_the_ca_file(tls):
     server, cert = tls
     server.add(answer("secure"), answer("again"))
     with pytest.raises(ProviderError) as err:
-        ChatClient(provider(server.url), None).send(b"{}", 5)
+        ChatClient(provider(server.url), None).send(MINIMAL, 5)
     assert err.value.code == "provider_tls" and not err.value.retryable
     client = ChatClient(provider(server.url, ca_file=cert), "sk-test")
-    assert parse(client.send(b"{}", 5), 1).content == "secure"
-    assert parse(client.send(b"{}", 5), 2).content == "again"  # the connection is kept
+    assert parse(client.send(MINIMAL, 5), 1).content == "secure"
+    assert parse(client.send(MINIMAL, 5), 2).content == "again"  # the connection is kept
     assert server.requests[-1].headers["authorization"] == "Bearer sk-test"
     client.close()
 
@@ -183,7 +186,7 @@ def test_the_environment_proxy_is_never_used(monkeypatch):
     try:
         for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY"):
             monkeypatch.setenv(name, "http://127.0.0.1:9")  # nothing listens there
-        assert parse(ChatClient(provider(server.url), None).send(b"{}", 5), 1).content == "direct"
+        assert parse(ChatClient(provider(server.url), None).send(MINIMAL, 5), 1).content == "direct"
     finally:
         server.close()
 
@@ -235,7 +238,7 @@ def test_a_configured_proxy_tunnels_to_base_urls_host_only(tls):
     proxy = ConnectProxy()
     try:
         client = ChatClient(provider(server.url, ca_file=cert, proxy=f"http://127.0.0.1:{proxy.port}"), None)
-        assert parse(client.send(b"{}", 5), 1).content == "through the proxy"
+        assert parse(client.send(MINIMAL, 5), 1).content == "through the proxy"
         port = server.server.server_address[1]
         assert proxy.asked == [f"CONNECT localhost:{port} HTTP/1.0".encode()]
     finally:
@@ -246,7 +249,7 @@ def test_redirects_are_refused_not_followed():
     server = FakeProvider().add(Step({}, status=302, headers={"Location": "https://elsewhere.example/v1"}))
     try:
         with pytest.raises(ProviderError) as err:
-            ChatClient(provider(server.url), None).send(b"{}", 5)
+            ChatClient(provider(server.url), None).send(MINIMAL, 5)
         assert err.value.code == "provider_redirect" and "elsewhere.example" in err.value.message
         assert len(server.requests) == 1
     finally:
@@ -257,7 +260,7 @@ def test_the_key_never_appears_in_an_error():
     server = FakeProvider().add(Step({"error": {"message": "Incorrect API key provided: sk-live-123"}}, status=401))
     try:
         with pytest.raises(ProviderError) as err:
-            ChatClient(provider(server.url), "sk-live-123").send(b"{}", 5)
+            ChatClient(provider(server.url), "sk-live-123").send(MINIMAL, 5)
         assert "sk-live-123" not in err.value.message and "***" in err.value.message
     finally:
         server.close()

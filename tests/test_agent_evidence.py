@@ -1,7 +1,7 @@
 """The evidence history's SQLite store beyond the contract every backend meets
-(tests/test_port_contracts.py: retention on insert, bounded deletes, totals and unknown
-cost, ending a record never opened, pages): the change position's arithmetic on the
-daemon's connection, across daemons, and the real query plan of the history page."""
+(tests/test_port_contracts.py: retention on insert, bounded deletes, the whole record written
+once, pages): the change position's arithmetic on the daemon's connection, across daemons, a
+run's start that writes nothing, and the real query plan of the history page."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import os
 import apsw
 import pytest
 
-from edge.core.agent import EvidenceEnd, EvidenceOpen, RoundMeta
+from edge.core.agent import EvidenceOpen, EvidenceRecord, RoundMeta
 from edge.storage.sqlite.db import Database
 from edge.storage.sqlite.evidence import SQL_PAGE, SqliteEvidenceStore
 from support import assert_uses_index
@@ -51,22 +51,24 @@ def _three_changes(conn: apsw.Connection) -> None:
     conn.execute("DELETE FROM tasks WHERE id = 't'")
 
 
-async def test_end_finishes_once_and_inserts_a_record_that_was_never_opened(store):
+async def test_a_start_writes_nothing_and_the_end_writes_the_whole_record_once(store):
     evidence, sql = store
-    await evidence.open(opened(1), T0)
-    before = (await evidence.get("default", "run-00001")).position_before
+    before = await evidence.start(opened(1), T0)
+    assert count(sql) == 0  # seed 001: nothing is written until the terminal state
     await evidence.db.run(_three_changes)
-    await evidence.end(EvidenceEnd(project_id="default", run_id="run-00001", state="succeeded",
-                                   answer_summary="all fine"), opened(1), T0 + 5)
-    await evidence.end(EvidenceEnd(project_id="default", run_id="run-00001", state="lost"), opened(1), T0 + 6)
+    await evidence.finish(EvidenceRecord(started=opened(1), state="succeeded", rounds=[meta(1)], input_tokens=100,
+                                         output_tokens=10, position_before=before, created_at_ms=T0,
+                                         answer_summary="all fine"), T0 + 5)
+    await evidence.finish(EvidenceRecord(started=opened(1), state="lost"), T0 + 6)  # written: left as it is
     record = await evidence.get("default", "run-00001")
-    assert (record.state, record.answer_summary, record.finished_at_ms) == ("succeeded", "all fine", T0 + 5)
-    assert record.position_after == before + 4  # the record's own insert and the three changes
-    await evidence.end(EvidenceEnd(project_id="default", run_id="run-00002", state="cancelled",
-                                   error="cancelled: user"), opened(2), T0 + 7)
+    assert (record.state, record.answer_summary, record.created_at_ms, record.finished_at_ms) == (
+        "succeeded", "all fine", T0, T0 + 5)
+    assert record.position_after == before + 3  # the three changes in between
+    # A run a crashed daemon left: what is known, the recovery's position for both.
+    await evidence.finish(EvidenceRecord(started=opened(2), state="lost", error="daemon_lost"), T0 + 7)
     record = await evidence.get("default", "run-00002")
-    assert (record.state, record.error, record.instruction, record.rounds) == (
-        "cancelled", "cancelled: user", "question 2", 0)
+    assert (record.state, record.instruction, record.rounds, record.created_at_ms) == ("lost", "question 2", 0, T0 + 7)
+    assert record.position_before == record.position_after
 
 
 async def test_the_history_page_rides_its_index(store):
@@ -79,14 +81,12 @@ async def test_positions_only_grow_across_daemons(home):
     path = os.path.join(home, "qledge.db")
     db = await Database.open(path)
     first = SqliteEvidenceStore(db)
-    await first.open(opened(1), T0)
-    await first.end(EvidenceEnd(project_id="default", run_id="run-00001", state="succeeded"), opened(1), T0)
+    await first.finish(EvidenceRecord(started=opened(1), state="succeeded"), T0)
     highest = (await first.get("default", "run-00001")).position_after
     await db.close()
     db = await Database.open(path)  # the next daemon: its connection starts counting from zero again
     try:
         second = SqliteEvidenceStore(db)
-        await second.open(opened(2), T0 + 1)
-        assert (await second.get("default", "run-00002")).position_before == highest + 1
+        assert await second.start(opened(2), T0 + 1) == highest + 1
     finally:
         await db.close()

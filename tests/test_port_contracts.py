@@ -1260,14 +1260,22 @@ def round_meta(n: int, estimated: bool = False):
                      response_chars=42, tools=["qinglong.run.list"], plan=f"plan {n}")
 
 
+async def finish(store, n: int, now: int, project: str = P, **fields):
+    """Write run n's whole record, as the daemon does once its run has ended."""
+    from edge.core.agent import EvidenceRecord
+
+    fields.setdefault("state", "succeeded")
+    await store.finish(EvidenceRecord(started=opened(n, project=project), created_at_ms=now, **fields), now)
+
+
 async def test_evidence_the_501st_record_prunes_the_oldest(evidence):
     from edge.storage.sqlite.evidence import MAX_RECORDS
 
     store, rows = evidence
     for n in range(MAX_RECORDS):
-        await store.open(opened(n), T0 + n)
+        await finish(store, n, T0 + n)
     assert await rows() == MAX_RECORDS
-    await store.open(opened(MAX_RECORDS), T0 + MAX_RECORDS)
+    await finish(store, MAX_RECORDS, T0 + MAX_RECORDS)
     assert await rows() == MAX_RECORDS
     assert await store.get(P, "run-00000") is None
     assert await store.get(P, "run-00001") is not None
@@ -1275,11 +1283,11 @@ async def test_evidence_the_501st_record_prunes_the_oldest(evidence):
 
 async def test_evidence_a_91_day_old_record_is_pruned_by_the_next_insert(evidence):
     store, rows = evidence
-    await store.open(opened(1), T0)
-    await store.open(opened(2), T0 + 89 * DAY)
-    await store.open(opened(3), T0 + 90 * DAY)  # exactly 90 days: kept
+    await finish(store, 1, T0)
+    await finish(store, 2, T0 + 89 * DAY)
+    await finish(store, 3, T0 + 90 * DAY)  # exactly 90 days: kept
     assert await rows() == 3
-    await store.open(opened(4), T0 + 91 * DAY)  # the inserting write's clock says 91 days later
+    await finish(store, 4, T0 + 91 * DAY)  # the inserting write's clock says 91 days later
     assert await store.get(P, "run-00001") is None
     assert [r.run_id for r in await store.page(P, None, 10)] == ["run-00004", "run-00003", "run-00002"]
 
@@ -1289,69 +1297,47 @@ async def test_evidence_each_insert_deletes_a_bounded_number_of_rows(evidence):
 
     store, rows = evidence
     for n in range(40):
-        await store.open(opened(n), T0 + n)
-    await store.open(opened(99), T0 + 200 * DAY)  # all 40 are too old, only the oldest few go at once
+        await finish(store, n, T0 + n)
+    await finish(store, 99, T0 + 200 * DAY)  # all 40 are too old, only the oldest few go at once
     assert await rows() == 41 - PRUNE_BATCH
     for n in range(100, 104):
-        await store.open(opened(n), T0 + 200 * DAY)
+        await finish(store, n, T0 + 200 * DAY)
     assert await rows() == 5  # converged over the next writes
 
 
-async def test_evidence_rounds_add_up_and_an_estimated_round_makes_the_cost_unknown(evidence):
+async def test_evidence_the_whole_record_is_written_once_with_its_rounds_and_totals(evidence):
     store, _ = evidence
-    await store.open(opened(1), T0)
-    await store.open(opened(1), T0 + 1)  # a record that exists is left as it is
-    assert await store.add_round(P, "run-00001", round_meta(1), 0.25)
-    assert await store.add_round(P, "run-00001", round_meta(2), 0.5)
+    before = await store.start(opened(1), T0)
+    rounds = [round_meta(1), round_meta(2, estimated=True)]
+    await finish(store, 1, T0, rounds=rounds, input_tokens=300, output_tokens=30, usage_estimated=True,
+                 cost_usd=None, position_before=before, answer_summary="all fine")
+    await finish(store, 1, T0 + 6, state="lost")  # a record that was written is left as it is
     record = await store.get(P, "run-00001")
     assert record is not None and record.created_at_ms == T0
-    assert (record.rounds, record.input_tokens, record.output_tokens, record.cost_usd) == (2, 300, 30, 0.75)
+    assert (record.state, record.answer_summary, record.rounds, record.input_tokens, record.output_tokens) == (
+        "succeeded", "all fine", 2, 300, 30)
+    assert record.usage_estimated and record.cost_usd is None  # unknown, never zero
     assert [r.plan for r in record.round_meta] == ["plan 1", "plan 2"]
     assert [r.tools for r in record.round_meta] == [["qinglong.run.list"]] * 2
-    assert await store.add_round(P, "run-00001", round_meta(3, estimated=True), None)
-    record = await store.get(P, "run-00001")
-    assert record is not None and record.usage_estimated and record.cost_usd is None
-    assert await store.add_round(P, "run-00001", round_meta(4), 1.0)
-    record = await store.get(P, "run-00001")
-    assert record is not None and record.cost_usd is None  # unknown stays unknown
-    assert not await store.add_round(P, "elsewhere", round_meta(1), 1.0)
-    assert not await store.add_round("other-project", "run-00001", round_meta(5), 1.0)
-    await store.open(opened(2, cost_known=False), T0)
-    await store.add_round(P, "run-00002", round_meta(1), None)
-    record = await store.get(P, "run-00002")
-    assert record is not None and record.cost_usd is None  # no prices: unknown from the start
-
-
-async def test_evidence_end_finishes_once_and_inserts_a_record_never_opened(evidence):
-    from edge.core.agent import EvidenceEnd
-
-    store, _ = evidence
-    await store.open(opened(1), T0)
-    await store.end(EvidenceEnd(project_id=P, run_id="run-00001", state="succeeded", answer_summary="all fine"),
-                    opened(1), T0 + 5)
-    assert not await store.add_round(P, "run-00001", round_meta(1), 0.1)  # ended: no more rounds
-    await store.end(EvidenceEnd(project_id=P, run_id="run-00001", state="lost"), opened(1), T0 + 6)
-    record = await store.get(P, "run-00001")
-    assert record is not None
-    assert (record.state, record.answer_summary, record.finished_at_ms) == ("succeeded", "all fine", T0 + 5)
-    assert record.position_after is not None and record.position_after >= record.position_before
-    await store.end(EvidenceEnd(project_id=P, run_id="run-00002", state="budget_exhausted", budget="rounds",
-                                error_code="budget_exhausted", error="the rounds budget ran out"), opened(2), T0 + 7)
+    assert record.position_before == before and record.position_after is not None
+    assert record.position_after >= record.position_before
+    await finish(store, 2, T0 + 7, state="budget_exhausted", budget="rounds", error_code="budget_exhausted",
+                 error="the rounds budget ran out", cost_usd=0.75)
     record = await store.get(P, "run-00002")
     assert record is not None
-    assert (record.state, record.budget, record.error, record.instruction, record.rounds) == (
-        "budget_exhausted", "rounds", "the rounds budget ran out", "question 2", 0)
+    assert (record.state, record.budget, record.error, record.instruction, record.rounds, record.cost_usd) == (
+        "budget_exhausted", "rounds", "the rounds budget ran out", "question 2", 0, 0.75)
     assert record.position_before >= 0 and await store.get("other-project", "run-00002") is None
 
 
 async def test_evidence_pages_are_newest_first_keysets_and_positions_grow(evidence):
-    from edge.core.agent import EvidenceCursor, EvidenceEnd
+    from edge.core.agent import EvidenceCursor
 
     store, _ = evidence
     for n in range(5):
-        await store.open(opened(n), T0 + n // 2)  # equal times: the run id breaks the tie
-        await store.end(EvidenceEnd(project_id=P, run_id=f"run-{n:05d}", state="succeeded"), opened(n), T0 + n)
-    await store.open(opened(7, project="other-project"), T0)
+        before = await store.start(opened(n), T0 + n // 2)
+        await finish(store, n, T0 + n // 2, position_before=before)  # equal times: the run id breaks the tie
+    await finish(store, 7, T0, project="other-project")
     first = await store.page(P, None, 3)
     assert [r.run_id for r in first] == ["run-00004", "run-00003", "run-00002"]
     after = EvidenceCursor(created_at_ms=first[-1].created_at_ms, run_id=first[-1].run_id)

@@ -1,7 +1,8 @@
 """Specialists end to end (seed 003's acceptance list), on the ACTUAL model input: real
 daemons, real AI runs in real children, a real loopback chat-completions server that records
 every request body. Assertions are on those bodies, on the persisted ledger rows and on
-failure states, never on a model repeating its task."""
+failure states, never on a model repeating its task. Every test runs against each provider
+family's conformance fake (tests/conformance.py): a refused request fails it, naming the family."""
 
 from __future__ import annotations
 
@@ -11,8 +12,20 @@ import re
 
 import pytest
 
-from agent_support import agent_config, ai_task, log, record, start_and_wait, tool_messages, unmarked, until, wait
-from fake_provider import FakeProvider, Step, answer, tool_call, usage
+from agent_support import (
+    agent_config,
+    ai_task,
+    log,
+    no_refusals,
+    record,
+    start_and_wait,
+    tokens_key,
+    tool_messages,
+    unmarked,
+    until,
+    wait,
+)
+from fake_provider import FAMILIES, FakeProvider, Step, answer, tool_call, usage
 from specialist_support import (
     CORR_1,
     CORR_2,
@@ -37,11 +50,14 @@ pytestmark = pytest.mark.e2e
 SA = "schedule-advisor"
 
 
-@pytest.fixture
-def provider():
-    p = FakeProvider()
+@pytest.fixture(params=FAMILIES)
+def provider(request):
+    # Gemini's calls keep their ids here: the ledger's sources name them (the operator's tests
+    # cover the ids Gemini leaves empty).
+    p = FakeProvider(family=request.param, empty_ids=False)
     yield p
     p.close()
+    no_refusals(p)
 
 
 @pytest.fixture
@@ -94,7 +110,7 @@ def test_the_delegation_leaves_the_twelve_message_window_and_is_still_delivered(
     ]
     assert f"[w2] {ITEM} (acceptance: names the exit code; from attempt 1 round 1 call call_d)" in system(last)
     assert all(constraint_lines(r) == constraint_lines(last) for r in asks)
-    assert all(is_specialist(r) and r.body["max_tokens"] == 1024 for r in asks)
+    assert all(is_specialist(r) and r.body[tokens_key(provider)] == 1024 for r in asks)
     rounds = _specialist_rounds(d, run_id)
     assert [(r["specialist"]["historySent"], r["specialist"]["historyTrimmed"]) for r in rounds] == [
         (0, 0), (2, 0), (4, 0), (6, 0), (8, 0), (10, 0), (12, 0), (12, 2)]
@@ -138,7 +154,7 @@ def test_the_context_window_trim_drops_history_first(agent, provider):
     assert 0 < len(sent) < 10  # ten history messages were candidates; the oldest were dropped to fit
     assert sent == history[-len(sent):]  # the newest survive, in order
     assert conversation(last)[-1] == "ASK-6" and DELEGATION in system(last)
-    assert -(-len(last.raw) // 2) + 6000 <= 12_000 and last.body["max_tokens"] == 6000
+    assert -(-len(last.raw) // 2) + 6000 <= 12_000 and last.body[tokens_key(provider)] == 6000
     trimmed = _specialist_rounds(d, run_id)[-1]["specialist"]
     assert trimmed["historySent"] == len(sent) and trimmed["historyTrimmed"] == 10 - len(sent)
 
@@ -226,7 +242,9 @@ def test_the_scripted_mission_delegates_corrects_revokes_survives_a_restart_and_
     # Each attempt is a run of its own, with its own principal, its own evidence.
     first, second = record(d, m.run_1), record(d, m.run_2)
     assert (first["state"], second["state"]) == ("lost", "succeeded")
-    assert [r["specialist"]["child"] for r in first["perRound"] if r["specialist"]] == [LA, LA]
+    # The crashed attempt's rounds were held in its daemon's memory (the record is written once,
+    # at the end): its `lost` record has none; the ledger above is what carries over.
+    assert first["perRound"] == [] and first["rounds"] == 0
     assert [(r["specialist"]["constraints"], r["specialist"]["historySent"]) for r in second["perRound"]
             if r["specialist"]] == [(2, 4), (2, 7)]
     audit = rows(d, "SELECT DISTINCT principal FROM security_audit WHERE tool LIKE 'qledge.agent.specialist.%'")
@@ -399,7 +417,7 @@ def test_a_specialist_cannot_call_a_tool_whatever_it_answers(agent, provider):
 def test_the_ledger_tools_are_the_run_credentials_alone(provider, daemon_factory):
     from mcp_support import INITIALIZE, LineClient, request
 
-    d = daemon_factory(config=agent_config(provider, extra="[mcp]\nenabled = true\n")).start()
+    d = daemon_factory(config=agent_config(provider, "[mcp]\nenabled = true\n")).start()
     args = {"child": LA, "constraint": 1, "round": 1, "call": "x"}
     for op in ("delegate", "correct", "revoke", "items", "prepare", "commit", "withdraw"):
         owner = d.cli("call", f"qledge.agent.specialist.{op}", "--args", json.dumps(args))
@@ -453,13 +471,14 @@ def test_specialists_can_be_configured_and_turned_off(agent, provider):
     _asked(d)
     parent = provider.requests[0]
     tools = {t["function"]["name"]: t["function"] for t in parent.body["tools"]}
-    schema = tools["specialist.ask"]
+    schema = tools["specialist_ask"]
     assert schema["parameters"]["properties"]["specialist"]["enum"] == [LA, "wifi-expert"]
     # The built-in description stays when only the system text is configured.
-    assert (f"{LA}: reads the log lines, exit codes and errors you quote" in tools["specialist.delegate"]["description"]
-            and "wifi-expert: knows OpenWrt wireless" in tools["specialist.delegate"]["description"])
+    assert (f"{LA}: reads the log lines, exit codes and errors you quote" in tools["specialist_delegate"]["description"]
+            and "wifi-expert: knows OpenWrt wireless" in tools["specialist_delegate"]["description"])
     request, own = specialist_requests(provider)
-    assert system(request).startswith("You know OpenWrt's wireless stack.") and request.body["max_tokens"] == 512
+    assert system(request).startswith("You know OpenWrt's wireless stack.")
+    assert request.body[tokens_key(provider)] == 512
     assert system(own).startswith("LA-OWN-SYSTEM: read logs tersely.\n\nHow this works") and "log analyst" not in \
         system(own)
     assert unmarked(provider.requests[2], tool_messages(provider.requests[2])[-1]["content"])["reply"] == "REPLY"

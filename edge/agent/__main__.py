@@ -8,7 +8,8 @@ it cannot read the state directory, and having changed credentials it is not dum
 no other process of that user can trace it or read its memory. It calls tools (the mission
 ledger's too, for its specialists) on the inherited connection M, runs the operator's loop,
 writes the answer (or one line saying why there is none) to stdout, which is the run's log,
-and exits 0 (answered), 1 (failed) or 2 (a budget ran out). It blocks: no event loop, and
+and exits 0 (answered), 1 (failed) or 2 (a budget ran out). A run of `qledge agent check`
+sends one request instead and writes its diagnosis (edge.agent.check). It blocks: no event loop, and
 `ssl` only when the endpoint is https.
 """
 
@@ -100,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     import encodings.idna  # noqa: F401  (socket names hosts through it, at the first connect)
 
     from edge.agent.budget import Budget
+    from edge.agent.check import Check
     from edge.agent.operator import Operator, Stop
     from edge.agent.provider import ChatClient
     from edge.agent.specialists import Specialists
@@ -127,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
             if model is None or problem is not None:
                 operator = Operator(job, _NoModel(), tools, tools, Budget(job.limits, job.provider))
                 return operator.fail(sys.stdout, Stop("agent_config", problem or "no provider"))
+            if job.check:
+                return Check(job, model, tools).main(sys.stdout)
             operator = Operator(job, model, tools, tools, Budget(job.limits, job.provider), specialists=specialists)
             return operator.main(sys.stdout)
         finally:

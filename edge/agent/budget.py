@@ -5,6 +5,12 @@ estimated cost, wall clock. A request is sent only if its input tokens plus
 Token counts come from the server's `usage`; without it they are estimated conservatively
 (one token per two bytes of UTF-8, well above what tokenizers produce for English, code
 or CJK text), the round says `usageEstimated`, and the cost is reported as unknown.
+
+An estimate never trusts itself over the provider: a request's input is at least what the
+provider counted for the previous request of the same conversation plus the estimate of
+what was added since. So a provider that counts more than the estimate (a tokenizer that
+is not the usual, or one that over-reports) can push a run past a budget by at most its
+first request.
 """
 
 from __future__ import annotations
@@ -37,6 +43,20 @@ class Budget:
         self.output_tokens = 0
         self.cost_usd = 0.0  # with estimated usage too: what enforcement counts
         self.usage_estimated = False
+        self._counted: dict[str, tuple[int, int]] = {}  # conversation -> (request bytes, input tokens counted)
+
+    def estimate(self, conversation: str, n_bytes: int) -> int:
+        """The input tokens a request of `n_bytes` is counted as, before it is sent."""
+        tokens = estimate_tokens(n_bytes)
+        counted = self._counted.get(conversation)
+        if counted is not None:
+            tokens = max(tokens, counted[1] + estimate_tokens(max(0, n_bytes - counted[0])))
+        return tokens
+
+    def counted(self, conversation: str, n_bytes: int, input_tokens: int | None) -> None:
+        """What the provider counted for a request of `n_bytes` (None: it did not say)."""
+        if input_tokens is not None:
+            self._counted[conversation] = (n_bytes, input_tokens)
 
     def remaining_s(self) -> float:
         return self.deadline - self._clock()

@@ -27,6 +27,7 @@ from edge.agent.tools import DaemonGone, Reporter, ToolFailure, Toolbox
 from edge.core.excerpt import normalize
 from edge.core.agent import (
     EVIDENCE_TEXT_MAX,
+    PROFILES,
     ROUND_TOOLS_MAX,
     UNKNOWN_TOOL,
     AgentJob,
@@ -34,6 +35,8 @@ from edge.core.agent import (
     OutcomeReport,
     RoundMeta,
     SpecialistRound,
+    wire_name,
+    wire_names,
 )
 
 RETRY_AFTER_MAX_S = 30.0
@@ -46,13 +49,15 @@ class Model(Protocol):
 
 
 class Stop(Exception):
-    """The run ends without an answer; `code` becomes the run's error code."""
+    """The run ends without an answer; `code` becomes the run's error code, `hint` (one line
+    of what to change) follows the message in the log and the run's summary."""
 
-    def __init__(self, code: str, message: str, budget: BudgetName | None = None) -> None:
+    def __init__(self, code: str, message: str, budget: BudgetName | None = None, hint: str | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.budget = budget
+        self.hint = hint
 
 
 def _line(text: str, limit: int = EVIDENCE_TEXT_MAX) -> str:
@@ -73,6 +78,10 @@ class Operator:
         self._sleep = sleep
         self._offered = [*tools.offered(), *(specialists.offered() if specialists is not None else [])]
         self._names = {t.name for t in self._offered}
+        # Offered under wire names (the daemon refused to start on a clash), mapped back on return.
+        self._wire = wire_names(sorted(self._names))
+        self._real = {wire: name for name, wire in self._wire.items()}
+        self.profile = PROFILES.get(job.provider.provider, PROFILES["generic"])
         self._markers: set[str] = set()
 
     def main(self, out: TextIO) -> int:
@@ -90,12 +99,16 @@ class Operator:
         return 0
 
     def fail(self, out: TextIO, stop: Stop) -> int:
-        """End without an answer: one line to the log, the outcome to the daemon."""
+        """End without an answer: one line to the log (and one of what to change, when known),
+        the outcome to the daemon."""
         out.write(f"qledge agent: {stop.code}: {stop.message}\n")
+        if stop.hint:
+            out.write(f"qledge agent: to fix: {stop.hint}\n")
         out.flush()
         exhausted = stop.code == "budget_exhausted"
+        why = f"{stop.message} (to fix: {stop.hint})" if stop.hint else stop.message
         self._report(OutcomeReport(outcome="budget_exhausted" if exhausted else "failed", error_code=stop.code,
-                                   budget=stop.budget, message=_line(stop.message)))
+                                   budget=stop.budget, message=_line(why)))
         return 2 if exhausted else 1
 
     def _report(self, report: OutcomeReport) -> None:
@@ -109,7 +122,8 @@ class Operator:
 
     def answer(self) -> str:
         job = self.job
-        conversation = Conversation(job.instruction, self._offered, job.limits.tool_calls_per_round)
+        conversation = Conversation(job.instruction, self._offered, job.limits.tool_calls_per_round, self.profile,
+                                    self._wire)
         while True:
             number = self.budget.rounds + 1  # specialists' rounds count in the same sequence
             reply, request_tokens = self._send(lambda: self._body(conversation), number)
@@ -126,10 +140,11 @@ class Operator:
     def consult(self, body: bytes, max_output: int, meta: SpecialistRound) -> tuple[int, Reply]:
         """A specialist's request as a round of this run (edge.agent.specialists.Consult)."""
         number = self.budget.rounds + 1
-        refused = self.budget.refuse(number, estimate_tokens(len(body)), max_output)
+        key = f"specialist:{meta.child}"
+        refused = self.budget.refuse(number, self.budget.estimate(key, len(body)), max_output)
         if refused is not None:
             raise Refused(refused[0], f"{refused[0]} budget exhausted: {refused[1]}; the request was not sent")
-        reply, tokens = self._send(lambda: body, number, max_output)
+        reply, tokens = self._send(lambda: body, number, max_output, key)
         self._account(number, reply, tokens, meta)
         return number, reply
 
@@ -146,18 +161,21 @@ class Operator:
                     f"the request needs about {estimate_tokens(len(body)):,} tokens plus {provider.max_output_tokens:,}"
                     f" for the reply; the context window is {provider.context_window_tokens:,}"))
 
-    def _send(self, build: Callable[[], bytes], number: int, max_output: int | None = None) -> tuple[Reply, int]:
+    def _send(self, build: Callable[[], bytes], number: int, max_output: int | None = None,
+              conversation: str = "operator") -> tuple[Reply, int]:
         provider, budget = self.job.provider, self.budget
         attempts = 1 + provider.retries
         for attempt in range(1, attempts + 1):
             body = build()  # every operator request gets a marker of its own
-            tokens = estimate_tokens(len(body))
+            tokens = budget.estimate(conversation, len(body))
             refused = budget.refuse(number, tokens, max_output)
             if refused is not None:
                 raise Stop("budget_exhausted", f"{refused[0]} budget exhausted: {refused[1]}", budget=refused[0])
             timeout = min(provider.request_timeout_s, budget.remaining_s())
             try:
-                return parse(self.model.send(body, timeout), number), tokens
+                reply = self._resolved(parse(self.model.send(body, timeout), number))
+                budget.counted(conversation, len(body), reply.prompt_tokens)
+                return reply, tokens
             except ProviderError as exc:
                 if exc.code == "provider_timeout" and timeout < provider.request_timeout_s:
                     raise Stop("budget_exhausted", "wall_clock budget exhausted: the provider had not answered",
@@ -165,11 +183,19 @@ class Operator:
                 tried = f" (after {attempt} attempts)" if attempt > 1 else ""
                 delay = exc.retry_after_s if exc.retry_after_s is not None else 2.0 ** (attempt - 1)
                 if not exc.retryable or attempt == attempts or not 0 <= delay <= RETRY_AFTER_MAX_S:
-                    raise Stop(exc.code, exc.message + tried) from None
+                    raise Stop(exc.code, exc.message + tried, hint=exc.hint) from None
                 if delay >= budget.remaining_s():
-                    raise Stop(exc.code, exc.message + tried + "; no time left to retry") from None
+                    raise Stop(exc.code, exc.message + tried + "; no time left to retry", hint=exc.hint) from None
                 self._sleep(delay)
         raise AssertionError("unreachable")
+
+    def _resolved(self, reply: Reply) -> Reply:
+        """Each call mapped back to the tool it names (its wire name; the tool's own name is
+        taken too), and the name it is passed back under: a wire name whatever was sent."""
+        for call in reply.tool_calls:
+            call.tool = self._real.get(call.name) or (call.name if call.name in self._names else None)
+            call.wire = self._wire[call.tool] if call.tool is not None else wire_name(call.name or UNKNOWN_TOOL)
+        return reply
 
     def _account(self, number: int, reply: Reply, request_tokens: int, specialist: SpecialistRound | None = None
                  ) -> None:
@@ -190,7 +216,7 @@ class Operator:
             # Names the model made up are not kept: the evidence holds offered names only. A
             # specialist is offered none: whatever it asks for is never called, nor recorded.
             tools=[] if specialist is not None else [
-                c.name if c.name in self._names else UNKNOWN_TOOL for c in reply.tool_calls[:ROUND_TOOLS_MAX]],
+                c.tool if c.tool is not None else UNKNOWN_TOOL for c in reply.tool_calls[:ROUND_TOOLS_MAX]],
             plan=plan, specialist=specialist,
         )
         try:
@@ -205,14 +231,14 @@ class Operator:
         limit = self.job.limits.tool_calls_per_round
         if index >= limit:
             return {"error": {"code": "refused", "message": f"at most {limit} tool calls per round; ask again"}}
-        if call.name not in self._names:
+        if call.tool is None:
             return {"error": {"code": "unknown_tool", "message": f"there is no tool {call.name[:64]!r} here"}}
         if call.arguments is None:
             return {"error": {"code": "invalid_argument", "message": "the arguments must be a JSON object"}}
         try:
-            if self.specialists is not None and self.specialists.handles(call.name):
-                return self.specialists.call(call.name, call.arguments, number, call.id, self)
-            return self.tools.call(call.name, call.arguments)
+            if self.specialists is not None and self.specialists.handles(call.tool):
+                return self.specialists.call(call.tool, call.arguments, number, call.id, self)
+            return self.tools.call(call.tool, call.arguments)
         except ToolFailure as exc:
             if exc.code == "unauthenticated":
                 raise Stop("agent_revoked", "the run's credential was revoked: the run is ending") from None

@@ -10,6 +10,10 @@ Each result is at most RESULT_MAX_BYTES as sent; a longer one is cut and says so
 
 Every request is built whole from the conversation: the place where a later change can add
 content that must be re-delivered with each request, and trimming that must not drop it.
+It is shaped by the provider's profile (edge.core.agent.PROFILES): the tools under their wire
+names, the parameter that bounds the reply, `reasoning_content` passed back only where the
+provider wants it (DeepSeek; OpenAI refuses the field), thinking off where a non-streaming
+call needs it (Qwen3), `content: null` only beside tool calls.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import msgspec
 
 from edge.agent.provider import Reply
 from edge.core.excerpt import normalize
-from edge.core.agent import OfferedTool
+from edge.core.agent import OfferedTool, Profile
 
 RESULT_MAX_BYTES = 16 * 1024
 MARKER_CHARS = 8  # "^" + 6 hex digits + "^"
@@ -107,22 +111,28 @@ def _cut(text: str, limit: int) -> str:
 class Conversation:
     """The instruction and what followed it; `body` builds one request from all of it."""
 
-    def __init__(self, instruction: str, tools: list[OfferedTool], per_round: int) -> None:
+    def __init__(self, instruction: str, tools: list[OfferedTool], per_round: int, profile: Profile,
+                 wire: dict[str, str]) -> None:
         self.instruction = normalize(instruction)
         self.per_round = per_round
+        self.profile = profile
         self._tools = [{"type": "function", "function": {
-            "name": t.name, "description": t.description, "parameters": t.parameters}} for t in tools]
+            "name": wire[t.name], "description": t.description, "parameters": t.parameters}} for t in tools]
         self._entries: list[dict[str, Any] | ToolResult] = []
 
     def add_reply(self, reply: Reply) -> None:
-        message: dict[str, Any] = {"role": "assistant", "content": normalize(reply.content)}
+        """The assistant turn as it is passed back: its calls under wire names (edge.agent.operator
+        sets each call's `wire`), `reasoning_content` only where the profile passes it back."""
+        text = normalize(reply.content)
+        message: dict[str, Any] = {"role": "assistant", "content": text or (None if reply.tool_calls else "")}
         if reply.tool_calls:
             message["tool_calls"] = [
-                {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments_json}}
+                {"id": call.id, "type": "function", "function": {"name": call.wire, "arguments": call.arguments_json}}
                 for call in reply.tool_calls
             ]
-        if reply.reasoning is not None:  # DeepSeek answers 400 when it is not passed back
-            message["reasoning_content"] = reply.reasoning
+            # DeepSeek's thinking mode answers 400 when a tool-calling turn's reasoning is not passed back.
+            if self.profile.reasoning_echo and reply.reasoning is not None:
+                message["reasoning_content"] = reply.reasoning
         self._entries.append(message)
 
     def add_result(self, result: ToolResult) -> None:
@@ -147,8 +157,17 @@ class Conversation:
                 messages.append({"role": "tool", "tool_call_id": entry.call_id, "content": entry.content(marker)})
             else:
                 messages.append(entry)
-        request: dict[str, Any] = {"model": model, "messages": messages, "stream": False, max_tokens_param: max_tokens}
+        request = request_head(model, self.profile, max_tokens_param, max_tokens)
+        request["messages"] = messages
         if self._tools:
             request["tools"] = self._tools
             request["tool_choice"] = "auto"
         return _json.encode(request)
+
+
+def request_head(model: str, profile: Profile, max_tokens_param: str, max_tokens: int) -> dict[str, Any]:
+    """The fields of every request but its messages and tools, as the profile wants them."""
+    head: dict[str, Any] = {"model": model, "stream": False, max_tokens_param: max_tokens}
+    if profile.thinking_off:  # Qwen3: a non-streaming call is refused unless thinking is off
+        head["enable_thinking"] = False
+    return head

@@ -4,7 +4,13 @@ Egress goes to `base_url`'s host and port only, or through the configured HTTP p
 a tunnel to that host: a redirect is refused (never followed), the environment's proxy
 variables are never read (http.client does not), and TLS is verified against the system's
 trust store or `ca_file`. Requests are not streamed; a response is read within the
-request's deadline and at most MAX_RESPONSE_BYTES.
+request's deadline and at most MAX_RESPONSE_BYTES. The deadline is total: connecting,
+sending, the headers and the body together (a timer signal cuts whatever is blocked when it
+runs out), so a server that drips a byte at a time cannot hold a request past it.
+
+An error reply is shown in the provider's own words (OpenAI's `{"error": {"message"}}`,
+vLLM's top-level `message`, Gemini's list of errors, a plain string), with one line of what
+to change when the reply says what is wrong (`hint`).
 
 Replies are read the way real servers send them: tool calls are detected by their
 presence (not `finish_reason`), a missing call id is made up, `arguments` may be a JSON
@@ -15,6 +21,8 @@ string or an object, `usage` is optional, `content` may be a string, parts or nu
 from __future__ import annotations
 
 import http.client
+import signal
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -33,12 +41,23 @@ RETRY_STATUS = frozenset({408, 409, 425, 429})  # and every 5xx
 class ProviderError(Exception):
     """A request that did not produce a reply; `code` is the run's error code."""
 
-    def __init__(self, code: str, message: str, retryable: bool = False, retry_after_s: float | None = None) -> None:
+    def __init__(self, code: str, message: str, retryable: bool = False, retry_after_s: float | None = None,
+                 status: int | None = None, hint: str | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.retryable = retryable
         self.retry_after_s = retry_after_s
+        self.status = status  # the HTTP status, when the provider answered
+        self.hint = hint  # one line of what to change, when the reply says what is wrong
+
+
+class _Deadline(Exception):
+    """The request's total deadline ran out (raised by the timer's signal handler)."""
+
+
+def _expired(signum: int, frame: object) -> None:
+    raise _Deadline
 
 
 # -- what servers send (lenient: unknown fields ignored, most fields optional) ----------
@@ -79,25 +98,18 @@ class _Completion(msgspec.Struct):
     usage: _Usage | None = None
 
 
-class _ErrorBody(msgspec.Struct):
-    message: str | None = None
-
-
-class _ErrorReply(msgspec.Struct):
-    error: _ErrorBody | str | None = None
-
-
 _completion = msgspec.json.Decoder(_Completion)
-_error_reply = msgspec.json.Decoder(_ErrorReply)
 _any = msgspec.json.Decoder()
 _json = msgspec.json.Encoder()
 
 
 class ToolCall(msgspec.Struct, kw_only=True):
     id: str
-    name: str
+    name: str  # as the model sent it (a wire name, if it called what it was offered)
     arguments: dict[str, Any] | None  # None: the model sent something that is not a JSON object
     arguments_json: str  # what is passed back in the assistant message
+    tool: str | None = None  # the offered tool it names (edge.agent.operator maps it back); None: none
+    wire: str = ""  # the name passed back: a wire name whatever the model sent
 
 
 class Reply(msgspec.Struct, kw_only=True):
@@ -199,17 +211,23 @@ class ChatClient:
             self._conn = None
 
     def send(self, body: bytes, timeout_s: float) -> bytes:
-        """POST one request and return the body of a 2xx reply; raises ProviderError."""
+        """POST one request and return the body of a 2xx reply within `timeout_s` in all;
+        raises ProviderError."""
         deadline = time.monotonic() + timeout_s
+        # The child's one thread is the main thread: a timer signal bounds the whole exchange.
+        timed = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGALRM, _expired) if timed else None
         try:
+            if timed:
+                signal.setitimer(signal.ITIMER_REAL, max(timeout_s, 0.001))
             return self._exchange(body, timeout_s, deadline)
         except ProviderError:
             self.close()
             raise
-        except TimeoutError:
+        except (TimeoutError, _Deadline):
             self.close()
-            raise ProviderError("provider_timeout", f"{self.where} did not answer within {timeout_s:g}s",
-                                retryable=True) from None
+            raise ProviderError("provider_timeout", f"{self.where} did not answer within {timeout_s:g}s (the whole"
+                                " request: connect, send, headers and body)", retryable=True) from None
         except (http.client.HTTPException, ConnectionError) as exc:
             self.close()
             raise ProviderError("provider_unreachable", f"the connection to {self.where} failed: {_name(exc)}",
@@ -219,6 +237,10 @@ class ChatClient:
             if type(exc).__name__.startswith("SSL"):  # certificate or handshake: retrying cannot help
                 raise ProviderError("provider_tls", f"TLS with {self.where} failed: {exc}") from None
             raise ProviderError("provider_unreachable", f"cannot reach {self.where}: {exc}", retryable=True) from None
+        finally:
+            if timed:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, previous)
 
     def _exchange(self, body: bytes, timeout_s: float, deadline: float) -> bytes:
         if self._conn is None:
@@ -241,8 +263,10 @@ class ChatClient:
                                 f" {location}); redirects are not followed: check base_url")
         if status >= 400:
             retryable = status in RETRY_STATUS or status >= 500
-            raise ProviderError("provider_http", f"HTTP {status} from {self.where}: {self._reason(data, response)}",
-                                retryable=retryable, retry_after_s=_retry_after(response.getheader("Retry-After")))
+            reason = self._reason(data, response)
+            raise ProviderError("provider_http", f"HTTP {status} from {self.where}: {reason}",
+                                retryable=retryable, retry_after_s=_retry_after(response.getheader("Retry-After")),
+                                status=status, hint=hint(status, reason))
         if response.will_close:
             self.close()
         return data
@@ -267,14 +291,72 @@ class ChatClient:
 
     def _reason(self, data: bytes, response: http.client.HTTPResponse) -> str:
         """The provider's own error message when it sent one, bounded, the key never included."""
-        text = ""
         try:
-            error = _error_reply.decode(data).error
-            text = error if isinstance(error, str) else (error.message or "") if error else ""
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            pass
-        text = " ".join((text or response.reason or "").split())[:200]
+            text = error_text(_any.decode(data))
+        except (msgspec.DecodeError, RecursionError):
+            text = ""
+        text = " ".join((text or response.reason or "").split())[:REASON_MAX]
         return text.replace(self._secret, "***") if self._secret else text
+
+
+REASON_MAX = 300
+
+
+def error_text(value: Any) -> str:
+    """The message of an error reply, whichever shape the server uses: `{"error": {"message"}}`
+    (OpenAI and most), `{"error": "…"}`, `{"message": "…"}` (vLLM), or a list of those (Gemini)."""
+    if isinstance(value, list):
+        return "; ".join(t for t in (error_text(v) for v in value[:4]) if t)
+    if not isinstance(value, dict):
+        return value if isinstance(value, str) else ""
+    error = value.get("error")
+    if isinstance(error, str):
+        return error
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return error["message"]
+    message = value.get("message")
+    return message if isinstance(message, str) else ""
+
+
+# (what the provider's own message says, what to change): the first that matches is the line shown.
+# Worded so that the log's masking (edge.core.redaction) leaves them whole: no "token…: value".
+_HINTS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("max_completion_tokens",), 'this model wants max_completion_tokens instead of max_tokens; in [agent], set'
+                                 ' max_tokens_param to "max_completion_tokens" (or provider = "openai")'),
+    (("enable_thinking",), 'Qwen3 models answer non-streaming calls only with thinking off: set [agent] provider ='
+                           ' "qwen"'),
+    (("reasoning_content",), 'the provider wants reasoning_content passed back on tool calls: set [agent] provider ='
+                             ' "deepseek"'),
+    (("--enable-auto-tool-choice",), "start vLLM with --enable-auto-tool-choice and the --tool-call-parser of this"
+                                     " model (e.g. hermes for Qwen, llama3_json for Llama 3.1)"),
+    (("--jinja",), "start llama-server with --jinja (its tool calling needs the model's chat template)"),
+    (("does not support tools", "does not support tool", "tool calling is not supported", "tools are not supported"),
+     "this model cannot call tools: choose one that can (Ollama lists them under Tools)"),
+    (("context length", "context size", "context window", "context_length", "exceeds the available context",
+      "maximum context"), "lower [agent] context_window_tokens (and max_output_tokens) to what the server serves,"
+                          " or serve the model with a larger context"),
+    (("unrecognized request argument", "unknown parameter", "additional properties", "unsupported parameter",
+      "extra inputs are not permitted", "unknown field"),
+     "the provider refused a field of the request: set [agent] provider to the one you use (openai, deepseek,"
+     " qwen, gemini, ollama, llamacpp, vllm, generic)"),
+)
+
+
+def hint(status: int, message: str) -> str | None:
+    """One line of what to change for an error reply, or None when there is nothing to say."""
+    low = message.lower()
+    for needles, line in _HINTS:
+        if any(n in low for n in needles):
+            return line
+    if status in (401, 403):
+        return ("check the key in api_key_file; the provider refused it (wrong, expired, or for another provider or"
+                " region)")
+    if status == 404:
+        return ("check model (is it served there?) and base_url (the API root, e.g. https://api.openai.com/v1,"
+                " http://host:11434/v1, …/compatible-mode/v1)")
+    if status == 429:
+        return "the provider's rate limit or quota: wait, or raise them with the provider"
+    return None
 
 
 def _tls_context(ca_file: str | None) -> ssl.SSLContext:

@@ -30,10 +30,12 @@ from typing import Any, Protocol
 import msgspec
 
 from edge.agent.budget import estimate_tokens
+from edge.agent.prompt import request_head
 from edge.agent.provider import Reply
 from edge.agent.tools import Ledger, ToolFailure
 from edge.core.agent import (
     PARENT_TOOLS,
+    PROFILES,
     BudgetName,
     MissionJob,
     OfferedTool,
@@ -212,9 +214,11 @@ def build_request(spec: SpecialistSpec, ctx: SpecialistContext, provider: Provid
     chosen.reverse()
     history = [{"role": "user" if e.sender == "parent" else "assistant", "content": e.text} for e in chosen]
 
+    fields = request_head(provider.model, PROFILES.get(provider.provider, PROFILES["generic"]),
+                        provider.max_tokens_param, spec.max_output_tokens)
+
     def request(messages: list[dict[str, str]]) -> dict[str, Any]:
-        return {"model": provider.model, "messages": messages, "stream": False,
-                provider.max_tokens_param: spec.max_output_tokens}
+        return {**fields, "messages": messages}
 
     required = len(_json.encode(request([*head, *current])))
     sizes = [len(_json.encode(m)) + 1 for m in history]  # each adds itself and a comma to the array

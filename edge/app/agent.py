@@ -13,8 +13,8 @@ import msgspec
 
 from edge.app.config import AgentConfig, AgentProfile, Config, SpecialistConfig
 from edge.app.graph import StartupError, Stores
-from edge.core.agent import Limits, ProviderSettings, SpecialistSpec, endpoint
-from edge.core.agent import EvidenceCursor, EvidenceDetail, EvidenceEnd, EvidenceOpen, EvidenceSummary, RoundMeta
+from edge.core.agent import PROFILES, Limits, ProviderSettings, SpecialistSpec, detect_provider, endpoint
+from edge.core.agent import EvidenceCursor, EvidenceDetail, EvidenceOpen, EvidenceRecord, EvidenceSummary
 from edge.core.errors import ToolError
 from edge.core.ports.runtime import Clock, TaskUsers
 from edge.storage.sqlite.db import Database
@@ -45,14 +45,11 @@ class EvidenceOnFirstUse:
             self._store = SqliteEvidenceStore(self._db)
         return self._store
 
-    async def open(self, record: EvidenceOpen, now_ms: int) -> None:
-        await self._real().open(record, now_ms)
+    async def start(self, record: EvidenceOpen, now_ms: int) -> int:
+        return await self._real().start(record, now_ms)
 
-    async def add_round(self, project: str, run_id: str, meta: RoundMeta, cost_usd: float | None) -> bool:
-        return await self._real().add_round(project, run_id, meta, cost_usd)
-
-    async def end(self, end: EvidenceEnd, started: EvidenceOpen, now_ms: int) -> None:
-        await self._real().end(end, started, now_ms)
+    async def finish(self, record: EvidenceRecord, now_ms: int) -> None:
+        await self._real().finish(record, now_ms)
 
     async def page(self, project: str, after: EvidenceCursor | None, limit: int) -> list[EvidenceSummary]:
         return await self._real().page(project, after, limit)
@@ -109,9 +106,20 @@ def _checked(provider: ProviderSettings, where: str) -> ProviderSettings:
     return provider
 
 
-def _overlay(provider: ProviderSettings, profile: AgentProfile) -> ProviderSettings:
-    given = {k: v for k, v in msgspec.structs.asdict(profile).items() if v is not None}
-    return msgspec.structs.replace(provider, **given)
+def _resolved(provider: ProviderSettings, named: str | None, param: str | None) -> ProviderSettings:
+    """The provider profile (`provider`, else what base_url's host names) and the parameter
+    that bounds the reply (`max_tokens_param`, else the profile's)."""
+    name = named or detect_provider(provider.base_url)
+    return msgspec.structs.replace(provider, provider=name, max_tokens_param=param or PROFILES[name].max_tokens_param)
+
+
+def _overlay(provider: ProviderSettings, profile: AgentProfile, param: str | None) -> ProviderSettings:
+    given = {k: v for k, v in msgspec.structs.asdict(profile).items()
+             if v is not None and k not in ("provider", "max_tokens_param")}
+    merged = msgspec.structs.replace(provider, **given)
+    # A profile on another host is another provider: detected anew unless it names one.
+    named = profile.provider or (None if "base_url" in given else provider.provider)
+    return _resolved(merged, named, profile.max_tokens_param or param)
 
 
 def build_agent(
@@ -122,13 +130,14 @@ def build_agent(
     (a cluster node: there is no mission ledger in PostgreSQL) its runs are attempts of no
     mission: no specialists are offered, and retries and [agent] attempts are refused."""
     a: AgentConfig = config.agent
-    provider = _checked(ProviderSettings(
+    provider = _checked(_resolved(ProviderSettings(
         base_url=a.base_url or "", model=a.model or "", api_key_file=a.api_key_file, ca_file=a.ca_file, proxy=a.proxy,
         request_timeout_s=a.request_timeout_s, max_output_tokens=a.max_output_tokens,
-        max_tokens_param=a.max_tokens_param, context_window_tokens=a.context_window_tokens,
+        context_window_tokens=a.context_window_tokens,
         input_usd_per_mtok=a.input_usd_per_mtok, output_usd_per_mtok=a.output_usd_per_mtok, retries=a.retries,
-    ), "[agent]")
-    profiles = {name: _checked(_overlay(provider, p), f"[agent.profiles.{name}]") for name, p in a.profiles.items()}
+    ), a.provider, a.max_tokens_param), "[agent]")
+    profiles = {name: _checked(_overlay(provider, p, a.max_tokens_param), f"[agent.profiles.{name}]")
+                for name, p in a.profiles.items()}
     try:
         child_user(users, a.user)
     except ToolError as exc:

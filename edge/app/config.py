@@ -101,11 +101,17 @@ _Price = Annotated[float, msgspec.Meta(ge=0, le=10_000)]
 _Tokens = Annotated[int, msgspec.Meta(ge=256, le=10_000_000)]
 
 
+ProviderKind = Literal["openai", "deepseek", "qwen", "gemini", "ollama", "llamacpp", "vllm", "generic"]
+TokensParam = Literal["max_tokens", "max_completion_tokens"]
+
+
 class AgentProfile(msgspec.Struct, forbid_unknown_fields=True):
     """A second provider or model an AI task may name (`profile`); unset keys come from [agent]."""
 
     base_url: str | None = None
     model: str | None = None
+    provider: ProviderKind | None = None  # None: [agent]'s, or what a base_url of its own names
+    max_tokens_param: TokensParam | None = None
     api_key_file: str | None = None
     input_usd_per_mtok: _Price | None = None
     output_usd_per_mtok: _Price | None = None
@@ -135,7 +141,9 @@ class AgentConfig(msgspec.Struct, forbid_unknown_fields=True):
     context_window_tokens: _Tokens = 65536
     request_timeout_s: Annotated[float, msgspec.Meta(ge=1, le=3600)] = 120.0
     max_output_tokens: Annotated[int, msgspec.Meta(ge=16, le=1_000_000)] = 4096
-    max_tokens_param: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
+    # None: what the provider takes (OpenAI: max_completion_tokens, which its reasoning models need)
+    max_tokens_param: TokensParam | None = None
+    provider: ProviderKind | None = None  # None: named by base_url's host where that is unambiguous
     retries: Annotated[int, msgspec.Meta(ge=0, le=5)] = 2
     attempts: Annotated[int, msgspec.Meta(ge=1, le=16)] = 1  # of a mission, when the provider fails an attempt
     ca_file: str | None = None  # None: the system's trust store

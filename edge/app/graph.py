@@ -568,7 +568,10 @@ class Graph:
         registry = Registry([*builtin_tools(), *ai_tools(), *(agent.tools() if agent else [])],
                             [*deferred_tools(), *deferred])
         if agent is not None:
-            agent.offer(registry.tools())  # the AI read tools, loaded with the daemon
+            try:
+                agent.offer(registry.tools())  # the AI read tools, loaded with the daemon
+            except ValueError as exc:  # two tools that would share one name on the wire
+                raise StartupError(f"[agent] {exc}", "invalid_argument") from None
             agent.attach(self.workers.runner)
             self.facts.add_extra(agent.status)
         services = build_services(config, self.stores, self.workers, self.facts, registry, pepper, self.stamps)

@@ -516,15 +516,28 @@ def _record_fields(r: agent_tools.HistoryDetailView) -> None:
               + (f": {rnd.plan}" if rnd.plan else ""))
 
 
+def _run_id(c: Client, reference: str) -> str:
+    """The run a person named (an id, a unique prefix of one, TASK:latest, TASK:latest-failed)
+    as its id. A whole id the daemon keeps no run for stays as it is: an AI run's record and
+    mission may outlive the run."""
+    try:
+        return c.typed("qledge.run.get", run_tools.RunId(run_id=reference), Run).id
+    except CallFailed as exc:
+        if exc.code == "not_found" and ":" not in reference:
+            return reference
+        raise
+
+
 def agent_get(c: Client, a: argparse.Namespace) -> int:
     tools = _agent_tools()
     record: agent_tools.HistoryDetailView | None = None
     after = 0
+    run_id = _run_id(c, a.run)
     while True:  # the record comes with its rounds a page at a time
-        found = _agent(c, "qinglong.agent.history.get", tools.HistoryGetArgs(run_id=a.run, after_round=after),
+        found = _agent(c, "qinglong.agent.history.get", tools.HistoryGetArgs(run_id=run_id, after_round=after),
                        tools.HistoryGetResult)
         if not isinstance(found.record, tools.HistoryDetailView):
-            raise CallFailed("not_found", f"no evidence record for run {a.run}")
+            raise CallFailed("not_found", f"no evidence record for run {run_id}")
         if record is None:
             record = found.record
         else:
@@ -538,7 +551,7 @@ def agent_retry(c: Client, a: argparse.Namespace) -> int:
     _agent_tools()
     from edge.tools import missions
 
-    retried = _agent(c, "qledge.agent.retry", missions.RetryArgs(run_id=a.run), missions.Retried)
+    retried = _agent(c, "qledge.agent.retry", missions.RetryArgs(run_id=_run_id(c, a.run)), missions.Retried)
     if not a.wait:
         return show(a, retried, lambda r: print(f"run {r.run.id} {r.run.status}: attempt {r.attempt} of mission"
                                                 f" {r.mission_id}"))
@@ -576,8 +589,75 @@ def agent_mission(c: Client, a: argparse.Namespace) -> int:
     from edge.core.ledger import MissionView
     from edge.tools import missions
 
-    view = _agent(c, "qledge.agent.mission", missions.MissionArgs(run_id=a.run), MissionView)
+    view = _agent(c, "qledge.agent.mission", missions.MissionArgs(run_id=_run_id(c, a.run)), MissionView)
     return show(a, view, _mission_fields)
+
+
+CHECK_PREFIX = "qledge agent check: "
+
+
+class CheckStep(msgspec.Struct):
+    status: str  # ok | failed
+    step: str  # what was checked, or the failure's class (unreachable, tls, key, not_found, …)
+    text: str
+
+
+class CheckResult(msgspec.Struct, rename="camel"):
+    run_id: str
+    passed: bool
+    failure: str | None  # the failed step's class
+    error_code: str | None
+    hint: str | None  # what to change
+    steps: list[CheckStep]
+    recorded: bool  # its evidence record is in the history (qledge agent get RUN)
+
+
+def _check_result(run: Run, log: str, recorded: bool) -> CheckResult:
+    steps: list[CheckStep] = []
+    hint = None
+    for line in log.splitlines():
+        if not line.startswith(CHECK_PREFIX):
+            continue
+        rest = line[len(CHECK_PREFIX):]
+        if rest.startswith("to fix: "):
+            hint = rest[len("to fix: "):]
+            continue
+        status, _, rest = rest.partition(": ")
+        step, _, text = rest.partition(": ")
+        if status in ("ok", "failed") and text:
+            steps.append(CheckStep(status=status, step=step, text=text))
+    passed = run.status == "succeeded"
+    failed = next((s for s in steps if s.status == "failed"), None)
+    if not passed and failed is None:  # the child never said (killed, timed out, not started)
+        failed = CheckStep(status="failed", step=run.error_code or run.status, text=run.error_summary or run.status)
+        steps.append(failed)
+    return CheckResult(run_id=run.id, passed=passed, failure=None if passed or failed is None else failed.step,
+                       error_code=run.error_code, hint=hint, steps=steps, recorded=recorded)
+
+
+def _check_lines(r: CheckResult) -> None:
+    for step in r.steps:
+        print(f"{'ok' if step.status == 'ok' else 'FAILED'}  {step.step}: {step.text}")
+    if r.hint:
+        print(f"to fix: {r.hint}")
+    print("passed" if r.passed else f"failed ({r.failure}): run {r.run_id}")
+    if r.recorded:
+        print(f"recorded: qledge agent get {r.run_id}")
+    else:
+        print("not recorded: its evidence record could not be written (the daemon's log says why)")
+
+
+def agent_check(c: Client, a: argparse.Namespace) -> int:
+    tools = _agent_tools()
+    run = _agent(c, "qledge.agent.check", tools.CheckArgs(profile=a.profile), Run)
+    if not a.json:
+        print(f"run {run.id} {run.status}: one request to the provider", file=sys.stderr, flush=True)
+    final = _waited(c, run.id)
+    log = _log(c, final.id).decode("utf-8", "replace")
+    found = c.typed("qinglong.agent.history.get", tools.HistoryGetArgs(run_id=final.id), tools.HistoryGetResult)
+    result = _check_result(final, log, found.found)
+    show(a, result, _check_lines)
+    return OK if result.passed else TOOL_ERROR
 
 
 def call(c: Client, a: argparse.Namespace) -> int:

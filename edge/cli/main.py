@@ -316,13 +316,17 @@ def _agent_verbs(verbs: Subcommands, verb: Verb) -> None:
     add.add_argument("--wall-clock", type=int, metavar="S", help="wall-clock budget in seconds")
     lst = verb(agent, "list", c.agent_list, "the AI operator's past runs (its evidence history), newest first")
     lst.add_argument("--limit", type=int, default=20, choices=range(1, 65), metavar="N", help="1..64 (default 20)")
-    verb(agent, "get", c.agent_get, "one AI run's evidence record").add_argument("run", metavar="RUN")
+    run_help = "a run id, its first 8 or more characters, TASK:latest or TASK:latest-failed"
+    verb(agent, "get", c.agent_get, "one AI run's evidence record").add_argument("run", metavar="RUN", help=run_help)
     retry = verb(agent, "retry", c.agent_retry,
                  "start the next attempt of an AI run's mission (its ledger carries over)")
-    retry.add_argument("run", metavar="RUN")
+    retry.add_argument("run", metavar="RUN", help=run_help)
     retry.add_argument("--wait", action="store_true", help="wait for the answer and print it")
     verb(agent, "mission", c.agent_mission, "an AI run's mission: attempts, specialists' constraints and work items"
-         ).add_argument("run", metavar="RUN")
+         ).add_argument("run", metavar="RUN", help=run_help)
+    check = verb(agent, "check", c.agent_check,
+                 "check the provider with one request that exercises tool calling, and say what to change")
+    check.add_argument("--profile", metavar="NAME", help="an [agent.profiles.NAME] of the daemon's config")
 
 
 def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:

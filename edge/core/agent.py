@@ -42,11 +42,83 @@ def endpoint(url: str) -> Endpoint | None:
     return Endpoint(m["scheme"], m["host"].strip("[]"), int(m["port"] or default), (m["path"] or "").rstrip("/"))
 
 
+# -- provider profiles: every difference in request shape between providers, in one table --
+#
+# What each service documents (the tests' conformance fakes, tests/fake_provider.py, cite the
+# pages): OpenAI refuses unknown fields, `max_tokens` on reasoning models (o-series, gpt-5) and
+# function names outside ^[a-zA-Z0-9_-]{1,64}$; DeepSeek's thinking mode wants
+# `reasoning_content` back on the assistant messages that called tools; Qwen3 on DashScope
+# refuses a non-streaming call unless `enable_thinking` is false; the others take the
+# OpenAI shape with `max_tokens`. Everything the child sends differently is one field here.
+
+ProviderName = Literal["openai", "deepseek", "qwen", "gemini", "ollama", "llamacpp", "vllm", "generic"]
+
+
+class Profile(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    label: str  # as the owner knows it
+    hosts: tuple[str, ...] = ()  # base_url hosts (or their parent domains) that name this profile
+    port: int | None = None  # ... or this port on any host (Ollama's own)
+    max_tokens_param: str = "max_tokens"
+    reasoning_echo: bool = False  # pass `reasoning_content` back on assistant messages with tool calls
+    thinking_off: bool = False  # send `enable_thinking: false` (non-streaming calls need it)
+
+
+PROFILES: dict[str, Profile] = {p.name: p for p in (
+    # max_completion_tokens: every current chat model takes it; the reasoning models refuse max_tokens.
+    Profile(name="openai", label="OpenAI", hosts=("api.openai.com",), max_tokens_param="max_completion_tokens"),
+    Profile(name="deepseek", label="DeepSeek", hosts=("api.deepseek.com",), reasoning_echo=True),
+    Profile(name="qwen", label="Qwen (DashScope)", hosts=("dashscope.aliyuncs.com", "dashscope-intl.aliyuncs.com"),
+            thinking_off=True),
+    Profile(name="gemini", label="Gemini (OpenAI-compatible)", hosts=("generativelanguage.googleapis.com",)),
+    Profile(name="ollama", label="Ollama", port=11434),
+    Profile(name="llamacpp", label="llama.cpp server"),
+    Profile(name="vllm", label="vLLM"),
+    Profile(name="generic", label="an OpenAI-compatible server"),
+)}
+
+
+def detect_provider(base_url: str) -> str:
+    """The profile `base_url` names unambiguously (its host, or Ollama's port), else generic."""
+    found = endpoint(base_url)
+    if found is None:
+        return "generic"
+    host = found.host.lower()
+    for profile in PROFILES.values():
+        if any(host == h or host.endswith("." + h) for h in profile.hosts) or found.port == profile.port:
+            return profile.name
+    return "generic"
+
+
+# -- tool names on the wire --------------------------------------------------------------
+
+def wire_name(name: str) -> str:
+    """`name` as every provider accepts it, [A-Za-z][A-Za-z0-9_-]{0,63}: letters, digits, `_`
+    and `-`, starting with a letter, at most 64 characters (qinglong.run.get -> qinglong_run_get)."""
+    wire = "".join(c if c.isascii() and (c.isalnum() or c in "_-") else "_" for c in name)
+    if not wire[:1].isascii() or not wire[:1].isalpha():
+        wire = "t" + wire
+    return wire[:64]
+
+
+def wire_names(names: list[str]) -> dict[str, str]:
+    """Each tool name's wire name, unique: ValueError names two tools that would share one."""
+    found: dict[str, str] = {}
+    for name in names:
+        wire = wire_name(name)
+        if wire in found and found[wire] != name:
+            raise ValueError(f"the tools {found[wire]!r} and {name!r} would both be offered to the model as"
+                             f" {wire!r}: rename one")
+        found[wire] = name
+    return {name: wire for wire, name in found.items()}
+
+
 class ProviderSettings(msgspec.Struct, kw_only=True):
     """One OpenAI-compatible chat-completions endpoint (the [agent] section or a profile)."""
 
     base_url: str
     model: str
+    provider: str = "generic"  # a key of PROFILES
     api_key_file: str | None = None  # read by the child, never by the daemon
     ca_file: str | None = None  # None: the system's trust store
     proxy: str | None = None  # None: direct (the environment's proxy variables are never used)
@@ -127,6 +199,7 @@ class AgentJob(msgspec.Struct, kw_only=True):
     tools: list[OfferedTool]
     user: ChildUser | None = None  # None: it stays the daemon's user (a daemon that is not root)
     mission: MissionJob | None = None  # None: no mission ledger (unreachable, or a cluster node); no specialists
+    check: bool = False  # `qledge agent check`: one request that exercises tool calling, and a diagnosis
 
 
 class AgentLaunch(msgspec.Struct, kw_only=True):
@@ -234,12 +307,19 @@ class EvidenceOpen(msgspec.Struct, frozen=True, kw_only=True):
     cost_known: bool  # prices are configured: the cost starts at zero, else it is unknown
 
 
-class EvidenceEnd(msgspec.Struct, frozen=True, kw_only=True):
-    """How an AI run ended."""
+class EvidenceRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """A whole record, as it is written once, at the run's terminal state (seed 001): what
+    the run started with, the rounds the daemon held for it, and how it ended."""
 
-    project_id: str
-    run_id: str
+    started: EvidenceOpen
     state: EvidenceState
+    rounds: list[RoundMeta] = []
+    input_tokens: int = 0
+    output_tokens: int = 0
+    usage_estimated: bool = False
+    cost_usd: float | None = None  # None: unknown (no prices, or a round without usage)
+    position_before: int | None = None  # None: not known (a run recovered after a crash)
+    created_at_ms: int | None = None  # when the run started; None: not known (the write's time)
     error_code: str | None = None
     budget: BudgetName | None = None
     error: str | None = None

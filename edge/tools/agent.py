@@ -6,9 +6,11 @@ composition, when `[agent]` is enabled; the child itself (edge.agent) is never i
 An AI run's child gets, on an inherited descriptor, a credential minted for that run alone:
 exactly the `qinglong.*` read tools (the log excerpt only when logs may be read), the two
 reporting tools and the ledger's tools, revoked when the process is gone, whatever the
-outcome. The evidence record (seed 001) is opened when the child starts, gets one round's
-metadata per report, and is ended by the daemon for every terminal outcome; a record that
-cannot be written is logged once per run and changes nothing else.
+outcome. The evidence record (seed 001) is written once, whole, when the run reaches its
+terminal state, for every outcome: the daemon holds each round's metadata the child reports
+in memory until then (bounded by the record's caps); a daemon that crashes leaves recovery to
+write the `lost` record from what it knows. A record that cannot be written is logged once
+per run and changes nothing else.
 
 Each AI run is an attempt of a mission (seed 003), bound when it launches: a new mission, or
 the next attempt of the one `qledge.agent.retry` named. The ledger's tools and retry are
@@ -44,8 +46,8 @@ from edge.core.agent import (
     ChildUser,
     EvidenceCursor,
     EvidenceDetail,
-    EvidenceEnd,
     EvidenceOpen,
+    EvidenceRecord,
     EvidenceState,
     EvidenceSummary,
     Limits,
@@ -56,6 +58,7 @@ from edge.core.agent import (
     RoundMeta,
     SpecialistSpec,
     endpoint,
+    wire_names,
 )
 from edge.core.reads import PAGE_DEFAULT, keyset, storage_fault, valid_page, valid_row
 from edge.core.runs import Run, RunStatus, RunUpdate, summary
@@ -167,18 +170,35 @@ def provider_name(base_url: str) -> str:
 
 
 class ActiveRun:
-    """An AI run whose child is running (or about to): what the daemon knows of it."""
+    """An AI run whose child is running (or about to): what the daemon knows of it, the
+    rounds its child reported included, until its record is written at its end."""
 
-    __slots__ = ("record", "limits", "prices", "rounds", "outcome", "warned", "attempt")
+    __slots__ = ("record", "limits", "prices", "rounds", "outcome", "warned", "attempt", "started_ms", "position",
+                 "input_tokens", "output_tokens", "usage_estimated", "cost_usd", "check")
 
-    def __init__(self, record: EvidenceOpen, limits: Limits, prices: tuple[float, float] | None) -> None:
+    def __init__(self, record: EvidenceOpen, limits: Limits, prices: tuple[float, float] | None,
+                 started_ms: int | None = None) -> None:
         self.record = record
         self.limits = limits
         self.prices = prices
-        self.rounds = 0
+        self.rounds: list[RoundMeta] = []  # at most limits.rounds (the report tool refuses more)
         self.outcome: OutcomeReport | None = None
         self.warned = False
         self.attempt: Attempt | None = None  # None: its mission could not be recorded
+        self.started_ms = started_ms
+        self.position: int | None = None  # the store's change position when it started
+        self.input_tokens = 0
+        self.output_tokens = 0
+        self.usage_estimated = False
+        self.cost_usd: float | None = 0.0 if prices is not None else None
+        self.check = False  # a run of `qledge agent check`
+
+    def add(self, meta: RoundMeta, cost: float | None) -> None:
+        self.rounds.append(meta)
+        self.input_tokens += meta.input_tokens
+        self.output_tokens += meta.output_tokens
+        self.usage_estimated = self.usage_estimated or meta.usage_estimated
+        self.cost_usd = None if cost is None or self.cost_usd is None else self.cost_usd + cost
 
 
 class AgentService:
@@ -199,6 +219,7 @@ class AgentService:
         # A retry names its mission before its run launches; launches read it under the lock
         # the retry holds from admission to naming, so no launch can miss it.
         self.retrying: dict[str, str] = {}  # run id -> mission id
+        self.checking: dict[str, bool] = {}  # runs of `qledge agent check`, named under the same lock
         self.binding = asyncio.Lock()
         self.runner: RunController | None = None  # for the attempts [agent] attempts starts
         self.tasks = tasks
@@ -245,7 +266,8 @@ class AgentService:
         return {"agent": f"{self.settings.provider.model} at {self.settings.provider.base_url}; {who}"}
 
     def offer(self, tools: list[Tool]) -> None:
-        """The registered tools: the AI read tools become the model's, and the run credential's."""
+        """The registered tools: the AI read tools become the model's, and the run credential's.
+        Raises ValueError (a start-up error) for two tools whose wire names would be one."""
         self._offered = sorted(
             (t for t in tools if t.ai and t.effect == "read" and (self.settings.read_logs or t.name != LOG_EXCERPT)),
             key=lambda t: t.name,
@@ -256,6 +278,7 @@ class AgentService:
         if self.settings.specialists:  # the child's own tools, and the ledger's it calls for them
             names |= set(PARENT_TOOLS)
             granted |= {f"tool.call:{name}" for name in LEDGER_TOOLS} | {LEDGER_PERMISSION}
+        wire_names(sorted(names))  # ValueError: two tools would share a name on the wire
         self.offered_names = frozenset(names)
         self.permissions = frozenset(granted)
         self.specialist_names = frozenset(spec.name for spec in self.settings.specialists)
@@ -319,11 +342,15 @@ class AgentService:
         limits = lowered(self.settings.limits, spec.budget)
         record = self._record(task, run, provider)
         pin, pout = provider.input_usd_per_mtok, provider.output_usd_per_mtok
-        state = ActiveRun(record, limits, (pin, pout) if pin is not None and pout is not None else None)
+        now = self.clock.now_ms()
+        state = ActiveRun(record, limits, (pin, pout) if pin is not None and pout is not None else None, now)
         token = self.credentials.mint(run.id, self.permissions)
         self._active[run.id] = state
-        await self.write_evidence(state, self.evidence.open(record, self.clock.now_ms()))
-        if self.missions:
+        await self.write_evidence(state, self._start(state, now))
+        async with self.binding:  # `qledge agent check` names its run under this lock, as a retry does
+            state.check = self.checking.pop(run.id, False)
+        check = state.check
+        if self.missions and not check:  # a check is one request: no mission, no specialists, no retries
             from edge.tools.missions import bind_attempt
 
             state.attempt = await bind_attempt(self, run, spec.instruction)
@@ -333,7 +360,7 @@ class AgentService:
                                  specialists=self.settings.specialists)
         job = AgentJob(
             run_id=run.id, task_id=task.id, token=token, instruction=spec.instruction,
-            provider=provider, limits=limits, tools=self._specs(), user=user, mission=mission,
+            provider=provider, limits=limits, tools=self._specs(), user=user, mission=mission, check=check,
         )
         return AgentLaunch(
             argv=[self.settings.python, "-I", "-c", _BOOT.format(root=_ROOT)], job=_job.encode(job),
@@ -353,6 +380,7 @@ class AgentService:
     async def ended(self, run: Run, task: Task | None) -> None:
         self.credentials.revoke(run.id)
         self.retrying.pop(run.id, None)  # a retry that ended before it launched
+        self.checking.pop(run.id, None)
         state = self._active.pop(run.id, None)
         if state is None:  # it never started (or its daemon died): only the task tells if it is an AI run
             try:
@@ -369,17 +397,24 @@ class AgentService:
                 provider = self.settings.provider  # a profile that is not configured: the run failed for it
             state = ActiveRun(self._record(task, run, provider), self.settings.limits, None)
         reported = state.outcome
-        end = EvidenceEnd(
-            project_id=run.project_id, run_id=run.id, state=_state(run), error_code=run.error_code,
+        record = EvidenceRecord(
+            started=msgspec.structs.replace(state.record, instruction=await self.clean_instruction(
+                run.project_id, state.record.instruction)),
+            state=_state(run), rounds=state.rounds, input_tokens=state.input_tokens,
+            output_tokens=state.output_tokens, usage_estimated=state.usage_estimated, cost_usd=state.cost_usd,
+            position_before=state.position, created_at_ms=state.started_ms, error_code=run.error_code,
             budget=reported.budget if reported is not None and run.error_code == "budget_exhausted" else None,
             error=run.error_summary[:EVIDENCE_TEXT_MAX] if run.error_summary and run.status != "succeeded" else None,
             answer_summary=reported.answer_summary if reported is not None and run.status == "succeeded" else None,
         )
-        await self.write_evidence(state, self.evidence.end(end, state.record, self.clock.now_ms()))
+        await self.write_evidence(state, self.evidence.finish(record, self.clock.now_ms()))
         if state.attempt is not None and run.status == "failed" and (run.error_code or "").startswith("provider_"):
             from edge.tools.missions import next_attempt
 
             await next_attempt(self, run, state.attempt, task)
+
+    async def _start(self, state: ActiveRun, now: int) -> None:
+        state.position = await self.evidence.start(state.record, now)
 
     async def write_evidence(self, state: ActiveRun, write: Awaitable[object]) -> bool:
         """Await an evidence write; a failure is logged once per run and swallowed."""
@@ -392,6 +427,13 @@ class AgentService:
                 log.warning("AI run %s: its evidence record could not be written (%s); the run's outcome is"
                             " unaffected", state.record.run_id, exc)
             return False
+
+    async def clean_instruction(self, project: str, text: str) -> str:
+        """An instruction with every configured secret (and credential pattern) masked, within
+        the instruction's bound (a mask may be longer than what it hides)."""
+        from edge.core.excerpt import redact
+
+        return redact(text, await self._secrets.values(project)).text[:INSTRUCTION_MAX]
 
     async def clean(self, project: str, text: str | None) -> str | None:
         """Model-made text for the evidence: one bounded line, controls neutralized, secrets masked."""
@@ -415,7 +457,7 @@ def _state(run: Run) -> EvidenceState:
 
 
 class Ack(msgspec.Struct, rename="camel"):
-    recorded: bool  # false when the evidence could not be written (the run goes on)
+    recorded: bool  # kept for the run's record (written when the run ends)
 
 
 def _reporter(ctx: ToolContext, service: AgentService) -> tuple[str, ActiveRun]:
@@ -431,8 +473,8 @@ def _reporter(ctx: ToolContext, service: AgentService) -> tuple[str, ActiveRun]:
 def report_tools(service: AgentService) -> list[Tool]:
     async def report_round(ctx: ToolContext, args: RoundMeta) -> Ack:
         run_id, state = _reporter(ctx, service)
-        if args.round != state.rounds + 1:
-            raise invalid(f"round {args.round} reported; expected round {state.rounds + 1}")
+        if args.round != len(state.rounds) + 1:
+            raise invalid(f"round {args.round} reported; expected round {len(state.rounds) + 1}")
         if args.round > state.limits.rounds:
             raise invalid(f"round {args.round} is beyond the run's budget of {state.limits.rounds}")
         strange = [name for name in args.tools if name not in service.offered_names and name != UNKNOWN_TOOL]
@@ -440,13 +482,12 @@ def report_tools(service: AgentService) -> list[Tool]:
             raise invalid(f"{strange[0][:64]!r} was not offered (record it as {UNKNOWN_TOOL!r})")
         if args.specialist is not None and args.specialist.child not in service.specialist_names:
             raise invalid(f"there is no specialist {args.specialist.child!r}")
-        state.rounds += 1
         meta = msgspec.structs.replace(args, plan=await service.clean(ctx.project, args.plan))
         cost = None
         if state.prices is not None and not args.usage_estimated:
             cost = (args.input_tokens * state.prices[0] + args.output_tokens * state.prices[1]) / 1e6
-        recorded = await service.write_evidence(state, service.evidence.add_round(ctx.project, run_id, meta, cost))
-        return Ack(recorded=recorded)
+        state.add(meta, cost)  # held in memory: the record is written once, at the run's end
+        return Ack(recorded=True)
 
     async def report_outcome(ctx: ToolContext, args: OutcomeReport) -> Ack:
         _, state = _reporter(ctx, service)
@@ -608,11 +649,13 @@ class AskArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
     profile: Name | None = None
 
 
-async def ask(ctx: ToolContext, args: AskArgs) -> Run:
-    """An ad-hoc instruction: a new revision of the `ask` task (created on first use) and a
-    run of that revision, so the question stays with its run."""
+async def ask_revision(ctx: ToolContext, instruction: str, profile: str | None,
+                       started: Callable[[Run], None] | None = None) -> Run:
+    """A new revision of the `ask` task (created on first use) holding `instruction`, and a
+    run of it, so the question stays with its run; `started` sees the run before any other
+    call can (under the service's binding lock, held by the caller)."""
     tasks, project = ctx.services.tasks, ctx.project
-    spec = TaskSpec(command=AgentInstruction(instruction=args.instruction, profile=args.profile), overlap="allow")
+    spec = TaskSpec(command=AgentInstruction(instruction=instruction, profile=profile), overlap="allow")
     for _ in range(8):  # another ask may move the head between our read and our write
         head = await tasks.get(project, ASK_TASK)
         if head is not None and not isinstance(head.spec.command, AgentInstruction):
@@ -631,8 +674,41 @@ async def ask(ctx: ToolContext, args: AskArgs) -> Run:
             raise
         if not task.enabled:
             raise conflict(f"task {ASK_TASK!r} is disabled (qledge task enable {ASK_TASK})")
-        return await ctx.services.runner.start(task, "user")
+        run = await ctx.services.runner.start(task, "user")
+        if started is not None:
+            started(run)
+        return run
     raise conflict("too many questions at once; try again")
+
+
+CHECK_INSTRUCTION = "qledge agent check: one request to the provider that exercises tool calling"
+
+
+class CheckArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
+    profile: Name | None = None
+
+
+def ask_tools(service: AgentService) -> list[Tool]:
+    async def ask(ctx: ToolContext, args: AskArgs) -> Run:
+        """An ad-hoc instruction, masked for the project's secrets before it is stored
+        anywhere (the task revision, the evidence, the log)."""
+        return await ask_revision(ctx, await service.clean_instruction(ctx.project, args.instruction), args.profile)
+
+    async def check(ctx: ToolContext, args: CheckArgs) -> Run:
+        """A run of the `ask` task whose child sends one request and says what it found."""
+        service._provider(AgentInstruction(instruction=CHECK_INSTRUCTION, profile=args.profile))  # named, or refused
+        async with service.binding:  # its launch reads `checking` under this lock: it cannot miss it
+            return await ask_revision(ctx, CHECK_INSTRUCTION, args.profile,
+                                      lambda run: service.checking.__setitem__(run.id, True))
+
+    return [
+        tool("qledge.agent.ask", ask, AskArgs, Run, effect="write", risk="medium",
+             permission=("task.write", "run.write"),
+             title="Ask the AI operator a question (a new revision of the `ask` task, and its run)"),
+        tool("qledge.agent.check", check, CheckArgs, Run, effect="write", risk="medium",
+             permission=("task.write", "run.write"),
+             title="Check the provider with one request (a run of the `ask` task, recorded like any AI run)"),
+    ]
 
 
 # -- the missions' tools: their shapes and handlers are edge.tools.missions' ------------------
@@ -671,8 +747,5 @@ def mission_tools(service: AgentService) -> list[Tool]:
 def agent_tools(service: AgentService) -> list[Tool]:
     """Every tool the agent capability adds, for the registry."""
     return [
-        *report_tools(service), *history_tools(service), *mission_tools(service),
-        tool("qledge.agent.ask", ask, AskArgs, Run, effect="write", risk="medium",
-             permission=("task.write", "run.write"),
-             title="Ask the AI operator a question (a new revision of the `ask` task, and its run)"),
+        *report_tools(service), *history_tools(service), *mission_tools(service), *ask_tools(service),
     ]

@@ -136,8 +136,8 @@ async def ledger_call(service: AgentService, op: str, ctx: ToolContext, raw: dic
     child = getattr(args, "child", None)
     if child is not None and child not in service.specialist_names:
         raise invalid(f"there is no specialist {child!r}")
-    if not 1 <= args.round <= state.rounds:  # a round this run has reported
-        raise invalid(f"round {args.round} has not been reported (the run is at round {state.rounds})")
+    if not 1 <= args.round <= len(state.rounds):  # a round this run has reported
+        raise invalid(f"round {args.round} has not been reported (the run is at round {len(state.rounds)})")
     ledger, now = service.ledger, ctx.now_ms()
     if isinstance(args, DelegateArgs):
         return await ledger.delegate(at, msgspec.structs.replace(

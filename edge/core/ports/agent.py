@@ -15,10 +15,9 @@ from edge.core.agent import (
     AgentLaunch,
     EvidenceCursor,
     EvidenceDetail,
-    EvidenceEnd,
     EvidenceOpen,
+    EvidenceRecord,
     EvidenceSummary,
-    RoundMeta,
 )
 from edge.core.auth import Principal
 from edge.core.ledger import (
@@ -90,26 +89,24 @@ class AgentRuns(Protocol):
 
 class AgentEvidenceStore(Protocol):
     """The evidence history of AI runs (seed 001): one bounded record per run, a projection
-    and never a trace. Retention is applied by the writes that insert (`open`, and `end`
-    when it has to insert): the newest `max_records` and none created more than `max_age`
-    before the insert's clock, both; each insert deletes at most a few of the oldest
-    records, so its cost is bounded and the table converges. Nothing points at these rows:
-    a record pruned early or late changes nothing else."""
+    and never a trace, written whole once its run has reached its terminal state (the
+    daemon holds its rounds in memory until then). Retention is applied by the write that
+    inserts a record: the newest `max_records` and none created more than `max_age` before
+    the insert's clock, both; each insert deletes at most a few of the oldest records, so
+    its cost is bounded and the table converges. Nothing points at these rows: a record
+    pruned early or late changes nothing else."""
 
-    async def open(self, record: EvidenceOpen, now_ms: int) -> None:
-        """Insert the record of an AI run that starts (state `running`), with the store's
-        change position; a record that exists is left as it is."""
+    async def start(self, record: EvidenceOpen, now_ms: int) -> int:
+        """An AI run starts: the store's change position now, for the record's
+        `position_before`. Writes nothing where it can (SQLite); an adapter whose other
+        nodes must be able to end the record of a run its node lost (PostgreSQL) inserts it
+        `running` here."""
         ...
 
-    async def add_round(self, project: str, run_id: str, meta: RoundMeta, cost_usd: float | None) -> bool:
-        """Append one round's metadata and add its usage to the totals; `cost_usd` None makes
-        the record's cost unknown for good. False when there is no such open record."""
-        ...
-
-    async def end(self, end: EvidenceEnd, started: EvidenceOpen, now_ms: int) -> None:
-        """Set a record's terminal state, error, answer summary, finish time and the change
-        position after; when there is no record (its open failed, or it never started),
-        insert it from `started` first."""
+    async def finish(self, record: EvidenceRecord, now_ms: int) -> None:
+        """Write the whole record of a run that reached its terminal state, with the change
+        position after, in one transaction (retention in it too); a record that exists
+        already ended is left as it is."""
         ...
 
     async def page(self, project: str, after: EvidenceCursor | None, limit: int) -> list[EvidenceSummary]:

@@ -10,6 +10,11 @@ find the cut), so its cost is bounded and the table converges; two nodes inserti
 may leave a record more for a moment, which the next insert removes. The rule covers the
 whole table, as a cluster serves one project.
 
+A record is inserted `running` when its run starts, so that the reaping of a run whose node
+died can end it in its own transaction (edge.storage.postgres.runs.SQL_EVIDENCE_LOST), and
+written whole once more at the terminal state: the rounds the running node held in memory,
+the totals and the outcome (seed 001's discipline, less the flash it saves on a router).
+
 The store's change position costs no write: PostgreSQL's next transaction id
 (`pg_current_snapshot`), which every writing transaction of the cluster moves, so a
 record's positions before and after bracket every change made while its run went on.
@@ -21,7 +26,7 @@ from __future__ import annotations
 
 import msgspec
 
-from edge.core.agent import EvidenceCursor, EvidenceDetail, EvidenceEnd, EvidenceOpen, EvidenceSummary, RoundMeta
+from edge.core.agent import EvidenceCursor, EvidenceDetail, EvidenceOpen, EvidenceRecord, EvidenceSummary, RoundMeta
 from edge.core.errors import unavailable
 from edge.storage.postgres.db import PgDatabase, Row, Tx
 
@@ -44,16 +49,11 @@ SQL_PRUNE = (
     "DELETE FROM agent_evidence WHERE seq IN (SELECT seq FROM (SELECT seq, created_at_ms FROM agent_evidence"
     " ORDER BY seq LIMIT %s) AS oldest WHERE seq <= %s OR created_at_ms < %s)"
 )
-SQL_ROUND = (
-    "UPDATE agent_evidence SET rounds = rounds || jsonb_build_array(%s::jsonb), round_count = round_count + 1,"
-    " input_tokens = input_tokens + %s, output_tokens = output_tokens + %s,"
-    " usage_estimated = usage_estimated OR %s,"
-    " cost_usd = CASE WHEN %s::double precision IS NULL THEN NULL ELSE cost_usd + %s::double precision END"
-    " WHERE run_id = %s AND project_id = %s AND state = 'running'"
-)
-SQL_END = (
+SQL_FINISH = (
     "UPDATE agent_evidence SET state = %s, error_code = %s, budget = %s, error = %s, answer_summary = %s,"
-    f" position_after = {POSITION}, finished_at_ms = %s WHERE run_id = %s AND project_id = %s AND state = 'running'"
+    " rounds = %s::jsonb, round_count = %s, input_tokens = %s, output_tokens = %s, usage_estimated = %s,"
+    f" cost_usd = %s, position_after = {POSITION}, finished_at_ms = %s"
+    " WHERE run_id = %s AND project_id = %s AND state = 'running'"
 )
 SUMMARY = (
     "project_id, run_id, task_id, task_revision, state, error_code, budget, provider, model, round_count,"
@@ -79,24 +79,22 @@ async def _insert(tx: Tx, record: EvidenceOpen, now: int) -> None:
     await tx.execute(SQL_PRUNE, (PRUNE_BATCH, cut[0] if cut else 0, now - MAX_AGE_MS))
 
 
-async def _open(tx: Tx, record: EvidenceOpen, now: int) -> None:
+async def _start(tx: Tx, record: EvidenceOpen, now: int) -> int:
     await _insert(tx, record, now)
+    row = await tx.row("SELECT position_before FROM agent_evidence WHERE run_id = %s", (record.run_id,))
+    return int(row[0]) if row else 0
 
 
-async def _add_round(tx: Tx, project: str, run_id: str, meta: RoundMeta, cost: float | None) -> bool:
-    changed = await tx.execute(SQL_ROUND, (
-        _round.encode(meta).decode(), meta.input_tokens, meta.output_tokens, meta.usage_estimated, cost, cost,
-        run_id, project))
-    return changed > 0
-
-
-async def _end(tx: Tx, end: EvidenceEnd, started: EvidenceOpen, now: int) -> None:
+async def _finish(tx: Tx, record: EvidenceRecord, now: int) -> None:
+    started = record.started
     found = await tx.row("SELECT 1 FROM agent_evidence WHERE run_id = %s AND project_id = %s FOR UPDATE",
-                         (end.run_id, end.project_id))
-    if found is None:
-        await _insert(tx, started, now)
-    await tx.execute(SQL_END, (end.state, end.error_code, end.budget, end.error, end.answer_summary, now,
-                               end.run_id, end.project_id))
+                         (started.run_id, started.project_id))
+    if found is None:  # its start was not recorded (or it never started)
+        await _insert(tx, started, now if record.created_at_ms is None else record.created_at_ms)
+    await tx.execute(SQL_FINISH, (
+        record.state, record.error_code, record.budget, record.error, record.answer_summary,
+        _round.encode(record.rounds).decode(), len(record.rounds), record.input_tokens, record.output_tokens,
+        record.usage_estimated, record.cost_usd, now, started.run_id, started.project_id))
 
 
 async def _page(tx: Tx, project: str, after: EvidenceCursor, limit: int) -> list[EvidenceSummary]:
@@ -124,14 +122,11 @@ class PgEvidenceStore:
     def __init__(self, db: PgDatabase) -> None:
         self._db = db
 
-    async def open(self, record: EvidenceOpen, now_ms: int) -> None:
-        await self._db.tx(_open, record, now_ms)
+    async def start(self, record: EvidenceOpen, now_ms: int) -> int:
+        return await self._db.tx(_start, record, now_ms)
 
-    async def add_round(self, project: str, run_id: str, meta: RoundMeta, cost_usd: float | None) -> bool:
-        return await self._db.tx(_add_round, project, run_id, meta, cost_usd)
-
-    async def end(self, end: EvidenceEnd, started: EvidenceOpen, now_ms: int) -> None:
-        await self._db.tx(_end, end, started, now_ms)
+    async def finish(self, record: EvidenceRecord, now_ms: int) -> None:
+        await self._db.tx(_finish, record, now_ms)
 
     async def page(self, project: str, after: EvidenceCursor | None, limit: int) -> list[EvidenceSummary]:
         return await self._db.tx(_page, project, after or _AHEAD_OF_ALL, limit)

@@ -1,5 +1,10 @@
 """The evidence history of AI runs (seed 001) on the daemon's database: one row per run.
-Implements AgentEvidenceStore (edge.core.ports.stores).
+Implements AgentEvidenceStore (edge.core.ports.agent).
+
+Seed 001's write discipline: a record is written once, whole, when its run reaches its
+terminal state (the daemon holds its rounds in memory until then); starting a run writes
+nothing. On a router that is one transaction of flash per AI run for its evidence, not one
+at its start and one per round besides.
 
 Retention is part of the transaction that inserts a record, and of nothing else (no
 sweeper, no start-up pass): the newest MAX_RECORDS records are kept and none created more
@@ -21,36 +26,27 @@ import apsw
 import msgspec
 
 from edge.core.errors import unavailable
-from edge.core.agent import EvidenceCursor, EvidenceDetail, EvidenceEnd, EvidenceOpen, EvidenceSummary, RoundMeta
+from edge.core.agent import EvidenceCursor, EvidenceDetail, EvidenceOpen, EvidenceRecord, EvidenceSummary, RoundMeta
 from edge.storage.sqlite.db import Database, immediate, one
 
 MAX_RECORDS = 500
 MAX_AGE_MS = 90 * 86_400_000
 PRUNE_BATCH = 16
 
-_round = msgspec.json.Encoder()
+_rounds_json = msgspec.json.Encoder()
 _rounds = msgspec.json.Decoder(list[RoundMeta])
 
 SQL_HIGHEST = "SELECT max(coalesce(max(position_before), 0), coalesce(max(position_after), 0)) FROM agent_evidence"
 SQL_INSERT = (
-    "INSERT INTO agent_evidence (run_id, project_id, task_id, task_revision, state, instruction, provider, model,"
-    " cost_usd, position_before, created_at_ms) VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?)"
-    " ON CONFLICT (run_id) DO NOTHING"
+    "INSERT INTO agent_evidence (run_id, project_id, task_id, task_revision, state, error_code, budget, error,"
+    " instruction, provider, model, rounds, round_count, input_tokens, output_tokens, usage_estimated, cost_usd,"
+    " answer_summary, position_before, position_after, created_at_ms, finished_at_ms)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id) DO NOTHING"
 )
 # Only the oldest few rows (seq is insertion order) are looked at, so no insert scans the table.
 SQL_PRUNE = (
     "DELETE FROM agent_evidence WHERE seq IN (SELECT seq FROM (SELECT seq, created_at_ms FROM agent_evidence"
     " ORDER BY seq LIMIT ?) WHERE seq <= ? OR created_at_ms < ?)"
-)
-SQL_ROUND = (
-    "UPDATE agent_evidence SET rounds = json_insert(rounds, '$[#]', json(?1)), round_count = round_count + 1,"
-    " input_tokens = input_tokens + ?2, output_tokens = output_tokens + ?3,"
-    " usage_estimated = usage_estimated OR ?4, cost_usd = CASE WHEN ?5 IS NULL THEN NULL ELSE cost_usd + ?5 END"
-    " WHERE run_id = ?6 AND project_id = ?7 AND state = 'running'"
-)
-SQL_END = (
-    "UPDATE agent_evidence SET state = ?, error_code = ?, budget = ?, error = ?, answer_summary = ?,"
-    " position_after = ?, finished_at_ms = ? WHERE run_id = ? AND project_id = ? AND state = 'running'"
 )
 SUMMARY = (
     "project_id, run_id, task_id, task_revision, state, error_code, budget, provider, model, round_count,"
@@ -80,35 +76,25 @@ class Position:
         return self._base + conn.total_changes()
 
 
-def _insert(conn: apsw.Connection, record: EvidenceOpen, now: int, position: Position) -> None:
-    conn.execute(SQL_INSERT, (
-        record.run_id, record.project_id, record.task_id, record.task_revision, record.instruction,
-        record.provider, record.model, 0.0 if record.cost_known else None, position(conn), now,
-    ))
-    (newest,) = one(conn, "SELECT coalesce(max(seq), 0) FROM agent_evidence")
-    conn.execute(SQL_PRUNE, (PRUNE_BATCH, newest - MAX_RECORDS, now - MAX_AGE_MS))
+def position(conn: apsw.Connection, where: Position) -> int:
+    return where(conn)
 
 
-def open_record(conn: apsw.Connection, record: EvidenceOpen, now: int, position: Position) -> None:
+def write_record(conn: apsw.Connection, record: EvidenceRecord, now: int, where: Position) -> None:
+    """The whole record in one transaction, with retention; a record that exists is left."""
+    started = record.started
     with immediate(conn):
-        _insert(conn, record, now, position)
-
-
-def add_round(conn: apsw.Connection, project: str, run_id: str, meta: RoundMeta, cost: float | None) -> bool:
-    with immediate(conn):
-        conn.execute(SQL_ROUND, (_round.encode(meta).decode(), meta.input_tokens, meta.output_tokens,
-                                 int(meta.usage_estimated), cost, run_id, project))
-        return conn.changes() > 0
-
-
-def end_record(conn: apsw.Connection, end: EvidenceEnd, started: EvidenceOpen, now: int, position: Position) -> None:
-    with immediate(conn):
-        found = conn.execute("SELECT 1 FROM agent_evidence WHERE run_id = ? AND project_id = ?",
-                             (end.run_id, end.project_id)).fetchone()
-        if found is None:
-            _insert(conn, started, now, position)
-        conn.execute(SQL_END, (end.state, end.error_code, end.budget, end.error, end.answer_summary, position(conn),
-                               now, end.run_id, end.project_id))
+        after = where(conn)
+        conn.execute(SQL_INSERT, (
+            started.run_id, started.project_id, started.task_id, started.task_revision, record.state,
+            record.error_code, record.budget, record.error, started.instruction, started.provider, started.model,
+            _rounds_json.encode(record.rounds).decode(), len(record.rounds), record.input_tokens,
+            record.output_tokens, int(record.usage_estimated), record.cost_usd, record.answer_summary,
+            after if record.position_before is None else record.position_before, after,
+            now if record.created_at_ms is None else record.created_at_ms, now,
+        ))
+        (newest,) = one(conn, "SELECT coalesce(max(seq), 0) FROM agent_evidence")
+        conn.execute(SQL_PRUNE, (PRUNE_BATCH, newest - MAX_RECORDS, now - MAX_AGE_MS))
 
 
 def _flags(row: tuple) -> tuple:
@@ -142,14 +128,11 @@ class SqliteEvidenceStore:
         self._db = db
         self._position = Position()
 
-    async def open(self, record: EvidenceOpen, now_ms: int) -> None:
-        await self._db.run(open_record, record, now_ms, self._position)
+    async def start(self, record: EvidenceOpen, now_ms: int) -> int:
+        return await self._db.run(position, self._position)  # a read: nothing is written yet
 
-    async def add_round(self, project: str, run_id: str, meta: RoundMeta, cost_usd: float | None) -> bool:
-        return await self._db.run(add_round, project, run_id, meta, cost_usd)
-
-    async def end(self, end: EvidenceEnd, started: EvidenceOpen, now_ms: int) -> None:
-        await self._db.run(end_record, end, started, now_ms, self._position)
+    async def finish(self, record: EvidenceRecord, now_ms: int) -> None:
+        await self._db.run(write_record, record, now_ms, self._position)
 
     async def page(self, project: str, after: EvidenceCursor | None, limit: int) -> list[EvidenceSummary]:
         return await self._db.run(page, project, after or _AHEAD_OF_ALL, limit)

@@ -1,0 +1,249 @@
+"""`qledge agent check` against each failure class (real daemons, real children, the families'
+conformance fakes: one test each), and, end to end, what the rest of the operator owes a new
+user: a provider that drips its reply is cut at the request's deadline with the run's one log
+line, a secret typed into a question is stored nowhere, one evidence write per run, and runs
+named as every run command names them."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+
+import pytest
+
+from agent_support import agent_config, ai_task, log, record, start_and_wait, until, wait
+from edge.storage.sqlite.evidence import MAX_RECORDS
+from fake_provider import FakeProvider, Step, answer, self_signed, tool_call
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def servers():
+    made: list[FakeProvider] = []
+
+    def make(**kw) -> FakeProvider:
+        made.append(FakeProvider(**kw))
+        return made[-1]
+
+    yield make
+    for server in made:
+        server.close()
+
+
+def check(d, *args: str):
+    result = d.cli("agent", "check", "--json", *args)
+    return result.returncode, (json.loads(result.stdout) if result.stdout.strip() else None), result
+
+
+def failed(d, server: FakeProvider | None, failure: str, fix: str):
+    code, out, result = check(d)
+    assert code == 1, result.stderr
+    assert out["passed"] is False and out["failure"] == failure, out
+    assert out["hint"] is not None and fix in out["hint"], out
+    assert out["recorded"] is True and record(d, out["runId"])["state"] == "failed"
+    if server is not None:
+        assert len(server.requests) == 1  # one request, never retried
+    return out
+
+
+def test_a_check_that_passes_spends_one_request_and_is_recorded(servers, daemon_factory):
+    server = servers(family="openai")
+    server.add(tool_call("qledge_check", {}, raw_names=True, content=None))
+    d = daemon_factory(config=agent_config(server)).start()
+    shown = d.cli("agent", "check")
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    port = server.server.server_address[1]
+    assert lines[0] == (f'ok  configuration: OpenAI (provider = "openai") at 127.0.0.1:{port},'
+                        " model gpt-5-mini, replies bounded by max_completion_tokens")
+    assert any(line.startswith("ok  tool calling: the model called qledge_check") for line in lines)
+    assert "passed" in lines and lines[-1].startswith("recorded: qledge agent get ")
+    assert len(server.requests) == 1 and not server.refused
+    sent = server.requests[0].body
+    assert [t["function"]["name"] for t in sent["tools"]] == ["qledge_check"] and sent["tool_choice"] == "auto"
+    run_id = lines[-1].split()[-1]
+    evidence = record(d, run_id)
+    assert (evidence["state"], evidence["rounds"], evidence["taskId"]) == ("succeeded", 1, "ask")
+    assert evidence["instruction"].startswith("qledge agent check")
+
+
+def test_check_unreachable(daemon_factory):
+    d = daemon_factory(config=agent_config(None, provider="generic")).start()  # 127.0.0.1:9: nothing listens
+    out = failed(d, None, "unreachable", "check base_url's host and port")
+    assert out["errorCode"] == "provider_unreachable"
+
+
+def test_check_tls(servers, daemon_factory, home):
+    cert, key = self_signed(home)
+    server = servers(tls=(cert, key))
+    d = daemon_factory(config=agent_config(server)).start()  # no ca_file: the system's store does not know it
+    failed(d, None, "tls", "ca_file")  # refused at the handshake: no request reached the server
+
+
+def test_check_key(servers, daemon_factory):
+    server = servers(family="openai")
+    server.add(Step({"error": {"message": "Incorrect API key provided: sk-proj-****abcd.", "type":
+                               "invalid_request_error", "code": "invalid_api_key"}}, status=401))
+    d = daemon_factory(config=agent_config(server)).start()
+    out = failed(d, server, "key", "api_key_file")
+    assert "Incorrect API key provided" in out["steps"][-1]["text"]
+
+
+def test_check_model_or_path(servers, daemon_factory):
+    server = servers(family="openai")
+    server.add(Step({"error": {"message": "The model `gpt-9` does not exist or you do not have access to it.",
+                               "type": "invalid_request_error", "code": "model_not_found"}}, status=404))
+    d = daemon_factory(config=agent_config(server)).start()
+    out = failed(d, server, "not_found", "check model")
+    assert "The model `gpt-9` does not exist" in out["steps"][-1]["text"]
+
+
+def test_check_bad_request_in_the_providers_words(servers, daemon_factory):
+    server = servers(family="vllm", auto_tool_choice=False)  # vLLM started without its tool-calling flags
+    d = daemon_factory(config=agent_config(server)).start()
+    out = failed(d, server, "bad_request", "--enable-auto-tool-choice")
+    assert '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set' in \
+        out["steps"][-1]["text"]
+    server.refused.clear()
+
+
+def test_check_no_tool_call_support(servers, daemon_factory):
+    server = servers(family="ollama")
+    server.add(answer("I cannot call tools, but hello!"))
+    d = daemon_factory(config=agent_config(server)).start()
+    out = failed(d, server, "no_tool_calls", "choose a model that can call tools")
+    assert out["errorCode"] == "no_tool_calls"
+
+
+def test_check_a_model_without_tools_refused_by_the_server(servers, daemon_factory):
+    server = servers(family="ollama", tools=False)
+    d = daemon_factory(config=agent_config(server, model="gemma:2b")).start()
+    out = failed(d, server, "bad_request", "choose one that can")
+    assert "does not support tools" in out["steps"][-1]["text"]
+    server.refused.clear()
+
+
+def test_check_reasoning_model_parameters(servers, daemon_factory):
+    server = servers(family="openai")
+    d = daemon_factory(config=agent_config(server, provider="generic")).start()  # generic sends max_tokens
+    out = failed(d, server, "reasoning_params", 'set max_tokens_param to "max_completion_tokens"')
+    assert "Use 'max_completion_tokens' instead." in out["steps"][-1]["text"]
+    server.refused.clear()
+
+
+def test_check_says_why_nothing_was_checked(daemon, daemon_factory, home):
+    off = daemon.cli("agent", "check")
+    assert off.returncode == 2 and off.stderr.startswith("qledge: invalid_argument: the AI operator is off")
+    gone = daemon_factory(config=agent_config(None, provider="generic"))  # configured, never started
+    unreachable = gone.cli("agent", "check")
+    assert unreachable.returncode == 3 and unreachable.stderr.startswith("qledge: unavailable: ")
+
+
+# -- deadlines, masking, writes, names --------------------------------------------------------
+
+
+def test_a_provider_dripping_its_reply_is_cut_at_the_deadline_with_one_log_line(servers, daemon_factory):
+    server = servers(family="openai")
+    server.add(Step(answer("late " * 40), drip_s=0.25))
+    d = daemon_factory(config=agent_config(server, request_timeout_s=2, retries=0)).start()
+    started = time.monotonic()
+    run = start_and_wait(d, ai_task(d, "drip", wall_clock_s=60)["id"])
+    assert time.monotonic() - started < 20
+    assert (run["status"], run["errorCode"]) == ("failed", "provider_timeout")
+    (line,) = log(d, run["id"]).splitlines()
+    assert re.fullmatch(r"qledge agent: provider_timeout: 127\.0\.0\.1:\d+ did not answer within 2s \(the whole"
+                        r" request: connect, send, headers and body\)", line), line
+    assert record(d, run["id"])["errorCode"] == "provider_timeout"
+
+
+def test_a_secret_typed_into_a_question_is_stored_nowhere(servers, daemon_factory):
+    server = servers(family="openai")
+    server.add(answer("I would not repeat it."))
+    d = daemon_factory(config=agent_config(server)).start()
+    assert d.cli("secret", "set", "router_pw", input="Tr0ub4dor-and-3\n").returncode == 0
+    asked = d.cli("ask", "my router password is Tr0ub4dor-and-3, why did backup fail?", "--wait")
+    assert asked.returncode == 0, asked.stderr
+    run_id = re.search(r"run (\S+) queued", asked.stderr).group(1)
+    task = d.call("qledge.task.get", {"taskId": "ask"})
+    stored = json.dumps(task) + json.dumps(record(d, run_id)) + log(d, run_id)
+    assert "Tr0ub4dor-and-3" not in stored and "Tr0ub4dor-and-3" not in json.dumps(server.requests[0].body)
+    assert "[REDACTED]" in task["spec"]["command"]["instruction"]
+    with d.db() as conn:
+        assert conn.execute("SELECT count(*) FROM task_revisions WHERE spec LIKE '%Tr0ub4dor%'").fetchone()[0] == 0
+
+
+def test_an_ai_run_writes_its_record_once(servers, daemon_factory):
+    """Seed 001: nothing at the start, nothing per round; one insert at the terminal state."""
+    server = servers(family="openai")
+    d = daemon_factory(config=agent_config(server)).start()
+    with d.db() as conn:
+        conn.execute("CREATE TABLE evidence_writes (op TEXT, state TEXT)")
+        conn.execute("CREATE TRIGGER count_ins AFTER INSERT ON agent_evidence BEGIN"
+                     " INSERT INTO evidence_writes VALUES ('insert', new.state); END")
+        conn.execute("CREATE TRIGGER count_upd AFTER UPDATE ON agent_evidence BEGIN"
+                     " INSERT INTO evidence_writes VALUES ('update', new.state); END")
+    server.add(tool_call("qinglong.run.list", {}), tool_call("qinglong.task.list", {}, call_id="call_2"),
+               Step(answer("nothing failed"), delay_s=float("inf")))
+    run = d.call("qledge.run.start", {"taskId": ai_task(d, "once")["id"]})
+    until(lambda: len(server.requests) == 3, what="the third round")
+    with d.db() as conn:  # two rounds reported, the third on its way: nothing written
+        assert conn.execute("SELECT count(*) FROM evidence_writes").fetchone()[0] == 0
+    server.release.set()
+    final = wait(d, run["id"])
+    assert final["status"] == "succeeded"
+    with d.db() as conn:
+        assert conn.execute("SELECT op, state FROM evidence_writes").fetchall() == [("insert", "succeeded")]
+    assert record(d, run["id"])["rounds"] == 3 and MAX_RECORDS == 500
+
+
+def test_agent_get_mission_and_retry_take_every_name_of_a_run(servers, daemon_factory):
+    server = servers(family="openai")
+    server.add(Step({"error": {"message": "upstream overloaded"}}, status=500), answer("second time lucky"))
+    d = daemon_factory(config=agent_config(server, retries=0)).start()
+    asked = d.cli("ask", "did anything fail?", "--wait")
+    assert asked.returncode == 1
+    run_id = re.search(r"run (\S+) queued", asked.stderr).group(1)
+    for name in ("ask:latest", "ask:latest-failed", run_id[:13]):
+        got = d.cli("agent", "get", name, "--json")
+        assert got.returncode == 0, (name, got.stderr)
+        assert json.loads(got.stdout)["runId"] == run_id
+        mission = d.cli("agent", "mission", name, "--json")
+        assert mission.returncode == 0, (name, mission.stderr)
+        assert json.loads(mission.stdout)["missionId"] == run_id
+    retried = d.cli("agent", "retry", "ask:latest-failed", "--wait")
+    assert retried.returncode == 0 and retried.stdout == "second time lucky\n", retried.stderr
+    wrong = d.cli("agent", "get", "nosuchtask:latest")
+    assert wrong.returncode == 1 and "task 'nosuchtask' not found" in wrong.stderr
+    short = d.cli("agent", "mission", run_id[:4])
+    assert short.returncode == 2 and "too short" in short.stderr
+
+
+def test_a_tool_name_clash_stops_the_daemon_at_start(home, daemon_factory):
+    """Two offered tools that would share one wire name: the start fails with one line."""
+    import subprocess
+    import sys
+
+    config = os.path.join(home, "qledge.toml")
+    with open(config, "w") as f:
+        f.write(agent_config(None, provider="generic") + "[agent.specialists.log-analyst]\nenabled = true\n")
+    code = (
+        "import sys\n"
+        "import edge.tools.agent as a\n"
+        "real = a.AgentService.offer\n"
+        "def offer(self, tools):\n"
+        "    import msgspec\n"
+        "    twin = [t for t in tools if t.name == 'qinglong.run.list'][0]\n"
+        "    real(self, [*tools, msgspec.structs.replace(twin, name='qinglong_run.list')])\n"
+        "a.AgentService.offer = offer\n"
+        "from edge.cli.main import main\n"
+        "raise SystemExit(main())\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code, "serve", "--config", config],
+                            env={**os.environ, "QLEDGE_HOME": home}, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == ("qledge: invalid_argument: [agent] the tools 'qinglong.run.list' and"
+                                     " 'qinglong_run.list' would both be offered to the model as"
+                                     " 'qinglong_run_list': rename one")
