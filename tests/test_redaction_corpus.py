@@ -5,8 +5,9 @@ pipeline produces) and benign output of real router services and tasks.
 Bars: every configured secret masked in every encoding (recall 1.0), every credential form
 of the corpus masked, at most 0.5% of the benign lines changed at all; and each rule that
 finds an unconfigured credential must save more secret lines than it costs benign ones.
-The held-out parts (`*_heldout.*`) were written after the rules and measured once; their
-figures are in the README and pinned here, so a change that makes them worse fails.
+The held-out parts (`*_heldout.*`) were written after the rules and measured once (README:
+1.0, 1.0 and 2 of 296 benign lines changed, both by `password <word>` reading prose, which
+the rule no longer does); the figures are pinned here, so a change that makes them worse fails.
 
 Measured in both places the rules apply: the AI log excerpt (`redact` on normalized text)
 and the run log (`Masker` on the raw text, as the log sink applies it).
@@ -195,7 +196,7 @@ def test_the_held_out_figures_hold():
     for place in PLACES:
         assert _recall(rows, found[place]["masked"], "configured") >= HELDOUT["configured"]
         assert _recall(rows, found[place]["masked"], "form") >= HELDOUT["forms"]
-        assert len(found[place]["changed"]) / len(benign) <= max(HELDOUT["benign_changed"], 0.0) + 1e-9
+        assert len(found[place]["changed"]) <= HELDOUT["benign_changed"] * len(benign)
 
 
 # -- the table --------------------------------------------------------------------------

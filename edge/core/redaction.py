@@ -165,6 +165,14 @@ def _assigned(subject: str, match: re.Match[str]) -> bool:
     return not re.search(r"public[ _-]?$|pub[ _-]?$", subject[max(line_start, start - 8):start])
 
 
+def _prose_word(subject: str, match: re.Match[str]) -> bool:
+    """The value is a word of letters only with more text after it on its line: English
+    around the key word ("password pair", "passphrase supplied in …") rather than a value."""
+    end = subject.find("\n", match.end("v"))
+    rest = subject[match.end("v"):end if end >= 0 else len(subject)]
+    return match.group("v").isalpha() and bool(rest.strip())
+
+
 def _credential(subject: str, match: re.Match[str]) -> bool:
     """A header's value holds a credential: its scheme is followed by more than a placeholder;
     a header quoted on a command line ends at its closing quote."""
@@ -256,9 +264,11 @@ def rules() -> tuple[Rule, ...]:
               r"|sshpass\b[^\n]*?\s-p\s*(?P<v2>'[^'\n]*'|\"[^\"\n]*\"|\S+)"
               r"|redis-cli\b[^\n]*?\s-a\s+(?P<v3>\S+)"
               r"|(?:curl|wget)\b[^\n]*?\s(?:-u|--user)\s*(?P<v4>[^\s:]+:\S+))", "word", "command_password"),
-        _rule("credential_assignment",  # password hunter2, .netrc: machine h login u password p
+        # password hunter2, .netrc: machine h login u password p. A word of letters there is
+        # prose ("password pair", "passphrase supplied in …"), unless the line ends with it.
+        _rule("credential_assignment",
               r"(?:password|passwd|passphrase|passwort|kennwort)[ \t]+(?!" + _PROSE + r")(?P<v>[^\s'\"]{4,})", "word",
-              "password_word", _assigned),
+              "password_word", lambda s, m: _assigned(s, m) and not _prose_word(s, m)),
         # An API key or token in hex after its name and a space: `api key 5f2b9c0e1a3d4b6c7e8f9a0b`.
         _rule("opaque_token", r"(?:api[ _-]?key|apikey|key|token|secret)[ \t]+(?P<v>[0-9a-f]{24,})(?![0-9a-z])",
               "alnum", "hex_key", _hex_key),
