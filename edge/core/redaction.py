@@ -215,13 +215,16 @@ def _hex_key(subject: str, match: re.Match[str]) -> bool:
     return not _KEY_TYPES.search(subject, line_start, match.start())
 
 
-def _discord(subject: str, match: re.Match[str]) -> bool:
-    """Discord's tokens start with the account's id, a number, in base64."""
-    head = match.group("id")
+def _discord(text: str, tail: re.Match[str]) -> tuple[int, int] | None:
+    """The span of a Discord token ending in `tail`: its id, before it, is a number in base64."""
+    head = _DISCORD_ID.search(text, max(0, tail.start() - 28), tail.start())
+    if head is None:
+        return None
     try:
-        return binascii.a2b_base64(head + "=" * (-len(head) % 4)).isdigit()
+        ok = binascii.a2b_base64(head.group() + "=" * (-len(head.group()) % 4)).isdigit()
     except (binascii.Error, ValueError):
-        return False
+        return None
+    return (head.start(), tail.end()) if ok else None
 
 
 # The named group `v` (or v2…), when present, is the part that is masked. These apply
@@ -293,9 +296,10 @@ def exact_rules() -> tuple[Rule, ...]:
         _rule("authorization", r"(?:Basic|BASIC|basic)\s+(?P<v>[A-Za-z0-9+/]{8,}={0,2})(?![A-Za-z0-9+/=])", "word",
               "basic", _basic),
     )
-# Found anywhere (no literal to look for first): Discord's bot tokens, `<id>.<time>.<hmac>`.
-_DISCORD = re.compile(r"(?<![A-Za-z0-9_-])(?P<id>[MNO][A-Za-z0-9_-]{23,27})\.[A-Za-z0-9_-]{6}\.[A-Za-z0-9_-]{27,40}"
-                      r"(?![A-Za-z0-9_-])")
+# Found anywhere (no key word to look for first): Discord's bot tokens, `<id>.<time>.<hmac>`,
+# from their `.<time>.` (a literal leads the search, so it is fast), then the id before it.
+_DISCORD = re.compile(r"\.[A-Za-z0-9_-]{6}\.[A-Za-z0-9_-]{27,40}(?![A-Za-z0-9_-])")
+_DISCORD_ID = re.compile(r"(?<![A-Za-z0-9_-])[MNO][A-Za-z0-9_-]{23,27}\Z")
 _TRIGGERS = (
     "pass", "pw", "psk", "key", "sig", "secret", "token", "auth", "cookie", "credential", "session", "bearer",
     "option", "list", "mysql", "sshpass", "redis", "curl", "wget", "://", "hooks.", "discord", "feishu",
@@ -566,11 +570,12 @@ _ALNUM_RUN = re.compile(r"[A-Za-z0-9]+")
 
 
 class _Configured:
-    """One configured value: the pattern of its escaped forms, its literal forms, and a
-    piece every escaped form holds as it is (its longest run of letters and digits), so
-    that a text without it is passed over with one `in`."""
+    """One configured value: the pattern of its escaped forms, its literal forms, and the
+    pieces every escaped form holds as they are (its runs of letters and digits), so that
+    a text without one of them is passed over with an `in` each, and the pattern is tried
+    only around the longest."""
 
-    __slots__ = ("short", "pattern", "anchor", "folded", "exact", "encoded", "longest")
+    __slots__ = ("short", "pattern", "anchors", "folded", "exact", "encoded", "longest")
 
     def __init__(self, value: str) -> None:
         raw = value.encode("utf-8", "surrogateescape")
@@ -578,9 +583,8 @@ class _Configured:
         pattern, most = _flexible(value)
         # A long value also in another letter case (`tr a-z A-Z`); a short one only as it is.
         self.pattern = re.compile(pattern, 0 if self.short else re.IGNORECASE)
-        runs = _ALNUM_RUN.findall(value)
-        anchor = max(runs, key=len).lower() if runs else ""
-        self.anchor = anchor if len(anchor) >= 3 else ""
+        runs = {run.lower() for run in _ALNUM_RUN.findall(value) if len(run) >= 2}
+        self.anchors = tuple(sorted(runs, key=len, reverse=True))  # the longest first
         b64 = _base64_forms(raw)
         self.folded: tuple[str, ...] = ()
         self.exact: tuple[str, ...] = ()
@@ -595,9 +599,7 @@ class _Configured:
 
     def spans(self, skeleton: str, low: str) -> Iterable[tuple[int, int, str]]:
         """(start, end, how) in the skeleton; how: "escaped" (the pattern), "literal", "base64"."""
-        if not self.anchor or self.anchor in low:
-            for m in _overlapping(self.pattern, skeleton):
-                yield m.start(), m.end(), "escaped"
+        yield from self._escaped(skeleton, low)
         for form in self.folded:
             for at in _finds(low, form):
                 yield at, at + len(form), "literal"
@@ -607,6 +609,21 @@ class _Configured:
         for form in self.encoded:
             for at in _finds(skeleton, form):
                 yield at, at + len(form), "base64"
+
+    def _escaped(self, skeleton: str, low: str) -> Iterable[tuple[int, int, str]]:
+        if not self.anchors:
+            for m in _overlapping(self.pattern, skeleton):
+                yield m.start(), m.end(), "escaped"
+            return
+        if not all(anchor in low for anchor in self.anchors):
+            return
+        seen: set[tuple[int, int]] = set()
+        for at in _finds(low, self.anchors[0]):
+            window = (max(0, at - self.longest), min(len(skeleton), at + self.longest))
+            for m in _overlapping(self.pattern, skeleton, *window):
+                if m.span() not in seen:
+                    seen.add(m.span())
+                    yield m.start(), m.end(), "escaped"
 
 
 def _finds(text: str, needle: str) -> Iterable[int]:
@@ -683,8 +700,9 @@ class Masker:
                     found.append((*lines.span(match.start(), match.end()), "opaque_token"))
         if "discord_token" not in skip and "." in skeleton:
             for match in _DISCORD.finditer(skeleton):
-                if _discord(skeleton, match):
-                    found.append((*lines.span(match.start(), match.end()), "opaque_token"))
+                token = _discord(skeleton, match)
+                if token is not None:
+                    found.append((*lines.span(*token), "opaque_token"))
         found += [(*lines.span(a, b), category) for a, b, category in _backwards(skeleton, skip)]
         if self._configured:
             found += self._secret_spans(_Skeleton(text, _JOINED_NOISE), cut_at_end)
@@ -785,10 +803,13 @@ def _backwards(text: str, skip: frozenset[str] = frozenset()) -> list[tuple[int,
     return found
 
 
-def _overlapping(pattern: re.Pattern[str], text: str) -> Iterable[re.Match[str]]:
-    """Every match, including those starting inside another (`abab` in `ababab` twice)."""
-    at = 0
-    while (m := pattern.search(text, at)) is not None:
+def _overlapping(pattern: re.Pattern[str], text: str, start: int = 0,
+                 end: int | None = None) -> Iterable[re.Match[str]]:
+    """Every match in text[start:end], including those starting inside another (`abab` in
+    `ababab` twice)."""
+    stop = len(text) if end is None else end
+    at = start
+    while (m := pattern.search(text, at, stop)) is not None:
         yield m
         at = m.start() + 1
 
