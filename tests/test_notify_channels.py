@@ -13,7 +13,7 @@ import urllib.parse
 import pytest
 
 from edge.notify.send import dingtalk_sign, feishu_sign
-from notify_support import Loopback, TunnelProxy, message, run_sender, self_signed, tmpdir
+from notify_support import Loopback, NtfyApi, TelegramApi, TunnelProxy, message, run_sender, self_signed, tmpdir
 
 NOW_MS = 1_700_000_000_123
 TEXT = message().text
@@ -68,30 +68,48 @@ def test_webhook_default_body_has_every_field(server):
     assert body["title"] == TITLE and body["text"] == TEXT and body["log"] == "line 1\nline 2"
 
 
-def test_ntfy_publishes_json_to_the_root_with_a_bearer_token(server):
-    spec = {"kind": "ntfy", "baseUrl": server.url, "topic": {"secret": "TOPIC"}, "token": {"secret": "TK"},
-            "priority": 4, "tags": ["warning"]}
-    result, req = one(server, spec, {"TOPIC": "my-topic-x7", "TK": "tk_abc"})
-    assert result.ok, result
-    assert (req.method, req.path) == ("POST", "/")
-    assert req.headers["Authorization"] == "Bearer tk_abc"
-    assert req.json() == {"topic": "my-topic-x7", "title": TITLE, "message": TEXT, "priority": 4, "tags": ["warning"]}
+def test_ntfy_publishes_json_to_the_root_with_a_bearer_token():
+    server = NtfyApi(token="tk_abc")
+    try:
+        spec = {"kind": "ntfy", "baseUrl": server.url, "topic": {"secret": "TOPIC"}, "token": {"secret": "TK"},
+                "priority": 4, "tags": ["warning"]}
+        result, req = one(server, spec, {"TOPIC": "my-topic-x7", "TK": "tk_abc"})
+        assert result.ok, result
+        assert (req.method, req.path) == ("POST", "/")
+        assert req.headers["Authorization"] == "Bearer tk_abc"
+        assert req.json() == {"topic": "my-topic-x7", "title": TITLE, "message": TEXT, "priority": 4,
+                              "tags": ["warning"]}
+        # What ntfy refuses, as it says it: a token it does not take.
+        refused, _ = one(server, spec, {"TOPIC": "my-topic-x7", "TK": "tk_other"})
+        assert not refused.ok and refused.permanent and "HTTP 403" in refused.detail
+        assert "tk_other" not in refused.detail
+    finally:
+        server.close()
 
 
-def test_telegram_send_message(server):
-    server.default = {"ok": True, "result": {}}
-    spec = {"kind": "telegram", "baseUrl": server.url, "token": {"secret": "TG"}, "chatId": "-1001234"}
-    result, req = one(server, spec, {"TG": "123456:ABC-def"})
-    assert result.ok, result
-    assert req.path == "/bot123456:ABC-def/sendMessage"
-    assert req.json() == {"chat_id": "-1001234", "text": PLAIN, "disable_web_page_preview": True}
+def test_telegram_send_message():
+    server = TelegramApi("123456:ABC-def")
+    try:
+        spec = {"kind": "telegram", "baseUrl": server.url, "token": {"secret": "TG"}, "chatId": "-1001234"}
+        result, req = one(server, spec, {"TG": "123456:ABC-def"})
+        assert result.ok, result
+        assert req.path == "/bot123456:ABC-def/sendMessage"
+        assert req.json() == {"chat_id": "-1001234", "text": PLAIN, "disable_web_page_preview": True}
+    finally:
+        server.close()
 
 
-def test_telegram_refusal_is_reported_without_the_token(server):
-    server.default = {"ok": False, "description": "Bad Request: chat not found"}
-    result, _ = one(server, {"kind": "telegram", "baseUrl": server.url, "token": {"secret": "TG"}, "chatId": "1"},
-                    {"TG": "123456:ABC-def"})
-    assert not result.ok and "chat not found" in result.detail and "ABC-def" not in result.detail
+def test_telegram_refusal_is_reported_without_the_token():
+    server = TelegramApi("123456:ABC-def")
+    try:
+        spec = {"kind": "telegram", "baseUrl": server.url, "token": {"secret": "TG"}, "chatId": "1"}
+        result, _ = one(server, spec, {"TG": "999999:XYZ-other"})
+        assert not result.ok and result.permanent
+        assert "HTTP 401" in result.detail and "Unauthorized" in result.detail and "XYZ-other" not in result.detail
+        long = run_sender([spec], {"TG": "123456:ABC-def"}, msg=message(detail="x" * 5000))  # under 4096 characters
+        assert long[0].ok, long
+    finally:
+        server.close()
 
 
 def test_bark_posts_json_and_takes_a_whole_push_url(server):
@@ -185,7 +203,7 @@ def test_gotify(server):
 def test_http_errors_permanent_and_transient(server):
     server.replies = [(401, {"message": "unauthorized"}, {}), (503, {}, {}), (429, {}, {})]
     spec = {"kind": "gotify", "baseUrl": server.url, "token": {"secret": "GT"}}
-    results = run_sender([spec, spec, spec], {"GT": "tok-xyz"})
+    results = run_sender([spec, spec, spec], {"GT": "tok-xyz"}, channel="gotify")  # one channel: in order
     assert [(r.ok, r.permanent) for r in results] == [(False, True), (False, False), (False, False)]
     assert "HTTP 401" in results[0].detail and "tok-xyz" not in results[0].detail
 
