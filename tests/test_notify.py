@@ -394,3 +394,19 @@ def test_a_failing_channel_is_in_status_also_after_a_restart(daemon_factory):
     assert d.call("qledge.status")["extra"]["notify"].startswith("1 channel failing: w")
     shown = d.cli("status")
     assert shown.returncode == 0 and "1 channel failing: w" in shown.stdout
+
+
+def test_a_run_that_timed_out_says_so_in_words(daemon, server):
+    daemon.call("qledge.notify.channel.set", {"name": "w", "spec": {"kind": "webhook", "url": server.url + "/w"}})
+    daemon.call("qledge.task.create", {"taskId": "slow", "spec": {
+        "command": {"kind": "shell", "command": "sleep 30"}, "timeoutMs": 1000, "notify": [{"channels": ["w"]}]}})
+    daemon.call("qledge.task.create", {"taskId": "crash", "spec": {
+        "command": {"kind": "shell", "command": "kill -SEGV $$"}, "notify": [{"channels": ["w"]}]}})
+    assert daemon.cli("run", "start", "slow", "--wait").returncode == 1
+    assert daemon.cli("run", "start", "crash", "--wait").returncode == 1
+    got = _wait(lambda: len(server.requests) >= 2 and server.requests)
+    bodies = {r.json()["task"]: r.json() for r in got}
+    assert bodies["slow"]["outcome"] == "timed out after 1 s, stopped with SIGTERM", bodies["slow"]
+    assert "Status: timed out after 1 s, stopped with SIGTERM" in bodies["slow"]["text"]
+    assert "exit -15" not in bodies["slow"]["text"]
+    assert bodies["crash"]["outcome"] == "failed: killed by SIGSEGV", bodies["crash"]

@@ -374,3 +374,25 @@ def test_smtp_mail_through_a_real_server():
         assert mail.get_payload(decode=True).decode().replace("\r\n", "\n").strip() == TEXT
     finally:
         controller.stop()
+
+
+@pytest.mark.parametrize("status, code, detail, line, language", [
+    ("timed_out", -15, "timed out after 3s", "Status: timed out after 3 s, stopped with SIGTERM", "en"),
+    ("timed_out", -9, "timed out after 2.5s", "Status: timed out after 2.5 s, stopped with SIGKILL", "en"),
+    ("timed_out", 0, "timed out after 3s", "Status: timed out after 3 s, it exited with code 0 when stopped", "en"),
+    ("failed", -9, "killed by SIGKILL", "Status: failed: killed by SIGKILL", "en"),
+    ("failed", -11, "killed by SIGSEGV", "Status: failed: killed by SIGSEGV", "en"),
+    ("failed", 3, "exited with code 3", "Status: failed (exit 3)", "en"),
+    ("timed_out", -15, "timed out after 3s", "状态: 超时（3 秒），已用 SIGTERM 终止", "zh"),
+    ("failed", -9, "killed by SIGKILL", "状态: 失败：被 SIGKILL 终止", "zh"),
+])
+def test_the_status_says_what_happened_in_words(status, code, detail, line, language):
+    from edge.notify.channels import Facts, render
+
+    facts = Facts(channel="c", event="failure", device="router", task="backup", status=status, exit_code=code,
+                  detail=detail, duration_ms=3050)
+    rendered = render(facts, language)
+    assert line in rendered.text.splitlines(), rendered.text
+    assert "exit -" not in rendered.text and rendered.fields["outcome"] == line.split(": ", 1)[1]
+    if code < 0:  # the runner's own words say the same: not twice
+        assert detail not in rendered.text.replace(line, "")

@@ -183,7 +183,8 @@ _WORDS: dict[str, dict[str, str]] = {
            "next": "Next reminder in {nextReminder} if it still fails",
            "recovered_line": "Recovered after {failures} failures since {since}",
            "timed_out_after": "timed out after {secs} s", "stopped_with": "stopped with {signal}",
-           "stopped_exit": "it exited with code {code} when stopped", "killed_by": "killed by {signal}"},
+           "stopped_exit": "it exited with code {code} when stopped", "killed_by": "killed by {signal}",
+           "then": ", ", "colon": ": "},
     "zh": {"failure": "执行失败", "recovery": "已恢复", "success": "执行成功", "lost": "运行中断",
            "skipped": "被跳过", "finished": "已结束", "test": "测试消息", "summary": "已合并",
            "failed": "失败", "timed_out": "超时", "succeeded": "成功", "cancelled": "已取消",
@@ -196,7 +197,8 @@ _WORDS: dict[str, dict[str, str]] = {
            "next": "若仍失败，{nextReminder}后再次提醒",
            "recovered_line": "已恢复：自 {since} 起失败 {failures} 次",
            "timed_out_after": "超时（{secs} 秒）", "stopped_with": "已用 {signal} 终止",
-           "stopped_exit": "终止时退出码 {code}", "killed_by": "被 {signal} 终止"},
+           "stopped_exit": "终止时退出码 {code}", "killed_by": "被 {signal} 终止",
+           "then": "，", "colon": "："},
 }
 
 
@@ -274,12 +276,12 @@ def outcome(f: Facts, language: Language = "en") -> str:
         secs = match.group(1) if match else (f"{f.duration_ms / 1000:g}" if f.duration_ms is not None else None)
         text = w["timed_out_after"].format(secs=secs) if secs is not None else status
         if code is not None and code < 0:
-            return text + ", " + w["stopped_with"].format(signal=_signal(code))
+            return text + w["then"] + w["stopped_with"].format(signal=_signal(code))
         if code is not None:
-            return text + ", " + w["stopped_exit"].format(code=code)
+            return text + w["then"] + w["stopped_exit"].format(code=code)
         return text
     if code is not None and code < 0:
-        return f"{status}: " + w["killed_by"].format(signal=_signal(code))
+        return status + w["colon"] + w["killed_by"].format(signal=_signal(code))
     if code is not None:
         return f"{status} ({w['exit']} {code})"
     return status

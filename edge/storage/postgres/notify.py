@@ -245,6 +245,11 @@ SQL_STREAK = (
     " WHERE project_id = %s AND channel = %s AND task_id = %s FOR UPDATE"
 )
 SQL_MARK = "SELECT since_ms FROM failing_tasks WHERE project_id = %s AND task_id = %s"
+# A recovery waiting on the channel for a success after the failure: the failure is folded into it.
+SQL_RECOVERY_AFTER = (
+    "SELECT 1 FROM notifications WHERE state = 'pending' AND project_id = %s AND channel = %s AND task_id = %s"
+    " AND event = 'recovery' AND first_at_ms >= %s LIMIT 1"
+)
 SQL_PUT_STREAK = (
     "INSERT INTO notify_streaks (project_id, channel, task_id, since_ms, failures, repeats, next_at_ms, mark_ms,"
     " last_id, last_count) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (project_id, channel, task_id)"
@@ -254,7 +259,8 @@ SQL_PUT_STREAK = (
 )
 SQL_WAITING_FAILURES = (
     "SELECT id, count FROM notifications WHERE state = 'pending' AND attempts = 0 AND claimed_by IS NULL"
-    " AND project_id = %s AND channel = %s AND task_id = %s AND event = 'failure' AND id <> %s FOR UPDATE SKIP LOCKED"
+    " AND project_id = %s AND channel = %s AND task_id = %s AND event = 'failure' AND id <> %s"
+    " AND first_at_ms <= %s FOR UPDATE SKIP LOCKED"
 )
 
 
@@ -268,7 +274,7 @@ async def _damped(tx: Tx, project: str, n: PendingNotice, now: int, damping: Dam
         if row is None:
             return n
         since, failures = int(row[0]), int(row[1])
-        for nid, count in await tx.rows(SQL_WAITING_FAILURES, (*key, row[5])):
+        for nid, count in await tx.rows(SQL_WAITING_FAILURES, (*key, row[5], n.first_at_ms)):
             failures += int(count)
             await tx.execute("UPDATE notifications SET state = 'merged', merged_into = %s, due_at_ms = NULL,"
                              " done_at_ms = %s WHERE id = %s", (n.id, now, nid))
@@ -285,6 +291,8 @@ async def _damped(tx: Tx, project: str, n: PendingNotice, now: int, damping: Dam
         return msgspec.structs.replace(n, streak=Streak(failures=total, since_ms=int(since), next_at_ms=int(next_at)))
     mark = await tx.row(SQL_MARK, (project, n.task_id))
     mark_now = int(mark[0]) if mark is not None else None
+    if row is not None and mark_at != mark_now and await tx.row(SQL_RECOVERY_AFTER, (*key, n.first_at_ms)):
+        return None  # the spell it belongs to has ended: the recovery waiting folds it in
     if row is None or mark_now is None or mark_at != mark_now:
         # The first failure of a spell (or one left from a spell that has ended): it goes as it is.
         await tx.execute(SQL_PUT_STREAK, (*key, n.first_at_ms, n.count, 0, now + damping.interval(0), mark_now, n.id,

@@ -232,6 +232,11 @@ SQL_STREAK = (
     " WHERE project_id = ? AND channel = ? AND task_id = ?"
 )
 SQL_MARK = "SELECT since_ms FROM failing_tasks WHERE project_id = ? AND task_id = ?"
+# A recovery waiting on the channel for a success after the failure: the failure is folded into it.
+SQL_RECOVERY_AFTER = (
+    "SELECT 1 FROM notifications WHERE state = 'pending' AND project_id = ? AND channel = ? AND task_id = ?"
+    " AND event = 'recovery' AND first_at_ms >= ? LIMIT 1"
+)
 SQL_PUT_STREAK = (
     "INSERT INTO notify_streaks (project_id, channel, task_id, since_ms, failures, repeats, next_at_ms, mark_ms,"
     " last_id, last_count) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (project_id, channel, task_id) DO UPDATE"
@@ -242,6 +247,7 @@ SQL_PUT_STREAK = (
 SQL_WAITING_FAILURES = (
     "SELECT id, count FROM notifications WHERE state = 'pending' AND attempts = 0 AND claimed_by IS NULL"
     " AND project_id = ? AND channel = ? AND task_id = ? AND event = 'failure' AND id != ?"
+    " AND first_at_ms <= ?"
 )
 
 
@@ -256,7 +262,7 @@ def _damped(conn: apsw.Connection, project: str, n: PendingNotice, now: int,
         if row is None:
             return n
         since, failures = row[0], row[1]
-        for nid, count in conn.execute(SQL_WAITING_FAILURES, (*key, row[5])).fetchall():
+        for nid, count in conn.execute(SQL_WAITING_FAILURES, (*key, row[5], n.first_at_ms)).fetchall():
             failures += count
             conn.execute("UPDATE notifications SET state = 'merged', merged_into = ?, due_at_ms = NULL,"
                          " done_at_ms = ? WHERE id = ?", (n.id, now, nid))
@@ -272,6 +278,9 @@ def _damped(conn: apsw.Connection, project: str, n: PendingNotice, now: int,
                                                         next_at_ms=next_at))
     mark = conn.execute(SQL_MARK, (project, n.task_id)).fetchone()
     mark_now = mark[0] if mark is not None else None
+    ended = row is not None and mark_at != mark_now
+    if ended and conn.execute(SQL_RECOVERY_AFTER, (*key, n.first_at_ms)).fetchone() is not None:
+        return None  # the spell it belongs to has ended: the recovery waiting folds it in
     if row is None or mark_now is None or mark_at != mark_now:
         # The first failure of a spell (or one left from a spell that has ended): it goes as it is.
         conn.execute(SQL_PUT_STREAK, (*key, n.first_at_ms, n.count, 0, now + damping.interval(0), mark_now, n.id,
