@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import hashlib
 import hmac
 import http.client
@@ -515,15 +516,18 @@ class Reporter:
         self._out.flush()
 
 
-def deliver(delivery: Delivery, timeout_s: float, reporter: Reporter | None = None) -> Result:
+def deliver(delivery: Delivery, timeout_s: float, reporter: Reporter | None = None,
+            then: Callable[[], None] | None = None) -> Result:
     """One attempt within `timeout_s`, connect to last byte. With a reporter, a deadline that
     passes reports the attempt at once (its thread may be stuck on no socket, as in a name
-    lookup); its later outcome is then dropped."""
+    lookup), then calls `then`; its later outcome is dropped."""
     started = time.monotonic()
 
     def expired() -> None:
         if reporter is not None:
             reporter.report(_timed_out(delivery, deadline, started))
+        if then is not None:
+            then()
 
     deadline = Deadline(timeout_s, expired)
     try:
@@ -550,17 +554,22 @@ def _timed_out(delivery: Delivery, deadline: Deadline, started: float) -> Result
 
 def _lane(deliveries: list[Delivery], timeout_s: float, reporter: Reporter) -> None:
     """One channel's messages, in order; after a timeout, the rest are not tried (they would
-    wait for a channel that is not answering, and are charged nothing)."""
-    stalled = False
-    for delivery in deliveries:
-        if stalled:
+    wait for a channel that is not answering, and are charged nothing). They are reported
+    so from the deadline's timer too, so the job can end while this thread is stuck."""
+
+    def not_tried(rest: list[Delivery]) -> None:
+        for delivery in rest:
             reporter.report(Result(id=delivery.id, ok=False, tried=False,
                                    detail="not tried: the channel timed out on the message before it"))
-            continue
+
+    for at, delivery in enumerate(deliveries):
         reporter.started(delivery)
-        result = deliver(delivery, timeout_s, reporter)
+        rest = deliveries[at + 1:]
+        result = deliver(delivery, timeout_s, reporter, functools.partial(not_tried, rest))
         reporter.report(result)
-        stalled = result.timed_out
+        if result.timed_out:
+            not_tried(rest)
+            return
 
 
 def main() -> int:
