@@ -96,3 +96,12 @@ def test_one_hanging_channel_does_not_hold_up_another_on_a_real_daemon(daemon_fa
         assert status.startswith("1 channel failing: a-hook (1 failed attempts in a row since")
     finally:
         d.stop()
+
+
+def test_a_mail_server_that_trickles_its_greeting_is_cut_too(drip):
+    port = int(drip.url.rsplit(":", 1)[1])
+    mail = {"kind": "smtp", "host": "127.0.0.1", "port": port, "security": "none", "sender": "q@router.lan",
+            "to": ["me@example.org"]}
+    (result,) = run_sender([mail], timeout_s=2)
+    assert not result.ok and result.timed_out and result.elapsed_ms >= 1900
+    assert result.detail == f"timed out after 2 s talking to 127.0.0.1:{port}", result.detail

@@ -104,6 +104,11 @@ class Deadline:
         self._timer.daemon = True
         self._timer.start()
 
+    def passed(self) -> bool:
+        """The deadline has passed (a socket's own timeout, set to what was left, may say so
+        a moment before the timer does)."""
+        return self.expired or time.monotonic() >= self.at - 0.05
+
     def left(self) -> float:
         left = self.at - time.monotonic()
         if self.expired or left <= 0:
@@ -221,7 +226,7 @@ def request(method: str, url: str, headers: dict[str, str], body: bytes | None, 
     except TimedOut:
         raise
     except (TimeoutError, http.client.HTTPException, OSError) as exc:
-        if deadline.expired:
+        if deadline.passed():
             raise TimedOut from None
         if isinstance(exc, TimeoutError):
             raise SendError(f"{where} did not answer within {deadline.seconds:g} s") from None
@@ -406,15 +411,23 @@ def feishu_sign(secret: str, now_ms: int) -> tuple[str, str]:
 
 
 def _mail_client(base: type[_Mail], deadline: Deadline) -> type[_Mail]:
-    """`base` connecting within `deadline`, its socket shut down at its end."""
+    """`base` connecting within `deadline`, its socket shut down at its end: the plain
+    socket is watched before SMTP_SSL wraps it, so a TLS handshake is cut too."""
+    import smtplib
 
-    class Client(base):  # type: ignore[valid-type,misc]
+    class Watched(smtplib.SMTP):
         def _get_socket(self, host: str, port: int, timeout: float) -> socket.socket:
             deadline.doing = f"connecting to {host}:{port}"
-            sock = super()._get_socket(host, port, deadline.left())
+            sock = super()._get_socket(host, port, deadline.left())  # type: ignore[misc]
             deadline.watch(sock)
             deadline.doing = f"talking to {host}:{port}"
             return sock
+
+    if base is smtplib.SMTP:
+        return Watched  # type: ignore[return-value]
+
+    class Client(base, Watched):  # type: ignore[valid-type,misc]
+        pass
 
     return Client
 
@@ -456,7 +469,7 @@ def send_mail(spec: Smtp, subject: str, text: str, password: str | None, deadlin
     except smtplib.SMTPRecipientsRefused as exc:
         raise SendError(f"{where} refused every recipient: {', '.join(exc.recipients)}", permanent=True) from None
     except (smtplib.SMTPException, OSError) as exc:
-        if deadline.expired:
+        if deadline.passed():
             raise TimedOut from None
         if type(exc).__name__.startswith("SSL"):
             raise SendError(f"TLS with {where} failed: {exc}", permanent=True) from None
@@ -538,7 +551,7 @@ def deliver(delivery: Delivery, timeout_s: float, reporter: Reporter | None = No
     except SendError as exc:
         outcome = Result(id=delivery.id, ok=False, detail=scrub(exc.message, delivery.secrets), permanent=exc.permanent)
     except Exception as exc:  # one message's surprise is its own failure, not the batch's
-        outcome = (_timed_out(delivery, deadline, started) if deadline.expired else
+        outcome = (_timed_out(delivery, deadline, started) if deadline.passed() else
                    Result(id=delivery.id, ok=False, detail=scrub(f"sender error: {type(exc).__name__}: {exc}",
                                                                   delivery.secrets)))
     finally:
