@@ -194,6 +194,48 @@ class NtfyApi(Loopback):
                 "title": body.get("title"), "message": body.get("message", "triggered")}
 
 
+class WeComBot(Loopback):
+    """A WeCom group bot's webhook, as strict as the real one (the bot's document,
+    https://developer.work.weixin.qq.com/document/path/91770; error codes as it answers
+    them, each with HTTP 200): a key it does not know is `{"errcode": 93000, "errmsg":
+    "invalid webhook url, …"}`; the body is JSON with a known `msgtype` (40008 "invalid
+    message type"); a text message's `text.content` is at most 2048 bytes of UTF-8
+    (40058 "text.content exceed max length 2048"). Accepted: `{"errcode": 0, "errmsg": "ok"}`."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__()
+        self.key = key
+
+    @staticmethod
+    def _error(code: int, message: str) -> tuple[int, Any, dict[str, str]]:
+        hint = f"{message}, hint: [1709280001123456789012], more info at https://open.work.weixin.qq.com/devtool/query?e={code}"
+        return 200, {"errcode": code, "errmsg": hint}, {}
+
+    def refuse(self, request: Recorded) -> tuple[int, Any, dict[str, str]] | None:
+        import urllib.parse
+
+        parts = urllib.parse.urlsplit(request.path)
+        key = dict(urllib.parse.parse_qsl(parts.query)).get("key")
+        if request.method != "POST" or parts.path != "/cgi-bin/webhook/send" or key != self.key:
+            return self._error(93000, "invalid webhook url")
+        try:
+            body = request.json()
+        except ValueError:
+            return self._error(40008, "invalid message type")
+        if not isinstance(body, dict) or body.get("msgtype") not in ("text", "markdown", "image", "news", "file"):
+            return self._error(40008, "invalid message type")
+        if body["msgtype"] == "text":
+            content = (body.get("text") or {}).get("content")
+            if not isinstance(content, str) or not content:
+                return self._error(44004, "empty content")
+            if len(content.encode()) > 2048:
+                return self._error(40058, "text.content exceed max length 2048")
+        return None
+
+    def answer(self, request: Recorded) -> Any:
+        return {"errcode": 0, "errmsg": "ok"}
+
+
 class Drip:
     """A webhook that accepts a request, then answers one byte of its status line and
     headers every `interval` seconds and never finishes: no single read waits long, so

@@ -13,7 +13,17 @@ import urllib.parse
 import pytest
 
 from edge.notify.send import dingtalk_sign, feishu_sign
-from notify_support import Loopback, NtfyApi, TelegramApi, TunnelProxy, message, run_sender, self_signed, tmpdir
+from notify_support import (
+    Loopback,
+    NtfyApi,
+    TelegramApi,
+    TunnelProxy,
+    WeComBot,
+    message,
+    run_sender,
+    self_signed,
+    tmpdir,
+)
 
 NOW_MS = 1_700_000_000_123
 TEXT = message().text
@@ -122,12 +132,24 @@ def test_bark_posts_json_and_takes_a_whole_push_url(server):
                           "sound": "alarm", "level": "timeSensitive"}
 
 
-def test_wecom_bot(server):
-    server.default = {"errcode": 0, "errmsg": "ok"}
-    result, req = one(server, {"kind": "wecom", "baseUrl": server.url, "key": {"secret": "K"}}, {"K": "693a-91f6"})
-    assert result.ok, result
-    assert req.path == "/cgi-bin/webhook/send?key=693a-91f6"
-    assert req.json() == {"msgtype": "text", "text": {"content": PLAIN}}
+def test_wecom_bot():
+    server = WeComBot("693a-91f6")
+    try:
+        result, req = one(server, {"kind": "wecom", "baseUrl": server.url, "key": {"secret": "K"}}, {"K": "693a-91f6"})
+        assert result.ok, result
+        assert req.path == "/cgi-bin/webhook/send?key=693a-91f6"
+        assert req.json() == {"msgtype": "text", "text": {"content": PLAIN}}
+        # A long message in Chinese is cut to the bot's 2048 bytes, not refused.
+        long = message(detail="磁盘空间不足" * 400)
+        (cut,) = run_sender([{"kind": "wecom", "baseUrl": server.url, "key": {"secret": "K"}}], {"K": "693a-91f6"},
+                            msg=long)
+        assert cut.ok, cut
+        content = server.requests[-1].json()["text"]["content"]
+        assert len(content.encode()) <= 2048 and content.endswith("…")
+        wrong, _ = one(server, {"kind": "wecom", "baseUrl": server.url, "key": {"secret": "K"}}, {"K": "nope"})
+        assert not wrong.ok and "errcode 93000" in wrong.detail and "nope" not in wrong.detail
+    finally:
+        server.close()
 
 
 def test_wecom_app_gets_a_token_then_sends(server):

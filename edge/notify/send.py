@@ -68,6 +68,7 @@ JOB_MAX_BYTES = 4 << 20
 MAX_REPLY_BYTES = 64 * 1024
 DETAIL_MAX = 300
 TRANSIENT_STATUS = frozenset({408, 425, 429})  # and every 5xx
+WECOM_BOT_TEXT_BYTES = 2048  # a WeCom group bot's text (developer.work.weixin.qq.com/document/path/91770)
 _json = msgspec.json.Encoder()
 _any = msgspec.json.Decoder()
 
@@ -325,7 +326,8 @@ class Sender:
 
     def _wecom(self, spec: WeCom) -> None:
         url = f"{self.base('wecom', spec.base_url)}/cgi-bin/webhook/send?key={_q(self.secret(spec.key))}"
-        reply = _post_json(url, {"msgtype": "text", "text": {"content": self.plain}}, self.deadline, spec)
+        content = _fit(self.plain, WECOM_BOT_TEXT_BYTES)  # the bot refuses a longer text (errcode 40058)
+        reply = _post_json(url, {"msgtype": "text", "text": {"content": content}}, self.deadline, spec)
         _api_ok(reply, "errcode", 0, "errmsg")
 
     def _wecom_app(self, spec: WeComApp) -> None:
@@ -388,6 +390,13 @@ class Sender:
 
     def _smtp(self, spec: Smtp) -> None:
         send_mail(spec, self.title, self.text, self.secret(spec.password) if spec.password else None, self.deadline)
+
+
+def _fit(text: str, limit: int) -> str:
+    """`text` within `limit` bytes of UTF-8, cut at a character and marked with an ellipsis."""
+    if len(text.encode()) <= limit:
+        return text
+    return text.encode()[: limit - 3].decode("utf-8", "ignore") + "…"
 
 
 def _q(value: str) -> str:
