@@ -418,3 +418,22 @@ def test_the_status_says_what_happened_in_words(status, code, detail, line, lang
     assert "exit -" not in rendered.text and rendered.fields["outcome"] == line.split(": ", 1)[1]
     if code < 0:  # the runner's own words say the same: not twice
         assert detail not in rendered.text.replace(line, "")
+
+
+@pytest.mark.parametrize("language, title, lines", [
+    ("en", "[qledge] backup still failing", ["Still failing: 12 times since 2023-11-14 22:13:20 UTC",
+                                             "Next reminder in 40 min if it still fails"]),
+    ("zh", "[qledge] backup 仍在失败", ["仍在失败：自 2023-11-14 22:13:20 UTC 起共 12 次",
+                                       "若仍失败，40 分钟后再次提醒"]),
+])
+def test_a_reminder_says_how_long_and_how_often(language, title, lines):
+    from edge.notify.channels import Facts, render
+
+    facts = Facts(channel="c", event="failure", device="router", task="backup", status="failed", exit_code=1,
+                  failures=12, failing_since_ms=1_700_000_000_000, next_reminder_ms=2_400_000)
+    rendered = render(facts, language)
+    assert rendered.title == title
+    assert all(line in rendered.text.splitlines() for line in lines), rendered.text
+    recovered = render(Facts(channel="c", event="recovery", device="router", task="backup", status="succeeded",
+                             exit_code=0, failures=12, failing_since_ms=1_700_000_000_000), "en")
+    assert "Recovered after 12 failures since 2023-11-14 22:13:20 UTC" in recovered.text.splitlines()

@@ -194,7 +194,7 @@ _WORDS: dict[str, dict[str, str]] = {
            "test_text": "这是 qledge（{device}）通过渠道 {channel} 发送的测试消息。收到即表示渠道可用。",
            "summary_title": "{count} 条通知因频率限制合并",
            "still": "仍在失败", "still_line": "仍在失败：自 {since} 起共 {failures} 次",
-           "next": "若仍失败，{nextReminder}后再次提醒",
+           "next": "若仍失败，{nextReminder}后再次提醒",  # {nextReminder}: "20 分钟"
            "recovered_line": "已恢复：自 {since} 起失败 {failures} 次",
            "timed_out_after": "超时（{secs} 秒）", "stopped_with": "已用 {signal} 终止",
            "stopped_exit": "终止时退出码 {code}", "killed_by": "被 {signal} 终止",
@@ -295,11 +295,12 @@ def _said(f: Facts) -> bool:
     return f.exit_code is not None and f.exit_code < 0 and detail.startswith("killed by ")
 
 
-def _span(ms: int) -> str:
+def _span(ms: int, language: Language = "en") -> str:
     minutes = max(1, round(ms / 60_000))
     if minutes < 90:
-        return f"{minutes} min"
-    return f"{ms / 3_600_000:.1f} h".replace(".0 h", " h")
+        return f"{minutes} min" if language == "en" else f"{minutes} 分钟"
+    hours = f"{ms / 3_600_000:.1f}".removesuffix(".0")
+    return f"{hours} h" if language == "en" else f"{hours} 小时"
 
 
 def render(f: Facts, language: Language, title: str | None = None, text: str | None = None) -> Message:
@@ -313,7 +314,7 @@ def render(f: Facts, language: Language, title: str | None = None, text: str | N
         "runId": f.run_id[:13] if f.run_id else None, "device": f.device, "count": f.count,
         "since": _utc(since_ms) if since_ms else None, "detail": f.detail, "log": f.log,
         "channel": f.channel, "outcome": outcome(f, language) if f.status else None, "failures": f.failures,
-        "nextReminder": _span(f.next_reminder_ms) if f.next_reminder_ms is not None else None,
+        "nextReminder": _span(f.next_reminder_ms, language) if f.next_reminder_ms is not None else None,
     }
     if f.event == "test":
         default_title, lines = f"[qledge] {w['test']}", [fill(w["test_text"], fields)]
