@@ -161,7 +161,10 @@ def test_empty_secret_values_are_ignored():
     "token, expected",
     [
         ("Zk9xR2t3b1pQcXlMbTd2TjR1VzhzQ2ZqSDBnRTZhWQ", True),
-        ("3f786850e387550fdab836ed7e6dc881de23001b", True),  # hex digests look random too
+        ("3f786850e387550fdab836ed7e6dc881de23001b", False),  # a commit or a checksum: what a failure shows
+        ("e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855", False),
+        ("wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", True),  # an AWS secret key, one digit and all
+        ("kmod-crypto-lib-chacha20poly1305-x86_64", False),  # words between dashes: a package
         ("0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b", False),
         ("QLEDGE_RUN_ID=0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b", False),  # what `env` prints in a run
         ("X=Zk9xR2t3b1pQcXlMbTd2TjR1VzhzQ2ZqSDBnRTZhWQ", True),

@@ -173,9 +173,9 @@ async def test_a_permanent_refusal_gives_up_and_the_channel_shows_as_failing(env
     env.server.default = {"message": "bad token"}
     env.server.replies = [(401, {"message": "bad token"}, {})] * 3
     await env.channel("a")
-    await env.task("t", [NotifyRule(channels=["a"])])
-    for _ in range(3):
-        await env.finish("t")
+    for name in ("t1", "t2", "t3"):  # three tasks (one task's repeats would be damped)
+        await env.task(name, [NotifyRule(channels=["a"])])
+        await env.finish(name)
         await env.deliver()
         await env.later(61)  # past the rate window
     records = await env.log()
@@ -186,7 +186,7 @@ async def test_a_permanent_refusal_gives_up_and_the_channel_shows_as_failing(env
 
 async def test_rate_limit_then_one_summary_and_coalescing(home, server):
     db = await Database.open(os.path.join(home, "r.db"))
-    env = Env(db, home, server, per_minute=2)
+    env = Env(db, home, server, per_minute=2, repeat_s=0)  # every failure a message: only the rate limit holds them
     try:
         await env.channel("a")
         for name in ("t1", "t2", "t3", "t4", "t5"):
@@ -216,9 +216,21 @@ async def test_rate_limit_then_one_summary_and_coalescing(home, server):
         await db.close()
 
 
-async def test_an_event_during_a_delivery_is_a_message_of_its_own(env):
+async def test_an_event_during_a_delivery_is_a_message_of_its_own(home, server):
     """A message in flight is claimed: a failure that ends meanwhile does not join it (it
-    would be marked sent with the rest unsent) but is a message of its own, sent next."""
+    would be marked sent with the rest unsent) but is a message of its own, sent next
+    (every failure is a message here: no damping)."""
+    db = await Database.open(os.path.join(home, "e.db"))
+    env = Env(db, home, server, repeat_s=0)
+    await env.notifier.start()
+    try:
+        await _during_a_delivery(env)
+    finally:
+        await env.notifier.stop()
+        await db.close()
+
+
+async def _during_a_delivery(env: Env) -> None:
     import asyncio
 
     env.server.delay = 0.5
@@ -382,3 +394,19 @@ def test_a_failing_channel_is_in_status_also_after_a_restart(daemon_factory):
     assert d.call("qledge.status")["extra"]["notify"].startswith("1 channel failing: w")
     shown = d.cli("status")
     assert shown.returncode == 0 and "1 channel failing: w" in shown.stdout
+
+
+def test_a_run_that_timed_out_says_so_in_words(daemon, server):
+    daemon.call("qledge.notify.channel.set", {"name": "w", "spec": {"kind": "webhook", "url": server.url + "/w"}})
+    daemon.call("qledge.task.create", {"taskId": "slow", "spec": {
+        "command": {"kind": "shell", "command": "sleep 30"}, "timeoutMs": 1000, "notify": [{"channels": ["w"]}]}})
+    daemon.call("qledge.task.create", {"taskId": "crash", "spec": {
+        "command": {"kind": "shell", "command": "kill -SEGV $$"}, "notify": [{"channels": ["w"]}]}})
+    assert daemon.cli("run", "start", "slow", "--wait").returncode == 1
+    assert daemon.cli("run", "start", "crash", "--wait").returncode == 1
+    got = _wait(lambda: len(server.requests) >= 2 and server.requests)
+    bodies = {r.json()["task"]: r.json() for r in got}
+    assert bodies["slow"]["outcome"] == "timed out after 1 s, stopped with SIGTERM", bodies["slow"]
+    assert "Status: timed out after 1 s, stopped with SIGTERM" in bodies["slow"]["text"]
+    assert "exit -15" not in bodies["slow"]["text"]
+    assert bodies["crash"]["outcome"] == "failed: killed by SIGSEGV", bodies["crash"]

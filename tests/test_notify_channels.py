@@ -13,7 +13,17 @@ import urllib.parse
 import pytest
 
 from edge.notify.send import dingtalk_sign, feishu_sign
-from notify_support import Loopback, TunnelProxy, message, run_sender, self_signed, tmpdir
+from notify_support import (
+    Loopback,
+    NtfyApi,
+    TelegramApi,
+    TunnelProxy,
+    WeComBot,
+    message,
+    run_sender,
+    self_signed,
+    tmpdir,
+)
 
 NOW_MS = 1_700_000_000_123
 TEXT = message().text
@@ -68,30 +78,48 @@ def test_webhook_default_body_has_every_field(server):
     assert body["title"] == TITLE and body["text"] == TEXT and body["log"] == "line 1\nline 2"
 
 
-def test_ntfy_publishes_json_to_the_root_with_a_bearer_token(server):
-    spec = {"kind": "ntfy", "baseUrl": server.url, "topic": {"secret": "TOPIC"}, "token": {"secret": "TK"},
-            "priority": 4, "tags": ["warning"]}
-    result, req = one(server, spec, {"TOPIC": "my-topic-x7", "TK": "tk_abc"})
-    assert result.ok, result
-    assert (req.method, req.path) == ("POST", "/")
-    assert req.headers["Authorization"] == "Bearer tk_abc"
-    assert req.json() == {"topic": "my-topic-x7", "title": TITLE, "message": TEXT, "priority": 4, "tags": ["warning"]}
+def test_ntfy_publishes_json_to_the_root_with_a_bearer_token():
+    server = NtfyApi(token="tk_abc")
+    try:
+        spec = {"kind": "ntfy", "baseUrl": server.url, "topic": {"secret": "TOPIC"}, "token": {"secret": "TK"},
+                "priority": 4, "tags": ["warning"]}
+        result, req = one(server, spec, {"TOPIC": "my-topic-x7", "TK": "tk_abc"})
+        assert result.ok, result
+        assert (req.method, req.path) == ("POST", "/")
+        assert req.headers["Authorization"] == "Bearer tk_abc"
+        assert req.json() == {"topic": "my-topic-x7", "title": TITLE, "message": TEXT, "priority": 4,
+                              "tags": ["warning"]}
+        # What ntfy refuses, as it says it: a token it does not take.
+        refused, _ = one(server, spec, {"TOPIC": "my-topic-x7", "TK": "tk_other"})
+        assert not refused.ok and refused.permanent and "HTTP 403" in refused.detail
+        assert "tk_other" not in refused.detail
+    finally:
+        server.close()
 
 
-def test_telegram_send_message(server):
-    server.default = {"ok": True, "result": {}}
-    spec = {"kind": "telegram", "baseUrl": server.url, "token": {"secret": "TG"}, "chatId": "-1001234"}
-    result, req = one(server, spec, {"TG": "123456:ABC-def"})
-    assert result.ok, result
-    assert req.path == "/bot123456:ABC-def/sendMessage"
-    assert req.json() == {"chat_id": "-1001234", "text": PLAIN, "disable_web_page_preview": True}
+def test_telegram_send_message():
+    server = TelegramApi("123456:ABC-def")
+    try:
+        spec = {"kind": "telegram", "baseUrl": server.url, "token": {"secret": "TG"}, "chatId": "-1001234"}
+        result, req = one(server, spec, {"TG": "123456:ABC-def"})
+        assert result.ok, result
+        assert req.path == "/bot123456:ABC-def/sendMessage"
+        assert req.json() == {"chat_id": "-1001234", "text": PLAIN, "disable_web_page_preview": True}
+    finally:
+        server.close()
 
 
-def test_telegram_refusal_is_reported_without_the_token(server):
-    server.default = {"ok": False, "description": "Bad Request: chat not found"}
-    result, _ = one(server, {"kind": "telegram", "baseUrl": server.url, "token": {"secret": "TG"}, "chatId": "1"},
-                    {"TG": "123456:ABC-def"})
-    assert not result.ok and "chat not found" in result.detail and "ABC-def" not in result.detail
+def test_telegram_refusal_is_reported_without_the_token():
+    server = TelegramApi("123456:ABC-def")
+    try:
+        spec = {"kind": "telegram", "baseUrl": server.url, "token": {"secret": "TG"}, "chatId": "1"}
+        result, _ = one(server, spec, {"TG": "999999:XYZ-other"})
+        assert not result.ok and result.permanent
+        assert "HTTP 401" in result.detail and "Unauthorized" in result.detail and "XYZ-other" not in result.detail
+        long = run_sender([spec], {"TG": "123456:ABC-def"}, msg=message(detail="x" * 5000))  # under 4096 characters
+        assert long[0].ok, long
+    finally:
+        server.close()
 
 
 def test_bark_posts_json_and_takes_a_whole_push_url(server):
@@ -104,12 +132,24 @@ def test_bark_posts_json_and_takes_a_whole_push_url(server):
                           "sound": "alarm", "level": "timeSensitive"}
 
 
-def test_wecom_bot(server):
-    server.default = {"errcode": 0, "errmsg": "ok"}
-    result, req = one(server, {"kind": "wecom", "baseUrl": server.url, "key": {"secret": "K"}}, {"K": "693a-91f6"})
-    assert result.ok, result
-    assert req.path == "/cgi-bin/webhook/send?key=693a-91f6"
-    assert req.json() == {"msgtype": "text", "text": {"content": PLAIN}}
+def test_wecom_bot():
+    server = WeComBot("693a-91f6")
+    try:
+        result, req = one(server, {"kind": "wecom", "baseUrl": server.url, "key": {"secret": "K"}}, {"K": "693a-91f6"})
+        assert result.ok, result
+        assert req.path == "/cgi-bin/webhook/send?key=693a-91f6"
+        assert req.json() == {"msgtype": "text", "text": {"content": PLAIN}}
+        # A long message in Chinese is cut to the bot's 2048 bytes, not refused.
+        long = message(detail="磁盘空间不足" * 400)
+        (cut,) = run_sender([{"kind": "wecom", "baseUrl": server.url, "key": {"secret": "K"}}], {"K": "693a-91f6"},
+                            msg=long)
+        assert cut.ok, cut
+        content = server.requests[-1].json()["text"]["content"]
+        assert len(content.encode()) <= 2048 and content.endswith("…")
+        wrong, _ = one(server, {"kind": "wecom", "baseUrl": server.url, "key": {"secret": "K"}}, {"K": "nope"})
+        assert not wrong.ok and "errcode 93000" in wrong.detail and "nope" not in wrong.detail
+    finally:
+        server.close()
 
 
 def test_wecom_app_gets_a_token_then_sends(server):
@@ -185,7 +225,7 @@ def test_gotify(server):
 def test_http_errors_permanent_and_transient(server):
     server.replies = [(401, {"message": "unauthorized"}, {}), (503, {}, {}), (429, {}, {})]
     spec = {"kind": "gotify", "baseUrl": server.url, "token": {"secret": "GT"}}
-    results = run_sender([spec, spec, spec], {"GT": "tok-xyz"})
+    results = run_sender([spec, spec, spec], {"GT": "tok-xyz"}, channel="gotify")  # one channel: in order
     assert [(r.ok, r.permanent) for r in results] == [(False, True), (False, False), (False, False)]
     assert "HTTP 401" in results[0].detail and "tok-xyz" not in results[0].detail
 
@@ -356,3 +396,44 @@ def test_smtp_mail_through_a_real_server():
         assert mail.get_payload(decode=True).decode().replace("\r\n", "\n").strip() == TEXT
     finally:
         controller.stop()
+
+
+@pytest.mark.parametrize("status, code, detail, line, language", [
+    ("timed_out", -15, "timed out after 3s", "Status: timed out after 3 s, stopped with SIGTERM", "en"),
+    ("timed_out", -9, "timed out after 2.5s", "Status: timed out after 2.5 s, stopped with SIGKILL", "en"),
+    ("timed_out", 0, "timed out after 3s", "Status: timed out after 3 s, it exited with code 0 when stopped", "en"),
+    ("failed", -9, "killed by SIGKILL", "Status: failed: killed by SIGKILL", "en"),
+    ("failed", -11, "killed by SIGSEGV", "Status: failed: killed by SIGSEGV", "en"),
+    ("failed", 3, "exited with code 3", "Status: failed (exit 3)", "en"),
+    ("timed_out", -15, "timed out after 3s", "状态: 超时（3 秒），已用 SIGTERM 终止", "zh"),
+    ("failed", -9, "killed by SIGKILL", "状态: 失败：被 SIGKILL 终止", "zh"),
+])
+def test_the_status_says_what_happened_in_words(status, code, detail, line, language):
+    from edge.notify.channels import Facts, render
+
+    facts = Facts(channel="c", event="failure", device="router", task="backup", status=status, exit_code=code,
+                  detail=detail, duration_ms=3050)
+    rendered = render(facts, language)
+    assert line in rendered.text.splitlines(), rendered.text
+    assert "exit -" not in rendered.text and rendered.fields["outcome"] == line.split(": ", 1)[1]
+    if code < 0:  # the runner's own words say the same: not twice
+        assert detail not in rendered.text.replace(line, "")
+
+
+@pytest.mark.parametrize("language, title, lines", [
+    ("en", "[qledge] backup still failing", ["Still failing: 12 times since 2023-11-14 22:13:20 UTC",
+                                             "Next reminder in 40 min if it still fails"]),
+    ("zh", "[qledge] backup 仍在失败", ["仍在失败：自 2023-11-14 22:13:20 UTC 起共 12 次",
+                                       "若仍失败，40 分钟后再次提醒"]),
+])
+def test_a_reminder_says_how_long_and_how_often(language, title, lines):
+    from edge.notify.channels import Facts, render
+
+    facts = Facts(channel="c", event="failure", device="router", task="backup", status="failed", exit_code=1,
+                  failures=12, failing_since_ms=1_700_000_000_000, next_reminder_ms=2_400_000)
+    rendered = render(facts, language)
+    assert rendered.title == title
+    assert all(line in rendered.text.splitlines() for line in lines), rendered.text
+    recovered = render(Facts(channel="c", event="recovery", device="router", task="backup", status="succeeded",
+                             exit_code=0, failures=12, failing_since_ms=1_700_000_000_000), "en")
+    assert "Recovered after 12 failures since 2023-11-14 22:13:20 UTC" in recovered.text.splitlines()

@@ -956,6 +956,54 @@ async def test_a_skipped_fire_queues_a_skipped_message(stores: Stores):
     assert (message.event, message.task_id, message.detail, message.run_id) == ("skipped", "f", "overlap", None)
 
 
+async def test_repeated_failures_are_damped_until_a_recovery(stores: Stores):
+    """NotifyStore.due with damping: a task's first failure on a channel goes; the next
+    waits, unclaimed, for the streak's reminder (later failures join it) and then goes with
+    the streak; a message handed out before goes as it was; a recovery carries the streak,
+    folds in what still waits, and ends it; a new spell starts afresh."""
+    from edge.core.ports.notify import Damping
+
+    s = stores
+    assert s.notify is not None
+    n = s.notify()
+    damping = Damping(first_ms=600_000, factor=2.0, max_ms=3_600_000)
+    assert [damping.interval(k) for k in range(4)] == [600_000, 1_200_000, 2_400_000, 3_600_000]
+    await n.set_channel(P, "hook", "webhook", '{"kind":"webhook","url":"http://127.0.0.1:9/"}', T0)
+    await s.tasks.create(P, "t", "T", _notifying(["failure", "recovery"], overlap="allow"), T0, privileged=False)
+    await finished(s, run_of("t", "f1", T0), "failed")
+    (first,) = await n.due(P, T0 + 100, 10, 60_000, damping)
+    assert (first.event, first.streak) == ("failure", None)
+    await n.record(P, [NoticeOutcome(id=first.id, ok=True, detail=None, elapsed_ms=1)], T0 + 110)
+    await finished(s, run_of("t", "f2", T0 + 1000), "failed")
+    await finished(s, run_of("t", "f3", T0 + 2000), "failed")  # joins the one waiting
+    assert await n.due(P, T0 + 3000, 10, 60_000, damping) == []  # a repeat: it waits
+    assert await n.next_due(P, T0 + 3000) == T0 + 100 + 600_000
+    (reminder,) = await n.due(P, T0 + 100 + 600_000, 10, 60_000, damping)
+    assert reminder.count == 2 and reminder.streak is not None
+    assert (reminder.streak.failures, reminder.streak.since_ms) == (3, first.first_at_ms)
+    assert reminder.streak.next_at_ms == T0 + 100 + 600_000 + 1_200_000
+    await n.release(P, [reminder.id], T0 + 700_000)  # not tried: handed out again as it was
+    (again,) = await n.due(P, T0 + 700_000, 10, 60_000, damping)
+    assert (again.id, again.streak) == (reminder.id, reminder.streak)
+    await n.record(P, [NoticeOutcome(id=again.id, ok=True, detail=None, elapsed_ms=1)], T0 + 700_010)
+    await finished(s, run_of("t", "f4", T0 + 800_000), "failed")  # waits for the next reminder
+    await finished(s, run_of("t", "ok", T0 + 900_000), "succeeded")
+    (recovery,) = await n.due(P, T0 + 900_100, 10, 60_000, damping)
+    assert recovery.event == "recovery" and recovery.streak is not None
+    assert (recovery.streak.failures, recovery.streak.next_at_ms) == (4, None)
+    states = {r.run_id: r.state for r in await n.log(P, None, 20) if r.channel == "hook"}
+    assert states["f4"] == "merged"
+    assert await n.next_due(P, T0 + 900_100) == T0 + 900_100 + 60_000  # only the recovery's claim: no reminder
+    await n.record(P, [NoticeOutcome(id=recovery.id, ok=True, detail=None, elapsed_ms=1)], T0 + 900_200)
+    await finished(s, run_of("t", "f5", T0 + 1_000_000), "failed")  # a new spell: it goes at once
+    (fresh,) = await n.due(P, T0 + 1_000_100, 10, 60_000, damping)
+    assert (fresh.run_id, fresh.streak) == ("f5", None)
+    # Without damping, the same store hands every failure out.
+    await n.record(P, [NoticeOutcome(id=fresh.id, ok=True, detail=None, elapsed_ms=1)], T0 + 1_000_200)
+    await finished(s, run_of("t", "f6", T0 + 1_100_000), "failed")
+    assert [x.run_id for x in await n.due(P, T0 + 1_100_100, 10, 60_000)] == ["f6"]
+
+
 # -- imports --------------------------------------------------------------------------
 
 

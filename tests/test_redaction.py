@@ -238,3 +238,93 @@ def test_masking_never_lengthens(place, length):
     secret = "s" + "e" * (length - 1)
     out = PLACES[place](f"[{secret}]", [secret]).rstrip("\n")
     assert secret not in out and len(out) <= length + 2
+
+
+# -- what a run of the measurements found: leaks, and lines an owner needs left as they are --
+
+SLASHED = "Tr0ub/4dor&3+x"
+
+
+@pytest.mark.parametrize("place", PLACES)
+@pytest.mark.parametrize("shown", [
+    urllib.parse.quote(SLASHED),  # quote's defaults leave `/`
+    "Tr0ub%2F4dor&3+x",  # some characters encoded, others not
+    "Tr0ub/4dor%263%2bx",
+    SLASHED[::-1],  # `rev`
+    SLASHED.upper(),  # `tr a-z A-Z`
+    "Tr0ub\\/4dor\\u00263+x",  # Go's JSON
+    "Tr0ub/4dor\\&3+x",  # printf %q
+])
+def test_a_configured_secret_in_any_mix_of_escapes_is_masked(place, shown):
+    out = PLACES[place](f"GET /api/{shown}/status", [SLASHED])
+    assert out.rstrip("\n") == "GET /api/[REDACTED]/status", out
+
+
+@pytest.mark.parametrize("place", PLACES)
+def test_a_secret_inside_a_longer_base64_string_takes_the_whole_string(place):
+    blob = base64.b64encode(b"admin:" + SLASHED.encode()).decode()
+    assert PLACES[place](f"auth {blob} sent", [SLASHED]).rstrip("\n") == "auth [REDACTED] sent"
+
+
+@pytest.mark.parametrize("place", PLACES)
+@pytest.mark.parametrize("line, gone", [
+    ("wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"),  # a bare AWS secret key
+    ("using Basic dXNlcjpwYXNzd29yZA==", "dXNlcjpwYXNzd29yZA=="),  # Basic credentials, no header name
+    ("MTk4NjIyNDgzNDcxOTI1MjQ4.Cl2FMQ.ZnCjm1XVW7vRze4b7Cq4se7kKWs", "ZnCjm1XVW7vRze4b7Cq4se7kKWs"),  # Discord
+    ("sent Bearer AbCdEfGhIjKlMnOpQrStUvWx", "AbCdEfGhIjKlMnOpQrStUvWx"),  # an all-letters bearer token
+    ("api key 5f2b9c0e1a3d4b6c7e8f9a0b", "5f2b9c0e1a3d4b6c7e8f9a0b"),  # a 24-hex API key
+])
+def test_credential_forms_that_passed_are_masked(place, line, gone):
+    assert gone not in PLACES[place](line, [])
+
+
+@pytest.mark.parametrize("place", PLACES)
+@pytest.mark.parametrize("line", [
+    "cat: /etc/dropbear/dropbear_rsa_host_key: Permission denied",
+    "commit 3f2a9c1e8b7d6a5f4e3d2c1b0a9f8e7d6c5b4a39",
+    "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855  /tmp/firmware.bin",
+    "d41d8cd98f00b204e9800998ecf8427e  backup.tar.gz",
+    "token: expired, please re-login",
+    "Fatal: wrong password or no key found",
+    "mysqldump: Got error: 1045: Access denied for user 'backup'@'localhost' (using password: YES)",
+    "dropbear.@dropbear[0].PasswordAuth='off'",
+    "\toption key '/etc/uhttpd.key'",
+    "  public key: xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg=",
+    "  private key: (hidden)",
+    "256 SHA256:uNiVztksCsDhcc0u9e8BujQXVUpKZIDTMczCvj3tD2s root@OpenWrt (ED25519)",
+    "--header 'Authorization: Bearer ***PW***' --header 'Content-Type: application/json'",
+    "        token = login(session, cfg['user'])",
+    "Installing kmod-crypto-lib-chacha20poly1305 (5.15.150-1) to root...",
+])
+def test_lines_an_owner_needs_are_left_as_they_are(place, line):
+    assert PLACES[place](line, ["hunter2-very-secret"]).rstrip("\n") == line
+
+
+def test_a_real_run_masks_what_it_prints_and_keeps_what_tells_the_failure(daemon):
+    """The log file and the AI excerpt of a real run: a configured secret with `/` quoted
+    by urllib's defaults, partially percent-encoded and reversed is masked in both; the
+    lines that say why the run failed stay as they were."""
+    secret = "Tr0ub/4dor&3+x-2024"
+    daemon.call("qledge.secret.set", {"name": "PW", "value": secret})
+    script = "\n".join([
+        "python3 -c 'import os, urllib.parse; print(\"url\", urllib.parse.quote(os.environ[\"PW\"]))'",
+        "echo \"partial Tr0ub%2F4dor&3+x-2024\"",
+        "echo \"$PW\" | rev",
+        "echo 'cat: /etc/dropbear/dropbear_rsa_host_key: Permission denied'",
+        "echo 'commit 3f2a9c1e8b7d6a5f4e3d2c1b0a9f8e7d6c5b4a39'",
+        "echo 'token: expired, please re-login'",
+        "exit 1",
+    ])
+    daemon.call("qledge.task.create", {"taskId": "leaky", "spec": {
+        "command": {"kind": "shell", "command": script}, "env": {"PW": {"secret": "PW"}}}})
+    run = daemon.call("qledge.run.start", {"taskId": "leaky"})
+    assert daemon.call("qledge.run.wait", {"runId": run["id"], "timeoutMs": 20_000})["run"]["status"] == "failed"
+    with open(f"{daemon.home}/logs/{run['id']}.log", encoding="utf-8") as f:
+        logged = f.read()
+    excerpt = daemon.call("qinglong.run.log.excerpt", {"runId": run["id"]})["content"]
+    for text in (logged, excerpt):
+        assert "url [REDACTED]\n" in text and "partial [REDACTED]\n" in text, text
+        assert secret[::-1] not in text and "4dor" not in text and "rod4" not in text
+        for line in ("cat: /etc/dropbear/dropbear_rsa_host_key: Permission denied",
+                     "commit 3f2a9c1e8b7d6a5f4e3d2c1b0a9f8e7d6c5b4a39", "token: expired, please re-login"):
+            assert line + "\n" in text, text

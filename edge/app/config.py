@@ -93,7 +93,12 @@ class NotifyConfig(msgspec.Struct, forbid_unknown_fields=True):
     backoff_s: Annotated[float, msgspec.Meta(ge=1, le=3600)] = 30.0  # doubles per attempt
     max_backoff_s: Annotated[float, msgspec.Meta(ge=1, le=86_400)] = 3600.0
     per_minute: Annotated[int, msgspec.Meta(ge=1, le=600)] = 5  # requests per channel per minute
-    timeout_s: Annotated[float, msgspec.Meta(ge=1, le=120)] = 10.0  # per request
+    timeout_s: Annotated[float, msgspec.Meta(ge=1, le=120)] = 10.0  # per attempt, connect to last byte
+    # A task that keeps failing: its first failure, then reminders `repeat_s` after, each next
+    # `repeat_factor` times as long after, at most `max_repeat_s` apart; 0: every failure.
+    repeat_s: Annotated[float, msgspec.Meta(ge=0, le=604_800)] = 600.0
+    repeat_factor: Annotated[float, msgspec.Meta(ge=1, le=100)] = 2.0
+    max_repeat_s: Annotated[float, msgspec.Meta(ge=1, le=2_592_000)] = 21_600.0
     python: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)] | None = None  # the sender's interpreter
 
 

@@ -312,6 +312,7 @@ def build_notifier(config: Config, stores: Stores, clock: Clock) -> tuple[Notifi
         settings = NotifySettings(
             device=n.device or os.uname().nodename or "qledge", language=n.language, max_attempts=n.max_attempts,
             backoff_s=n.backoff_s, max_backoff_s=n.max_backoff_s, per_minute=n.per_minute, timeout_s=n.timeout_s,
+            repeat_s=n.repeat_s, repeat_factor=n.repeat_factor, max_repeat_s=n.max_repeat_s,
             python=n.python or sys.executable)
         return Notifier(store=store(), secrets=stores.secrets, logs=stores.logs, clock=clock, timers=LoopTimers(),
                         project=config.project, settings=settings)

@@ -1,22 +1,36 @@
-"""Masking credentials and configured secret values in program output: pure functions, no
-I/O, shared by the run-log sink (what reaches the log file) and the AI log excerpt.
+r"""Masking credentials and configured secret values in program output: pure functions, no
+I/O, shared by the run-log sink (what reaches the log file), the AI log excerpt and the
+evidence history.
 
 Two kinds of match, each reported by category:
 - credential patterns, line by line: assignments (`password=`, `DB_PASS=`, `密码：`,
   `passwort:`, OpenWrt UCI `option key '…'` and `uci show`'s `….key='…'`), command-line
   passwords (`mysql -p…`, `sshpass -p`, `redis-cli -a`, `curl -u`), `password <value>` and
-  `.netrc` lines, authorization headers, private keys, URL userinfo (with or without a
-  scheme), webhook URLs and well-known token formats;
-- configured secret values, also URL-encoded, hex, base64 (alone or inside a longer
-  base64 string, as in Basic auth) and JSON-escaped, and across ANSI colour codes,
-  zero-width characters and line breaks. A value shorter than `SHORT_SECRET` is masked
-  only as a whole token, so where it is masked does not tell it (`abc` never turns
-  `abcdef…` into `***def…`).
+  `.netrc` lines, authorization headers and `Basic`/`Bearer` credentials on their own,
+  private keys, URL userinfo (with or without a scheme), webhook URLs, well-known token
+  formats (Discord's, AWS secret keys and hex API keys among them) and long random-looking
+  strings. An assignment whose value says it is none (`(hidden)`, `off`, `***PW***`,
+  `[PASSWORD]`, `$TOKEN`), names a file (`key '/etc/uhttpd.key'`), is prose
+  (`token: expired, …`) or code (`token = login(…)`), or whose name is a path
+  (`…/dropbear_rsa_host_key: Permission denied`) or a public key, is left alone; so are
+  digests and ids (hex, `SHA256:` fingerprints, ssh public keys, request ids);
+- configured secret values in every form a shell pipeline gives them: as they are, any
+  mix of percent-encoded and plain characters (either case, `+` for space), backslash and
+  JSON escapes (`\"`, `\/`, `\u0026`), hex, base64 (alone, unpadded, URL-safe, or inside a
+  longer base64 string, as in Basic auth: the whole string is masked), reversed, in
+  another letter case, and across ANSI colour codes, zero-width characters and line
+  breaks. A value shorter than `SHORT_SECRET` is masked only as a whole token (and in its
+  exact case), so where it is masked does not tell it (`abc` never turns `abcdef…` into
+  `***def…`).
 
 Matching runs on a skeleton of the text with that noise taken out; each match is mapped
 back and the original span, noise included, is masked. A mask never lengthens the text: a
 span becomes `[REDACTED]` when it is at least that long, else as many `*` as it has
 characters (at most three).
+
+Every rule for credentials nobody configured has a name (`heuristic_names`), and
+`Masker(skip=…)` leaves some out: none may cost more benign lines than it saves secret
+ones on the corpora in tests/data (tests/test_redaction_corpus.py).
 """
 
 from __future__ import annotations
@@ -27,7 +41,7 @@ import functools
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 MASK = "[REDACTED]"
@@ -57,13 +71,35 @@ _QUOTED_OR_WORD = r"(?P<v>'[^'\n]*'|\"[^\"\n]*\"|[^\s'\"]+)"
 _PEM_BEGIN = r"-{3,}[ \t]*BEGIN[^\n-]*PRIVATE[ \t]+KEY[^\n-]*-{3,}"
 _PEM_END = r"-{3,}[ \t]*END[^\n-]*PRIVATE[ \t]+KEY[^\n-]*-{3,}"
 _TOKEN_CHARS = r"A-Za-z0-9+/_=-"
-# What follows `password ` in prose rather than a value.
-_PROSE = (
-    r"(?:is|was|for|of|to|the|a|an|and|or|not|no|incorrect|invalid|changed|change|required|expired|wrong|failed"
-    r"|authentication|auth|must|should|has|have|will|can|cannot|could|policy|reset|too|length|mismatch|updated"
-    r"|accepted|denied|rejected|protected|prompt|login|manager|hash|file|field|from|with|set|saved|stored|here"
-    r"|please|again|successfully|ok|okay|none|empty|missing|needed|given|provided|entered|sent)\b"
+# What follows a secret's name in prose or in an error rather than a value.
+_PROSE_WORDS = (
+    r"is|was|for|of|to|the|a|an|and|or|not|no|incorrect|invalid|changed|change|required|expired|expires|wrong"
+    r"|failed|failure|authentication|auth|must|should|has|have|will|can|cannot|could|policy|reset|too|length"
+    r"|mismatch|updated|update|accepted|denied|rejected|protected|prompt|login|manager|hash|file|field|from|with"
+    r"|set|saved|stored|here|please|again|successfully|ok|okay|none|empty|missing|needed|given|provided|entered"
+    r"|sent|attempt|attempts|permission|error|unknown|unavailable|unauthorized|forbidden|refused|revoked|found"
+    r"|exists|check|checking|verification|verified|valid|request|requested|refresh|refreshing|renew|expiry"
+    r"|timeout|timed|cleared|removed|deleted|disabled|enabled|used|using|already|now|yet|unset|blank|too_short"
+    r"|access_denied|unsupported"
 )
+_PROSE = r"(?:" + _PROSE_WORDS + r")\b"
+# A value that says there is none, or stands for one: masking it hides nothing.
+_NO_VALUE = re.compile(
+    r"|\*+(?:[A-Za-z]+\*+)?|\[[A-Za-z_ -]*\]|<[^<>\s]{0,40}>|\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|%[A-Za-z_][A-Za-z0-9_]*%"
+    r"|\((?:hidden|none|null|redacted|not set|unset|empty|masked)\)|x{3,}|\.{3,}|…"
+    r"|on|off|yes|no|true|false|none|null|nil|undefined|n/a|\d",
+    re.I)
+
+
+def _placeholder(value: str) -> bool:
+    """A value that stands for none (`(hidden)`, `***PW***`, `$TOKEN`). What a mask of ours
+    left (`[REDACTED]`, `***`) still counts as masked: masking it again changes nothing
+    and keeps its category in the report."""
+    return value not in (MASK, MASK.lower(), "***", "**", "*") and _NO_VALUE.fullmatch(value) is not None
+
+
+_PROSE_VALUE = re.compile(r"(?:" + _PROSE_WORDS + r")(?:\b|_)", re.I)
+_CODE_VALUE = re.compile(r"[A-Za-z_][\w.]*[(\[]|[(\[{]")
 
 @functools.cache
 def _keys() -> tuple[re.Pattern[str], ...]:
@@ -78,16 +114,117 @@ def _keys() -> tuple[re.Pattern[str], ...]:
 class Rule(NamedTuple):
     """A pattern, the category its matches count in, and what must precede a match: rules
     run over whole logs, so each starts with a literal (a fast search) and the character
-    before it is checked here rather than by a look-behind (which would make it slow)."""
+    before it is checked here rather than by a look-behind (which would make it slow).
+    `name` identifies the rule (`Masker(skip=…)`); `check`, when set, is asked of each
+    match (the subject it was found in, the match) whether it really holds a credential."""
 
     category: str
     pattern: re.Pattern[str]
     after: str = ""  # "word": not after a letter, digit or _; "alnum": not after a letter or digit;
     #                  "digit": after a digit; "space": at a line's start or after white space
+    name: str = ""
+    check: Callable[[str, re.Match[str]], bool] | None = None
 
 
-def _rule(category: str, pattern: str, after: str = "") -> Rule:
-    return Rule(category, re.compile(pattern), after)
+def _rule(category: str, pattern: str, after: str = "", name: str = "",
+          check: Callable[[str, re.Match[str]], bool] | None = None) -> Rule:
+    return Rule(category, re.compile(pattern), after, name, check)
+
+
+# -- what a match must also show to count -----------------------------------------------
+
+
+def _value(match: re.Match[str]) -> tuple[str, bool]:
+    group = next((g for g in _VALUE_GROUPS if g in match.re.groupindex and match.start(g) >= 0), None)
+    text = match.group(group) if group else match.group()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1], True
+    return text, False
+
+
+def _a_value(subject: str, match: re.Match[str]) -> bool:
+    """The value is a credential: not a placeholder, a path, prose or code."""
+    value, quoted = _value(match)
+    if not quoted:
+        value = value.rstrip(").,:;!?")
+    if _placeholder(value.strip()) or value.startswith(("/", "~/", "./")):
+        return False
+    return quoted or not (_PROSE_VALUE.match(value) or _CODE_VALUE.match(value))
+
+
+def _assigned(subject: str, match: re.Match[str]) -> bool:
+    """An assignment of a credential (`_a_value`) to a name that is neither a file's
+    (`/etc/dropbear/dropbear_rsa_host_key: …`) nor a public key's."""
+    if not _a_value(subject, match):
+        return False
+    start = match.start()
+    line_start = subject.rfind("\n", 0, start) + 1
+    name_start = max(subject.rfind(c, line_start, start) for c in " \t\"'=(,") + 1
+    if "/" in subject[max(name_start, line_start):start]:
+        return False
+    return not re.search(r"public[ _-]?$|pub[ _-]?$", subject[max(line_start, start - 8):start])
+
+
+def _prose_word(subject: str, match: re.Match[str]) -> bool:
+    """The value is a word of letters only with more text after it on its line: English
+    around the key word ("password pair", "passphrase supplied in …") rather than a value."""
+    end = subject.find("\n", match.end("v"))
+    rest = subject[match.end("v"):end if end >= 0 else len(subject)]
+    return match.group("v").isalpha() and bool(rest.strip())
+
+
+def _credential(subject: str, match: re.Match[str]) -> bool:
+    """A header's value holds a credential: its scheme is followed by more than a placeholder;
+    a header quoted on a command line ends at its closing quote."""
+    value = match.group("v")
+    quote = subject[match.start() - 1] if match.start() > 0 else ""
+    if quote and quote in "'\"" and quote in value:
+        value = value[: value.index(quote)]
+    words = value.split()
+    secret = words[-1] if words else ""
+    return not (_placeholder(secret) or (len(words) == 1 and words[0] in ("basic", "bearer", "digest")))
+
+
+def _header_span(subject: str, match: re.Match[str]) -> tuple[int, int]:
+    start, end = match.span("v")
+    quote = subject[match.start() - 1] if match.start() > 0 else ""
+    if quote and quote in "'\"":
+        cut = subject.find(quote, start, end)
+        if cut >= 0:
+            end = cut
+    return start, end
+
+
+def _basic(subject: str, match: re.Match[str]) -> bool:
+    """`Basic <base64>` without its header: masked when it decodes to `user:password`."""
+    raw = match.group("v")
+    try:
+        decoded = binascii.a2b_base64(raw + "=" * (-len(raw) % 4))
+    except (binascii.Error, ValueError):
+        return False
+    text = decoded.decode("utf-8", "replace")
+    return ":" in text and text.isprintable() and "\ufffd" not in text
+
+
+_KEY_TYPES = re.compile(r"(?:rsa|dsa|ecdsa|eddsa|ed25519|gpg|pgp|host|public|signing|session|fingerprint)[ \t]+$")
+
+
+def _hex_key(subject: str, match: re.Match[str]) -> bool:
+    """`api key 5f2b…`: not a key's type and id (`using RSA key 3C2A…`, gpg's fingerprints)."""
+    line_start = subject.rfind("\n", 0, match.start()) + 1
+    return not _KEY_TYPES.search(subject, line_start, match.start())
+
+
+def _discord(text: str, tail: re.Match[str]) -> tuple[int, int] | None:
+    """The span of a Discord token ending in `tail`: its id, before it, is a number in base64."""
+    head = _DISCORD_ID.search(text, max(0, tail.start() - 28), tail.start())
+    if head is None:
+        return None
+    try:
+        ok = binascii.a2b_base64(head.group() + "=" * (-len(head.group()) % 4)).isdigit()
+    except (binascii.Error, ValueError):
+        return None
+    return (head.start(), tail.end()) if ok else None
 
 
 # The named group `v` (or v2…), when present, is the part that is masked. These apply
@@ -97,44 +234,55 @@ def _rule(category: str, pattern: str, after: str = "") -> Rule:
 def rules() -> tuple[Rule, ...]:
     """The rules, compiled on first use."""
     return (
-        _rule("authorization", r"(?:proxy-authorization|authorization)\b[\"']?\s*[:=]\s*(?P<v>[^\n]+)", "word"),
+        _rule("authorization", r"(?:proxy-authorization|authorization)\b[\"']?\s*[:=]\s*(?P<v>[^\n]+)", "word",
+              "authorization_header", _credential),
         _rule("authorization", r"(?:x-api-key|x-auth-token|x-access-token|cookie|set-cookie)[\"']?\s*:\s*(?P<v>[^\n]+)",
-              "word"),
-        _rule("authorization", r"bearer\s+(?P<v>(?=[^\s]*[0-9._~+/=-])[A-Za-z0-9._~+/=-]{8,})", "word"),
+              "word", "token_header", _credential),
+        _rule("authorization", r"bearer\s+(?P<v>(?=[^\s]*[0-9._~+/=-])[A-Za-z0-9._~+/=-]{8,})", "word", "bearer",
+              lambda s, m: not _placeholder(m.group("v"))),
+        # An all-letters token: longer than the words that follow "bearer" in prose.
+        _rule("authorization", r"bearer\s+(?P<v>[a-z]{16,})(?![A-Za-z0-9._~+/=-])", "word", "bearer_letters"),
         # scheme://user:password@ (a password may hold a slash), scheme://token@
-        _rule("url_userinfo", r"://(?P<v>[^\s/@:]*:(?!\d+/)[^\s@]*|[^\s/@:]+)@(?=[\w\[])"),
+        _rule("url_userinfo", r"://(?P<v>[^\s/@:]*:(?!\d+/)[^\s@]*|[^\s/@:]+)@(?=[\w\[])", "", "url_userinfo"),
         _rule("webhook",
               r"(?:hooks\.slack\.com/(?:services|workflows|triggers)/|discord(?:app)?\.com/api/webhooks/"
               r"|open\.(?:feishu\.cn|larksuite\.com)/open-apis/bot/v2/hook/|api\.day\.app/|sctapi\.ftqq\.com/"
-              r"|api\.telegram\.org/bot)(?P<v>[A-Za-z0-9:._/-]{8,})"),
+              r"|api\.telegram\.org/bot)(?P<v>[A-Za-z0-9:._/-]{8,})", "", "webhook"),
         _rule("credential_assignment",  # a query parameter that carries a secret
               r"[?&](?:key|access_token|token|sign|signature|sig|secret|sendkey|apikey|api_key|auth|password|pwd"
-              r"|pass)=(?P<v>[^\s&#\"'<>]{4,})"),
+              r"|pass)=(?P<v>[^\s&#\"'<>]{4,})", "", "query_secret", _a_value),
         _rule("credential_assignment",  # the key word anywhere in the name: DB_PASSWORD=, "api_key": …
-              r"(?:" + _KEY_WORDS + r")[A-Za-z0-9_.-]{0,40}[\"']?" + _SEP + _VALUE),
+              r"(?:" + _KEY_WORDS + r")[A-Za-z0-9_.-]{0,40}[\"']?" + _SEP + _VALUE, "", "assignment", _assigned),
         _rule("credential_assignment",  # DB_PASS=, pass=, pw:, wifi.psk=, pt_key=, uci show's ….key='…'
               r"(?:" + _WEAK_WORDS + r")[\"']?(?![A-Za-z0-9])" + _SEP
-              + r"(?P<v>\"[^\"\n]{4,}\"|'[^'\n]{4,}'|[^\s\"',;&]{4,})", "alnum"),
+              + r"(?P<v>\"[^\"\n]{4,}\"|'[^'\n]{4,}'|[^\s\"',;&]{4,})", "alnum", "short_name_assignment", _assigned),
         _rule("credential_assignment",  # OpenWrt UCI: option key 'hunter2', list password …
               r"(?:option|list)[ \t]+[\"']?\w*(?:key|password|passwd|pass|psk|secret|token|pwd)[\"']?[ \t]+"
-              + _QUOTED_OR_WORD, "space"),
+              + _QUOTED_OR_WORD, "space", "uci_option", _assigned),
         _rule("credential_assignment",
-              r"--(?:password|passwd|pass|token|secret|api-key|apikey|access-key|auth-token)(?:=|\s+)(?P<v>[^\s\"']+)"),
+              r"--(?:password|passwd|pass|token|secret|api-key|apikey|access-key|auth-token)(?:=|\s+)(?P<v>[^\s\"']+)",
+              "", "password_flag", _assigned),
         _rule("credential_assignment",  # passwords on command lines
               r"(?:mysql(?:dump|admin|sh)?\b[^\n]*?\s-p(?P<v>[^\s'\"]+|'[^'\n]*'|\"[^\"\n]*\")"
               r"|sshpass\b[^\n]*?\s-p\s*(?P<v2>'[^'\n]*'|\"[^\"\n]*\"|\S+)"
               r"|redis-cli\b[^\n]*?\s-a\s+(?P<v3>\S+)"
-              r"|(?:curl|wget)\b[^\n]*?\s(?:-u|--user)\s*(?P<v4>[^\s:]+:\S+))", "word"),
-        _rule("credential_assignment",  # password hunter2, .netrc: machine h login u password p
-              r"(?:password|passwd|passphrase|passwort|kennwort)[ \t]+(?!" + _PROSE + r")(?P<v>[^\s'\"]{4,})", "word"),
+              r"|(?:curl|wget)\b[^\n]*?\s(?:-u|--user)\s*(?P<v4>[^\s:]+:\S+))", "word", "command_password"),
+        # password hunter2, .netrc: machine h login u password p. A word of letters there is
+        # prose ("password pair", "passphrase supplied in …"), unless the line ends with it.
+        _rule("credential_assignment",
+              r"(?:password|passwd|passphrase|passwort|kennwort)[ \t]+(?!" + _PROSE + r")(?P<v>[^\s'\"]{4,})", "word",
+              "password_word", lambda s, m: _assigned(s, m) and not _prose_word(s, m)),
+        # An API key or token in hex after its name and a space: `api key 5f2b9c0e1a3d4b6c7e8f9a0b`.
+        _rule("opaque_token", r"(?:api[ _-]?key|apikey|key|token|secret)[ \t]+(?P<v>[0-9a-f]{24,})(?![0-9a-z])",
+              "alnum", "hex_key", _hex_key),
         _rule("opaque_token",
               r"(?:qle_[A-Za-z0-9]+_[A-Za-z0-9]+|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
               r"|glpat-[A-Za-z0-9_-]{20,}|xox[abposr]-[A-Za-z0-9-]{10,}|xapp-[A-Za-z0-9-]{10,}|sk-[A-Za-z0-9_-]{20,}"
               r"|(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{8,}|whsec_[A-Za-z0-9]{16,}|npm_[A-Za-z0-9]{30,}"
               r"|hf_[A-Za-z0-9]{30,}|sg\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}|shp(?:at|ss|ca|pa)_[a-fA-F0-9]{32}"
               r"|dop_v1_[a-f0-9]{64}|pypi-age[A-Za-z0-9_-]{50,}|tskey-[A-Za-z0-9-]{20,}|ya29\.[A-Za-z0-9_-]{20,}"
-              r"|key-[0-9a-f]{32}|sct\d{3,}t[A-Za-z0-9]{10,})", "word"),
-        _rule("opaque_token", r":aa[a-z0-9_-]{30,}", "digit"),  # a Telegram bot token's secret half
+              r"|key-[0-9a-z]{32}|sct\d{3,}t[A-Za-z0-9]{10,})", "word", "token_format"),
+        _rule("opaque_token", r":aa[a-z0-9_-]{30,}", "digit", "telegram_token"),  # a Telegram bot token's secret half
     )
 # Formats whose case is part of them: looked for in the text as it is.
 @functools.cache
@@ -143,16 +291,22 @@ def exact_rules() -> tuple[Rule, ...]:
     return (
         _rule("cloud_access_key",
               r"(?:(?:AKIA|ASIA|AGPA|AIDA|AROA|AIPA|ANPA|ANVA|ABIA|ACCA)[A-Z0-9]{16}"
-              r"|AIza[0-9A-Za-z_-]{35}|LTAI[0-9A-Za-z]{12,20})\b", "word"),
-        _rule("jwt", r"eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*", "word"),
+              r"|AIza[0-9A-Za-z_-]{35}|LTAI[0-9A-Za-z]{12,20})\b", "word", "cloud_key_id"),
+        _rule("jwt", r"eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*", "word", "jwt"),
+        _rule("authorization", r"(?:Basic|BASIC|basic)\s+(?P<v>[A-Za-z0-9+/]{8,}={0,2})(?![A-Za-z0-9+/=])", "word",
+              "basic", _basic),
     )
+# Found anywhere (no key word to look for first): Discord's bot tokens, `<id>.<time>.<hmac>`,
+# from their `.<time>.` (a literal leads the search, so it is fast), then the id before it.
+_DISCORD = re.compile(r"\.[A-Za-z0-9_-]{6}\.[A-Za-z0-9_-]{27,40}(?![A-Za-z0-9_-])")
+_DISCORD_ID = re.compile(r"(?<![A-Za-z0-9_-])[MNO][A-Za-z0-9_-]{23,27}\Z")
 _TRIGGERS = (
     "pass", "pw", "psk", "key", "sig", "secret", "token", "auth", "cookie", "credential", "session", "bearer",
     "option", "list", "mysql", "sshpass", "redis", "curl", "wget", "://", "hooks.", "discord", "feishu",
     "lark", "day.app", "ftqq", "telegram", "gh", "glpat", "xox", "xapp", "sk-", "sk_", "rk_", "whsec", "npm_",
     "hf_", "sg.", "shp", "dop_", "pypi-", "tskey", "ya29", "sct", "akia", "asia", "agpa", "aida", "aroa", "aipa",
     "anpa", "anva", "abia", "acca", "aiza", "ltai", "eyj", "qle_", ":aa", "kennwort", "contrase", "пароль",
-    "密码", "口令", "密钥", "秘钥", "令牌",
+    "密码", "口令", "密钥", "秘钥", "令牌", "basic",
 )
 
 
@@ -193,17 +347,51 @@ def _entropy(token: str) -> float:
     return -sum(c / n * math.log2(c / n) for c in Counter(token).values())
 
 
+_HEX = re.compile(r"[0-9a-fA-F]+")
+# What a long random-looking string right after it is: a digest, a fingerprint, a public
+# key or a request's id, printed to be read (ssh, git, curl -v, wg show): not a credential.
+_PUBLIC_BEFORE = re.compile(
+    r"(?:(?:sha(?:1|224|256|384|512)|md5)[:-]|(?:ssh-(?:rsa|dss|ed25519)|ecdsa-sha2-nistp\d+|sk-ssh-ed25519@openssh\.com)"
+    r"[ \t]+|(?:peer|public[ _-]?key|publickey|pub)[\"']?[ \t]*[:=]?[ \t]*[\"']?"
+    r"|(?:x-amz-id-2|x-amz-cf-id|x-amz-request-id|x-request-id|request-id|x-github-request-id|cf-ray|etag"
+    r"|trace-?id|correlation-?id|x-cache-key)[ \t]*:[ \t]*\"?)\Z", re.I)
+
+
 def opaque(token: str) -> bool:
-    """A long run of token characters that looks random rather than like a word, path or UUID
-    (or a variable set to a UUID, as `env` prints a run's QLEDGE_RUN_ID)."""
+    """A long run of token characters that looks random rather than like a word, path, UUID,
+    or a hex digest (a commit, a checksum), or a variable set to a UUID (as `env` prints a
+    run's QLEDGE_RUN_ID): letters of both cases and digits, and no words between its dashes."""
     if _UUID.fullmatch(token) or token.startswith("/") or token.count("/") > 2:
         return False
     name, _, value = token.partition("=")
-    if value and name.isidentifier() and _UUID.fullmatch(value):
+    if value and name.isidentifier() and (_UUID.fullmatch(value) or _HEX.fullmatch(value)):
         return False
+    if _HEX.fullmatch(token.rstrip("=")):
+        return False
+    if aws_secret(token):
+        return True
+    parts = [p for p in re.split(r"[-_/]", token) if p]
+    wordish = sum(p.isdigit() or (p.isalpha() and (p.islower() or p.isupper())) for p in parts)
+    if len(parts) >= 3 and 3 * wordish >= 2 * len(parts):
+        return False  # words and numbers between separators: a file's or a package's name
+    upper = sum(c.isupper() for c in token)
+    lower = sum(c.islower() for c in token)
     digits = sum(c.isdigit() for c in token)
-    letters = sum(c.isalpha() for c in token)
-    return digits >= 2 and letters >= 2 and _entropy(token) >= 3.5
+    return upper >= 2 and lower >= 2 and digits >= 2 and _entropy(token) >= 3.5
+
+
+def aws_secret(token: str) -> bool:
+    """40 characters of base64 in both cases that look random: an AWS secret access key."""
+    if len(token) != 40 or not re.fullmatch(r"[A-Za-z0-9/+]{40}", token):
+        return False
+    upper = sum(c.isupper() for c in token)
+    lower = sum(c.islower() for c in token)
+    return upper >= 8 and lower >= 8 and _entropy(token) >= 4.4
+
+
+def _public(text: str, start: int) -> bool:
+    line_start = text.rfind("\n", 0, start) + 1
+    return _PUBLIC_BEFORE.search(text, max(line_start, start - 48), start) is not None
 
 
 def mask(length: int) -> str:
@@ -315,42 +503,159 @@ def _json_escaped(secret: str, ascii_only: bool) -> str:
 
 
 def encodings(secret: str) -> set[str]:
-    """The forms a value commonly takes in output: as is, URL-encoded, hex, base64, JSON."""
+    """The literal forms a value commonly takes in output: as is, URL-encoded, hex, base64,
+    JSON, reversed. (A Masker also finds any mix of these escapes: see `_flexible`.)"""
     raw = secret.encode("utf-8", "surrogateescape")
-    forms = {secret}
+    forms = {secret, secret[::-1]}
     for quoted in (_percent(raw, ""), _percent(raw, "+")):
         forms |= {quoted, re.sub(r"%[0-9A-F]{2}", lambda m: m.group().lower(), quoted)}
     forms |= {raw.hex(), raw.hex().upper()}
-    whole = _b64(raw)
-    urlsafe = whole.replace("+", "-").replace("/", "_")
-    forms |= {whole, whole.rstrip("="), urlsafe, urlsafe.rstrip("=")}
+    forms |= _base64_forms(raw)
     forms |= _base64_cores(raw)
     escaped = _json_escaped(secret, ascii_only=True)
     forms |= {escaped, _json_escaped(secret, ascii_only=False), escaped.replace("/", "\\/")}
     return {f for f in forms if f}
 
 
+def _base64_forms(raw: bytes) -> set[str]:
+    whole = _b64(raw)
+    urlsafe = whole.replace("+", "-").replace("/", "_")
+    return {whole, whole.rstrip("="), urlsafe, urlsafe.rstrip("=")}
+
+
+def _hex_byte(b: int) -> str:
+    """`%2F` or `%2f`: one byte percent-encoded, its hex digits in either case."""
+    return "".join(f"[{d}{d.lower()}]" if d.isalpha() else d for d in f"{b:02X}")
+
+
+def _unicode_escape(code: int) -> str:
+    if code > 0xFFFF:  # a surrogate pair
+        code -= 0x10000
+        return _unicode_escape(0xD800 + (code >> 10)) + _unicode_escape(0xDC00 + (code & 0x3FF))
+    return r"\\u" + "".join(f"[{d}{d.lower()}]" if d.isalpha() else d for d in f"{code:04X}")
+
+
+def _char(c: str) -> tuple[str, int]:
+    """A pattern for one character of a secret in every form output gives it: as is,
+    backslash-escaped (JSON's `\\"`, `\\/`, a shell's `\\&`), percent-encoded, JSON's `\\uXXXX`,
+    and `+` for a space; and the longest of them."""
+    if c.isascii() and (c.isalnum() or c in "-._~"):
+        return re.escape(c), 1
+    raw = c.encode("utf-8", "surrogateescape")
+    forms = [re.escape(c), "".join("%" + _hex_byte(b) for b in raw), _unicode_escape(ord(c))]
+    longest = max(3 * len(raw), 12 if ord(c) > 0xFFFF else 6)
+    if c.isascii():
+        forms.append(r"\\" + re.escape(c))
+        if c in _JSON_SHORT:
+            forms.append(re.escape(_JSON_SHORT[c]))
+    if c == " ":
+        forms.append(r"\+")
+    return "(?:" + "|".join(forms) + ")", longest
+
+
+def _flexible(secret: str) -> tuple[str, int]:
+    """A pattern for the secret with each character in any of its forms (partial
+    percent-encoding, `quote`'s defaults leaving `/`, JSON and shell escapes), and the
+    length of its longest match."""
+    parts = [_char(c) for c in secret]
+    return "".join(p for p, _ in parts), sum(n for _, n in parts)
+
+
 def _alternation(values: Iterable[str]) -> str:
     return "|".join(re.escape(v) for v in sorted(values, key=len, reverse=True))
 
 
+_BASE64_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_-")
+_ALNUM_RUN = re.compile(r"[A-Za-z0-9]+")
+
+
+class _Configured:
+    """One configured value: the pattern of its escaped forms, its literal forms, and the
+    pieces every escaped form holds as they are (its runs of letters and digits), so that
+    a text without one of them is passed over with an `in` each, and the pattern is tried
+    only around the longest."""
+
+    __slots__ = ("short", "pattern", "anchors", "folded", "exact", "encoded", "longest")
+
+    def __init__(self, value: str) -> None:
+        raw = value.encode("utf-8", "surrogateescape")
+        self.short = len(value) < SHORT_SECRET
+        pattern, most = _flexible(value)
+        # A long value also in another letter case (`tr a-z A-Z`); a short one only as it is.
+        self.pattern = re.compile(pattern, 0 if self.short else re.IGNORECASE)
+        runs = {run.lower() for run in _ALNUM_RUN.findall(value) if len(run) >= 2}
+        self.anchors = tuple(sorted(runs, key=len, reverse=True))  # the longest first
+        b64 = _base64_forms(raw)
+        self.folded: tuple[str, ...] = ()
+        self.exact: tuple[str, ...] = ()
+        self.encoded: tuple[str, ...] = ()
+        if self.short:
+            self.exact = tuple({value[::-1], raw.hex(), raw.hex().upper(), *b64} - {value})
+        else:
+            self.folded = tuple({value[::-1].lower(), raw.hex()})  # looked for in the text in lower case
+            # Every base64 form holds one of the cores; the whole string around it is masked.
+            self.encoded = tuple(_base64_cores(raw) or b64)
+        self.longest = max(most, len(raw) * 2, *(len(f) for f in b64))
+
+    def spans(self, skeleton: str, low: str) -> Iterable[tuple[int, int, str]]:
+        """(start, end, how) in the skeleton; how: "escaped" (the pattern), "literal", "base64"."""
+        yield from self._escaped(skeleton, low)
+        for form in self.folded:
+            for at in _finds(low, form):
+                yield at, at + len(form), "literal"
+        for form in self.exact:
+            for at in _finds(skeleton, form):
+                yield at, at + len(form), "literal"
+        for form in self.encoded:
+            for at in _finds(skeleton, form):
+                yield at, at + len(form), "base64"
+
+    def _escaped(self, skeleton: str, low: str) -> Iterable[tuple[int, int, str]]:
+        if not self.anchors:
+            for m in _overlapping(self.pattern, skeleton):
+                yield m.start(), m.end(), "escaped"
+            return
+        if not all(anchor in low for anchor in self.anchors):
+            return
+        seen: set[tuple[int, int]] = set()
+        for at in _finds(low, self.anchors[0]):
+            window = (max(0, at - self.longest), min(len(skeleton), at + self.longest))
+            for m in _overlapping(self.pattern, skeleton, *window):
+                if m.span() not in seen:
+                    seen.add(m.span())
+                    yield m.start(), m.end(), "escaped"
+
+
+def _finds(text: str, needle: str) -> Iterable[int]:
+    at = text.find(needle)
+    while at >= 0:
+        yield at
+        at = text.find(needle, at + 1)
+
+
+def heuristic_names() -> tuple[str, ...]:
+    """The name of every rule for credentials nobody configured (`Masker(skip=…)`)."""
+    return (*(r.name for r in rules()), *(r.name for r in exact_rules()), "discord_token", "opaque",
+            "private_key", "userinfo_no_scheme")
+
+
 class Masker:
     """Every rule, and the configured secrets of one project compiled once (per excerpt,
-    per run's log). `spans` finds what to mask; `apply` masks it."""
+    per run's log). `spans` finds what to mask; `apply` masks it. `skip` names rules to
+    leave out (to measure what each one is worth)."""
 
-    def __init__(self, secrets: Iterable[str] = ()) -> None:
-        values = {s for s in secrets if s}
+    def __init__(self, secrets: Iterable[str] = (), skip: frozenset[str] = frozenset()) -> None:
         # Matched on the skeleton, so without the noise the skeleton lacks (a value may hold a line break).
-        forms = {s: {_JOINED_NOISE.sub("", f) for f in encodings(s)} - {""} for s in values}
-        long = {f for s in values if len(s) >= SHORT_SECRET for f in forms[s]}
-        short = {f for s in values if len(s) < SHORT_SECRET for f in forms[s]} - long
-        self._long = re.compile(_alternation(long)) if long else None
-        self._short = re.compile(_alternation(short)) if short else None
+        values = {_JOINED_NOISE.sub("", s) for s in secrets if s} - {""}
+        self._skip = skip
+        self._rules = tuple(r for r in rules() if r.name not in skip)
+        self._exact = tuple(r for r in exact_rules() if r.name not in skip)
+        self._configured = tuple(_Configured(v) for v in sorted(values, key=len, reverse=True))
         # A secret still being written at the end of the text: its prefixes, longest first.
-        plain = {_JOINED_NOISE.sub("", s) for s in values if len(s) >= SHORT_SECRET}
+        plain = {s for s in values if len(s) >= SHORT_SECRET}
         self._prefixes = sorted(
             {s[:n] for s in plain for n in range(PARTIAL_SECRET_MIN, len(s))}, key=len, reverse=True)
-        self.longest = max((len(f) for f in long | short), default=0)
+        self.longest = max((c.longest for c in self._configured), default=0)
 
     def undecided(self, text: str) -> int:
         """Where, near the end of `text`, a secret might start that more text could complete:
@@ -375,43 +680,69 @@ class Masker:
         skeleton = lines.text
         low = _lower(skeleton)
         for a, b in _candidate_lines(low):
-            for kind, subject in ((rules(), low), (exact_rules(), skeleton)):
+            for kind, subject in ((self._rules, low), (self._exact, skeleton)):
                 for rule in kind:
                     for match in rule.pattern.finditer(subject, a, b):
                         if rule.after and not _preceded(subject, match.start(), rule.after):
                             continue
-                        group = next((g for g in _VALUE_GROUPS if g in rule.pattern.groupindex
-                                      and match.start(g) >= 0), 0)
-                        if match.end(group) > match.start(group):
-                            found.append((*lines.span(match.start(group), match.end(group)), rule.category))
-        if "PRIVATE" in skeleton:
+                        if rule.check is not None and not rule.check(subject, match):
+                            continue
+                        start, end = _masked(rule, subject, match)
+                        if end > start:
+                            found.append((*lines.span(start, end), rule.category))
+        skip = self._skip
+        if "PRIVATE" in skeleton and "private_key" not in skip:
             for key in _keys():
                 found += [(*lines.span(m.start(), m.end()), "private_key") for m in key.finditer(skeleton)]
-        for match in _LONG_RUN.finditer(lines.text):
-            if opaque(match.group()):
-                found.append((*lines.span(match.start(), match.end()), "opaque_token"))
-        found += [(*lines.span(a, b), category) for a, b, category in _backwards(lines.text)]
-        if self._long or self._short or (cut_at_end and self._prefixes):
-            found += self._secret_spans(text, _Skeleton(text, _JOINED_NOISE), cut_at_end)
+        if "opaque" not in skip:
+            for match in _LONG_RUN.finditer(skeleton):
+                if opaque(match.group()) and not _public(skeleton, match.start()):
+                    found.append((*lines.span(match.start(), match.end()), "opaque_token"))
+        if "discord_token" not in skip and "." in skeleton:
+            for match in _DISCORD.finditer(skeleton):
+                token = _discord(skeleton, match)
+                if token is not None:
+                    found.append((*lines.span(*token), "opaque_token"))
+        found += [(*lines.span(a, b), category) for a, b, category in _backwards(skeleton, skip)]
+        if self._configured:
+            found += self._secret_spans(_Skeleton(text, _JOINED_NOISE), cut_at_end)
         return found
 
-    def _secret_spans(self, text: str, joined: _Skeleton, cut_at_end: bool) -> list[tuple[int, int, str]]:
+    def _secret_spans(self, joined: _Skeleton, cut_at_end: bool) -> list[tuple[int, int, str]]:
         found: list[tuple[int, int, str]] = []
         skeleton = joined.text
-        if self._long is not None:
-            found += [(*joined.span(m.start(), m.end()), "configured_secret")
-                      for m in _overlapping(self._long, skeleton)]
-        if self._short is not None:
-            for m in _overlapping(self._short, skeleton):
-                a, b = joined.span(m.start(), m.end())
-                if _whole_token(text, a, b):
-                    found.append((a, b, "configured_secret"))
+        low = _lower(skeleton)
+        for configured in self._configured:
+            for a, b, how in configured.spans(skeleton, low):
+                if configured.short and not _whole_token(skeleton, a, b):
+                    continue
+                if how == "base64":  # inside a longer base64 string (`user:secret` in Basic auth): all of it
+                    while a > 0 and skeleton[a - 1] in _BASE64_CHARS:
+                        a -= 1
+                    while b < len(skeleton) and skeleton[b] in _BASE64_CHARS:
+                        b += 1
+                    while b < len(skeleton) and skeleton[b] == "=" and skeleton[b - 2 : b] != "==":
+                        b += 1
+                found.append((*joined.span(a, b), "configured_secret"))
         if cut_at_end and skeleton:
             for prefix in self._prefixes:
                 if skeleton.endswith(prefix):
                     found.append((*joined.span(len(skeleton) - len(prefix), len(skeleton)), "configured_secret"))
                     break
         return found
+
+
+_SPANS: dict[str, Callable[[str, re.Match[str]], tuple[int, int]]] = {
+    "authorization_header": _header_span, "token_header": _header_span}
+
+
+def _masked(rule: Rule, subject: str, match: re.Match[str]) -> tuple[int, int]:
+    """The part of a match that is masked: its value group, else all of it."""
+    cut = _SPANS.get(rule.name)
+    if cut is not None:
+        return cut(subject, match)
+    group = next((g for g in _VALUE_GROUPS if g in rule.pattern.groupindex and match.start(g) >= 0), 0)
+    return match.start(group), match.end(group)
 
 
 def _preceded(text: str, at: int, after: str) -> bool:
@@ -451,11 +782,11 @@ def _candidate_lines(low: str) -> Iterable[tuple[int, int]]:
         yield block
 
 
-def _backwards(text: str) -> list[tuple[int, int, str]]:
+def _backwards(text: str, skip: frozenset[str] = frozenset()) -> list[tuple[int, int, str]]:
     """Matches found from their end: the base64 lines of a key cut by the start of the text
     (before an END marker), and `user:password@` with no scheme."""
     found: list[tuple[int, int, str]] = []
-    if "PRIVATE" in text:
+    if "PRIVATE" in text and "private_key" not in skip:
         for end in _PEM_END_LINE.finditer(text):
             start = text.rfind("\n", 0, end.start()) + 1  # the END line, then the base64 lines above it
             while start > 0:
@@ -464,7 +795,7 @@ def _backwards(text: str) -> list[tuple[int, int, str]]:
                     break
                 start = above
             found.append((start, end.end(), "private_key"))
-    if "@" in text:
+    if "@" in text and "userinfo_no_scheme" not in skip:
         for at in _AT.finditer(text):
             before = _USERINFO_BEFORE.search(text, max(0, at.start() - 130), at.start())
             if before is not None:
@@ -472,10 +803,13 @@ def _backwards(text: str) -> list[tuple[int, int, str]]:
     return found
 
 
-def _overlapping(pattern: re.Pattern[str], text: str) -> Iterable[re.Match[str]]:
-    """Every match, including those starting inside another (`abab` in `ababab` twice)."""
-    at = 0
-    while (m := pattern.search(text, at)) is not None:
+def _overlapping(pattern: re.Pattern[str], text: str, start: int = 0,
+                 end: int | None = None) -> Iterable[re.Match[str]]:
+    """Every match in text[start:end], including those starting inside another (`abab` in
+    `ababab` twice)."""
+    stop = len(text) if end is None else end
+    at = start
+    while (m := pattern.search(text, at, stop)) is not None:
         yield m
         at = m.start() + 1
 

@@ -166,7 +166,7 @@ def problems(spec: ChannelSpec) -> list[str]:
 # -- messages -----------------------------------------------------------------------
 
 FIELDS = ("task", "taskId", "event", "status", "exitCode", "duration", "durationMs", "runId", "device", "count",
-          "since", "detail", "log", "title", "text", "channel")
+          "since", "detail", "log", "title", "text", "channel", "outcome", "failures", "nextReminder")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z]+)\}")
 
 _WORDS: dict[str, dict[str, str]] = {
@@ -178,7 +178,13 @@ _WORDS: dict[str, dict[str, str]] = {
            "nolog": "(no log kept)", "reason": "Reason",
            "test_text": "A test message from qledge on {device} through channel {channel}. If you can read"
                         " this, the channel works.",
-           "summary_title": "{count} notifications held back by the rate limit"},
+           "summary_title": "{count} notifications held back by the rate limit",
+           "still": "still failing", "still_line": "Still failing: {failures} times since {since}",
+           "next": "Next reminder in {nextReminder} if it still fails",
+           "recovered_line": "Recovered after {failures} failures since {since}",
+           "timed_out_after": "timed out after {secs} s", "stopped_with": "stopped with {signal}",
+           "stopped_exit": "it exited with code {code} when stopped", "killed_by": "killed by {signal}",
+           "then": ", ", "colon": ": "},
     "zh": {"failure": "执行失败", "recovery": "已恢复", "success": "执行成功", "lost": "运行中断",
            "skipped": "被跳过", "finished": "已结束", "test": "测试消息", "summary": "已合并",
            "failed": "失败", "timed_out": "超时", "succeeded": "成功", "cancelled": "已取消",
@@ -186,7 +192,13 @@ _WORDS: dict[str, dict[str, str]] = {
            "device": "设备", "times": "自 {since} 起共 {count} 次", "log": "日志末尾：",
            "nolog": "（没有保留日志）", "reason": "原因",
            "test_text": "这是 qledge（{device}）通过渠道 {channel} 发送的测试消息。收到即表示渠道可用。",
-           "summary_title": "{count} 条通知因频率限制合并"},
+           "summary_title": "{count} 条通知因频率限制合并",
+           "still": "仍在失败", "still_line": "仍在失败：自 {since} 起共 {failures} 次",
+           "next": "若仍失败，{nextReminder}后再次提醒",  # {nextReminder}: "20 分钟"
+           "recovered_line": "已恢复：自 {since} 起失败 {failures} 次",
+           "timed_out_after": "超时（{secs} 秒）", "stopped_with": "已用 {signal} 终止",
+           "stopped_exit": "终止时退出码 {code}", "killed_by": "被 {signal} 终止",
+           "then": "，", "colon": "："},
 }
 
 
@@ -206,6 +218,11 @@ class Facts(msgspec.Struct, kw_only=True):
     count: int = 1
     first_at_ms: int | None = None
     log: str | None = None  # the redacted end of the log; None: none kept
+    # A reminder of a task that keeps failing, or the recovery that ends its streak: the
+    # failures so far and since when; for a reminder, how long until the next one.
+    failures: int | None = None
+    failing_since_ms: int | None = None
+    next_reminder_ms: int | None = None
 
 
 class Message(msgspec.Struct, kw_only=True):
@@ -236,22 +253,68 @@ def fill(template: str, fields: dict[str, str | int | None]) -> str:
     return _PLACEHOLDER.sub(one, template)
 
 
-def _status_line(f: Facts, w: dict[str, str]) -> str:
+_RUNNER_TIMEOUT = re.compile(r"timed out after ([0-9.]+)s")
+
+
+def _signal(code: int) -> str:
+    import signal  # only for a message about a run a signal ended
+
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def outcome(f: Facts, language: Language = "en") -> str:
+    """What happened to the run, in words: `timed out after 3 s, stopped with SIGTERM`,
+    `failed: killed by SIGSEGV`, `failed (exit 3)`."""
+    w = _WORDS[language]
     status = w.get(f.status or "", f.status or "")
-    if f.exit_code is not None:
-        status += f" ({w['exit']} {f.exit_code})"
+    code = f.exit_code
+    if f.status == "timed_out":
+        match = _RUNNER_TIMEOUT.fullmatch(f.detail or "")
+        secs = match.group(1) if match else (f"{f.duration_ms / 1000:g}" if f.duration_ms is not None else None)
+        text = w["timed_out_after"].format(secs=secs) if secs is not None else status
+        if code is not None and code < 0:
+            return text + w["then"] + w["stopped_with"].format(signal=_signal(code))
+        if code is not None:
+            return text + w["then"] + w["stopped_exit"].format(code=code)
+        return text
+    if code is not None and code < 0:
+        return status + w["colon"] + w["killed_by"].format(signal=_signal(code))
+    if code is not None:
+        return f"{status} ({w['exit']} {code})"
     return status
+
+
+def _said(f: Facts) -> bool:
+    """The detail only repeats what `outcome` says (the runner's own words for it)."""
+    detail = f.detail or ""
+    if f.status == "timed_out":
+        return _RUNNER_TIMEOUT.fullmatch(detail) is not None
+    return f.exit_code is not None and f.exit_code < 0 and detail.startswith("killed by ")
+
+
+def _span(ms: int, language: Language = "en") -> str:
+    minutes = max(1, round(ms / 60_000))
+    if minutes < 90:
+        return f"{minutes} min" if language == "en" else f"{minutes} 分钟"
+    hours = f"{ms / 3_600_000:.1f}".removesuffix(".0")
+    return f"{hours} h" if language == "en" else f"{hours} 小时"
 
 
 def render(f: Facts, language: Language, title: str | None = None, text: str | None = None) -> Message:
     """The message for `f`: the channel's templates when it has them, else the language's."""
     w = _WORDS[language]
+    reminder = f.event == "failure" and f.failures is not None
+    since_ms = f.failing_since_ms if f.failures is not None else f.first_at_ms
     fields: dict[str, str | int | None] = {
         "task": f.task or f.task_id, "taskId": f.task_id, "event": f.event, "status": f.status,
         "exitCode": f.exit_code, "duration": _duration(f.duration_ms), "durationMs": f.duration_ms,
         "runId": f.run_id[:13] if f.run_id else None, "device": f.device, "count": f.count,
-        "since": _utc(f.first_at_ms) if f.first_at_ms else None, "detail": f.detail, "log": f.log,
-        "channel": f.channel,
+        "since": _utc(since_ms) if since_ms else None, "detail": f.detail, "log": f.log,
+        "channel": f.channel, "outcome": outcome(f, language) if f.status else None, "failures": f.failures,
+        "nextReminder": _span(f.next_reminder_ms, language) if f.next_reminder_ms is not None else None,
     }
     if f.event == "test":
         default_title, lines = f"[qledge] {w['test']}", [fill(w["test_text"], fields)]
@@ -259,20 +322,27 @@ def render(f: Facts, language: Language, title: str | None = None, text: str | N
         default_title = "[qledge] " + fill(w["summary_title"], fields)
         lines = [f.detail or "", f"{w['device']}: {f.device}"]
     else:
-        default_title = f"[qledge] {fields['task']} {w.get(f.event, f.event)}"
+        what = w["still"] if reminder else w.get(f.event, f.event)
+        default_title = f"[qledge] {fields['task']} {what}"
         lines = [f"{w['task']}: {fields['task']}"]
         if f.status:
-            lines.append(f"{w['status']}: {_status_line(f, w)}")
+            lines.append(f"{w['status']}: {fields['outcome']}")
         if f.detail and f.event == "skipped":
             lines.append(f"{w['reason']}: {f.detail}")
-        elif f.detail and f.status not in ("succeeded", None):
+        elif f.detail and f.status not in ("succeeded", None) and not _said(f):
             lines.append(f.detail)
         if f.duration_ms is not None:
             lines.append(f"{w['duration']}: {fields['duration']}")
         if f.run_id:
             lines.append(f"{w['run']}: {fields['runId']}")
         lines.append(f"{w['device']}: {f.device}")
-        if f.count > 1:
+        if reminder:
+            lines.append(fill(w["still_line"], fields))
+            if f.next_reminder_ms is not None:
+                lines.append(fill(w["next"], fields))
+        elif f.event == "recovery" and f.failures is not None:
+            lines.append(fill(w["recovered_line"], fields))
+        elif f.count > 1:
             lines.append(fill(w["times"], fields))
         if f.run_id:
             lines += ["", w["log"], f.log if f.log is not None else w["nolog"]]
@@ -332,13 +402,18 @@ class Job(msgspec.Struct, kw_only=True):
 
 class Result(msgspec.Struct, kw_only=True):
     """What the sender reports per delivery: ok, or why not; `permanent` when trying the
-    same request again cannot help (a 4xx other than 408/429, a configuration error)."""
+    same request again cannot help (a 4xx other than 408/429, a configuration error);
+    `timed_out` when its deadline passed; `tried` false when it was not attempted (charged
+    nothing). A line with `started` says an attempt began (its outcome follows)."""
 
     id: int
     ok: bool
     detail: str | None = None
     permanent: bool = False
     elapsed_ms: int = 0
+    timed_out: bool = False
+    tried: bool = True
+    started: bool = False
 
 
 job_encoder = msgspec.json.Encoder()

@@ -1,14 +1,21 @@
 """The notifier: the daemon's side of notification delivery.
 
 It never sends anything itself. When messages are due it reads them from the queue
-(NotifyStore), applies each channel's rate limit (at most `per_minute` requests in any
-60 s; what is over waits, and when more is waiting than the next window allows, the rest
-goes as one summary), renders them (the run's log through the same redaction as the AI
-log excerpt, at most 1 KiB of it), resolves the secrets their channels name, and hands
-the batch to a short-lived child (edge.notify.send) on its stdin. The child's results
-are recorded in one transaction: sent, pending again after a backoff, or failed for good.
-Between batches it sleeps on one timer until the next message is due, so an empty queue
-costs no wake-ups.
+(NotifyStore, which damps a task that keeps failing: its first failure, then reminders at
+growing intervals, then its recovery), applies each channel's rate limit (at most
+`per_minute` requests in any 60 s; what is over waits, and when more is waiting than the
+next window allows, the rest goes as one summary), renders them (the run's log through the
+same redaction as the AI log excerpt, at most 1 KiB of it), resolves the secrets their
+channels name, and hands the batch to a short-lived child (edge.notify.send) on its stdin.
+
+A batch holds at most one message per channel, and the child sends to the channels at once,
+each attempt within `timeout_s` from connect to last byte: a batch lasts at most about one
+deadline, so a channel that is slow or hangs delays another channel's next message by at
+most that. Each message is charged only for its own attempt: one the child did not try
+(its channel timed out before it, or the child was stopped before it) is released, due
+again, with no attempt on record. The results are recorded in one transaction: sent,
+pending again after a backoff, or failed for good. Between batches it sleeps on one timer
+until the next message is due, so an empty queue costs no wake-ups.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from edge.core.errors import ToolError
 from edge.core.excerpt import WINDOW_BYTES, normalize, redact, window_text
 from edge.core.handoff import Background
 from edge.core.ports.runtime import Clock, TimerHandle, Timers
-from edge.core.ports.notify import ChannelHealth, NoticeOutcome, NotifyStore, PendingNotice
+from edge.core.ports.notify import ChannelHealth, Damping, NoticeOutcome, NotifyStore, PendingNotice
 from edge.core.ports.stores import RunLogFiles, SecretStore
 
 if TYPE_CHECKING:  # the channel shapes are loaded by the first delivery
@@ -40,7 +47,8 @@ if TYPE_CHECKING:  # the channel shapes are loaded by the first delivery
 log = logging.getLogger("qledge.notify")
 
 WINDOW_MS = 60_000
-BATCH = 16  # messages per child
+BATCH = 16  # messages per child, each for a channel of its own
+LAUNCH_GRACE_S = 10.0  # for the sender to start (and load TLS) before its deadlines count
 SUMMARY_LINES = 20
 STDERR_MAX = 2048
 # -I: neither the environment nor the working directory (where tasks may write) reaches the
@@ -60,7 +68,18 @@ class NotifySettings(msgspec.Struct, kw_only=True):
     max_backoff_s: float = 3600.0
     per_minute: int = 5
     timeout_s: float = 10.0
+    # A task that keeps failing: its first failure, a reminder after `repeat_s`, each next
+    # one `repeat_factor` times as long after, at most `max_repeat_s` apart; 0: every failure.
+    repeat_s: float = 600.0
+    repeat_factor: float = 2.0
+    max_repeat_s: float = 21_600.0
     python: str = sys.executable
+
+    def damping(self) -> Damping | None:
+        if self.repeat_s <= 0:
+            return None
+        return Damping(first_ms=int(self.repeat_s * 1000), factor=self.repeat_factor,
+                       max_ms=int(max(self.max_repeat_s, self.repeat_s) * 1000))
 
 
 class Notifier:
@@ -73,8 +92,9 @@ class Notifier:
         self._timers = timers
         self._project = project
         self.settings = settings
-        # How long a batch may hold its messages: the sender's time for a full batch, and some.
-        self._lease_ms = int((settings.timeout_s * BATCH + 30) * 1000)
+        # How long a batch may hold its messages: the sender's time (one attempt per channel), and some.
+        self._lease_ms = int((settings.timeout_s + LAUNCH_GRACE_S + 30) * 1000)
+        self._damping = settings.damping()
         self._windows: dict[str, deque[int]] = {}
         self._health: dict[str, ChannelHealth] = {}
         self._timer: TimerHandle | None = None
@@ -182,12 +202,12 @@ class Notifier:
         held: dict[str, int] = {}
         while not self._closing:
             now = self._clock.now_ms()
-            due = await self._store.due(self._project, now, 4 * BATCH, self._lease_ms)
+            due = await self._store.due(self._project, now, 4 * BATCH, self._lease_ms, self._damping)
             if not due:
                 break
             planned, merged = await self._plan([n for n in due if n.channel not in held or n.event == "test"],
                                                now, held)
-            batch = planned[:BATCH]
+            batch = _one_per_channel(planned)
             going = {n.id for n in batch} | merged
             # What this batch does not take is due again at once (and may be joined meanwhile).
             await self._store.release(self._project, [n.id for n in [*due, *planned] if n.id not in going], now)
@@ -201,6 +221,9 @@ class Notifier:
             wake_at.append(upcoming)
         if wake_at:
             self._arm(min(wake_at))
+        elif self._timer is not None:  # nothing is coming (a reminder was folded into a recovery)
+            self._timer.cancel()
+            self._timer = None
 
     def _arm(self, at_ms: int) -> None:
         if self._timer is not None:
@@ -242,7 +265,6 @@ class Notifier:
             batch += others[: free - 1]
             batch.append(await self._summarize(channel, others[free - 1:], now))
             merged.update(n.id for n in others[free - 1:])
-            held[channel] = now + WINDOW_MS  # nothing more for it in this pass
         return batch, merged
 
     async def _summarize(self, channel: str, notices: list[PendingNotice], now: int) -> PendingNotice:
@@ -291,20 +313,33 @@ class Notifier:
             else:
                 outcomes.append(NoticeOutcome(id=notice.id, ok=False, detail=built, elapsed_ms=0))
         results: dict[int, Result] = {}
+        started: set[int] = set()
+        stopped_after = 0.0
         if deliveries:
-            for result in await self._launch(deliveries):
-                results[result.id] = result
+            reported, stopped_after = await self._launch(deliveries)
+            for line in reported:
+                if line.started:
+                    started.add(line.id)
+                else:
+                    results[line.id] = line
         finished = self._clock.now_ms()
         by_id = {n.id: n for n in batch}
+        untried: list[int] = []
         for delivery in deliveries:
             notice = by_id[delivery.id]
-            result = results.get(delivery.id) or Result(id=delivery.id, ok=False,
-                                                        detail="the sender stopped before reporting it")
+            result = results.get(delivery.id)
+            if result is None and delivery.id in started:  # its attempt began, then the sender was stopped
+                result = Result(id=delivery.id, ok=False, timed_out=True,
+                                detail=f"the sender was stopped after {stopped_after:g} s while sending it")
+            if result is None or not result.tried:
+                untried.append(delivery.id)  # charged nothing: due again
+                continue
             detail = redact(normalize(result.detail), values).text if result.detail else None
             outcomes.append(self._outcome(notice, result, detail, finished))
             self._window(notice.channel, finished).append(finished)
             self._note_health(notice.channel, result.ok, detail, finished)
         await self._store.record(self._project, outcomes, finished)
+        await self._store.release(self._project, untried, finished)
         for outcome in outcomes:
             waiter = self._waiters.get(outcome.id)
             if waiter is not None and not waiter.done():
@@ -350,23 +385,33 @@ class Notifier:
         log_text = None
         if notice.run_id and notice.event not in ("skipped", "summary", "test"):
             log_text = await self._excerpt(notice.run_id, values)
+        streak = notice.streak
+        next_ms = streak.next_at_ms - now if streak and streak.next_at_ms is not None else None
         facts = Facts(channel=notice.channel, event=notice.event, device=self.settings.device, task=notice.task_name,
                       task_id=notice.task_id, run_id=notice.run_id, status=notice.status, exit_code=notice.exit_code,
                       duration_ms=notice.duration_ms, detail=notice.detail, count=notice.count,
-                      first_at_ms=notice.first_at_ms if notice.count > 1 else None, log=log_text)
+                      first_at_ms=notice.first_at_ms if notice.count > 1 else None, log=log_text,
+                      failures=streak.failures if streak else None,
+                      failing_since_ms=streak.since_ms if streak else None, next_reminder_ms=next_ms)
         message = render(facts, spec.language or self.settings.language, spec.title, spec.text)
         return Delivery(id=notice.id, channel=notice.channel, spec=spec, secrets=resolved, message=message, now_ms=now)
 
     # -- the child ----------------------------------------------------------------------
 
-    async def _launch(self, deliveries: list[Delivery]) -> list[Result]:
-        """Run the sender on `deliveries`; its results as it reported them (a child that
-        died or ran out of time reported fewer)."""
+    async def _launch(self, deliveries: list[Delivery]) -> tuple[list[Result], float]:
+        """Run the sender on `deliveries`; the lines it reported (attempts begun, outcomes)
+        and, when it had to be stopped, after how long (else 0). A sender that died or ran
+        out of time reported fewer."""
         from edge.notify.channels import Job, Result, job_encoder, result_decoder
 
         timeout = self.settings.timeout_s
         job = job_encoder.encode(Job(timeout_s=timeout, deliveries=deliveries))
         env = {k: os.environ[k] for k in _PASSED_ENV if k in os.environ}
+        # Its channels go at once, each attempt within `timeout`: the longest lane decides.
+        lanes: dict[str, int] = {}
+        for delivery in deliveries:
+            lanes[delivery.channel] = lanes.get(delivery.channel, 0) + 1
+        allowed = timeout * max(lanes.values()) + LAUNCH_GRACE_S
         try:
             proc = await asyncio.create_subprocess_exec(
                 self.settings.python, "-I", "-c", _BOOT.format(root=_ROOT), stdin=asyncio.subprocess.PIPE,
@@ -374,12 +419,12 @@ class Notifier:
         except OSError as exc:
             log.error("notifications: cannot start the sender (%s): %s", self.settings.python, exc)
             return [Result(id=d.id, ok=False, detail=f"cannot start the sender: {exc.strerror or exc}")
-                    for d in deliveries]
+                    for d in deliveries], 0.0
         self._proc = proc
         results: list[Result] = []
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         try:
-            async with asyncio.timeout(timeout * len(deliveries) + 5):
+            async with asyncio.timeout(allowed):
                 proc.stdin.write(job)
                 with contextlib.suppress(ConnectionError):
                     await proc.stdin.drain()
@@ -392,21 +437,34 @@ class Notifier:
         except TimeoutError:
             self._kill()
             await proc.wait()
-            log.error("notifications: the sender ran out of time; killed")
-            return results
+            log.error("notifications: the sender did not finish within %g s; stopped with SIGKILL", allowed)
+            return results, allowed
         finally:
             self._proc = None
         if code != 0:
             text = " ".join(errors.decode("utf-8", "replace").split())[-300:]
             log.error("notifications: the sender exited with %s: %s", code, text)
             if "No module named 'edge.notify" in text:
+                reported = {r.id for r in results if not r.started}
                 return results + [Result(id=d.id, ok=False, permanent=True,
                                          detail="the notification sender is not included in this build")
-                                  for d in deliveries if d.id not in {r.id for r in results}]
-        return results
+                                  for d in deliveries if d.id not in reported], 0.0
+        return results, 0.0
 
     def _kill(self) -> None:
         proc = self._proc
         if proc is not None and proc.returncode is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _one_per_channel(planned: list[PendingNotice]) -> list[PendingNotice]:
+    """The first message of each channel, at most BATCH: one slow channel holds a batch (and
+    so every other channel's next message) for at most one attempt."""
+    seen: set[str] = set()
+    batch: list[PendingNotice] = []
+    for notice in planned:
+        if notice.channel not in seen and len(batch) < BATCH:
+            seen.add(notice.channel)
+            batch.append(notice)
+    return batch

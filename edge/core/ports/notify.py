@@ -26,9 +26,34 @@ class ChannelRow(msgspec.Struct, rename="camel"):
     updated_at_ms: int
 
 
+class Damping(msgspec.Struct, frozen=True):
+    """How a task that keeps failing is reported on a channel: its first failure at once,
+    then a reminder when `first_ms` has passed, each later one `factor` times as long after
+    the one before, at most `max_ms` apart; the failures in between wait for the next
+    reminder and are counted in it. A recovery ends the streak."""
+
+    first_ms: int
+    factor: float
+    max_ms: int
+
+    def interval(self, repeats: int) -> int:
+        """The wait after the first message (repeats 0) or after the `repeats`th reminder."""
+        return int(min(float(self.max_ms), self.first_ms * self.factor ** min(repeats, 64)))
+
+
+class Streak(msgspec.Struct, frozen=True):
+    """A task's failures on a channel since the first of them was reported: for a reminder
+    ("still failing") or the recovery that ends them."""
+
+    failures: int  # the failures of the streak, those of this message included
+    since_ms: int  # when the first of them happened
+    next_at_ms: int | None  # when the next reminder may go; None: the streak ended (a recovery)
+
+
 class PendingNotice(msgspec.Struct, kw_only=True):
     """A queued message due for delivery, with what it is about and its channel (kind and
-    spec None: the channel was deleted since)."""
+    spec None: the channel was deleted since). `streak` is set on a reminder of a failure
+    and on the recovery that ends one."""
 
     id: int
     channel: str
@@ -46,6 +71,7 @@ class PendingNotice(msgspec.Struct, kw_only=True):
     attempts: int
     kind: str | None
     spec: str | None
+    streak: Streak | None = None
 
 
 class NoticeOutcome(msgspec.Struct, frozen=True):
@@ -129,9 +155,19 @@ class NotifyStore(Protocol):
         """Queue a test message to `channel`, due now; its id. Raises not_found."""
         ...
 
-    async def due(self, project: str, now_ms: int, limit: int, lease_ms: int) -> list[PendingNotice]:
+    async def due(self, project: str, now_ms: int, limit: int, lease_ms: int,
+                  damping: Damping | None = None) -> list[PendingNotice]:
         """Pending messages due at `now_ms` and not claimed by another caller, oldest due
-        first, at most `limit`; each is claimed for `lease_ms`."""
+        first, at most `limit`; each is claimed for `lease_ms`.
+
+        With `damping`, in the same transaction: a task's failure on a channel starts a
+        streak (handed out as it is); a later failure of the same failing spell (the task's
+        failing mark unchanged) waits, unclaimed, until the streak's next reminder is due
+        (later failures join it), and is then handed out with `streak` (the failures so far,
+        since when) while the next reminder moves `Damping.interval` further out; a message
+        handed out before (released, or tried and due again) is handed out as it was. A
+        recovery on a channel with a streak carries it (`streak`, next_at_ms None): the
+        failures still waiting are merged into it and the streak ends."""
         ...
 
     async def release(self, project: str, ids: list[int], now_ms: int) -> None:

@@ -15,7 +15,16 @@ from __future__ import annotations
 import msgspec
 
 from edge.core.errors import not_found
-from edge.core.ports.notify import ChannelHealth, ChannelRow, NoticeAttempt, NoticeOutcome, NoticeRecord, PendingNotice
+from edge.core.ports.notify import (
+    ChannelHealth,
+    ChannelRow,
+    Damping,
+    NoticeAttempt,
+    NoticeOutcome,
+    NoticeRecord,
+    PendingNotice,
+    Streak,
+)
 from edge.core.runs import Run
 from edge.core.tasks import NotifyRule, notice_targets, run_notices
 from edge.storage.postgres.db import PgDatabase, Row, Tx
@@ -184,7 +193,9 @@ async def _channels(tx: Tx, project: str) -> list[ChannelRow]:
 
 
 async def _delete_channel(tx: Tx, project: str, name: str) -> bool:
-    return await tx.execute("DELETE FROM notify_channels WHERE project_id = %s AND name = %s", (project, name)) > 0
+    gone = await tx.execute("DELETE FROM notify_channels WHERE project_id = %s AND name = %s", (project, name)) > 0
+    await tx.execute("DELETE FROM notify_streaks WHERE project_id = %s AND channel = %s", (project, name))
+    return gone
 
 
 async def _get_rules(tx: Tx, project: str) -> list[NotifyRule] | None:
@@ -207,15 +218,93 @@ async def _enqueue_test(tx: Tx, project: str, channel: str, now: int) -> int:
     return await queue_message(tx, project, channel, "test", None, None, (None, None, None, None), now)
 
 
-async def _due(tx: Tx, project: str, now: int, limit: int, lease: int, node: str) -> list[PendingNotice]:
-    found = [PendingNotice(
-        id=r[0], channel=r[1], event=r[2], task_id=r[3], task_name=r[4], run_id=r[5], status=r[6], exit_code=r[7],
-        duration_ms=r[8], detail=r[9], count=r[10], first_at_ms=r[11], created_at_ms=r[12], attempts=r[13],
-        kind=r[14], spec=r[15]) for r in await tx.rows(SQL_DUE, (now, project, limit))]
+async def _due(tx: Tx, project: str, now: int, limit: int, lease: int, node: str,
+               damping: Damping | None = None) -> list[PendingNotice]:
+    found = []
+    for r in await tx.rows(SQL_DUE, (now, project, limit)):
+        notice = PendingNotice(
+            id=r[0], channel=r[1], event=r[2], task_id=r[3], task_name=r[4], run_id=r[5], status=r[6],
+            exit_code=r[7], duration_ms=r[8], detail=r[9], count=r[10], first_at_ms=r[11], created_at_ms=r[12],
+            attempts=r[13], kind=r[14], spec=r[15])
+        if damping is not None and notice.task_id is not None:
+            damped = await _damped(tx, project, notice, now, damping)
+            if damped is None:
+                continue  # a repeat: it waits for the streak's next reminder
+            notice = damped
+        found.append(notice)
     if found:
         await tx.execute("UPDATE notifications SET claimed_by = %s, due_at_ms = %s WHERE id = ANY(%s)",
                          (node, now + lease, [n.id for n in found]))
     return found
+
+
+# Damping, as on SQLite (edge.storage.sqlite.notify `_damped`); the streak's row is locked, so
+# two nodes handing out a task's failures on one channel take turns.
+SQL_STREAK = (
+    "SELECT since_ms, failures, repeats, next_at_ms, mark_ms, last_id, last_count FROM notify_streaks"
+    " WHERE project_id = %s AND channel = %s AND task_id = %s FOR UPDATE"
+)
+SQL_MARK = "SELECT since_ms FROM failing_tasks WHERE project_id = %s AND task_id = %s"
+# A recovery waiting on the channel for a success after the failure: the failure is folded into it.
+SQL_RECOVERY_AFTER = (
+    "SELECT 1 FROM notifications WHERE state = 'pending' AND project_id = %s AND channel = %s AND task_id = %s"
+    " AND event = 'recovery' AND first_at_ms >= %s LIMIT 1"
+)
+SQL_PUT_STREAK = (
+    "INSERT INTO notify_streaks (project_id, channel, task_id, since_ms, failures, repeats, next_at_ms, mark_ms,"
+    " last_id, last_count) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (project_id, channel, task_id)"
+    " DO UPDATE SET since_ms = excluded.since_ms, failures = excluded.failures, repeats = excluded.repeats,"
+    " next_at_ms = excluded.next_at_ms, mark_ms = excluded.mark_ms, last_id = excluded.last_id,"
+    " last_count = excluded.last_count"
+)
+SQL_WAITING_FAILURES = (
+    "SELECT id, count FROM notifications WHERE state = 'pending' AND attempts = 0 AND claimed_by IS NULL"
+    " AND project_id = %s AND channel = %s AND task_id = %s AND event = 'failure' AND id <> %s"
+    " AND first_at_ms <= %s FOR UPDATE SKIP LOCKED"
+)
+
+
+async def _damped(tx: Tx, project: str, n: PendingNotice, now: int, damping: Damping) -> PendingNotice | None:
+    """The message as it goes under `damping` (NotifyStore.due), or None when it waits."""
+    if n.event not in ("failure", "recovery"):
+        return n
+    key = (project, n.channel, n.task_id)
+    row = await tx.row(SQL_STREAK, key)
+    if n.event == "recovery":
+        if row is None:
+            return n
+        since, failures = int(row[0]), int(row[1])
+        for nid, count in await tx.rows(SQL_WAITING_FAILURES, (*key, row[5], n.first_at_ms)):
+            failures += int(count)
+            await tx.execute("UPDATE notifications SET state = 'merged', merged_into = %s, due_at_ms = NULL,"
+                             " done_at_ms = %s WHERE id = %s", (n.id, now, nid))
+        await tx.execute("DELETE FROM notify_streaks WHERE project_id = %s AND channel = %s AND task_id = %s", key)
+        return msgspec.structs.replace(n, streak=Streak(failures=failures, since_ms=since, next_at_ms=None))
+    since, failures, repeats, next_at, mark_at, last_id, last_count = (
+        tuple(row) if row is not None else (0, 0, 0, 0, None, 0, 0))
+    if row is not None and last_id == n.id:  # handed out before: as it was, with what joined it since
+        total = int(failures) + n.count - int(last_count)
+        await tx.execute("UPDATE notify_streaks SET failures = %s, last_count = %s WHERE project_id = %s"
+                         " AND channel = %s AND task_id = %s", (total, n.count, *key))
+        if repeats == 0:
+            return n
+        return msgspec.structs.replace(n, streak=Streak(failures=total, since_ms=int(since), next_at_ms=int(next_at)))
+    mark = await tx.row(SQL_MARK, (project, n.task_id))
+    mark_now = int(mark[0]) if mark is not None else None
+    if row is not None and mark_at != mark_now and await tx.row(SQL_RECOVERY_AFTER, (*key, n.first_at_ms)):
+        return None  # the spell it belongs to has ended: the recovery waiting folds it in
+    if row is None or mark_now is None or mark_at != mark_now:
+        # The first failure of a spell (or one left from a spell that has ended): it goes as it is.
+        await tx.execute(SQL_PUT_STREAK, (*key, n.first_at_ms, n.count, 0, now + damping.interval(0), mark_now, n.id,
+                                          n.count))
+        return n
+    if next_at > now:
+        await tx.execute("UPDATE notifications SET due_at_ms = %s WHERE id = %s", (next_at, n.id))
+        return None
+    later = now + damping.interval(int(repeats) + 1)
+    total = int(failures) + n.count
+    await tx.execute(SQL_PUT_STREAK, (*key, since, total, int(repeats) + 1, later, mark_at, n.id, n.count))
+    return msgspec.structs.replace(n, streak=Streak(failures=total, since_ms=int(since), next_at_ms=later))
 
 
 async def _release(tx: Tx, project: str, ids: list[int], now: int, node: str) -> None:
@@ -331,8 +420,9 @@ class PgNotifyStore:
     async def enqueue_test(self, project: str, channel: str, now_ms: int) -> int:
         return await self._db.tx(_enqueue_test, project, channel, now_ms)
 
-    async def due(self, project: str, now_ms: int, limit: int, lease_ms: int) -> list[PendingNotice]:
-        return await self._db.tx(_due, project, now_ms, limit, lease_ms, self._node)
+    async def due(self, project: str, now_ms: int, limit: int, lease_ms: int,
+                  damping: Damping | None = None) -> list[PendingNotice]:
+        return await self._db.tx(_due, project, now_ms, limit, lease_ms, self._node, damping)
 
     async def release(self, project: str, ids: list[int], now_ms: int) -> None:
         if ids:

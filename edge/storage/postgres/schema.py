@@ -411,7 +411,29 @@ CREATE INDEX security_audit_change_idx ON security_audit (id) WHERE class = 'cha
 CREATE INDEX security_audit_refused_idx ON security_audit (id) WHERE class = 'refused';
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
+# Version 8 changes nothing here.
+_V8 = "SELECT 1"
+
+# A task's failure streak on a channel, for damping repeated failure messages
+# (edge.storage.postgres.notify `due`; as SQLite's version 14).
+_V9 = """
+CREATE TABLE notify_streaks (
+    project_id text COLLATE "C" NOT NULL,
+    channel text COLLATE "C" NOT NULL,
+    task_id text COLLATE "C" NOT NULL,
+    since_ms bigint NOT NULL,
+    failures bigint NOT NULL,
+    repeats integer NOT NULL,
+    next_at_ms bigint NOT NULL,
+    mark_ms bigint,
+    last_id bigint NOT NULL,
+    last_count bigint NOT NULL,
+    PRIMARY KEY (project_id, channel, task_id),
+    FOREIGN KEY (project_id, task_id) REFERENCES tasks (project_id, id) ON DELETE CASCADE
+);
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9)
 
 SQL_VERSION_TABLE = (
     "CREATE TABLE IF NOT EXISTS qledge_schema (version integer PRIMARY KEY, applied_at timestamptz NOT NULL)"

@@ -7,8 +7,11 @@ summaries, the delivery log and each channel's health. Implements NotifyStore
 
 While a message has not been tried (and is not in flight), a new event of the same kind for
 the same task and channel joins it (`count` goes up) instead of queueing another: a `*/1`
-task failing every second waits as one message. Finished messages and the attempts log
-are trimmed on write, bounded.
+task failing every second waits as one message. With damping (`due`), a task that keeps
+failing has its first failure handed out, then reminders at growing intervals (the
+failures between wait, joined, in the next one) until a recovery ends the streak
+(`notify_streaks`, migration 14). Finished messages and the attempts log are trimmed on
+write, bounded.
 """
 
 from __future__ import annotations
@@ -17,7 +20,16 @@ import apsw
 import msgspec
 
 from edge.core.errors import not_found
-from edge.core.ports.notify import ChannelHealth, ChannelRow, NoticeAttempt, NoticeOutcome, NoticeRecord, PendingNotice
+from edge.core.ports.notify import (
+    ChannelHealth,
+    ChannelRow,
+    Damping,
+    NoticeAttempt,
+    NoticeOutcome,
+    NoticeRecord,
+    PendingNotice,
+    Streak,
+)
 from edge.core.runs import Run
 from edge.core.tasks import NotifyEvent, NotifyRule, notice_targets
 from edge.storage.sqlite.db import Database, immediate, one, rows
@@ -161,7 +173,9 @@ def channels(conn: apsw.Connection, project: str) -> list[ChannelRow]:
 def delete_channel(conn: apsw.Connection, project: str, name: str) -> bool:
     with immediate(conn):
         conn.execute("DELETE FROM notify_channels WHERE project_id = ? AND name = ?", (project, name))
-        return conn.changes() > 0
+        gone = conn.changes() > 0
+        conn.execute("DELETE FROM notify_streaks WHERE project_id = ? AND channel = ?", (project, name))
+        return gone
 
 
 def get_rules(conn: apsw.Connection, project: str) -> list[NotifyRule] | None:
@@ -191,16 +205,93 @@ def enqueue_test(conn: apsw.Connection, project: str, channel: str, now: int) ->
 # -- delivery ------------------------------------------------------------------------
 
 
-def due(conn: apsw.Connection, project: str, now: int, limit: int, lease: int) -> list[PendingNotice]:
+def due(conn: apsw.Connection, project: str, now: int, limit: int, lease: int,
+        damping: Damping | None = None) -> list[PendingNotice]:
     with immediate(conn):
-        found = [PendingNotice(
-            id=r[0], channel=r[1], event=r[2], task_id=r[3], task_name=r[4], run_id=r[5], status=r[6],
-            exit_code=r[7], duration_ms=r[8], detail=r[9], count=r[10], first_at_ms=r[11], created_at_ms=r[12],
-            attempts=r[13], kind=r[14], spec=r[15]) for r in conn.execute(SQL_DUE, (now, project, limit))]
-        for notice in found:  # in flight: nothing joins it, and it is due again only when the claim ends
+        found = []
+        candidates: list[tuple] = list(conn.execute(SQL_DUE, (now, project, limit)))
+        for r in candidates:
+            notice = PendingNotice(
+                id=r[0], channel=r[1], event=r[2], task_id=r[3], task_name=r[4], run_id=r[5], status=r[6],
+                exit_code=r[7], duration_ms=r[8], detail=r[9], count=r[10], first_at_ms=r[11], created_at_ms=r[12],
+                attempts=r[13], kind=r[14], spec=r[15])
+            if damping is not None and notice.task_id is not None:
+                damped = _damped(conn, project, notice, now, damping)
+                if damped is None:
+                    continue  # a repeat: it waits for the streak's next reminder
+                notice = damped
+            # In flight: nothing joins it, and it is due again only when the claim ends.
             conn.execute("UPDATE notifications SET claimed_by = ?, due_at_ms = ? WHERE id = ?",
                          (CLAIMANT, now + lease, notice.id))
+            found.append(notice)
     return found
+
+
+SQL_STREAK = (
+    "SELECT since_ms, failures, repeats, next_at_ms, mark_ms, last_id, last_count FROM notify_streaks"
+    " WHERE project_id = ? AND channel = ? AND task_id = ?"
+)
+SQL_MARK = "SELECT since_ms FROM failing_tasks WHERE project_id = ? AND task_id = ?"
+# A recovery waiting on the channel for a success after the failure: the failure is folded into it.
+SQL_RECOVERY_AFTER = (
+    "SELECT 1 FROM notifications WHERE state = 'pending' AND project_id = ? AND channel = ? AND task_id = ?"
+    " AND event = 'recovery' AND first_at_ms >= ? LIMIT 1"
+)
+SQL_PUT_STREAK = (
+    "INSERT INTO notify_streaks (project_id, channel, task_id, since_ms, failures, repeats, next_at_ms, mark_ms,"
+    " last_id, last_count) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (project_id, channel, task_id) DO UPDATE"
+    " SET since_ms = excluded.since_ms, failures = excluded.failures, repeats = excluded.repeats,"
+    " next_at_ms = excluded.next_at_ms, mark_ms = excluded.mark_ms, last_id = excluded.last_id,"
+    " last_count = excluded.last_count"
+)
+SQL_WAITING_FAILURES = (
+    "SELECT id, count FROM notifications WHERE state = 'pending' AND attempts = 0 AND claimed_by IS NULL"
+    " AND project_id = ? AND channel = ? AND task_id = ? AND event = 'failure' AND id != ?"
+    " AND first_at_ms <= ?"
+)
+
+
+def _damped(conn: apsw.Connection, project: str, n: PendingNotice, now: int,
+            damping: Damping) -> PendingNotice | None:
+    """The message as it goes under `damping` (NotifyStore.due), or None when it waits."""
+    if n.event not in ("failure", "recovery"):
+        return n
+    key = (project, n.channel, n.task_id)
+    row = conn.execute(SQL_STREAK, key).fetchone()
+    if n.event == "recovery":
+        if row is None:
+            return n
+        since, failures = row[0], row[1]
+        for nid, count in conn.execute(SQL_WAITING_FAILURES, (*key, row[5], n.first_at_ms)).fetchall():
+            failures += count
+            conn.execute("UPDATE notifications SET state = 'merged', merged_into = ?, due_at_ms = NULL,"
+                         " done_at_ms = ? WHERE id = ?", (n.id, now, nid))
+        conn.execute("DELETE FROM notify_streaks WHERE project_id = ? AND channel = ? AND task_id = ?", key)
+        return msgspec.structs.replace(n, streak=Streak(failures=failures, since_ms=since, next_at_ms=None))
+    since, failures, repeats, next_at, mark_at, last_id, last_count = row if row is not None else (0,) * 7
+    if row is not None and last_id == n.id:  # handed out before: as it was, with what joined it since
+        conn.execute("UPDATE notify_streaks SET failures = ?, last_count = ? WHERE project_id = ? AND channel = ?"
+                     " AND task_id = ?", (failures + n.count - last_count, n.count, *key))
+        if repeats == 0:
+            return n
+        return msgspec.structs.replace(n, streak=Streak(failures=failures + n.count - last_count, since_ms=since,
+                                                        next_at_ms=next_at))
+    mark = conn.execute(SQL_MARK, (project, n.task_id)).fetchone()
+    mark_now = mark[0] if mark is not None else None
+    ended = row is not None and mark_at != mark_now
+    if ended and conn.execute(SQL_RECOVERY_AFTER, (*key, n.first_at_ms)).fetchone() is not None:
+        return None  # the spell it belongs to has ended: the recovery waiting folds it in
+    if row is None or mark_now is None or mark_at != mark_now:
+        # The first failure of a spell (or one left from a spell that has ended): it goes as it is.
+        conn.execute(SQL_PUT_STREAK, (*key, n.first_at_ms, n.count, 0, now + damping.interval(0), mark_now, n.id,
+                                      n.count))
+        return n
+    if next_at > now:
+        conn.execute("UPDATE notifications SET due_at_ms = ? WHERE id = ?", (next_at, n.id))
+        return None
+    later = now + damping.interval(repeats + 1)
+    conn.execute(SQL_PUT_STREAK, (*key, since, failures + n.count, repeats + 1, later, mark_at, n.id, n.count))
+    return msgspec.structs.replace(n, streak=Streak(failures=failures + n.count, since_ms=since, next_at_ms=later))
 
 
 def release(conn: apsw.Connection, project: str, ids: list[int], now: int) -> None:
@@ -318,8 +409,9 @@ class SqliteNotifyStore:
     async def enqueue_test(self, project: str, channel: str, now_ms: int) -> int:
         return await self._db.run(enqueue_test, project, channel, now_ms)
 
-    async def due(self, project: str, now_ms: int, limit: int, lease_ms: int) -> list[PendingNotice]:
-        return await self._db.run(due, project, now_ms, limit, lease_ms)
+    async def due(self, project: str, now_ms: int, limit: int, lease_ms: int,
+                  damping: Damping | None = None) -> list[PendingNotice]:
+        return await self._db.run(due, project, now_ms, limit, lease_ms, damping)
 
     async def release(self, project: str, ids: list[int], now_ms: int) -> None:
         if ids:

@@ -496,7 +496,33 @@ CREATE INDEX security_audit_change_idx ON security_audit (id) WHERE class = 'cha
 CREATE INDEX security_audit_refused_idx ON security_audit (id) WHERE class = 'refused';
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12)
+# Version 13 changes nothing here.
+_V13 = "SELECT 1"
+
+# A task's failure streak on a channel, for damping repeated failure messages
+# (edge.storage.sqlite.notify `due`): since when, how many failures were reported, how many
+# reminders went and when the next may; the failing mark it belongs to (failing_tasks.since_ms);
+# the message last handed out for it and its count then.
+_V14 = """
+CREATE TABLE notify_streaks (
+    project_id TEXT NOT NULL,
+    channel TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    since_ms INTEGER NOT NULL,
+    failures INTEGER NOT NULL,
+    repeats INTEGER NOT NULL,
+    next_at_ms INTEGER NOT NULL,
+    mark_ms INTEGER,
+    last_id INTEGER NOT NULL,
+    last_count INTEGER NOT NULL,
+    PRIMARY KEY (project_id, channel, task_id)
+) STRICT, WITHOUT ROWID;
+CREATE TRIGGER notify_streaks_follow_delete AFTER DELETE ON tasks BEGIN
+    DELETE FROM notify_streaks WHERE project_id = old.project_id AND task_id = old.id;
+END;
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12, _V13, _V14)
 
 
 class SchemaTooNew(apsw.SQLError):
