@@ -187,8 +187,10 @@ def probe(argv: list[str], arch: str) -> dict[str, object]:
     if base is None:
         result["match"] = False
         return result
-    seen = _union([(m.start + base, m.end + base) for m in own])
-    picked = _union([(m.start, m.end) for m in rule])
+    # Reserved address space (qemu keeps a 32-bit guest's 4 GiB as one PROT_NONE mapping)
+    # holds no memory and is no guest mapping: only what is accessible is compared.
+    seen = _union([(m.start + base, m.end + base) for m in own if m.perms[:3] != "---"])
+    picked = _union([(m.start, m.end) for m in rule if m.perms[:3] != "---"])
     result.update({
         "guest_view_bytes": sum(e - s for s, e in seen),
         "rule_extra_bytes": _outside(picked, seen),  # picked by the rule, not the guest's

@@ -400,4 +400,5 @@ memory() {
     wait "$loader"
 }
 
-main
+# Parsed whole before it runs, so an edit of this file during a run cannot change the run.
+{ main; exit $?; }
