@@ -41,7 +41,6 @@ import sys
 import tarfile
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -198,20 +197,23 @@ def stage(dest: str) -> None:
         os.chmod(target, mode)
 
 
-@dataclass
 class Package:
-    """One OpenWrt package this script builds."""
+    """One OpenWrt package this script builds (a plain class: the tests load this file
+    without registering it as a module, which dataclasses need)."""
 
-    name: str
-    version: Callable[[], str]
-    depends: list[str]  # opkg syntax
-    apk_depends: list[str]
-    description: str
-    stage: Callable[[str], None]
-    section: str = "utils"
-    license: str = "MIT"
-    url: str = URL
-    conffiles: list[str] = field(default_factory=list)
+    def __init__(self, name: str, version: Callable[[], str], depends: list[str], apk_depends: list[str],
+                 description: str, stage: Callable[[str], None], section: str = "utils", license: str = "MIT",
+                 url: str = URL, conffiles: list[str] | None = None) -> None:
+        self.name = name
+        self.version = version
+        self.depends = depends  # opkg syntax
+        self.apk_depends = apk_depends
+        self.description = description
+        self.stage = stage
+        self.section = section
+        self.license = license
+        self.url = url
+        self.conffiles = conffiles or []
 
 
 def _mcp_stage(dest: str) -> None:
