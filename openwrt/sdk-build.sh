@@ -75,10 +75,12 @@ setuptools=$(makefile_var "$py/python-setuptools/Makefile" PKG_VERSION)
 [ -n "$setuptools" ] || setuptools=$(makefile_var "$py/python3-version.mk" PYTHON3_SETUPTOOLS_VERSION)
 scm=$(makefile_var "$py/python-setuptools-scm/Makefile" PKG_VERSION)
 echo "sdk-build: host setuptools ${setuptools:-missing}, setuptools-scm ${scm:-missing} in the packages feed"
-[ -n "$setuptools" ] && version_ge "$setuptools" "$MSGSPEC_SETUPTOOLS" \
-    || die "python3-msgspec needs host setuptools >= $MSGSPEC_SETUPTOOLS; the feed has ${setuptools:-none}: update the packages feed (feeds.conf) to a newer branch"
-[ -n "$scm" ] && version_ge "$scm" "$MSGSPEC_SETUPTOOLS_SCM" \
-    || die "python3-msgspec needs host setuptools-scm >= $MSGSPEC_SETUPTOOLS_SCM; the feed has ${scm:-none}: update the packages feed (feeds.conf) to a newer branch"
+if [ -z "$setuptools" ] || ! version_ge "$setuptools" "$MSGSPEC_SETUPTOOLS"; then
+    die "python3-msgspec needs host setuptools >= $MSGSPEC_SETUPTOOLS; the feed has ${setuptools:-none}: update the packages feed (feeds.conf) to a newer branch"
+fi
+if [ -z "$scm" ] || ! version_ge "$scm" "$MSGSPEC_SETUPTOOLS_SCM"; then
+    die "python3-msgspec needs host setuptools-scm >= $MSGSPEC_SETUPTOOLS_SCM; the feed has ${scm:-none}: update the packages feed (feeds.conf) to a newer branch"
+fi
 
 feed_sqlite=$(makefile_var feeds/packages/libs/sqlite3/Makefile PKG_SRC_VERSION)
 if [ -z "$SQLITE" ]; then

@@ -83,3 +83,16 @@ def test_the_tier_says_how_to_call_it():
     done = subprocess.run(["bash", os.path.join(ROOT, "packaging", "arch", "smoke.sh"), "sparc"],
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and done.stderr.startswith("usage: ") and "arm64|armhf|mipsel|amd64" in done.stderr
+
+
+def test_the_bash_scripts_lint():
+    import shutil
+
+    import pytest
+
+    shellcheck = shutil.which("shellcheck")
+    if shellcheck is None:
+        pytest.skip("shellcheck is not installed (.ci/run installs it as root)")
+    for script in ("packaging/arch/smoke.sh", "openwrt/sdk-build.sh"):
+        done = subprocess.run([shellcheck, "-s", "bash", os.path.join(ROOT, script)], capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout

@@ -37,6 +37,8 @@ case "$MODE" in run|prepare) ;; *) echo "usage: $0 ARCH [prepare]" >&2; exit 2 ;
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 PYTHON=${PYTHON:-python3}
+# A relative path (.venv/bin/python) works from anywhere (the venv's link itself is kept).
+case "$PYTHON" in */*) PYTHON=$(cd "$(dirname "$PYTHON")" && pwd)/$(basename "$PYTHON") ;; esac
 SUITE=bookworm
 # Python 3.11 (OpenWrt 24.10's), a compiler for the wheels PyPI lacks on a CPU, zone data.
 PACKAGES="python3 python3-venv python3-dev gcc libc6-dev tzdata"
@@ -181,6 +183,7 @@ mount_rootfs() {
     cp -L /etc/resolv.conf "$r/etc/resolv.conf"
 }
 
+# shellcheck disable=SC2317  # called by the trap
 cleanup() {
     local rc=$?
     # What this run started inside the chroot (a daemon a failed step left behind).
@@ -193,7 +196,7 @@ cleanup() {
         umount "${MOUNTED[$i]}" 2>/dev/null || umount -l "${MOUNTED[$i]}" 2>/dev/null || true
     done
     MOUNTED=()
-    exit $rc
+    exit "$rc"
 }
 
 # A command inside the chroot, in a clean environment (nothing of the host's leaks in).
