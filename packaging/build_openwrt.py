@@ -1,7 +1,14 @@
 #!/usr/bin/env python3
-"""Build the noarch OpenWrt package of qledge without the SDK.
+"""Build qledge's noarch OpenWrt packages without the SDK.
 
-    python packaging/build_openwrt.py --format ipk|apk --out DIR
+    python packaging/build_openwrt.py --format ipk|apk --out DIR [--package NAME]...
+    python packaging/build_openwrt.py --sources NAME DIR
+
+The packages: `qledge` (the daemon with notifications, as the SDK's feed package ships it),
+`qledge-mcp` (its MCP endpoint) and `python3-cronsim` (cronsim is pure Python: the module
+installed beside the Python running this script). `--sources` copies a qledge package's
+Python sources into DIR: the SDK's openwrt/qledge/Makefile takes them from here, so both
+builds ship the same files.
 
 `.ipk` (opkg): a gzip'd tar of `debian-binary`, `control.tar.gz` (control, conffiles,
 postinst, prerm) and `data.tar.gz` (the edge profile as bytecode under
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import importlib.metadata
 import importlib.util
 import io
 import os
@@ -32,6 +40,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -41,18 +50,21 @@ NAME = "qledge"
 RELEASE = 1
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"
 SITE = f"usr/lib/python{PY}/site-packages"
+# The qledge package ships the edge profile with notifications (their sender needs
+# urllib); qledge-mcp adds edge/mcp/. openwrt/qledge/Makefile ships the same (--sources).
+PROFILE = "edge-notify"
+MCP_PROFILE = "edge-mcp"
 PLAIN_DEPENDS = [
-    "python3-asyncio", "python3-logging", "python3-msgspec", "python3-apsw", "python3-cronsim", "zoneinfo-core",
+    "python3-asyncio", "python3-logging", "python3-urllib", "python3-msgspec", "python3-apsw", "python3-cronsim",
+    "zoneinfo-core",
 ]
 # opkg (Debian syntax): two constraints pin the Python minor version the bytecode is for.
-DEPENDS = [
-    f"python3-light (>= {PY})",
-    f"python3-light (<< {sys.version_info.major}.{sys.version_info.minor + 1})",
-    *PLAIN_DEPENDS,
-]
+PY_DEPENDS = [f"python3-light (>= {PY})", f"python3-light (<< {sys.version_info.major}.{sys.version_info.minor + 1})"]
+DEPENDS = [*PY_DEPENDS, *PLAIN_DEPENDS]
 # apk keeps one constraint per name (a second replaces the first) and knows = < > <= >= ~:
 # `~3.11` is the fuzzy match, any 3.11.x.
-APK_DEPENDS = [f"python3-light~{PY}", *PLAIN_DEPENDS]
+APK_PY_DEPENDS = [f"python3-light~{PY}"]
+APK_DEPENDS = [*APK_PY_DEPENDS, *PLAIN_DEPENDS]
 CONFFILES = ["/etc/config/qledge"]
 URL = "https://pypi.org/project/qledge/"
 MAINTAINER = "qledge developers"
@@ -71,31 +83,37 @@ PRERM = """#!/bin/sh
 . "${IPKG_INSTROOT}/lib/functions.sh"
 default_prerm "$0" "$@"
 """
+
+
 # What package-pack.mk generates for an apk package (CONFIG_USE_APK).
-APK_POST_INSTALL = f"""#!/bin/sh
+def apk_scripts(name: str) -> dict[str, str]:
+    install = f"""#!/bin/sh
 [ "${{IPKG_NO_SCRIPT}}" = "1" ] && exit 0
 [ -s ${{IPKG_INSTROOT}}/lib/functions.sh ] || exit 0
 . ${{IPKG_INSTROOT}}/lib/functions.sh
 export root="${{IPKG_INSTROOT}}"
-export pkgname="{NAME}"
+export pkgname="{name}"
 add_group_and_user
 default_postinst
 """
-APK_POST_UPGRADE = "#!/bin/sh\nexport PKG_UPGRADE=1\n" + APK_POST_INSTALL.split("\n", 1)[1]
-APK_PRE_DEINSTALL = f"""#!/bin/sh
+    deinstall = f"""#!/bin/sh
 [ -s ${{IPKG_INSTROOT}}/lib/functions.sh ] || exit 0
 . ${{IPKG_INSTROOT}}/lib/functions.sh
 export root="${{IPKG_INSTROOT}}"
-export pkgname="{NAME}"
+export pkgname="{name}"
 default_prerm
 """
-APK_SCRIPTS = {"post-install": APK_POST_INSTALL, "post-upgrade": APK_POST_UPGRADE,
-               "pre-deinstall": APK_PRE_DEINSTALL}
+    upgrade = "#!/bin/sh\nexport PKG_UPGRADE=1\n" + install.split("\n", 1)[1]
+    return {"post-install": install, "post-upgrade": upgrade, "pre-deinstall": deinstall}
+
+
+APK_POST_INSTALL, APK_POST_UPGRADE, APK_PRE_DEINSTALL = apk_scripts(NAME).values()
+APK_SCRIPTS = apk_scripts(NAME)
 APK_DB = "lib/apk/packages"
 
 DESCRIPTION = (
     "Minimal-footprint task runtime: cron triggers, a bounded run history in SQLite,\n"
-    " and low-sensitivity read tools for people and AI clients over a Unix socket."
+    " notifications, and low-sensitivity read tools for people and AI clients over a Unix socket."
 )
 
 
@@ -118,20 +136,55 @@ def epoch() -> int:
     return int(os.environ.get("SOURCE_DATE_EPOCH", "315532800"))  # 1980-01-01
 
 
-def stage(dest: str, profile: str = "edge") -> None:
-    """Lay out the installed tree under `dest`: bytecode, init script, config, launcher."""
+def qledge_sources(package: str = NAME) -> list[tuple[str, str]]:
+    """(source path, path under site-packages) of the Python files a qledge package ships:
+    `qledge` the edge-notify profile, `qledge-mcp` what edge-mcp adds to edge."""
     build = _load_build()
-    site = os.path.join(dest, SITE)
-    for rel in build.profile_files(profile, ROOT):
-        if not rel.endswith(".py"):
-            continue
+    if package == NAME:
+        files = build.profile_files(PROFILE, ROOT)
+    elif package == "qledge-mcp":
+        files = sorted(set(build.profile_files(MCP_PROFILE, ROOT)) - set(build.profile_files("edge", ROOT)))
+    else:
+        raise ValueError(f"{package} is not a qledge package")
+    return [(os.path.join(ROOT, rel), rel) for rel in files if rel.endswith(".py")]
+
+
+def cronsim_sources() -> list[tuple[str, str]]:
+    """The cronsim module installed beside this Python (pure Python: any CPU)."""
+    try:
+        dist = importlib.metadata.distribution("cronsim")
+    except importlib.metadata.PackageNotFoundError:
+        raise Unavailable("python3-cronsim is made from the cronsim beside this Python, and none is"
+                          " installed: pip install cronsim") from None
+    found = []
+    for entry in dist.files or []:
+        rel = str(entry)
+        if rel.startswith("cronsim/") and rel.endswith(".py"):
+            found.append((str(dist.locate_file(entry)), rel))
+    if not found:
+        raise Unavailable("the installed cronsim has no Python sources to package")
+    return sorted(found, key=lambda pair: pair[1])
+
+
+def cronsim_version() -> str:
+    return f"{importlib.metadata.version('cronsim')}-r1"
+
+
+def compile_into(site: str, sources: list[tuple[str, str]]) -> None:
+    """Bytecode only, as OpenWrt's Python packages ship: site/x.pyc for each x.py."""
+    for src, rel in sources:
         target = os.path.join(site, rel + "c")  # legacy sourceless layout: edge/x.pyc
         os.makedirs(os.path.dirname(target), exist_ok=True)
         py_compile.compile(
-            os.path.join(ROOT, rel), cfile=target, dfile=f"/{SITE}/{rel}", doraise=True,
+            src, cfile=target, dfile=f"/{SITE}/{rel}", doraise=True,
             invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
         )
         os.chmod(target, 0o644)
+
+
+def stage(dest: str) -> None:
+    """Lay out qledge's installed tree under `dest`: bytecode, init script, config, launcher."""
+    compile_into(os.path.join(dest, SITE), qledge_sources(NAME))
     for src, rel, mode in (
         ("qledge.init", "etc/init.d/qledge", 0o755),
         ("qledge.config", "etc/config/qledge", 0o644),
@@ -144,24 +197,65 @@ def stage(dest: str, profile: str = "edge") -> None:
         os.chmod(target, mode)
 
 
+class Package:
+    """One OpenWrt package this script builds (a plain class: the tests load this file
+    without registering it as a module, which dataclasses need)."""
+
+    def __init__(self, name: str, version: Callable[[], str], depends: list[str], apk_depends: list[str],
+                 description: str, stage: Callable[[str], None], section: str = "utils", license: str = "MIT",
+                 url: str = URL, conffiles: list[str] | None = None) -> None:
+        self.name = name
+        self.version = version
+        self.depends = depends  # opkg syntax
+        self.apk_depends = apk_depends
+        self.description = description
+        self.stage = stage
+        self.section = section
+        self.license = license
+        self.url = url
+        self.conffiles = conffiles or []
+
+
+def _mcp_stage(dest: str) -> None:
+    compile_into(os.path.join(dest, SITE), qledge_sources("qledge-mcp"))
+
+
+def _cronsim_stage(dest: str) -> None:
+    compile_into(os.path.join(dest, SITE), cronsim_sources())
+
+
+PACKAGES = {
+    NAME: Package(NAME, version, DEPENDS, APK_DEPENDS, DESCRIPTION, stage, conffiles=CONFFILES),
+    "qledge-mcp": Package(
+        "qledge-mcp", version, [f"{NAME} (= {version()})"], [f"{NAME}={version()}"],
+        "MCP endpoint for qledge: AI clients over a second socket\n"
+        " (enable it with `uci set qledge.main.mcp_enabled=1`).", _mcp_stage),
+    "python3-cronsim": Package(
+        "python3-cronsim", cronsim_version, PY_DEPENDS, APK_PY_DEPENDS,
+        "Cron expression parser and evaluator (cronsim), DST-correct with zoneinfo.", _cronsim_stage,
+        section="lang", license="BSD-3-Clause", url="https://github.com/cuu508/cronsim"),
+}
+
+
 def installed_size(tree: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(tree) for f in fs)
 
 
-def control_text(size: int) -> str:
+def control_text(size: int, package: Package | None = None) -> str:
+    pkg = package or PACKAGES[NAME]
     fields = {
-        "Package": NAME,
-        "Version": version(),
-        "Depends": ", ".join(DEPENDS),
-        "Source": "openwrt/qledge",
-        "SourceName": NAME,
-        "License": "MIT",
-        "Section": "utils",
-        "URL": URL,
+        "Package": pkg.name,
+        "Version": pkg.version(),
+        "Depends": ", ".join(pkg.depends),
+        "Source": f"openwrt/{pkg.name}",
+        "SourceName": pkg.name,
+        "License": pkg.license,
+        "Section": pkg.section,
+        "URL": pkg.url,
         "Maintainer": MAINTAINER,
         "Architecture": "all",
         "Installed-Size": str(size),
-        "Description": DESCRIPTION,
+        "Description": pkg.description,
     }
     return "".join(f"{k}: {v}\n" for k, v in fields.items())
 
@@ -207,32 +301,35 @@ def tree_members(tree: str) -> list[tuple[str, bytes | None, int]]:
     return sorted(members, key=lambda m: m[0])
 
 
-def build_ipk(out: str) -> str:
+def build_ipk(out: str, name: str = NAME) -> str:
+    pkg = PACKAGES[name]
     with tempfile.TemporaryDirectory(prefix="qledge-ipk-") as tmp:
         tree = os.path.join(tmp, "root")
-        stage(tree)
+        pkg.stage(tree)
         data = targz(tree_members(tree))
-        control = targz([
-            ("./", None, 0o755),
-            ("./conffiles", "".join(f"{c}\n" for c in CONFFILES).encode(), 0o644),
-            ("./control", control_text(installed_size(tree)).encode(), 0o644),
+        control_members: list[tuple[str, bytes | None, int]] = [("./", None, 0o755)]
+        if pkg.conffiles:
+            control_members.append(("./conffiles", "".join(f"{c}\n" for c in pkg.conffiles).encode(), 0o644))
+        control_members += [
+            ("./control", control_text(installed_size(tree), pkg).encode(), 0o644),
             ("./postinst", POSTINST.encode(), 0o755),
             ("./prerm", PRERM.encode(), 0o755),
-        ])
+        ]
+        control = targz(control_members)
     package = targz([
         ("./debian-binary", b"2.0\n", 0o644),
         ("./data.tar.gz", data, 0o644),
         ("./control.tar.gz", control, 0o644),
     ])
     os.makedirs(out, exist_ok=True)
-    path = os.path.join(out, f"{NAME}_{version()}_all.ipk")
+    path = os.path.join(out, f"{pkg.name}_{pkg.version()}_all.ipk")
     with open(path, "wb") as f:
         f.write(package)
     return path
 
 
 class Unavailable(Exception):
-    """A tool this format needs is missing; one line for the user."""
+    """A tool or input this build needs is missing; one line for the user."""
 
 
 def _apk_mkpkg(apk: str | None) -> str:
@@ -253,62 +350,67 @@ def _sha256(path: str) -> str:
         return hashlib.sha256(f.read()).hexdigest()
 
 
-def add_apk_metadata(tree: str) -> None:
+def add_apk_metadata(tree: str, package: Package | None = None) -> None:
     """/lib/apk/packages/<name>.list (every file and link, listed before this metadata
     exists, as package-pack.mk does), .conffiles and .conffiles_static ("path sha256", which
     sysupgrade reads to carry changed config files over)."""
+    pkg = package or PACKAGES[NAME]
     listed = sorted(
         "/" + os.path.relpath(os.path.join(d, f), tree) for d, _, fs in os.walk(tree) for f in fs)
     db = os.path.join(tree, APK_DB)
     os.makedirs(db, exist_ok=True)
-    with open(os.path.join(db, f"{NAME}.list"), "w") as f:
-        f.write("".join(f"{p}\n" for p in listed))
-    with open(os.path.join(db, f"{NAME}.conffiles"), "w") as f:
-        f.write("".join(f"{c}\n" for c in CONFFILES))
-    with open(os.path.join(db, f"{NAME}.conffiles_static"), "w") as f:
-        f.write("".join(f"{c} {_sha256(os.path.join(tree, c.lstrip('/')))}\n" for c in CONFFILES))
-    for name in (".list", ".conffiles", ".conffiles_static"):
-        os.chmod(os.path.join(db, NAME + name), 0o644)
+    written = {".list": "".join(f"{p}\n" for p in listed)}
+    if pkg.conffiles:
+        written[".conffiles"] = "".join(f"{c}\n" for c in pkg.conffiles)
+        written[".conffiles_static"] = "".join(
+            f"{c} {_sha256(os.path.join(tree, c.lstrip('/')))}\n" for c in pkg.conffiles)
+    for ext, text in written.items():
+        with open(os.path.join(db, pkg.name + ext), "w") as f:
+            f.write(text)
+        os.chmod(os.path.join(db, pkg.name + ext), 0o644)
     os.chmod(db, 0o755)
     os.chmod(os.path.dirname(db), 0o755)
 
 
-def stage_apk(dest: str) -> tuple[str, dict[str, str]]:
+def stage_apk(dest: str, name: str = NAME) -> tuple[str, dict[str, str]]:
     """The tree `apk mkpkg --files` packs and the scripts it attaches, under `dest`."""
+    pkg = PACKAGES[name]
     tree = os.path.join(dest, "root")
-    stage(tree)
-    add_apk_metadata(tree)
+    pkg.stage(tree)
+    add_apk_metadata(tree, pkg)
     scripts: dict[str, str] = {}
-    for kind, text in APK_SCRIPTS.items():
+    for kind, text in apk_scripts(pkg.name).items():
         scripts[kind] = os.path.join(dest, kind)
         with open(scripts[kind], "w") as f:
             f.write(text)
         os.chmod(scripts[kind], 0o755)
     stamp = epoch()
     for d, dirs, files in os.walk(dest):
-        for name in dirs + files:
-            os.utime(os.path.join(d, name), (stamp, stamp), follow_symlinks=False)
+        for entry in dirs + files:
+            os.utime(os.path.join(d, entry), (stamp, stamp), follow_symlinks=False)
     return tree, scripts
 
 
-def mkpkg_argv(apk: str, tree: str, scripts: dict[str, str], output: str) -> list[str]:
+def mkpkg_argv(apk: str, tree: str, scripts: dict[str, str], output: str, name: str = NAME) -> list[str]:
     """`apk mkpkg` as package-pack.mk calls it for a PKGARCH:=all package."""
+    pkg = PACKAGES[name]
     argv = [
         apk, "mkpkg",
-        "--info", f"name:{NAME}", "--info", f"version:{version()}",
-        "--info", f"description:{' '.join(DESCRIPTION.split())}", "--info", "arch:noarch",
-        "--info", "license:MIT", "--info", f"origin:{NAME}", "--info", f"url:{URL}",
-        "--info", f"maintainer:{MAINTAINER}", "--info", f"depends:{' '.join(APK_DEPENDS)}",
+        "--info", f"name:{pkg.name}", "--info", f"version:{pkg.version()}",
+        "--info", f"description:{' '.join(pkg.description.split())}", "--info", "arch:noarch",
+        "--info", f"license:{pkg.license}", "--info", f"origin:{pkg.name}", "--info", f"url:{pkg.url}",
+        "--info", f"maintainer:{MAINTAINER}", "--info", f"depends:{' '.join(pkg.apk_depends)}",
     ]
     for kind, path in scripts.items():
         argv += ["--script", f"{kind}:{path}"]
     return [*argv, "--files", tree, "--output", output]
 
 
-def build_apk(out: str, apk: str | None = None) -> str:
+def build_apk(out: str, apk: str | None = None, name: str = NAME) -> str:
     tool = _apk_mkpkg(apk)
+    pkg = PACKAGES[name]
     os.makedirs(out, exist_ok=True)
-    path = os.path.join(os.path.abspath(out), f"{NAME}-{version()}.apk")
+    path = os.path.join(os.path.abspath(out), f"{pkg.name}-{pkg.version()}.apk")
     # apk records owners by name: the files must be root's when packed (fakeroot otherwise).
     prefix: list[str] = []
     if os.geteuid() != 0:
@@ -318,24 +420,44 @@ def build_apk(out: str, apk: str | None = None) -> str:
                               " or install fakeroot")
         prefix = [fakeroot]
     with tempfile.TemporaryDirectory(prefix="qledge-apk-") as tmp:
-        tree, scripts = stage_apk(tmp)
+        tree, scripts = stage_apk(tmp, name)
         env = {**os.environ, "SOURCE_DATE_EPOCH": str(epoch())}
-        subprocess.run([*prefix, *mkpkg_argv(tool, tree, scripts, path)], check=True, env=env)
+        subprocess.run([*prefix, *mkpkg_argv(tool, tree, scripts, path, name)], check=True, env=env)
     return path
 
 
+def copy_sources(package: str, dest: str) -> None:
+    """The Python sources a qledge package ships, under dest/ as under site-packages/."""
+    for src, rel in qledge_sources(package):
+        target = os.path.join(dest, rel)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copyfile(src, target)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Build the qledge OpenWrt package (noarch) without the SDK.")
-    parser.add_argument("--format", choices=("ipk", "apk"), required=True)
+    parser = argparse.ArgumentParser(description="Build qledge's noarch OpenWrt packages without the SDK.")
+    parser.add_argument("--format", choices=("ipk", "apk"))
     parser.add_argument("--out", default=os.path.join(ROOT, "dist"), help="output directory (default dist/)")
+    parser.add_argument("--package", action="append", choices=sorted(PACKAGES),
+                        help="build only this package (repeatable; default: all three)")
     parser.add_argument("--apk", metavar="PATH", help="apk-tools 3 binary for --format apk (default: apk on PATH)")
+    parser.add_argument("--sources", nargs=2, metavar=("PACKAGE", "DIR"),
+                        help="copy the Python sources of qledge or qledge-mcp into DIR (for the SDK's Makefile)")
     args = parser.parse_args(argv)
     try:
-        path = build_ipk(args.out) if args.format == "ipk" else build_apk(args.out, args.apk)
+        if args.sources:
+            if args.sources[0] not in (NAME, "qledge-mcp"):
+                parser.error("--sources takes qledge or qledge-mcp")
+            copy_sources(args.sources[0], args.sources[1])
+            return 0
+        if args.format is None:
+            parser.error("--format is required")
+        for name in args.package or list(PACKAGES):
+            path = build_ipk(args.out, name) if args.format == "ipk" else build_apk(args.out, args.apk, name)
+            print(f"{os.path.basename(path)}: {os.path.getsize(path)} bytes (bytecode for Python {PY})")
     except Unavailable as exc:
         print(f"build_openwrt: {exc}", file=sys.stderr)
         return 2
-    print(f"{os.path.basename(path)}: {os.path.getsize(path)} bytes (bytecode for Python {PY})")
     return 0
 
 

@@ -1,10 +1,37 @@
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
 
 from support import DaemonProcess, scratch_dir, short_tmpdir
+
+
+def _emulator() -> str | None:
+    """The CPU emulator this interpreter runs under (qemu-user), or None on a real CPU. qemu
+    answers /proc/self/exe with the guest's program but passes /proc/thread-self/exe through:
+    there the kernel names the emulator."""
+    try:
+        exe = os.path.basename(os.path.realpath("/proc/thread-self/exe"))
+    except OSError:
+        return None
+    return exe if exe.startswith("qemu-") else None
+
+
+EMULATOR = _emulator()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`@pytest.mark.emulated("what it measures")`: skipped under a CPU emulator, where the
+    process's memory and timings are the emulator's (the architecture tier, packaging/arch/)."""
+    if EMULATOR is None:
+        return
+    for item in items:
+        marker = item.get_closest_marker("emulated")
+        if marker is not None:
+            what = marker.args[0] if marker.args else "memory or timings"
+            item.add_marker(pytest.mark.skip(reason=f"measures {what}, which under {EMULATOR} are the emulator's"))
 
 
 @pytest.fixture

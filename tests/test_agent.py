@@ -207,6 +207,7 @@ def test_cost_budget_at_its_edge(agent, provider):
     provider.script.clear()
 
 
+@pytest.mark.emulated("a tight timing (the child stopped within 0.5 s of its budget)")
 def test_wall_clock_budget_stops_the_child_before_the_runner_must(agent, provider):
     d = agent()
     provider.add(Step(answer("too late"), delay_s=30))

@@ -416,6 +416,7 @@ async def test_a_dropped_connection_leaves_no_cycle_holding_its_buffer(served):
 # -- followers of a log --------------------------------------------------------------------
 
 
+@pytest.mark.emulated("a tight timing (a status answer within 1 s)")
 def test_follows_beyond_the_runners_bound_are_answered_at_once_and_the_rest_wake(daemon, tmp_path):
     """`run log --follow` waits in the daemon (qledge.run.log.read with waitMs): at most
     MAX_FOLLOWERS such waits at once, however many connections and calls ask; the others

@@ -192,6 +192,7 @@ def test_bridge_presents_the_token_and_writes_only_protocol_lines(mcp_daemon):
     assert from_file.returncode == 0 and json.loads(from_file.stdout)["id"] == "init"
 
 
+@pytest.mark.emulated("memory (the bridge's VmHWM)")
 def test_bridge_rss_while_connected(mcp_daemon):
     proc = subprocess.Popen(
         [sys.executable, "-m", "edge", "mcp"], env=bridge_env(mcp_daemon.home),

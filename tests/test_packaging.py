@@ -236,15 +236,60 @@ def _read(blob: bytes, name: str) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def ipk():
+def ipks():
+    """Every package the builder makes, by package name: (file name, bytes)."""
     out = short_tmpdir()
     result = _run_build("packaging/build_openwrt.py", "--format", "ipk", "--out", out)
     assert result.returncode == 0, result.stderr
-    (name,) = os.listdir(out)
-    with open(os.path.join(out, name), "rb") as f:
-        blob = f.read()
-    yield name, blob
+    found = {}
+    for name in os.listdir(out):
+        with open(os.path.join(out, name), "rb") as f:
+            found[name.split("_")[0]] = (name, f.read())
+    yield found
     shutil.rmtree(out, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def ipk(ipks):
+    return ipks["qledge"]
+
+
+def test_the_builder_makes_qledge_qledge_mcp_and_python3_cronsim(ipks):
+    from importlib.metadata import version as dist_version
+
+    assert set(ipks) == {"qledge", "qledge-mcp", "python3-cronsim"}
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    site = f"./usr/lib/python{py}/site-packages/"
+    name, blob = ipks["python3-cronsim"]
+    assert name == f"python3-cronsim_{dist_version('cronsim')}-r1_all.ipk"
+    control = _read(_read(blob, "./control.tar.gz"), "./control").decode()
+    assert "Architecture: all\n" in control
+    assert f"Depends: python3-light (>= {py}), python3-light (<< 3.{sys.version_info.minor + 1})\n" in control
+    data = _members(_read(blob, "./data.tar.gz"))
+    assert f"{site}cronsim/__init__.pyc" in data or f"{site}cronsim/cronsim.pyc" in data
+    assert all(n.endswith(".pyc") for n in data if data[n].isfile())
+    mcp = _members(_read(ipks["qledge-mcp"][1], "./data.tar.gz"))
+    shipped = sorted(n for n in mcp if mcp[n].isfile())
+    assert shipped and all(n.startswith(f"{site}edge/mcp/") for n in shipped)
+    assert "Depends: qledge (= " in _read(_read(ipks["qledge-mcp"][1], "./control.tar.gz"), "./control").decode()
+
+
+def test_both_builds_ship_the_same_files_notifications_included(ipk, tmp_path):
+    """The SDK's Makefile copies what `--sources` names; the .ipk holds the bytecode of that."""
+    result = _run_build("packaging/build_openwrt.py", "--sources", "qledge", str(tmp_path / "q"))
+    assert result.returncode == 0, result.stderr
+    sources = sorted(os.path.relpath(os.path.join(d, f), tmp_path / "q")
+                     for d, _, fs in os.walk(tmp_path / "q") for f in fs)
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    site = f"./usr/lib/python{py}/site-packages/"
+    data = _members(_read(ipk[1], "./data.tar.gz"))
+    compiled = sorted(n[len(site):-1] for n in data if n.startswith(site) and data[n].isfile())
+    assert compiled == sources
+    assert "edge/notify/send.py" in sources and "edge/storage/sqlite/notify.py" in sources
+    assert not [s for s in sources if s.startswith(("edge/mcp/", "edge/agent/", "edge/storage/postgres/"))]
+    with open(os.path.join(ROOT, "openwrt", "qledge", "Makefile")) as f:
+        makefile = f.read()
+    assert "build_openwrt.py --sources" in makefile and "$(QLEDGE_SOURCES) qledge-mcp" in makefile
 
 
 def test_ipk_layout_control_fields_and_modes(ipk):
@@ -722,10 +767,16 @@ def _makefile_depends(path: str, package: str) -> set[str]:
     return {d.lstrip("+").split(":")[-1] for d in line.split(":=", 1)[1].split()}
 
 
-def test_openwrt_depends_cover_every_import_of_the_edge_profile():
+# The notification sender loads these only for the channels that need them: https
+# (python3-openssl) and mail (smtplib and email: python3-email); the README names them.
+SENDER_OPTIONAL = {"ssl", "smtplib", "email"}
+
+
+def test_openwrt_depends_cover_every_import_of_the_package():
     needed: set[str] = set()
-    for rel in build.profile_files("edge"):
-        for name in _imports(os.path.join(ROOT, rel)) - {"edge", "__future__"} - OPTIONAL_IMPORTS:
+    for _, rel in build_openwrt.qledge_sources("qledge"):
+        optional = OPTIONAL_IMPORTS | (SENDER_OPTIONAL if rel == "edge/notify/send.py" else set())
+        for name in _imports(os.path.join(ROOT, rel)) - {"edge", "__future__"} - optional:
             if name in OPENWRT_SPLIT:
                 needed.add(OPENWRT_SPLIT[name])
             else:
@@ -929,3 +980,104 @@ def test_apsw_builds_in_a_hashed_amalgamation_when_the_feeds_sqlite_is_older(tmp
     assert "sqlite-autoconf-3530300/sqlite3.c" in prepare and "/sqlite3 --strip-components=1" in prepare
     forced, _, _ = _apsw_makefile(tmp_path, feed, "APSW_SQLITE=system")
     assert "+libsqlite3" in forced and "download" not in forced
+
+
+# -- openwrt/sdk-build.sh, against a stand-in SDK ----------------------------------------------
+
+FAKE_MAKE = """#!/bin/sh
+echo "make $*" >> "$SDK_LOG"
+case "$1" in
+  package/*/compile)
+    p=${1#package/}; p=${p%/compile}
+    mkdir -p bin/packages/mipsel_24kc/qledge
+    case "$p" in
+      python-*) n=python3-${p#python-} ;;
+      *) n=$p ;;
+    esac
+    touch "bin/packages/mipsel_24kc/qledge/${n}_1.0-r1_mipsel_24kc.ipk"
+    [ "$p" = qledge ] && touch bin/packages/mipsel_24kc/qledge/qledge-mcp_1.0-r1_all.ipk
+    ;;
+esac
+exit 0
+"""
+FAKE_FEEDS = """#!/bin/sh
+echo "feeds $*" >> "$SDK_LOG"
+"""
+
+
+def _fake_sdk(tmp_path, setuptools="80.9.0", scm="8.3.1", sqlite="3510100"):
+    sdk = tmp_path / "sdk"
+    for rel in ("include", "scripts", "feeds/packages/lang/python/python-setuptools",
+                "feeds/packages/lang/python/python-setuptools-scm", "feeds/packages/libs/sqlite3", "bin"):
+        (sdk / rel).mkdir(parents=True, exist_ok=True)
+    (sdk / "rules.mk").write_text("")
+    (sdk / "include/package.mk").write_text("")
+    (sdk / "feeds.conf.default").write_text("src-git packages https://example.invalid/packages.git\n")
+    (sdk / "scripts/feeds").write_text(FAKE_FEEDS)
+    (sdk / "scripts/feeds").chmod(0o755)
+    py = sdk / "feeds/packages/lang/python"
+    (py / "python-setuptools/Makefile").write_text(f"PKG_NAME:=setuptools\nPKG_VERSION:={setuptools}\n")
+    (py / "python-setuptools-scm/Makefile").write_text(f"PKG_NAME:=setuptools-scm\nPKG_VERSION:={scm}\n")
+    (sdk / "feeds/packages/libs/sqlite3/Makefile").write_text(f"PKG_SRC_VERSION:={sqlite}\n")
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "make").write_text(FAKE_MAKE)
+    (tools / "make").chmod(0o755)
+    env = {**os.environ, "PATH": f"{tools}:{os.environ['PATH']}", "SDK_LOG": str(tmp_path / "log")}
+    return sdk, env
+
+
+def _sdk_build(sdk, env, *args):
+    return subprocess.run(["bash", os.path.join(ROOT, "openwrt", "sdk-build.sh"), str(sdk), *args],
+                          capture_output=True, text=True, env=env, timeout=60, cwd=sdk.parent)
+
+
+def test_sdk_build_does_the_whole_route_and_prints_the_install_command(tmp_path):
+    sdk, env = _fake_sdk(tmp_path)
+    out = tmp_path / "out"
+    done = _sdk_build(sdk, env, "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    log = (tmp_path / "log").read_text().splitlines()
+    packages = ["python-msgspec", "python-apsw", "python-cronsim", "qledge"]
+    assert log[:2] == ["feeds update -a", "feeds install -a -p qledge"]
+    assert log[2] == "make defconfig"
+    assert log[3:7] == [f"make package/{p}/check APSW_SQLITE=bundled V=s" for p in packages]
+    assert [line.split(" -j")[0] for line in log[7:]] == [f"make package/{p}/compile APSW_SQLITE=bundled"
+                                                         for p in packages]
+    assert f"src-link qledge {ROOT}/openwrt" in (sdk / "feeds.conf").read_text()
+    assert "compiles in its pinned SQLite amalgamation" in done.stdout
+    assert sorted(os.listdir(out)) == sorted([
+        "python3-msgspec_1.0-r1_mipsel_24kc.ipk", "python3-apsw_1.0-r1_mipsel_24kc.ipk",
+        "python3-cronsim_1.0-r1_mipsel_24kc.ipk", "qledge_1.0-r1_mipsel_24kc.ipk", "qledge-mcp_1.0-r1_all.ipk"])
+    lines = done.stdout.splitlines()
+    feed = next(line for line in lines if line.strip().startswith("opkg update && opkg install")).split()[5:]
+    assert set(feed) == _feed_needs()
+    local = next(line for line in lines if line.strip().startswith("opkg install ./")).split()[2:]
+    assert local == ["./python3-msgspec_1.0-r1_mipsel_24kc.ipk", "./python3-apsw_1.0-r1_mipsel_24kc.ipk",
+                     "./python3-cronsim_1.0-r1_mipsel_24kc.ipk", "./qledge_1.0-r1_mipsel_24kc.ipk"]
+    again = _sdk_build(sdk, env, "--out", str(out))  # a second run adds no second feed line
+    assert again.returncode == 0 and (sdk / "feeds.conf").read_text().count("src-link qledge") == 1
+
+
+def test_sdk_build_links_a_new_enough_feed_sqlite(tmp_path):
+    sdk, env = _fake_sdk(tmp_path, sqlite="3530000")
+    done = _sdk_build(sdk, env, "--out", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    assert "links the feed's libsqlite3 (3530000" in done.stdout
+    assert "APSW_SQLITE=system" in (tmp_path / "log").read_text()
+
+
+@pytest.mark.parametrize("setuptools, scm, missing", [("69.0.3", "8.3.1", "setuptools >= 80"),
+                                                      ("80.9.0", "7.1.0", "setuptools-scm >= 8")])
+def test_sdk_build_refuses_a_feed_too_old_for_msgspec_before_compiling(tmp_path, setuptools, scm, missing):
+    sdk, env = _fake_sdk(tmp_path, setuptools=setuptools, scm=scm)
+    done = _sdk_build(sdk, env)
+    assert done.returncode == 1
+    assert f"python3-msgspec needs host {missing}" in done.stderr and "update the packages feed" in done.stderr
+    assert "compile" not in (tmp_path / "log").read_text()
+
+
+def test_sdk_build_says_what_an_sdk_dir_lacks(tmp_path):
+    done = subprocess.run(["bash", os.path.join(ROOT, "openwrt", "sdk-build.sh"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and done.stderr.startswith("sdk-build: ") and "unpacked OpenWrt SDK" in done.stderr

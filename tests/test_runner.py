@@ -58,6 +58,7 @@ def _lines(start: int, end: int) -> bytes:
     return text[start - first * 10 : end - first * 10]
 
 
+@pytest.mark.emulated("memory (the daemon's VmHWM while a task prints 50 MiB)")
 def test_fifty_mib_output_keeps_head_marker_and_tail(daemon):
     lines = FIFTY_MIB // 10
     daemon.call("qledge.task.create", {"taskId": "chatty", "spec": {

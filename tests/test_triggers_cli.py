@@ -145,6 +145,7 @@ def test_every_two_seconds_without_duplicates_across_a_restart(daemon_factory):
     assert statistics.median(admitted) < 100 and max(admitted) < 1000
 
 
+@pytest.mark.emulated("wake-ups (context switches of every thread)")
 @pytest.mark.e2e
 def test_idle_daemon_with_a_hundred_triggers_does_not_wake(daemon):
     for i in range(100):
