@@ -72,7 +72,7 @@ def parse(argv: list[str]) -> dict[str, list[str]]:
 
 def listen_address(text: str) -> tuple[str, int]:
     host, colon, port = text.rpartition(":")
-    if not colon or not port.isdigit() or not 0 < int(port) < 65536 or not host:
+    if not colon or not port.isdigit() or not 0 <= int(port) < 65536 or not host:
         raise Usage(f"--listen {text!r}: give ADDR:PORT, e.g. {DEFAULT_LISTEN} or [::]:5700")
     return host.strip("[]"), int(port)
 
@@ -191,6 +191,7 @@ def serve(options: dict[str, list[str]]) -> int:
         raise Usage(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     scheme = "https" if tls else "http"
     shown = f"[{host}]" if ":" in host else host
+    port = sock.getsockname()[1]  # the one the kernel chose, for --listen ADDR:0
     say(f"serving the panel on {scheme}://{shown}:{port}/ for the daemon at {path}")
     if tls is None and not _loopback(host) and not (settings.origin or "").startswith("https://"):
         say("warning: plain HTTP beyond this machine: anyone on the network can read the session cookie and"

@@ -106,7 +106,7 @@ class Reader:
         buf = self.buffered
         deadline: float | None = time.monotonic() + HEAD_TIMEOUT_S if buf else None
         while True:
-            end = buf.find(b"\r\n\r\n")
+            end = buf.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
             if end >= 0:
                 self.buffered = buf[end + 4 :]
                 return buf[:end]

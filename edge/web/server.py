@@ -131,9 +131,16 @@ def say(line: str) -> None:
 
 
 def _refuse(conn: socket.socket) -> None:
+    """Answer 503 without waiting for anything: what the peer sent so far is read and dropped
+    (closing on unread bytes would reset the connection before the answer is read)."""
     try:
         conn.setblocking(False)
-        conn.send(_BUSY)  # whatever fits in the socket buffer at once; never waits
+        try:
+            conn.recv(65536)
+        except BlockingIOError:
+            pass
+        conn.send(_BUSY)  # whatever fits in the socket buffer at once
+        conn.shutdown(socket.SHUT_WR)
     except OSError:
         pass
     finally:

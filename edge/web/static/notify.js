@@ -18,7 +18,7 @@ const TEMPLATES = {
   pushplus: { kind: "pushplus", token: { secret: "PUSHPLUS_TOKEN" } },
   serverchan: { kind: "serverchan", sendKey: { secret: "SERVERCHAN_KEY" } },
   gotify: { kind: "gotify", baseUrl: "https://gotify.example", token: { secret: "GOTIFY_TOKEN" } },
-  webhook: { kind: "webhook", url: "https://example.com/hook" },
+  webhook: { kind: "webhook", url: "https://hooks.example/qledge" },
   smtp: { kind: "smtp", host: "smtp.example.com", sender: "router@example.com", to: ["me@example.com"],
     username: "router@example.com", password: { secret: "SMTP_PASSWORD" } },
 };
