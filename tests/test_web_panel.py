@@ -191,3 +191,20 @@ def test_connections_beyond_the_cap_are_answered_busy(web):
     while web.request("GET", "/")[0] != 200:  # the held ones are gone: served again
         assert time.monotonic() < deadline
         time.sleep(0.1)
+
+
+def test_a_waiting_log_read_returns_as_soon_as_output_lands(daemon):
+    """What live logs rest on: qledge.run.log.read with waitMs answers with the first new
+    output, not when the log stops growing."""
+    daemon.call("qledge.task.create", {"taskId": "slow", "spec": {"command": {
+        "kind": "shell", "command": "echo one; sleep 3; echo two"}}})
+    run = daemon.call("qledge.run.start", {"taskId": "slow"})
+    offset, parts = 0, []
+    while True:
+        chunk = daemon.call("qledge.run.log.read", {"runId": run["id"], "offset": offset, "waitMs": 20_000})
+        if chunk["data"]:
+            parts.append(chunk["data"])
+        offset += len(chunk["data"])
+        if chunk["final"] and chunk["eof"]:
+            break
+    assert parts[:2] == [b"one\n", b"two\n"], parts

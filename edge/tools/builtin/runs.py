@@ -207,7 +207,7 @@ async def read_log(ctx: ToolContext, args: LogArgs) -> LogChunk:
     # Until the log has more at this offset, or the run ends: output beyond the log's cap
     # moves the mark without growing the file, so one read may wait through several moves.
     deadline = ctx.services.clock.monotonic() + args.wait_ms / 1000
-    while mark is not None and chunk.eof and not run.terminal:
+    while mark is not None and not chunk.data and not run.terminal:
         remaining = deadline - ctx.services.clock.monotonic()
         if remaining <= 0:
             break
