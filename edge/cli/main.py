@@ -432,7 +432,9 @@ def _main(argv: list[str], as_json: bool) -> int:
     if "web" in argv and _first_word(argv) == "web":  # the panel loads none of the CLI
         try:
             from edge.web.command import main as web
-        except ImportError:
+        except ModuleNotFoundError as exc:
+            if not (exc.name or "").startswith("edge.web"):
+                raise
             report("invalid_argument", "the web panel is not included in this build", as_json)
             return EXIT_USAGE
         return web(argv)
