@@ -228,8 +228,8 @@ def test_a_failing_task_shows_red_on_the_overview(browser, web, daemon, tokens):
     assert daemon.call("qledge.run.wait", {"runId": run["id"], "timeoutMs": 30_000})["run"]["status"] == "failed"
     sign_in(browser, web, tokens["viewer"])
     visit(browser, web, "")
-    item = until(lambda: [li for li in browser.find_elements(By.CSS_SELECTOR, ".failing li") if "坏掉的任务" in li.text],
-                 "the failing task")[0]
+    item = until(lambda: [li for li in browser.find_elements(By.CSS_SELECTOR, ".failing li")
+                          if "坏掉的任务" in li.text], "the failing task")[0]
     assert RED in item.value_of_css_property("color")
     assert RED in item.find_element(By.CSS_SELECTOR, ".badge").value_of_css_property("background-color")
     visit(browser, web, f"runs/{run['id']}")
@@ -372,8 +372,8 @@ def test_axe_finds_no_serious_or_critical_violations(browser, web, tokens):
 
 def test_screenshots_of_every_page_at_phone_and_desktop_width(browser, web, daemon, tokens):
     os.makedirs(SHOTS, exist_ok=True)
-    daemon.call("qledge.trigger.create", {"taskId": "greet", "expression": "30 7 * * *", "triggerId": "greet-morning"}) \
-        if _has_task(daemon, "greet") else None
+    if _has_task(daemon, "greet"):  # a schedule to show
+        daemon.call("qledge.trigger.create", {"taskId": "greet", "expression": "30 7 * * *", "triggerId": "morning"})
     sign_in(browser, web, tokens["owner"])
     for width, label in ((360, "phone"), (1280, "desktop")):
         browser.set_window_size(width, 900)

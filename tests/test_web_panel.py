@@ -70,7 +70,8 @@ def test_state_changes_need_the_csrf_token_and_the_panels_origin(web, daemon):
 def test_a_viewers_forged_write_is_refused_by_the_daemon_and_audited_as_web(web, daemon):
     _, token = daemon.token("viewer")
     s = web.login(token)
-    status, body = s.call("qledge.task.create", {"taskId": "x", "spec": {"command": {"kind": "shell", "command": "id"}}})
+    spec = {"command": {"kind": "shell", "command": "id"}}
+    status, body = s.call("qledge.task.create", {"taskId": "x", "spec": spec})
     assert status == 403 and body["error"]["code"] == "permission_denied"
     assert "requires permission" in body["error"]["message"]  # the daemon's words, not the panel's
     rows = daemon.call("qledge.audit.list", {"limit": 20})["entries"]
@@ -122,7 +123,8 @@ def test_every_answer_carries_the_security_headers(web):
         assert headers["referrer-policy"] == "no-referrer"
         assert headers["x-frame-options"] == "DENY"
     status, headers, body = web.request("GET", "/static/app.js", headers={"Accept-Encoding": "gzip"})
-    assert status == 200 and headers["content-encoding"] == "gzip" and headers["content-type"].startswith("text/javascript")
+    assert status == 200 and headers["content-encoding"] == "gzip"
+    assert headers["content-type"].startswith("text/javascript")
     assert web.request("GET", "/static/app.js", headers={"If-None-Match": headers["etag"]})[0] == 304
 
 

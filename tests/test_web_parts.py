@@ -159,7 +159,8 @@ def test_a_trickled_body_is_cut_off_at_its_deadline(monkeypatch):
 
 def test_keep_alive_requests_and_bodies_are_read_exactly():
     peer, reader = _reader_pair()
-    peer.sendall(b'POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}GET /b?run=r%201 HTTP/1.1\r\nHost: x\r\n\r\n')
+    peer.sendall(b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+                 b"GET /b?run=r%201 HTTP/1.1\r\nHost: x\r\n\r\n")
     first = reader.next(first=True)
     assert (first.method, first.path, first.body, first.keep_alive) == ("POST", "/a", b"{}", True)
     second = reader.next(first=False)
@@ -207,13 +208,15 @@ def test_no_script_writes_html_or_reaches_another_origin():
                 assert found == [], (name, found)
             else:
                 assert bad not in source, (name, bad)
-    html = open(os.path.join(STATIC, "index.html"), encoding="utf-8").read()
+    with open(os.path.join(STATIC, "index.html"), encoding="utf-8") as f:
+        html = f.read()
     assert not re.search(r"\son\w+=", html)  # no inline handlers
     assert re.findall(r"<script[^>]*>", html) == ['<script type="module" src="/static/app.js">']
 
 
 def _strings() -> dict[str, set[str]]:
-    source = open(os.path.join(STATIC, "strings.js"), encoding="utf-8").read()
+    with open(os.path.join(STATIC, "strings.js"), encoding="utf-8") as f:
+        source = f.read()
     body = source.split("=", 1)[1].strip().rstrip(";").replace("\n  en: {", '\n  "en": {')
     tree = ast.parse(body, mode="eval")  # the object literal, its keys quoted, reads as a Python dict
     data = ast.literal_eval(tree)

@@ -30,7 +30,7 @@ class WebProcess:
         self.daemon = daemon
         self.stderr_path = os.path.join(daemon.home, "web.stderr")
         argv = [python or sys.executable, "-m", "edge", "web", "--listen", "127.0.0.1:0", *(args or [])]
-        self._err = open(self.stderr_path, "wb")
+        self._err = open(self.stderr_path, "wb")  # noqa: SIM115 (open while the panel runs)
         # nice: the machine's two cores are shared; the panel and the browser yield to others.
         self.proc = subprocess.Popen(["nice", "-n", "10", *argv], env={**daemon.env, **(env or {})},
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._err)
@@ -86,7 +86,7 @@ class WebProcess:
         finally:
             conn.close()
 
-    def login(self, token: str) -> "WebSession":
+    def login(self, token: str) -> WebSession:
         status, headers, body = self.request("POST", "/api/login", {"token": token}, {"Origin": self.origin})
         assert status == 200, (status, body)
         cookie = headers["set-cookie"].split(";", 1)[0]

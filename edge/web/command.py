@@ -137,7 +137,7 @@ def _memory() -> int:
 
 def _read_asset(name: str) -> bytes:
     """A file of edge/web/static/, from the package or from inside a zipapp."""
-    loader = __spec__.loader if __spec__ is not None else None  # type: ignore[name-defined]
+    loader = __spec__.loader if __spec__ is not None else None
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static", name)
     get_data = getattr(loader, "get_data", None)
     if get_data is not None:

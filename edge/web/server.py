@@ -9,6 +9,7 @@ deadlines (edge.web.http) and writes under a timeout; live logs are capped by th
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import sys
 import threading
@@ -105,8 +106,8 @@ class Listener:
                 request = reader.next(first=n == 0)
             except http.BadRequest as bad:
                 conn.settimeout(http.WRITE_TIMEOUT_S)
-                conn.sendall(http.response(bad.status, [*self.panel.headers, ("Content-Type", "text/plain; charset=utf-8")],
-                                           bad.message.encode() + b"\n", keep_alive=False))
+                headers = [*self.panel.headers, ("Content-Type", "text/plain; charset=utf-8")]
+                conn.sendall(http.response(bad.status, headers, bad.message.encode() + b"\n", keep_alive=False))
                 return
             if request is None:
                 return
@@ -135,10 +136,8 @@ def _refuse(conn: socket.socket) -> None:
     (closing on unread bytes would reset the connection before the answer is read)."""
     try:
         conn.setblocking(False)
-        try:
+        with contextlib.suppress(BlockingIOError):
             conn.recv(65536)
-        except BlockingIOError:
-            pass
         conn.send(_BUSY)  # whatever fits in the socket buffer at once
         conn.shutdown(socket.SHUT_WR)
     except OSError:
