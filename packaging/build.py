@@ -26,7 +26,8 @@ PACKAGE = "edge"
 # sender child (the one part that loads HTTP, TLS and SMTP), their port and the SQLite
 # queue's adapter; without them the daemon keeps the failing marks and queues nothing
 # (edge/storage/sqlite/runs.py). Cluster mode's notification adapter needs the notify port:
-# a profile with postgres has notify too.
+# a profile with postgres has notify too. The web panel is a process of its own (`qledge web`),
+# with its static files; the daemon never loads it.
 OPTIONAL: dict[str, str | tuple[str, ...]] = {
     "mcp": "edge/mcp/",
     "postgres": "edge/storage/postgres/",
@@ -34,12 +35,14 @@ OPTIONAL: dict[str, str | tuple[str, ...]] = {
               "edge/core/ports/agent.py", "edge/storage/sqlite/evidence.py", "edge/storage/sqlite/ledger.py",
               "edge/tools/agent.py", "edge/tools/missions.py"),
     "notify": ("edge/notify/", "edge/core/ports/notify.py", "edge/storage/sqlite/notify.py"),
+    "web": "edge/web/",
 }
 # The profiles one may ask for, and the capabilities each adds to the edge core.
 WANTED: dict[str, tuple[str, ...]] = {
     "edge": (),
     "edge-mcp": ("mcp",),
     "edge-notify": ("notify",),
+    "web": ("web",),
     "full": tuple(OPTIONAL),  # every optional capability
 }
 

@@ -23,8 +23,10 @@ ALLOWED = {
     "agent": {"core", "transports", "cli"},
     # Notifications: the notifier and its tools in the daemon, the sender child, their commands.
     "notify": {"core", "tools", "cli"},
+    # The web panel: its own process, a client of the tool socket; nothing of the daemon.
+    "web": set(),
     "app": {"core", "storage", "runner", "scheduler", "tools", "transports", "mcp", "notify"},
-    "cli": {"core", "tools", "transports", "app", "notify"},
+    "cli": {"core", "tools", "transports", "app", "notify", "web"},
 }
 
 
@@ -73,6 +75,19 @@ def test_optional_capabilities_are_imported_only_by_composition():
     assert importers <= {"app/graph.py"}
     importers = {rel for rel, _, module in _imports() if module == "edge.core.ports.cluster"}
     assert importers <= {"app/graph.py"} | {r for r in importers if r.startswith(cluster)}
+
+
+def test_the_web_panel_is_reached_only_from_the_cli_entry_and_loads_nothing_heavy():
+    importers = {rel for rel, _, module in _imports() if module == "edge.web" or module.startswith("edge.web.")}
+    assert {r for r in importers if not r.startswith("web" + os.sep)} == {"cli/main.py"}
+    heavy = {"msgspec", "apsw", "cronsim", "asyncio", "logging", "argparse", "dataclasses", "typing"}
+    for name in os.listdir(os.path.join(EDGE, "web")):
+        if name.endswith(".py"):
+            with open(os.path.join(EDGE, "web", name)) as f:
+                tree = ast.parse(f.read())
+            found = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+            found |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+            assert found & heavy == set(), (name, found & heavy)
 
 
 def test_the_agent_child_is_imported_by_nothing_outside_it():

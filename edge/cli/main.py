@@ -158,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     verb(secret, "list", c.secret_list, "list secret names and dates")
     verb(secret, "rm", c.secret_rm, "delete a secret").add_argument("name", metavar="NAME")
 
+    verb(verbs, "web", None, "serve the web panel (qledge web --help)")
     mcp = verb(verbs, "mcp", None, "bridge stdio to the daemon's MCP socket, for AI clients")
     mcp.add_argument("--token-file", metavar="FILE", help="read the API token from FILE ($QLEDGE_TOKEN)")
     mcp.add_argument("--mcp-socket", metavar="PATH", help="MCP socket (default <home>/mcp.sock)")
@@ -337,6 +338,17 @@ def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
+def _first_word(argv: list[str]) -> str | None:
+    """The verb: the first word that is neither an option nor the value of one."""
+    tokens = iter(argv)
+    for token in tokens:
+        if token in ("--home", "--socket", "--config"):
+            next(tokens, None)
+        elif not token.startswith("-"):
+            return token
+    return None
+
+
 def _serve_fast_path(argv: list[str]) -> SimpleNamespace | None:
     """Parse `serve` without building the whole CLI: argparse costs the daemon ~0.5 MiB.
 
@@ -421,6 +433,15 @@ def _main(argv: list[str], as_json: bool) -> int:
         code = bridge(argv)
         if code is not None:
             return code
+    if "web" in argv and _first_word(argv) == "web":  # the panel loads none of the CLI
+        try:
+            from edge.web.command import main as web
+        except ModuleNotFoundError as exc:
+            if not (exc.name or "").startswith("edge.web"):
+                raise
+            report("invalid_argument", "the web panel is not included in this build", as_json)
+            return EXIT_USAGE
+        return web(argv)
     fast = _serve_fast_path(argv)
     if fast is not None:
         return _serve(fast)

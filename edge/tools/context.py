@@ -24,7 +24,7 @@ from edge.core.tasks import AgentInstruction, TaskSpec
 class Caller(msgspec.Struct, frozen=True):
     """Transport facts about one call, before authentication."""
 
-    transport: str  # "socket" | "mcp"
+    transport: str  # "socket" | "mcp" | "web" (the panel's calls, on the tool socket)
     token: str | None = None
     peer_uid: int | None = None
     request_id: str | None = None

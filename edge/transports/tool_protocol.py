@@ -1,12 +1,14 @@
 """Wire shapes of the tool protocol: 4-byte big-endian length, then a msgpack body.
 
-Request `{id, tool, args, token?}` → response `{id, ok, result | error{code, message}}`.
+Request `{id, tool, args, token?, transport?}` → response `{id, ok, result | error{code, message}}`.
+`transport` is the client's own label for the audit (`web`: the panel's calls on behalf of a
+signed-in user); without it the call is recorded as the socket's.
 Shared by the daemon and the CLI client; one encoder and decoder each, built once.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -22,6 +24,7 @@ class Request(msgspec.Struct, forbid_unknown_fields=True):
     tool: Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
     args: msgspec.Raw = _EMPTY_MAP
     token: Annotated[str, msgspec.Meta(max_length=256)] | None = None
+    transport: Literal["web"] | None = None
 
 
 class ErrorBody(msgspec.Struct):

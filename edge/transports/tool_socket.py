@@ -105,7 +105,8 @@ class ToolServer(UnixListener):
 
     async def _reply(self, request: frames.Request, uid: int | None) -> tuple[bytes, bool]:
         """The answer frame, and whether the caller authenticated."""
-        caller = Caller(transport="socket", token=request.token, peer_uid=uid, request_id=str(request.id))
+        caller = Caller(transport=request.transport or "socket", token=request.token, peer_uid=uid,
+                        request_id=str(request.id))
         try:
             result = await self._chain.call(request.tool, bytes(request.args), "msgpack", caller)
             return frames.result_frame(request.id, result), True

@@ -34,6 +34,8 @@ command -v "$PYTHON" >/dev/null || fail "$PYTHON not found: apt-get install pyth
 "$D$PREFIX/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade "$SRC"
 
 install -D -m 0644 "$SRC/packaging/systemd/qledge.service" "$D/etc/systemd/system/qledge.service"
+# The web panel's unit, not enabled: systemctl enable --now qledge-web
+install -D -m 0644 "$SRC/packaging/systemd/qledge-web.service" "$D/etc/systemd/system/qledge-web.service"
 [ -e "$D/etc/qledge/qledge.toml" ] \
 	|| install -D -m 0644 "$SRC/packaging/systemd/qledge.toml" "$D/etc/qledge/qledge.toml"
 mkdir -p "$D/usr/local/bin"

@@ -33,6 +33,7 @@ class Status(msgspec.Struct, rename="camel", omit_defaults=True):
     db_bytes: int
     project: str
     counts: Counts
+    timezone: str = ""  # the zone triggers get when they name none: the device's
     defaults: RunDefaults | None = None  # what a run gets when its task does not say
     # Bytes this process made the kernel write (/proc/self/io write_bytes: pages of the
     # database, its WAL and the run logs; what wears a router's flash), and that rate
@@ -94,6 +95,7 @@ async def status(ctx: ToolContext, args: StatusArgs) -> Status:
         db_bytes=db_bytes,
         project=ctx.project,
         counts=await facts.counts(ctx.project),
+        timezone=ctx.services.triggers.default_timezone,
         defaults=facts.run_defaults(),
         written_bytes=written,
         written_bytes_per_day=round(written * 86_400 / uptime) if uptime >= 1 else 0,

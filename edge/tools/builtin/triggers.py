@@ -15,7 +15,7 @@ import msgspec
 
 from edge.core.errors import conflict, invalid, not_found
 from edge.core.reads import keyset
-from edge.core.schedule import Misfire, ScheduleError, normalize
+from edge.core.schedule import REBOOT, Misfire, Schedule, ScheduleError, days_ored, normalize
 from edge.core.text import Limit, Name, NonNegative
 from edge.core.tasks import Task
 from edge.core.triggers import MAX_JITTER_S, CronSpec, Trigger, TriggerEvent
@@ -80,6 +80,27 @@ class UpcomingFire(msgspec.Struct, rename="camel"):
 
 class Upcoming(msgspec.Struct, rename="camel"):
     fires: list[UpcomingFire]
+
+
+class PreviewArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
+    """An expression to try before a trigger is made of it (nothing is stored)."""
+
+    expression: _Expression
+    timezone: _Zone | None = None  # default: the daemon's zone
+    count: Annotated[int, msgspec.Meta(ge=1, le=10)] = 5
+    after_ms: NonNegative | None = None  # default: now
+
+
+class Preview(msgspec.Struct, rename="camel", omit_defaults=True):
+    """The next fires of an expression as the scheduler would plan them; `daysOred`: both
+    day fields are restricted, so a day matching either fires (busybox crond's rule);
+    `event`: `@reboot` or `@once`, which fire on an event, never at a time."""
+
+    expression: str
+    timezone: str
+    fires: list[int]
+    days_ored: bool = False
+    event: str | None = None
 
 
 class ListArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
@@ -179,6 +200,19 @@ async def upcoming(ctx: ToolContext, args: UpcomingArgs) -> Upcoming:
     ])
 
 
+async def preview(ctx: ToolContext, args: PreviewArgs) -> Preview:
+    zone = args.timezone or ctx.services.triggers.default_timezone
+    try:
+        schedule = Schedule(normalize(args.expression), zone)
+    except ScheduleError as exc:
+        raise invalid(str(exc)) from None
+    after = ctx.now_ms() if args.after_ms is None else args.after_ms
+    fires = [] if schedule.event is not None else list(itertools.islice(schedule.fires_after(after), args.count))
+    return Preview(expression=schedule.expression, timezone=schedule.zone_name, fires=fires,
+                   days_ored=schedule.event is None and days_ored(schedule.expression),
+                   event=("reboot" if schedule.event == REBOOT else "once") if schedule.event else None)
+
+
 async def get(ctx: ToolContext, args: TriggerId) -> Trigger:
     trigger = await ctx.services.triggers.get(ctx.project, args.trigger_id)
     if trigger is None:
@@ -246,4 +280,6 @@ TOOLS = [
          permission="trigger.read", title="Fires that were skipped or refused"),
     tool("qledge.trigger.upcoming", upcoming, UpcomingArgs, Upcoming, effect="read", risk="low",
          permission="trigger.read", title="The next fires of every enabled trigger, in time order"),
+    tool("qledge.cron.preview", preview, PreviewArgs, Preview, effect="read", risk="low",
+         permission="trigger.read", title="The next fires of a cron expression, in the daemon's zone or one given"),
 ]
