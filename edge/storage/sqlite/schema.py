@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import apsw
 
 _V1 = """
@@ -496,21 +498,51 @@ CREATE INDEX security_audit_change_idx ON security_audit (id) WHERE class = 'cha
 CREATE INDEX security_audit_refused_idx ON security_audit (id) WHERE class = 'refused';
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12)
+# The file says it is qledge's (`PRAGMA application_id`, "qled"): a database another
+# program made is refused before anything is written to it. Older files are recognised by
+# their tables and get the mark here.
+APPLICATION_ID = 0x716C6564
+_V13 = f"""
+PRAGMA application_id = {APPLICATION_ID};
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12, _V13)
 
 
 class SchemaTooNew(apsw.SQLError):
     """The database was written by a newer qledge; its message is the line to show."""
 
 
-def migrate(conn: apsw.Connection) -> int:
-    """Bring the schema to the newest version; returns the version now in place."""
+class NotOurs(apsw.SQLError):
+    """The file is a SQLite database of another program; its message is the line to show."""
+
+
+def check_owned(conn: apsw.Connection) -> int:
+    """Refuse, reading only, a database this qledge must not write: a newer schema, another
+    program's file. Returns its schema version (0: new and empty). Call before anything
+    that writes (the page size, the journal mode, a migration)."""
     version = conn.pragma("user_version")
     if version > len(MIGRATIONS):
         raise SchemaTooNew(
             f"database schema version {version} is newer than this qledge ({len(MIGRATIONS)}):"
             " upgrade qledge or restore a backup"
         )
+    app = conn.pragma("application_id")
+    name = os.path.basename(conn.filename)
+    if app not in (0, APPLICATION_ID):
+        raise NotOurs(f"{name} belongs to another program (application id {app:#x}), not qledge:"
+                      " move it away (or point home at another directory)")
+    tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")}
+    if app == 0 and (tables if version == 0 else not {"meta", "tasks", "runs"} <= tables):
+        shown = ", ".join(sorted(tables)[:3]) + (", …" if len(tables) > 3 else "")
+        raise NotOurs(f"{name} is not a qledge database (schema version {version}, tables {shown or 'none'}):"
+                      " move it away (or point home at another directory)")
+    return int(version)
+
+
+def migrate(conn: apsw.Connection) -> int:
+    """Bring the schema to the newest version; returns the version now in place."""
+    version = check_owned(conn)
     for number in range(version + 1, len(MIGRATIONS) + 1):
         conn.execute("BEGIN IMMEDIATE")
         try:
