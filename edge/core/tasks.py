@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from edge.core.errors import ToolError, conflict
+from edge.core.errors import ToolError, conflict, unavailable
 from edge.core.ids import sha256
 from edge.core.schedule import Misfire
 from edge.core.text import Account, EnvName, Label, Name
@@ -213,6 +213,28 @@ def spec_schema(spec: TaskSpec) -> str:
     return AGENT_SPEC_SCHEMA if isinstance(spec.command, AgentInstruction) else SPEC_SCHEMA
 
 
+SPEC_SCHEMAS = (SPEC_SCHEMA, AGENT_SPEC_SCHEMA)  # every schema a task revision may be stored under
+
+
+def unknown_schema(what: str, schema: object) -> ToolError:
+    """The refusal of a stored revision under a schema this qledge does not know (or one
+    that does not match its spec): it fails closed, never read as if it were valid."""
+    shown = repr(schema)[:80] if isinstance(schema, str) else type(schema).__name__
+    return unavailable(f"storage holds a {what} revision under spec schema {shown}, which this qledge does not"
+                       " know; nothing is returned")
+
+
+def stored_spec(schema: object, raw: str | bytes) -> TaskSpec:
+    """A stored task spec, decoded only when it is stored under the schema its spec has."""
+    try:
+        spec = _stored.decode(raw)
+    except msgspec.DecodeError:
+        raise unknown_schema("task", schema) from None
+    if schema != spec_schema(spec):
+        raise unknown_schema("task", schema)
+    return spec
+
+
 _NAMED = 5  # triggers a refusal names; the count covers the rest
 
 
@@ -225,6 +247,7 @@ def has_triggers(task_id: str, trigger_ids: list[str]) -> ToolError:
 
 
 _canonical = msgspec.json.Encoder(order="sorted")
+_stored = msgspec.json.Decoder(TaskSpec)
 
 
 def content_digest(spec: msgspec.Struct) -> str:

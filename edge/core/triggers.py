@@ -9,6 +9,7 @@ import msgspec
 
 from edge.core.runs import Run
 from edge.core.schedule import Misfire, Schedule
+from edge.core.tasks import unknown_schema
 
 SPEC_SCHEMA = "qinglong/cron@v1"
 MAX_JITTER_S = 3600
@@ -27,6 +28,20 @@ class CronSpec(msgspec.Struct, rename="camel", forbid_unknown_fields=True, omit_
     def schedule(self) -> Schedule:
         """Raises ScheduleError (one clear line) for a bad expression or a missing zone."""
         return Schedule(self.expression, self.timezone)
+
+
+_stored = msgspec.json.Decoder(CronSpec)
+
+
+def stored_spec(schema: object, raw: str | bytes) -> CronSpec:
+    """A stored trigger spec, decoded only under the one schema a trigger has: an unknown
+    one fails closed (`unavailable`), never read as if it were valid."""
+    if schema != SPEC_SCHEMA:
+        raise unknown_schema("trigger", schema)
+    try:
+        return _stored.decode(raw)
+    except msgspec.DecodeError:
+        raise unknown_schema("trigger", schema) from None
 
 
 class Trigger(msgspec.Struct, rename="camel"):

@@ -13,13 +13,13 @@ from edge.core.errors import conflict, invalid, not_found
 from edge.core.ports.stores import RunLogFiles
 from edge.core.schedule import ONCE, REBOOT, Schedule, ScheduleError
 from edge.core.tasks import spec_schema
+from edge.core.tasks import stored_spec as stored_task_spec
 from edge.core.tasks import ImportedTask, ImportRecord, ImportTask, Task, TaskSpec, content_digest, has_triggers
 from edge.core.triggers import SPEC_SCHEMA, CronSpec, Trigger, TriggerEvent
+from edge.core.triggers import stored_spec as stored_cron_spec
 from edge.storage.postgres.db import PgDatabase, Row, Tx
 
 _json = msgspec.json.Encoder()
-_task_spec = msgspec.json.Decoder(TaskSpec)
-_cron_spec = msgspec.json.Decoder(CronSpec)
 
 EVENTS_PER_TRIGGER = 100
 PRUNE_BATCH = 64
@@ -30,7 +30,7 @@ _NO_EVENT = 1 << 62
 
 _TASK = """
 SELECT t.project_id, t.id, t.name, r.revision, r.enabled, r.spec, r.content_digest, t.created_at_ms, t.updated_at_ms,
-       r.privileged
+       r.privileged, r.spec_schema
 FROM tasks AS t JOIN task_revisions AS r ON r.project_id = t.project_id AND r.task_id = t.id
 """
 SQL_TASK_GET = _TASK + "WHERE t.project_id = %s AND t.id = %s AND r.revision = coalesce(%s, t.revision)"
@@ -38,10 +38,10 @@ SQL_TASK_LIST = _TASK + "WHERE t.project_id = %s AND t.id > %s AND r.revision = 
 
 
 def _task(row: Row) -> Task:
-    project, task_id, name, revision, enabled, spec, digest, created, updated, privileged = row
+    project, task_id, name, revision, enabled, spec, digest, created, updated, privileged, schema = row
     return Task(id=task_id, project_id=project, name=name, revision=revision, enabled=enabled,
-                spec=_task_spec.decode(spec), content_digest=digest, created_at_ms=created, updated_at_ms=updated,
-                privileged=privileged)
+                spec=stored_task_spec(schema, spec), content_digest=digest, created_at_ms=created,
+                updated_at_ms=updated, privileged=privileged)
 
 
 async def get_task(tx: Tx, project: str, task_id: str, revision: int | None = None) -> Task | None:
@@ -255,7 +255,7 @@ def _trigger(row: Row) -> Trigger:
     project, tid, revision, task_id, task_rev, enabled, schema, spec, digest, created, updated, nxt, last = row
     return Trigger(
         id=tid, project_id=project, revision=revision, task_id=task_id, task_revision=task_rev, enabled=enabled,
-        spec_schema=schema, spec=_cron_spec.decode(spec), content_digest=digest, created_at_ms=created,
+        spec_schema=schema, spec=stored_cron_spec(schema, spec), content_digest=digest, created_at_ms=created,
         updated_at_ms=updated, next_fire_at_ms=nxt, last_scheduled_at_ms=last,
     )
 

@@ -500,10 +500,25 @@ CREATE INDEX security_audit_refused_idx ON security_audit (id) WHERE class = 're
 
 # The file says it is qledge's (`PRAGMA application_id`, "qled"): a database another
 # program made is refused before anything is written to it. Older files are recognised by
-# their tables and get the mark here.
+# their tables and get the mark here. A revision under a spec schema this version does not
+# know is refused when written (and fails closed when read: edge.core.tasks.stored_spec).
 APPLICATION_ID = 0x716C6564
 _V13 = f"""
 PRAGMA application_id = {APPLICATION_ID};
+CREATE TRIGGER task_revisions_known_schema BEFORE INSERT ON task_revisions
+WHEN new.spec_schema NOT IN ('qinglong/command@v1', 'qinglong/agent@v1') BEGIN
+    SELECT RAISE(ABORT, 'unknown task spec schema');
+END;
+CREATE TRIGGER task_revisions_schema_kept BEFORE UPDATE OF spec_schema ON task_revisions BEGIN
+    SELECT RAISE(ABORT, 'a revision keeps its spec schema');
+END;
+CREATE TRIGGER trigger_revisions_known_schema BEFORE INSERT ON trigger_revisions
+WHEN new.spec_schema != 'qinglong/cron@v1' BEGIN
+    SELECT RAISE(ABORT, 'unknown trigger spec schema');
+END;
+CREATE TRIGGER trigger_revisions_schema_kept BEFORE UPDATE OF spec_schema ON trigger_revisions BEGIN
+    SELECT RAISE(ABORT, 'a revision keeps its spec schema');
+END;
 """
 
 MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12, _V13)

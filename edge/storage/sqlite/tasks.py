@@ -8,17 +8,16 @@ import msgspec
 from edge.core.errors import conflict, not_found
 from edge.core.tasks import ImportedTask, ImportRecord, ImportTask
 from edge.core.ports.stores import RunLogFiles
-from edge.core.tasks import Task, TaskSpec, content_digest, has_triggers, spec_schema
+from edge.core.tasks import Task, TaskSpec, content_digest, has_triggers, spec_schema, stored_spec
 from edge.core.triggers import CronSpec
 from edge.storage.sqlite import triggers as trigger_sql
 from edge.storage.sqlite.db import Database, immediate
 
 _spec_encoder = msgspec.json.Encoder()
-_spec_decoder = msgspec.json.Decoder(TaskSpec)
 
 _SELECT = """
 SELECT t.project_id, t.id, t.name, r.revision, r.enabled, r.spec, r.content_digest,
-       t.created_at_ms, t.updated_at_ms, r.privileged
+       t.created_at_ms, t.updated_at_ms, r.privileged, r.spec_schema
 FROM tasks AS t
 JOIN task_revisions AS r ON r.project_id = t.project_id AND r.task_id = t.id
 """
@@ -28,14 +27,14 @@ SQL_LIST = _SELECT + "WHERE t.project_id = ? AND t.id > ? AND r.revision = t.rev
 
 
 def _task(row: tuple) -> Task:
-    project, task_id, name, revision, enabled, spec, digest, created, updated, privileged = row
+    project, task_id, name, revision, enabled, spec, digest, created, updated, privileged, schema = row
     return Task(
         id=task_id,
         project_id=project,
         name=name,
         revision=revision,
         enabled=bool(enabled),
-        spec=_spec_decoder.decode(spec),
+        spec=stored_spec(schema, spec),
         content_digest=digest,
         created_at_ms=created,
         updated_at_ms=updated,

@@ -10,11 +10,10 @@ import msgspec
 from edge.core.errors import conflict, invalid, not_found
 from edge.core.schedule import ONCE, REBOOT, Schedule, ScheduleError
 from edge.core.tasks import content_digest
-from edge.core.triggers import SPEC_SCHEMA, CronSpec, Trigger, TriggerEvent
+from edge.core.triggers import SPEC_SCHEMA, CronSpec, Trigger, TriggerEvent, stored_spec
 from edge.storage.sqlite.db import Database, immediate, rows
 
 _spec_encoder = msgspec.json.Encoder()
-_spec_decoder = msgspec.json.Decoder(CronSpec)
 
 EVENTS_PER_TRIGGER = 100  # newest events kept per trigger
 PRUNE_BATCH = 64  # rows one write may delete: bounded cost per write, converges over writes
@@ -55,7 +54,7 @@ def _trigger(row: tuple) -> Trigger:
     project, tid, revision, task_id, task_rev, enabled, schema, spec, digest, created, updated, nxt, last = row
     return Trigger(
         id=tid, project_id=project, revision=revision, task_id=task_id, task_revision=task_rev,
-        enabled=bool(enabled), spec_schema=schema, spec=_spec_decoder.decode(spec), content_digest=digest,
+        enabled=bool(enabled), spec_schema=schema, spec=stored_spec(schema, spec), content_digest=digest,
         created_at_ms=created, updated_at_ms=updated, next_fire_at_ms=nxt, last_scheduled_at_ms=last,
     )
 

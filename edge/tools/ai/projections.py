@@ -188,6 +188,8 @@ def _ascending_page(ctx: ToolContext, rows: object, row_type: type[H], key: str,
 
 
 def _task_view(head: TaskHead, view_type: type[T]) -> T:
+    if (head.kind == "agent") != (head.spec_schema == "qinglong/agent@v1"):
+        raise storage_fault("a task under a spec schema its command does not have")
     # A name is free text: controls that could hide or reorder what a reader sees become U+FFFD.
     projected = view(head, view_type)
     projected.name = normalize(projected.name).replace("\n", "\ufffd")
