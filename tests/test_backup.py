@@ -207,3 +207,16 @@ def test_import_file_coexists_with_import_sources():
     for words in (["import", "crontab", "/etc/crontabs/root"], ["import", "qinglong", "x"], ["import", "--help"],
                   ["import", "file", "b.json"], ["task", "list"], ["import"]):
         assert _import_file_alias(words) == words
+
+
+def test_export_replaces_a_planted_link_and_never_writes_through_it(daemon, tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("untouched\n")
+    path = tmp_path / "export.json"
+    path.symlink_to(victim)
+    _ok(daemon.cli("task", "add", "t", "--", "true"))
+    _ok(daemon.cli("export", "--with-secrets", str(path)))
+    assert victim.read_text() == "untouched\n"
+    info = os.lstat(path)
+    assert stat.S_ISREG(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o600
+    assert json.loads(path.read_text())["tasks"][0]["id"] == "t"

@@ -8,10 +8,12 @@ Everything that reads files lives here; the meaning of each entry is edge.core.i
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
 import shutil
+import stat
 import sys
 import tempfile
 import time
@@ -275,7 +277,7 @@ def _read(path: str) -> str:
     if path == "-":
         return sys.stdin.read()
     try:
-        with open(path, encoding="utf-8", errors="surrogateescape") as f:
+        with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
             return f.read()
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
@@ -301,26 +303,83 @@ def import_crontab(c: Client, a: argparse.Namespace) -> int:
 
 def _disable_source(path: str, text: str, lines: list[int], dry_run: bool) -> str:
     """Comment the imported lines out, after a backup, by replacing the file whole: busybox
-    crond notices its directory changed and reloads the crontab."""
+    crond notices its directory changed and reloads the crontab. Every step is relative to
+    the crontab's directory and follows no link: the crontab itself must be a regular file
+    (a link is refused), and the backup and the new file are created, never opened."""
     if not lines:
         return f"{path}: no line to comment out"
     if dry_run:
         return f"{path}: would comment out {len(lines)} imported lines (after a backup)"
-    backup = f"{path}.qledge-{time.strftime('%Y%m%d%H%M%S')}.bak"
+    directory, name = os.path.split(os.path.abspath(path))
     try:
-        shutil.copy2(path, backup)
-        info = os.stat(path)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".qledge-")
-        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as f:
-            f.write(disable_lines(text, lines))
-        os.chmod(tmp, info.st_mode & 0o7777)
-        with contextlib.suppress(PermissionError):
-            os.chown(tmp, info.st_uid, info.st_gid)
-        os.replace(tmp, path)
+        parent = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
         raise UsageError(f"the tasks are imported, but {path} could not be changed: {exc.strerror or exc}") from None
-    return (f"{path}: {len(lines)} imported lines commented out (backup {backup}); busybox crond re-reads its"
-            " crontabs when their directory changes (on OpenWrt, /etc/init.d/cron restart applies it at once)")
+    try:
+        info, current = _regular(parent, name, path)
+        if current != text.encode("utf-8", "surrogateescape"):
+            raise UsageError(f"the tasks are imported, but {path} changed meanwhile: nothing was commented out;"
+                             " run the import again to comment out what it imported")
+        backup = _create(parent, f"{name}.qledge-{time.strftime('%Y%m%d%H%M%S')}.bak", current, info)
+        rewritten = disable_lines(text, lines).encode("utf-8", "surrogateescape")
+        tmp = _create(parent, f".{name}.qledge-{os.getpid()}", rewritten, info)
+        os.rename(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
+    except OSError as exc:
+        raise UsageError(f"the tasks are imported, but {path} could not be changed: {exc.strerror or exc}") from None
+    finally:
+        os.close(parent)
+    return (f"{path}: {len(lines)} imported lines commented out (backup {os.path.join(directory, backup)});"
+            " busybox crond re-reads its crontabs when their directory changes (on OpenWrt, /etc/init.d/cron"
+            " restart applies it at once)")
+
+
+def _regular(parent: int, name: str, path: str) -> tuple[os.stat_result, bytes]:
+    """The bytes of `name` in `parent`, a regular file with one link (never through a link)."""
+    try:
+        fd = os.open(name, _READ_FLAGS, dir_fd=parent)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UsageError(f"the tasks are imported, but {path} is a symbolic link: --disable-source changes only"
+                             " a regular file (name the file it points to)") from None
+        raise
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+            raise UsageError(f"the tasks are imported, but {path} is not a regular file with one name:"
+                             " --disable-source leaves it as it is")
+        chunks = []
+        while chunk := os.read(fd, _CHUNK):
+            chunks.append(chunk)
+        return info, b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _create(parent: int, name: str, data: bytes, like: os.stat_result) -> str:
+    """A new file in `parent` (never an existing one, nor through a link: `name`, else
+    `name.1`, `name.2`…) holding `data`, with the mode and owner of `like`; its name."""
+    for n in range(100):
+        candidate = name if n == 0 else f"{name}.{n}"
+        try:
+            fd = os.open(candidate, _NEW_FLAGS, 0o600, dir_fd=parent)
+        except FileExistsError:
+            continue
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+            with contextlib.suppress(PermissionError):  # only root may give a file away
+                os.fchown(fd, like.st_uid, like.st_gid)
+            os.fchmod(fd, stat.S_IMODE(like.st_mode))
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(candidate, dir_fd=parent)
+            raise
+        os.close(fd)
+        return candidate
+    raise UsageError(f"the tasks are imported, but no free name for {name} was found: remove old backups")
 
 
 # -- qinglong -------------------------------------------------------------------------
@@ -655,82 +714,325 @@ def _inside(path: str, directory: str) -> bool:
     return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
 
 
-def _scripts_dir(c: Client, wanted: str | None) -> str:
-    """Where the scripts go: `--scripts-dir`, else `<state dir>-scripts/qinglong`, beside
-    the daemon's state directory (on the same storage), never inside it: task users cannot
-    read what is there, and no run starts there."""
+def _scripts_dir(c: Client, wanted: str | None) -> tuple[str, str]:
+    """Where the scripts go, and the first directory of that path qledge manages (makes
+    and keeps read-only to tasks): `--scripts-dir`, else `<state dir>-scripts/qinglong`,
+    beside the daemon's state directory (on the same storage), never inside it: task users
+    cannot read what is there, and no run starts there."""
     state = state_dir(c)
     if wanted is None:
         if state is None:
             raise UsageError("this daemon is a cluster node (its state is in PostgreSQL): say where the scripts go"
                              " with --scripts-dir DIR, the same directory on every node")
-        return os.path.join(state.rstrip(os.sep) + SCRIPTS_BESIDE, "qinglong")
+        top = state.rstrip(os.sep) + SCRIPTS_BESIDE
+        return os.path.join(top, "qinglong"), top
     dest = os.path.abspath(wanted)
     if state is not None and _inside(dest, state):
         raise UsageError(f"--scripts-dir {wanted} is inside the daemon's state directory {state}, which task users"
                          " cannot read and where no run starts: choose a directory outside it")
-    return dest
+    return dest, dest
 
 
-def _make_dirs(path: str, made: list[str]) -> None:
-    """`path` and its missing parents, 0755 whatever the umask (the task user reads and
-    enters them); each one made is noted in `made`."""
-    missing: list[str] = []
-    while not os.path.isdir(path):
-        missing.append(path)
-        path = os.path.dirname(path)
-    for directory in reversed(missing):
-        os.mkdir(directory, 0o755)
-        os.chmod(directory, 0o755)
-        made.append(directory)
+# -- copying the scripts, never through a link ------------------------------------------
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_NAMED = 12  # entries a report names; the count covers the rest
+_CHUNK = 1 << 16
 
 
-def _copy_scripts(source_dir: str, dest: str, owner: pwd.struct_passwd, dry_run: bool) -> str:
-    """Copy the scripts tree: files that are not there yet; a file that differs is kept
-    as it is in qledge (it may have been edited since); links are not followed. What is
-    copied (and each directory made for it) becomes the task user's, so scripts can read
-    and write beside themselves as they did under qinglong."""
-    plan: list[tuple[str, str]] = []
-    kept = links = size = 0
-    for dirpath, dirnames, filenames in os.walk(source_dir):
-        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
-        for name in filenames:
-            src = os.path.join(dirpath, name)
-            dst = os.path.join(dest, os.path.relpath(src, source_dir))
-            if os.path.islink(src) or not os.path.isfile(src):
-                links += 1
-            elif not os.path.exists(dst):
-                plan.append((src, dst))
-                size += os.path.getsize(src)
-            elif not _same_file(src, dst):
-                kept += 1
-    extra = "".join([f"; {kept} changed files kept as they are in qledge" if kept else "",
-                     f"; {links} links and special files not copied" if links else ""])
-    if dry_run:
-        return f"scripts: would copy {len(plan)} files ({size} bytes) to {dest}{extra}"
-    made: list[str] = []
+class Copied(msgspec.Struct):
+    """What a copy of the scripts tree did (or, dry, would do)."""
+
+    files: int = 0
+    size: int = 0
+    kept: int = 0  # files that differ from the source: kept as they are here (they may have been edited)
+    skipped: list[str] = []  # source entries not copied: links, FIFOs, devices, files with several hard links
+    replaced: list[str] = []  # destination entries that were links or special files: replaced by the copy
+    taken: list[str] = []  # destination entries of another user, or writable by others: made read-only to tasks
+
+
+def _named(paths: list[str]) -> str:
+    shown = ", ".join(paths[:_NAMED])
+    return shown + (f" and {len(paths) - _NAMED} more" if len(paths) > _NAMED else "")
+
+
+class _Tree:
+    """One walk of a scripts tree. Every operation is relative to a directory descriptor
+    opened with O_NOFOLLOW | O_DIRECTORY, so no link, planted in the source or in the
+    destination, is ever followed: links, FIFOs, devices and files with more than one hard
+    link in the source are skipped and named; in the destination, a link or special file
+    where a copy belongs is replaced (the entry, not what it points to), and what is there
+    becomes the importing user's and read-only to everyone else (code is read-only to tasks)."""
+
+    def __init__(self, dry_run: bool) -> None:
+        self.dry_run = dry_run
+        self.done = Copied()
+        self._me = (os.geteuid(), os.getegid())
+        self._serial = 0
+
+    def walk(self, src: int, dst: int | None, rel: str) -> None:
+        for name in sorted(os.listdir(src)):
+            path = rel + name
+            try:
+                st = os.stat(name, dir_fd=src, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                sub = _open_dir(src, name)
+                if sub is None:  # replaced by something else meanwhile
+                    self.done.skipped.append(path)
+                    continue
+                try:
+                    into = self._dest_dir(dst, name, path) if dst is not None else None
+                    try:
+                        self.walk(sub, into, path + "/")
+                    finally:
+                        if into is not None:
+                            os.close(into)
+                finally:
+                    os.close(sub)
+            elif not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+                self.done.skipped.append(path)
+            else:
+                self._file(src, dst, name, path, st)
+
+    def own(self, fd: int, path: str, mode: int) -> None:
+        """Make `fd` (a directory, or a file with one link) ours and not writable by others."""
+        if self.dry_run:
+            return
+        st = os.fstat(fd)
+        if (st.st_uid, st.st_gid) != self._me or stat.S_IMODE(st.st_mode) != mode:
+            if st.st_uid != self._me[0]:
+                self.done.taken.append(path)
+            try:
+                os.fchown(fd, *self._me)
+                os.fchmod(fd, mode)
+            except PermissionError:
+                raise UsageError(f"cannot take over {path} in the scripts directory (it belongs to uid {st.st_uid}):"
+                                 " import as root, or remove it") from None
+
+    def _dest_dir(self, dst: int, name: str, path: str) -> int | None:
+        fd = _open_dir(dst, name)
+        if fd is None and self.dry_run:
+            return None
+        if fd is None:
+            if _entry(dst, name) is not None:  # a link or a file where the directory belongs
+                os.unlink(name, dir_fd=dst)
+                self.done.replaced.append(path)
+            os.mkdir(name, 0o755, dir_fd=dst)
+            fd = _open_dir(dst, name)
+            if fd is None:
+                raise UsageError(f"{path} in the scripts directory changed while it was copied: import again")
+        self.own(fd, path, 0o755)
+        return fd
+
+    def _file(self, src: int, dst: int | None, name: str, path: str, st: os.stat_result) -> None:
+        mode = 0o755 if st.st_mode & 0o111 else 0o644
+        there = _entry(dst, name) if dst is not None else None
+        if there is not None and stat.S_ISDIR(there.st_mode):
+            self.done.kept += 1
+            return
+        if there is not None and stat.S_ISREG(there.st_mode) and there.st_nlink == 1:
+            assert dst is not None
+            fd = os.open(name, _READ_FLAGS, dir_fd=dst)
+            try:
+                if not self._same(src, name, fd):
+                    self.done.kept += 1
+                self.own(fd, path, mode)
+            finally:
+                os.close(fd)
+            return
+        if there is not None:  # a link or a special file in the copy's place
+            self.done.replaced.append(path)
+        self.done.files += 1
+        self.done.size += st.st_size
+        if not self.dry_run:
+            assert dst is not None
+            self._copy(src, dst, name, path, st, mode, there is not None)
+
+    def _same(self, src: int, name: str, theirs: int) -> bool:
+        ours = _open_file(src, name)
+        if ours is None:
+            return True  # gone from the source meanwhile: nothing to compare
+        try:
+            if os.fstat(ours).st_size != os.fstat(theirs).st_size:
+                return False
+            while True:
+                a, b = os.read(ours, _CHUNK), os.read(theirs, _CHUNK)
+                if a != b:
+                    return False
+                if not a:
+                    return True
+        finally:
+            os.close(ours)
+
+    def _copy(self, src: int, dst: int, name: str, path: str, st: os.stat_result, mode: int, replace: bool) -> None:
+        fd = _open_file(src, name)
+        if fd is None or (os.fstat(fd).st_dev, os.fstat(fd).st_ino) != (st.st_dev, st.st_ino):
+            if fd is not None:
+                os.close(fd)
+            self.done.files -= 1
+            self.done.size -= st.st_size
+            self.done.skipped.append(path)  # replaced in the source while it was read
+            return
+        self._serial += 1
+        tmp = f".qledge-{os.getpid()}-{self._serial}"
+        try:
+            out = os.open(tmp, _NEW_FLAGS, 0o600, dir_fd=dst)
+            try:
+                while chunk := os.read(fd, _CHUNK):
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.write(out, view):]
+                os.fchmod(out, mode)
+                os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns))
+            finally:
+                os.close(out)
+            if replace:
+                os.unlink(name, dir_fd=dst)  # the link itself, never what it points to
+            os.rename(tmp, name, src_dir_fd=dst, dst_dir_fd=dst)  # within the directory: no link is followed
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dst)
+            raise
+        finally:
+            os.close(fd)
+
+
+def _open_dir(parent: int, name: str) -> int | None:
+    """`name` in `parent` as a directory descriptor; None when it is missing, a link or no directory."""
     try:
-        _make_dirs(dest, made)
-        free = shutil.disk_usage(dest).free
-        if size + DISK_RESERVE > free:
-            raise CallFailed("resource_exhausted", f"scripts need {size} bytes in {dest}, {free} are free (and"
-                             f" {DISK_RESERVE} stay reserved); free some space or use --scripts-in-place")
-        for src, dst in plan:
-            _make_dirs(os.path.dirname(dst), made)
-            shutil.copy2(src, dst)
+        return os.open(name, _DIR_FLAGS, dir_fd=parent)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return None
+        raise
+
+
+def _open_file(parent: int, name: str) -> int | None:
+    """`name` in `parent` for reading when it is still a regular file with one link."""
+    try:
+        fd = os.open(name, _READ_FLAGS, dir_fd=parent)
+    except OSError:
+        return None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _entry(parent: int, name: str) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=parent, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def _scripts_root(dest: str, top: str, tree: _Tree) -> int | None:
+    """The destination's descriptor, reached from the nearest existing directory above
+    `top` (the first directory qledge manages: `<state dir>-scripts`, or --scripts-dir)
+    without following a link on the way; what is missing is made (unless dry). That
+    directory must be one no other user can change (root's or ours; sticky if others may
+    write it). None (dry only): the destination does not exist yet."""
+    anchor = os.path.dirname(top)
+    while not os.path.isdir(anchor):
+        anchor = os.path.dirname(anchor)
+    fd = os.open(os.path.realpath(anchor), _DIR_FLAGS)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid not in (0, os.geteuid()) or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
+            raise UsageError(f"{anchor} can be changed by other users (uid {st.st_uid}, mode"
+                             f" {stat.S_IMODE(st.st_mode):04o}): not a place for scripts; choose another --scripts-dir")
+        parts = os.path.relpath(dest, anchor).split(os.sep)
+        top_at = len(os.path.relpath(top, anchor).split(os.sep))  # parts[top_at - 1] is `top`
+        path = anchor
+        for n, name in enumerate(parts, start=1):
+            path = os.path.join(path, name)
+            sub = _open_dir(fd, name)
+            if sub is None:
+                if _entry(fd, name) is not None:  # a link, or no directory, in its place
+                    if n <= top_at:
+                        raise UsageError(f"{path} is a symbolic link or not a directory: remove it, or choose"
+                                         " another --scripts-dir")
+                    if not tree.dry_run:
+                        os.unlink(name, dir_fd=fd)
+                    tree.done.replaced.append(path)
+                if tree.dry_run:
+                    os.close(fd)
+                    return None
+                os.mkdir(name, 0o755, dir_fd=fd)
+                sub = _open_dir(fd, name)
+                if sub is None:
+                    raise UsageError(f"{path} changed while the scripts were copied: import again")
+                tree.own(sub, path, 0o755)
+            os.close(fd)
+            fd = sub
+            if n >= top_at:
+                tree.own(fd, path, 0o755)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _copy_scripts(source_dir: str, dest: str, top: str, dry_run: bool) -> str:
+    """Copy the scripts tree: the files that are not there yet; a file that differs is kept
+    as it is in qledge (it may have been edited since). The copy belongs to the importing
+    user (root, the daemon's, on a router), readable by every task user and writable by
+    none (_Tree says how, and what it skips)."""
+    try:
+        src = os.open(os.path.realpath(source_dir), _DIR_FLAGS)
+    except OSError as exc:
+        raise UsageError(f"cannot read the scripts in {source_dir}: {exc.strerror or exc}") from None
+    try:
+        plan = _Tree(dry_run=True)
+        root = _scripts_root(dest, top, plan)
+        try:
+            plan.walk(src, root, "")
+        finally:
+            if root is not None:
+                os.close(root)
+        if dry_run:
+            return _copy_line(plan.done, dest, dry_run)
+        anchor = dest
+        while not os.path.isdir(anchor):
+            anchor = os.path.dirname(anchor)
+        free = shutil.disk_usage(anchor).free
+        if plan.done.size + DISK_RESERVE > free:
+            raise CallFailed("resource_exhausted", f"scripts need {plan.done.size} bytes in {dest}, {free} are free"
+                             f" (and {DISK_RESERVE} stay reserved); free some space or use --scripts-in-place")
+        tree = _Tree(dry_run=False)
+        root = _scripts_root(dest, top, tree)
+        assert root is not None
+        try:
+            tree.walk(src, root, "")
+        finally:
+            os.close(root)
     except OSError as exc:
         raise UsageError(f"cannot copy the scripts to {dest}: {exc.strerror or exc}") from None
-    for path in [*made, *(dst for _, dst in plan)]:
-        with contextlib.suppress(OSError):  # only root may give files away; as the user itself, they are its own
-            os.lchown(path, owner.pw_uid, owner.pw_gid)
-    return f"scripts: {len(plan)} files ({size} bytes) copied to {dest}{extra}"
+    finally:
+        os.close(src)
+    return _copy_line(tree.done, dest, dry_run)
 
 
-def _same_file(a: str, b: str) -> bool:
-    if os.path.getsize(a) != os.path.getsize(b):
-        return False
-    with open(a, "rb") as fa, open(b, "rb") as fb:
-        return fa.read() == fb.read()
+def _copy_line(done: Copied, dest: str, dry_run: bool) -> str:
+    what = f"{done.files} files ({done.size} bytes)"
+    line = f"scripts: would copy {what} to {dest}" if dry_run else f"scripts: {what} copied to {dest}"
+    if done.kept:
+        line += f"; {done.kept} changed files kept as they are in qledge"
+    if done.skipped:
+        line += f"; not copied (links, FIFOs, devices, files with several hard links): {_named(done.skipped)}"
+    if done.replaced:
+        line += (f"; {'would replace' if dry_run else 'replaced'} (a link or special file in the copy's place):"
+                 f" {_named(done.replaced)}")
+    if done.taken:
+        line += f"; made read-only to tasks (another user's before): {_named(done.taken)}"
+    return line
 
 
 def _interpreters(entries: list[Entry]) -> list[str]:
@@ -754,15 +1056,15 @@ def import_qinglong(c: Client, a: argparse.Namespace) -> int:
         report = Report(source=source.label, dry_run=a.dry_run)
         scripts_src = os.path.join(source.data_dir, "scripts") if source.data_dir else None
         user = a.user or QL_USER
-        owner = _account(user)
+        _account(user)
         if a.scripts_in_place and scripts_src:
             if a.scripts_dir is not None:
                 raise UsageError("--scripts-dir and --scripts-in-place exclude each other")
-            scripts_dir = scripts_src
+            scripts_dir = top = scripts_src
         else:
-            scripts_dir = _scripts_dir(c, a.scripts_dir)
+            scripts_dir, top = _scripts_dir(c, a.scripts_dir)
         place = QlPlace(scripts_dir=scripts_dir, data_dir=source.data_dir or scripts_dir, zone=_ql_zone(data, report),
-                        user=user)
+                        user=user, copied=not a.scripts_in_place)
         wanted, held, config_keys, other = _plan_secrets(data, source, a.with_notifications)
         records = _records(c)
         usable = _store_secrets(c, report, wanted, records, a.dry_run)
@@ -776,7 +1078,7 @@ def import_qinglong(c: Client, a: argparse.Namespace) -> int:
             else:
                 report.not_imported.append(planned)
         if scripts_src and os.path.isdir(scripts_src) and not a.scripts_in_place:
-            report.notices.append(_copy_scripts(scripts_src, scripts_dir, owner, a.dry_run))
+            report.notices.append(_copy_scripts(scripts_src, scripts_dir, top, a.dry_run))
         elif scripts_src is None:
             report.notices.append("no scripts directory beside this database: the tasks expect their scripts in"
                                   f" {scripts_dir}")

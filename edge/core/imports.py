@@ -18,6 +18,7 @@ import msgspec
 
 from edge.core.schedule import REBOOT, ScheduleError, load_zone, normalize
 from edge.core.tasks import (
+    DATA_DIR,
     DEFAULT_TIMEOUT_MS,
     MAX_TIMEOUT_MS,
     MAX_TRIGGERS,
@@ -434,6 +435,11 @@ def _script_path(script: str, scripts_dir: str) -> str:
     return script if script.startswith("/") else posixpath.normpath(posixpath.join(scripts_dir, script))
 
 
+def _within(path: str, directory: str) -> bool:
+    root = posixpath.normpath(directory)
+    return posixpath.normpath(path).startswith(root.rstrip("/") + "/")
+
+
 def _work_dir(work_dir: str | None, script_path: str, scripts_dir: str, data_dir: str) -> str:
     if not work_dir:
         return posixpath.dirname(script_path)
@@ -452,6 +458,7 @@ class QlPlace(msgspec.Struct):
     data_dir: str
     zone: str | None = None  # qinglong's own zone setting, when it has one
     user: str | None = None  # the user every task names (qinglong runs everything as root)
+    copied: bool = True  # the scripts are qledge's copy, read-only to tasks (False: run where they are)
 
 
 def ql_entry(cron: QlCron, place: QlPlace, secret_env: Mapping[str, str]) -> Entry | Problem:
@@ -465,6 +472,9 @@ def ql_entry(cron: QlCron, place: QlPlace, secret_env: Mapping[str, str]) -> Ent
         return Problem(where, text, parsed, "command not representable")
     notes: list[str] = []
     path = _script_path(parsed.script, place.scripts_dir)
+    if parsed.shell is None and not _within(path, place.scripts_dir):
+        return Problem(where, text, f"the script {_label(parsed.script)} is outside the imported scripts directory"
+                       f" {place.scripts_dir}", "script outside the scripts directory")
     ext = posixpath.splitext(path)[1].lower()
     interpreter = INTERPRETERS.get(ext)
     main: Command
@@ -486,7 +496,11 @@ def ql_entry(cron: QlCron, place: QlPlace, secret_env: Mapping[str, str]) -> Ent
     notes += [f"schedule not imported: {reason}" for reason in bad]
     env: dict[str, str | SecretRef] = {name: SecretRef(secret=secret) for name, secret in secret_env.items()}
     spec = TaskSpec(
-        command=main, env=env, working_dir=_work_dir(cron.work_dir, path, place.scripts_dir, place.data_dir),
+        # The scripts are code, read-only to the task: one that writes beside itself (as under
+        # qinglong) writes in its own data directory, where it starts unless the cron says otherwise.
+        command=main, env=env,
+        working_dir=_work_dir(cron.work_dir, path, place.scripts_dir, place.data_dir) if cron.work_dir
+        or parsed.shell is not None or not place.copied else DATA_DIR,
         timeout_ms=parsed.timeout_ms or DEFAULT_TIMEOUT_MS,
         overlap="allow" if cron.allow_multiple_instances else "forbid", user=place.user,
     )

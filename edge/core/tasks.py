@@ -5,6 +5,7 @@ it; an AI task names no user, group, working directory or environment)."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Annotated, Literal
 
 import msgspec
@@ -31,6 +32,9 @@ MAX_ENV_VALUE_CHARS = 16384
 MIN_LOG_CAP = 4096
 MAX_LOG_CAP = 1 << 30
 MAX_PATH_CHARS = 4096  # the working directory
+# A working directory of exactly this is the task's own data directory (TaskUsers.for_task):
+# where a task writes when its code is read-only to it (imported qinglong scripts).
+DATA_DIR = "@data"
 
 Overlap = Literal["forbid", "allow", "replace"]
 _Arg = Annotated[str, msgspec.Meta(max_length=MAX_ARG_CHARS, pattern=r"^[^\x00]*$")]
@@ -182,6 +186,22 @@ class RunAs(msgspec.Struct, frozen=True, kw_only=True):
     groups: tuple[int, ...]  # supplementary groups, set before exec
     switch: bool  # False: the run keeps the daemon's own user (a non-root daemon cannot switch)
     privileged: str | None  # why running as this needs task.privileged ("runs as root"); None: it does not
+    # Set for a run (TaskUsers.for_task), not for a write-time check: the task's own data
+    # directory (owned by `uid`, 0700), and HOME when `uid` is the task's own (no passwd entry).
+    data_dir: str | None = None
+    home: str | None = None
+    dynamic: bool = False  # `uid` is the task's own, from [runner] dynamic_uids
+
+
+def next_uid(start: int, low: int, high: int, unavailable: set[int] | frozenset[int]) -> int:
+    """The first uid from `start` to `high`, then from `low`, not in `unavailable`: a task's
+    own uid (TaskStore.allocate_task_uid)."""
+    start = start if low <= start <= high else low
+    for uid in itertools.chain(range(start, high + 1), range(low, start)):
+        if uid not in unavailable:
+            return uid
+    raise ToolError("resource_exhausted", f"every uid of [runner] dynamic_uids ({low}-{high}) is taken: widen the"
+                    " range, or delete tasks that use secrets")
 
 
 class Task(msgspec.Struct, rename="camel"):

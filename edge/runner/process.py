@@ -5,13 +5,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import logging
 import os
 import pwd
 import signal
+import stat
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import msgspec
 
 from edge.core.errors import ToolError, invalid
-from edge.core.tasks import ArgvCommand, RunAs, ShellCommand, TaskSpec
+from edge.core.tasks import DATA_DIR, ArgvCommand, RunAs, ShellCommand, Task, TaskSpec
+
+if TYPE_CHECKING:
+    from edge.core.ports.runtime import Clock
+    from edge.core.ports.stores import TaskStore
+
+log = logging.getLogger("qledge.runner")
+# Uids a task that uses a secret may be given, as systemd's DynamicUser ([runner] dynamic_uids).
+DYNAMIC_UIDS = (61184, 65519)
+DATA_BESIDE = "-tasks"  # <state dir>-tasks: every task's data directory
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DEFAULT_WORK_DIR = "/"  # a run's working directory unless its task names one
@@ -43,7 +58,7 @@ class SystemUsers:
     """
 
     def __init__(self, task_users: Iterable[str], default_user: str | None, state_dir: str,
-                 work_dir: str = DEFAULT_WORK_DIR) -> None:
+                 work_dir: str = DEFAULT_WORK_DIR, dynamic_uids: tuple[int, int] | None = DYNAMIC_UIDS) -> None:
         self._uid = os.geteuid()
         self._gid = os.getegid()
         self._root = self._uid == 0
@@ -51,10 +66,20 @@ class SystemUsers:
         self._task_users = tuple(task_users)
         self._state_dir = os.path.realpath(state_dir)
         self._work_dir = work_dir
+        # A run's data directory: <state dir>-tasks/<project>/<task>, beside the state
+        # directory like the imported scripts (<state dir>-scripts), never inside it.
+        self.data_root = self._state_dir.rstrip(os.sep) + DATA_BESIDE
+        self._dynamic = dynamic_uids if self._root else None  # only a root daemon can switch
+        self._uids: TaskStore | None = None
+        self._clock: Clock | None = None
         if not self._root:
             self._default = self._own
         else:
             self._default = default_user or (self._task_users[0] if self._task_users else self._own)
+
+    def attach(self, tasks: TaskStore, clock: Clock) -> None:
+        """Where task uids are recorded (composition, once the stores exist)."""
+        self._uids, self._clock = tasks, clock
 
     @property
     def can_switch(self) -> bool:
@@ -80,6 +105,11 @@ class SystemUsers:
             self.working_dir(None)
         except ToolError as exc:
             found.append(f"[runner] work_dir: {exc.message}")
+        if self._dynamic is not None:
+            low, high = self._dynamic
+            if not 0 < low <= high < 2**31 - 1 or low <= self._uid <= high:
+                found.append(f"[runner] dynamic_uids {low}-{high} is not a range of uids tasks can be given"
+                             " (1 to 2147483646, without the daemon's own uid)")
         return found
 
     def resolve(self, user: str | None, group: str | None) -> RunAs:
@@ -127,6 +157,8 @@ class SystemUsers:
         return None
 
     def working_dir(self, path: str | None, run_as: RunAs | None = None) -> str:
+        if path == DATA_DIR:  # the task's own data directory: made for its run (for_task)
+            return run_as.data_dir if run_as is not None and run_as.data_dir else DATA_DIR
         where = path or self._work_dir
         if not os.path.isabs(where):
             raise invalid(f"working directory {where!r} is relative, not an absolute path: give an absolute path")
@@ -146,7 +178,131 @@ class SystemUsers:
             return (f"tasks run as the daemon's user {self._own} (the daemon is not root and cannot switch users);"
                     " only owners (task.privileged) may write them")
         users = ", ".join(self._task_users) or "none"
-        return f"tasks run as their own users: {users} (default {self._default}); others need task.privileged"
+        line = f"tasks run as their own users: {users} (default {self._default}); others need task.privileged"
+        if self._dynamic is not None:
+            line += f"; a task that uses a secret runs as a uid of its own ({self._dynamic[0]}-{self._dynamic[1]})"
+        return line
+
+    async def for_task(self, task: Task) -> RunAs:
+        spec = task.spec
+        run_as = self.resolve(spec.user, spec.group)
+        if self._dynamic is not None and run_as.switch and run_as.privileged is None and spec.secrets():
+            # A shared task user's processes could read this one's environment (/proc/<pid>/environ):
+            # a task that holds a secret runs as a uid no other task or system user has.
+            uid = await self._task_uid(task)
+            groups = tuple(g for g in (run_as.gid,) if spec.group is not None)
+            run_as = RunAs(user=str(uid), uid=uid, gid=uid, groups=groups, switch=True, privileged=None, dynamic=True)
+        data = self._data_dir(task.project_id, task.id, run_as)
+        return msgspec.structs.replace(run_as, data_dir=data, home=data if run_as.dynamic else None)
+
+    async def _task_uid(self, task: Task) -> int:
+        if self._uids is None or self._clock is None or self._dynamic is None:
+            raise ToolError("unavailable", "task uids are not wired in this daemon")
+        uid = await self._uids.task_uid(task.project_id, task.id)
+        if uid is None:
+            low, high = self._dynamic
+            uid = await self._uids.allocate_task_uid(task.project_id, task.id, low, high, _system_ids(low, high),
+                                                     self._clock.now_ms())
+        return uid
+
+    def _data_dir(self, project: str, task_id: str, run_as: RunAs) -> str:
+        """`<data root>/<project>/<task>`: made (the two above it the daemon's, 0711), owned by
+        the run's uid and 0700; made anew when another uid owns it (what one identity left
+        there is never handed to another). Never through a link."""
+        path = os.path.join(self.data_root, project, task_id)
+        try:
+            root = _own_dir(None, self.data_root, 0o711)
+            try:
+                parent = _own_dir(root, project, 0o711)
+            finally:
+                os.close(root)
+            try:
+                fd = _task_dir(parent, task_id, run_as)
+            finally:
+                os.close(parent)
+            os.close(fd)
+        except OSError as exc:
+            raise ToolError("unavailable", f"cannot make the data directory {path}: {exc.strerror or exc}") from None
+        return path
+
+    def forget(self, project: str, task_id: str) -> None:
+        import shutil
+
+        try:
+            parent = os.open(os.path.join(self.data_root, project), _DIR_FLAGS)
+        except OSError:
+            return  # none was made
+        try:
+            shutil.rmtree(task_id, dir_fd=parent)  # by descriptors: a link inside is removed, not followed
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("could not remove the data directory of task %s: %s", task_id, exc)
+        finally:
+            os.close(parent)
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _own_dir(parent: int | None, name: str, mode: int) -> int:
+    """The daemon's directory `name` (in `parent`, or an absolute path), made when missing;
+    one another uid owns, or that a link stands in for, is refused (OSError)."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(name, mode, dir_fd=parent)
+    fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid():
+        os.close(fd)
+        raise PermissionError(errno.EPERM, f"{name} is owned by uid {st.st_uid}")
+    if stat.S_IMODE(st.st_mode) != mode:
+        os.fchmod(fd, mode)
+    return fd
+
+
+def _task_dir(parent: int, name: str, run_as: RunAs, again: bool = True) -> int:
+    """The task's directory in `parent`, owned by the run's uid and 0700. One that was there
+    already and is another uid's is removed first (by descriptors, following no link in it);
+    a link or file in its place is removed (the entry, not what it points to)."""
+    try:
+        os.mkdir(name, 0o700, dir_fd=parent)
+        made = True
+    except FileExistsError:
+        made = False
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR) or not again:
+            raise
+        os.unlink(name, dir_fd=parent)
+        return _task_dir(parent, name, run_as, again=False)
+    st = os.fstat(fd)
+    if st.st_uid != run_as.uid and not made:
+        import shutil
+
+        os.close(fd)
+        if not again:
+            raise PermissionError(errno.EPERM, f"{name} keeps changing owner")
+        log.info("data directory %s belonged to uid %d, not the run's %d: made anew", name, st.st_uid, run_as.uid)
+        shutil.rmtree(name, dir_fd=parent)
+        return _task_dir(parent, name, run_as, again=False)
+    try:
+        if (st.st_uid, st.st_gid) != (run_as.uid, run_as.gid):
+            os.fchown(fd, run_as.uid, run_as.gid)
+        if stat.S_IMODE(st.st_mode) != 0o700:
+            os.fchmod(fd, 0o700)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _system_ids(low: int, high: int) -> frozenset[int]:
+    """The uids and gids of [low, high] the system's users and groups have: never a task's."""
+    import grp
+
+    return frozenset({p.pw_uid for p in pwd.getpwall() if low <= p.pw_uid <= high}
+                     | {g.gr_gid for g in grp.getgrall() if low <= g.gr_gid <= high})
 
 
 def _unreachable(real: str, run_as: RunAs) -> str | None:
@@ -189,6 +345,17 @@ def user_environment(uid: int, timezone: str, lang: str = DEFAULT_LANG) -> dict[
         shell = "/bin/sh"
     return {"HOME": home, "USER": name, "LOGNAME": name, "SHELL": shell, "PATH": DEFAULT_PATH, "LANG": lang,
             "TZ": timezone}
+
+
+def run_environment(run_as: RunAs | None) -> dict[str, str]:
+    """What a run gets beyond its user's login variables: its task's data directory
+    (QLEDGE_DATA_DIR) and, for a uid of the task's own (no passwd entry), HOME there."""
+    env: dict[str, str] = {}
+    if run_as is not None and run_as.home:
+        env["HOME"] = run_as.home
+    if run_as is not None and run_as.data_dir:
+        env["QLEDGE_DATA_DIR"] = run_as.data_dir
+    return env
 
 
 def argv(spec: TaskSpec) -> list[str]:

@@ -85,6 +85,20 @@ class TaskStore(Protocol):
         """Import records (tasks and secrets) with key > after, ascending by key."""
         ...
 
+    async def task_uid(self, project: str, task_id: str) -> int | None:
+        """The uid recorded as the task's own (TaskUsers.for_task), or None."""
+        ...
+
+    async def allocate_task_uid(self, project: str, task_id: str, low: int, high: int,
+                                taken: frozenset[int], now_ms: int) -> int:
+        """The uid recorded for the task, else the next of [low, high] after the last one
+        handed out (wrapping around) that no task has and `taken` (the system's users and
+        groups) does not hold, recorded now in one transaction: a uid is never two tasks',
+        and one a deleted task had is handed out again only after the rest of the range.
+        The record goes with the task. Raises not_found when the task is gone,
+        resource_exhausted when no uid of the range is free."""
+        ...
+
 
 class RunStore(Protocol):
     """Runs and their events. Every status change appends its event in the same transaction."""

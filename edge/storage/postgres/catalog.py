@@ -14,7 +14,16 @@ from edge.core.ports.stores import RunLogFiles
 from edge.core.schedule import ONCE, REBOOT, Schedule, ScheduleError
 from edge.core.tasks import spec_schema
 from edge.core.tasks import stored_spec as stored_task_spec
-from edge.core.tasks import ImportedTask, ImportRecord, ImportTask, Task, TaskSpec, content_digest, has_triggers
+from edge.core.tasks import (
+    ImportedTask,
+    ImportRecord,
+    ImportTask,
+    Task,
+    TaskSpec,
+    content_digest,
+    has_triggers,
+    next_uid,
+)
 from edge.core.triggers import SPEC_SCHEMA, CronSpec, Trigger, TriggerEvent
 from edge.core.triggers import stored_spec as stored_cron_spec
 from edge.storage.postgres.db import PgDatabase, Row, Tx
@@ -182,6 +191,33 @@ async def _imports(tx: Tx, project: str, after: str, limit: int) -> list[ImportR
             for k, kind, t, c in await tx.rows(SQL_IMPORTS, (project, after, limit))]
 
 
+UID_CURSOR = "task_uids.next"  # meta: where the next allocation starts looking
+_UID_LOCK = 0x7169_6475  # serializes allocations across nodes (a transaction-scoped advisory lock)
+
+
+async def _task_uid(tx: Tx, project: str, task_id: str) -> int | None:
+    row = await tx.row("SELECT uid FROM task_uids WHERE project_id = %s AND task_id = %s", (project, task_id))
+    return int(row[0]) if row else None
+
+
+async def _allocate_task_uid(tx: Tx, project: str, task_id: str, low: int, high: int, taken: frozenset[int],
+                             now: int) -> int:
+    await tx.execute("SELECT pg_advisory_xact_lock(%s)", (_UID_LOCK,))
+    found = await _task_uid(tx, project, task_id)
+    if found is not None:
+        return found
+    if await tx.row("SELECT 1 FROM tasks WHERE project_id = %s AND id = %s FOR KEY SHARE", (project, task_id)) is None:
+        raise not_found(f"task {task_id!r} not found")
+    used = {int(u) for (u,) in await tx.rows("SELECT uid FROM task_uids WHERE uid BETWEEN %s AND %s", (low, high))}
+    row = await tx.row("SELECT value FROM meta WHERE key = %s", (UID_CURSOR,))
+    uid = next_uid(int(row[0]) if row else low, low, high, used | taken)
+    await tx.execute("INSERT INTO task_uids (project_id, task_id, uid, created_at_ms) VALUES (%s, %s, %s, %s)",
+                     (project, task_id, uid, now))
+    await tx.execute("INSERT INTO meta (key, value) VALUES (%s, %s) ON CONFLICT (key) DO UPDATE SET"
+                     " value = excluded.value", (UID_CURSOR, uid + 1))
+    return uid
+
+
 class PgTaskStore:
     """TaskStore (edge.core.ports.stores) on PostgreSQL."""
 
@@ -219,6 +255,13 @@ class PgTaskStore:
 
     async def imports(self, project: str, after: str | None, limit: int) -> list[ImportRecord]:
         return await self._db.tx(_imports, project, after or "", limit)
+
+    async def task_uid(self, project: str, task_id: str) -> int | None:
+        return await self._db.tx(_task_uid, project, task_id)
+
+    async def allocate_task_uid(self, project: str, task_id: str, low: int, high: int,
+                                taken: frozenset[int], now_ms: int) -> int:
+        return await self._db.tx(_allocate_task_uid, project, task_id, low, high, taken, now_ms)
 
     async def delete(self, project: str, task_id: str, expected_revision: int | None, with_triggers: bool) -> int:
         removed = await self._db.tx(_delete_task, project, task_id, expected_revision, with_triggers)

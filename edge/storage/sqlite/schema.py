@@ -502,6 +502,8 @@ CREATE INDEX security_audit_refused_idx ON security_audit (id) WHERE class = 're
 # program made is refused before anything is written to it. Older files are recognised by
 # their tables and get the mark here. A revision under a spec schema this version does not
 # know is refused when written (and fails closed when read: edge.core.tasks.stored_spec).
+# `task_uids`: the uid each task that runs as its own has (TaskUsers.for_task), one per
+# task and never two tasks'; the next to hand out is `meta` `task_uids.next`.
 APPLICATION_ID = 0x716C6564
 _V13 = f"""
 PRAGMA application_id = {APPLICATION_ID};
@@ -519,6 +521,14 @@ END;
 CREATE TRIGGER trigger_revisions_schema_kept BEFORE UPDATE OF spec_schema ON trigger_revisions BEGIN
     SELECT RAISE(ABORT, 'a revision keeps its spec schema');
 END;
+CREATE TABLE task_uids (
+    project_id TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    uid INTEGER NOT NULL UNIQUE,
+    created_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (project_id, task_id),
+    FOREIGN KEY (project_id, task_id) REFERENCES tasks (project_id, id) ON DELETE CASCADE
+) STRICT, WITHOUT ROWID;
 """
 
 MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12, _V13)

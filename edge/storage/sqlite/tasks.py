@@ -8,7 +8,7 @@ import msgspec
 from edge.core.errors import conflict, not_found
 from edge.core.tasks import ImportedTask, ImportRecord, ImportTask
 from edge.core.ports.stores import RunLogFiles
-from edge.core.tasks import Task, TaskSpec, content_digest, has_triggers, spec_schema, stored_spec
+from edge.core.tasks import Task, TaskSpec, content_digest, has_triggers, next_uid, spec_schema, stored_spec
 from edge.core.triggers import CronSpec
 from edge.storage.sqlite import triggers as trigger_sql
 from edge.storage.sqlite.db import Database, immediate
@@ -192,6 +192,32 @@ def delete(conn: apsw.Connection, project: str, task_id: str, expected: int | No
     return removed
 
 
+UID_CURSOR = "task_uids.next"  # meta: where the next allocation starts looking
+
+
+def task_uid(conn: apsw.Connection, project: str, task_id: str) -> int | None:
+    row = conn.execute("SELECT uid FROM task_uids WHERE project_id = ? AND task_id = ?", (project, task_id)).fetchone()
+    return int(row[0]) if row else None
+
+
+def allocate_task_uid(conn: apsw.Connection, project: str, task_id: str, low: int, high: int, taken: frozenset[int],
+                      now: int) -> int:
+    with immediate(conn):
+        found = task_uid(conn, project, task_id)
+        if found is not None:
+            return found
+        if conn.execute("SELECT 1 FROM tasks WHERE project_id = ? AND id = ?", (project, task_id)).fetchone() is None:
+            raise not_found(f"task {task_id!r} not found")
+        used = {u for (u,) in conn.execute("SELECT uid FROM task_uids WHERE uid BETWEEN ? AND ?", (low, high))}
+        row = conn.execute("SELECT value FROM meta WHERE key = ?", (UID_CURSOR,)).fetchone()
+        uid = next_uid(row[0] if row and isinstance(row[0], int) else low, low, high, used | taken)
+        conn.execute("INSERT INTO task_uids (project_id, task_id, uid, created_at_ms) VALUES (?, ?, ?, ?)",
+                     (project, task_id, uid, now))
+        conn.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET"
+                     " value = excluded.value", (UID_CURSOR, uid + 1))
+    return uid
+
+
 class SqliteTaskStore:
     """TaskStore (edge.core.ports.stores) on the daemon's database."""
 
@@ -226,6 +252,13 @@ class SqliteTaskStore:
 
     async def imports(self, project: str, after: str | None, limit: int) -> list[ImportRecord]:
         return await self._db.run(imports, project, after or "", limit)
+
+    async def task_uid(self, project: str, task_id: str) -> int | None:
+        return await self._db.run(task_uid, project, task_id)
+
+    async def allocate_task_uid(self, project: str, task_id: str, low: int, high: int,
+                                taken: frozenset[int], now_ms: int) -> int:
+        return await self._db.run(allocate_task_uid, project, task_id, low, high, taken, now_ms)
 
     async def page(self, project: str, after: str | None, limit: int) -> list[Task]:
         return await self._db.run(page, project, after or "", limit)

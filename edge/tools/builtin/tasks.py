@@ -147,6 +147,7 @@ async def disable(ctx: ToolContext, args: TaskRef) -> Task:
 
 async def delete(ctx: ToolContext, args: DeleteArgs) -> Deleted:
     runs = await ctx.services.tasks.delete(ctx.project, args.task_id, args.expected_revision, args.with_triggers)
+    ctx.services.users.forget(ctx.project, args.task_id)  # its data directory (and HOME) goes with it
     return Deleted(task_id=args.task_id, runs_deleted=runs)
 
 
