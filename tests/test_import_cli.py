@@ -303,7 +303,6 @@ def test_an_operator_imports_a_root_crontab_only_for_a_task_user(daemon, workdir
 
 @needs_root
 def test_qinglong_scripts_go_where_their_task_user_reads_them(daemon, workdir):
-    import pwd
 
     data = ql.make_data_dir(workdir)
     home = os.path.realpath(daemon.home)
