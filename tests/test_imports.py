@@ -70,7 +70,7 @@ def test_crontab_entries_env_and_nicknames():
     assert (backup.task.spec.working_dir, backup.task.spec.timeout_ms, backup.task.spec.overlap) == (
         "/root", 7_200_000, "forbid")
     assert {e.task.spec.user for e in plan.entries} == {"root"}  # the crontab's user
-    assert backup.task.name == "/usr/bin/backup.sh --full"
+    assert backup.task.name is None  # named after its program (the id), never its arguments
     assert plan.entries[4].notes == ["`%` is kept as it is, as busybox crond does (Vixie cron would make it a newline)"]
     problems = [(p.where, p.kind) for p in plan.problems]
     assert problems == [("line 5", "MAILTO"), ("line 14", "invalid schedule"), ("line 15", "unknown nickname"),

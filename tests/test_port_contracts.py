@@ -113,6 +113,26 @@ async def test_tasks_create_get_page_and_project_scope(stores: Stores):
     assert (await s.tasks.get(P, "b")) == first
 
 
+async def test_task_uids_are_stable_never_shared_and_go_with_the_task(stores: Stores):
+    s = stores
+    for name in ("a", "b", "c", "d"):
+        await s.tasks.create(P, name, name, spec(), T0, privileged=False)
+    assert await s.tasks.task_uid(P, "a") is None
+    a = await s.tasks.allocate_task_uid(P, "a", 100, 103, frozenset({101}), T0)
+    assert a == 100 and await s.tasks.task_uid(P, "a") == 100
+    assert await s.tasks.allocate_task_uid(P, "a", 100, 103, frozenset(), T0) == 100  # stable
+    assert await s.tasks.allocate_task_uid(P, "b", 100, 103, frozenset({101}), T0) == 102  # 101: a system user's
+    assert await s.tasks.allocate_task_uid(P, "c", 100, 103, frozenset({101}), T0) == 103
+    assert await code_of(s.tasks.allocate_task_uid(P, "d", 100, 103, frozenset({101}), T0)) == "resource_exhausted"
+    assert await code_of(s.tasks.allocate_task_uid(P, "gone", 100, 103, frozenset(), T0)) == "not_found"
+    await s.tasks.delete(P, "a", None, False)
+    assert await s.tasks.task_uid(P, "a") is None
+    # The uid a deleted task had comes back only once the range has wrapped around.
+    assert await s.tasks.allocate_task_uid(P, "d", 100, 103, frozenset({101}), T0) == 100
+    await s.tasks.create(P, "a", "a", spec(), T0, privileged=False)
+    assert await code_of(s.tasks.allocate_task_uid(P, "a", 100, 103, frozenset({101}), T0)) == "resource_exhausted"
+
+
 async def test_tasks_update_is_compare_and_set_and_keeps_revisions(stores: Stores):
     s = stores
     await s.tasks.create(P, "t", "T", spec(file="one"), T0, privileged=False)

@@ -111,6 +111,8 @@ def name_from_command(command: str) -> str:
             i += 1
             while i < len(words) and words[i].startswith("-"):
                 i += 1
+        elif re.search(r"[:@=?&%]", word):  # a URL or an assignment, not a program: no name from it
+            return "job"
         else:
             return slug(_stem(word))
     return "job"
@@ -262,7 +264,9 @@ def _crontab_entry(
     spec = TaskSpec(command=ShellCommand(command=command, shell=shell), env=dict(job_env),
                     working_dir=user.work_dir, timeout_ms=timeout_ms, user=user.name)
     key = import_key("crontab", user.name, expression, zone, command, sorted(job_env.items()))
-    task = ImportTask(key=key, task_id=name_from_command(command), spec=spec, name=_label(command),
+    # Named after its program alone (the id; a counter when taken): the command line may hold
+    # credentials, and a name is shown to every reader.
+    task = ImportTask(key=key, task_id=name_from_command(command), spec=spec,
                       triggers=[ImportTrigger(expression=expression, timezone=zone)])
     return Entry(where=where, task=task, notes=notes)
 

@@ -6,6 +6,8 @@ it; an AI task names no user, group, working directory or environment)."""
 from __future__ import annotations
 
 import itertools
+import re
+from collections.abc import Iterable
 from typing import Annotated, Literal
 
 import msgspec
@@ -253,6 +255,26 @@ def stored_spec(schema: object, raw: str | bytes) -> TaskSpec:
     if schema != spec_schema(spec):
         raise unknown_schema("task", schema)
     return spec
+
+
+# A free-text field (a task's name) that may hold a credential: it is masked as log text
+# is (edge.core.redaction), which a plain name never loads.
+_SUSPECT = re.compile(
+    r"[:@=/?&%+\\'\"]|pass|pwd|secret|token|key|auth|bearer|basic|cookie|session|sig|cred|[\w+/-]{16}|密|令牌|口令",
+    re.IGNORECASE)
+
+
+def redact_label(text: str, secrets: Iterable[str] = ()) -> str:
+    """`text` with every credential form and configured secret value (`secrets`) masked,
+    by the rules that mask run logs: what leaves the daemon as a low-sensitivity field
+    (a name) never carries a credential."""
+    values = [s for s in secrets if len(s) >= 3]
+    if _SUSPECT.search(text) is None and not any(v in text for v in values):
+        return text
+    from edge.core.redaction import Masker, apply, merge  # only for a name that may hold one
+
+    found = Masker(values).spans(text, cut_at_end=False)
+    return apply(text, merge(found)) if found else text
 
 
 _NAMED = 5  # triggers a refusal names; the count covers the rest

@@ -21,6 +21,7 @@ from edge.core.tasks import (
     ImportTask,
     Task,
     TaskSpec,
+    redact_label,
 )
 from edge.core.text import Label, Limit, Name, NonNegative
 from edge.core.triggers import CronSpec
@@ -106,9 +107,17 @@ def check_program(spec: TaskSpec) -> None:
                       " or a name to look up in PATH")
 
 
+async def label(ctx: ToolContext, name: str | None) -> str | None:
+    """A task's name as it is stored: free text that every reader may see (viewers, AI
+    clients, notifications), so a credential in it is masked as in a run's log."""
+    if name is None:
+        return None
+    return redact_label(name, await ctx.services.secrets.values(ctx.project))
+
+
 async def create(ctx: ToolContext, args: CreateArgs) -> Task:
     check_program(args.spec)
-    name = args.name or args.task_id
+    name = await label(ctx, args.name) or args.task_id
     spec = _named(ctx, args.spec)
     privileged = ctx.may_run(f"task {args.task_id}", spec)
     return await ctx.services.tasks.create(ctx.project, args.task_id, name, spec, ctx.now_ms(), privileged=privileged)
@@ -119,7 +128,8 @@ async def update(ctx: ToolContext, args: UpdateArgs) -> Task:
     spec = _named(ctx, args.spec)
     privileged = ctx.may_run(f"task {args.task_id}", spec)
     return await ctx.services.tasks.update(
-        ctx.project, args.task_id, args.expected_revision, spec, args.name, ctx.now_ms(), privileged=privileged
+        ctx.project, args.task_id, args.expected_revision, spec, await label(ctx, args.name), ctx.now_ms(),
+        privileged=privileged,
     )
 
 
@@ -155,7 +165,7 @@ async def import_task(ctx: ToolContext, args: ImportTask) -> ImportedTask:
     """A task with its triggers from an import (crond, qinglong), once per import key;
     checked like any task the caller writes."""
     check_program(args.spec)
-    args = msgspec.structs.replace(args, spec=_named(ctx, args.spec))
+    args = msgspec.structs.replace(args, spec=_named(ctx, args.spec), name=await label(ctx, args.name))
     privileged = ctx.may_run(f"task {args.task_id}", args.spec)
     triggers = ctx.services.triggers
     specs: list[CronSpec] = []
