@@ -285,9 +285,9 @@ def test_an_operator_imports_a_root_crontab_only_for_a_task_user(daemon, workdir
     _, operator = daemon.token("operator")
     refused = daemon.cli("import", "crontab", path, token=operator)
     assert refused.returncode == 1 and refused.stderr == (
-        "qledge: permission_denied: task id: runs as root; that requires permission task.privileged (the entries"
-        " run as root, the crontab's user: import as an owner, or name one of the daemon's [runner] task_users"
-        " with --user)\n")
+        "qledge: permission_denied: nothing was imported: 2 entries would be refused (line 1, line 2): task id:"
+        " runs as root; that requires permission task.privileged (the entries run as root, the crontab's user:"
+        " import as an owner, or name one of the daemon's [runner] task_users with --user)\n")
     assert task_ids(daemon) == [] and daemon.call("qledge.import.list")["imports"] == []
     missing = daemon.cli("import", "crontab", path, "--user", "no-such-user-here", token=operator)
     assert missing.returncode == 2 and missing.stderr == (

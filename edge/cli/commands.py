@@ -693,11 +693,18 @@ def batches(items: list[T]) -> list[list[T]]:
 
 
 def _import_calls(doc: backup_tools.Document, replace: bool, dry: bool) -> list[tuple[str, msgspec.Struct]]:
-    """Tasks first, then the triggers that name them, then secrets."""
+    """Tasks and triggers as the parts of one session (checked together and written in one
+    transaction by its last part), then secrets."""
+    import os
+
+    parts: list[tuple[list[backup_tools.ExportedTask], list[backup_tools.ExportedTrigger]]] = [
+        (b, []) for b in batches(doc.tasks)] + [([], b) for b in batches(doc.triggers)]
+    session = os.urandom(12).hex()
     calls: list[tuple[str, msgspec.Struct]] = [
-        ("qledge.import", backup_tools.ImportArgs(tasks=b, replace=replace, dry_run=dry)) for b in batches(doc.tasks)]
-    calls += [("qledge.import", backup_tools.ImportArgs(triggers=b, replace=replace, dry_run=dry))
-              for b in batches(doc.triggers)]
+        ("qledge.import", backup_tools.ImportArgs(tasks=tasks, triggers=triggers, replace=replace, dry_run=dry,
+                                                  session=backup_tools.ImportSession(id=session, part=n,
+                                                                                     last=n == len(parts) - 1)))
+        for n, (tasks, triggers) in enumerate(parts)]
     calls += [("qledge.secret.import", backup_tools.SecretImportArgs(secrets=b, replace=replace, dry_run=dry))
               for b in batches(doc.secrets or [])]
     return calls
@@ -705,18 +712,27 @@ def _import_calls(doc: backup_tools.Document, replace: bool, dry: bool) -> list[
 
 def import_state(c: Client, a: argparse.Namespace) -> int:
     doc = read_document(a.file)
-    # A dry pass over everything first: a conflict anywhere (or a missing permission) is
-    # found before anything is written.
+    # A dry pass over everything first: every entry that would be refused (a permission, a
+    # user, a secret, a schedule, a changed spec) or that differs is found before anything
+    # is written, and all of them are named.
     report = backup_tools.ImportReport()
     for tool_name, args in _import_calls(doc, a.replace, dry=True):
         report.add(c.typed(tool_name, args, backup_tools.ImportReport))
-    if report.conflicts:
+    if report.refused_count or report.conflicts:
         if a.json:
             render.json_out(report)
+        if report.refused_count:
+            line = backup_tools.refused_line(report.refused, report.refused_count)
+            if report.conflicts:
+                line += f"; {len(report.conflicts)} more differ from what this daemon has (--replace overwrites them)"
+            raise CallFailed(report.refused_code or "invalid_argument", line)
         raise CallFailed("conflict", backup_tools.refusal(report.conflicts) + " (qledge import --replace overwrites)")
     if not a.dry_run:
+        # Secrets first (their own transactions), then every task and trigger in one.
+        calls = _import_calls(doc, a.replace, dry=False)
         report = backup_tools.ImportReport()
-        for tool_name, args in _import_calls(doc, a.replace, dry=False):
+        for tool_name, args in [*(x for x in calls if x[0] != "qledge.import"),
+                                *(x for x in calls if x[0] == "qledge.import")]:
             report.add(c.typed(tool_name, args, backup_tools.ImportReport))
 
     def human(r: backup_tools.ImportReport) -> None:

@@ -121,16 +121,89 @@ def _task_ids(c: Client) -> set[str]:
     return set(all_pages(page))
 
 
-def _apply_tasks(c: Client, report: Report, entries: list[Entry], records: dict[str, ImportRecord],
-                 dry_run: bool, who: str) -> list[Entry]:
-    """Create the entries not imported before (ids free among the daemon's tasks); returns
-    the entries that are in qledge now, created or from an earlier import. `who` says
-    whom the tasks run as and why, for a refusal that concerns them all."""
+_BATCH_ITEMS = 256  # entries per qledge.import.tasks call
+_BATCH_BYTES = 160 << 10  # and about this much of a call's 256 KiB frame
+
+
+def _batches(entries: list[Entry]) -> list[list[Entry]]:
+    out: list[list[Entry]] = []
+    size = 0
+    for entry in entries:
+        n = len(msgspec.msgpack.encode(entry.task))
+        if not out or len(out[-1]) >= _BATCH_ITEMS or size + n > _BATCH_BYTES:
+            out.append([])
+            size = 0
+        out[-1].append(entry)
+        size += n
+    return out
+
+
+def _import_calls(c: Client, entries: list[Entry], check: bool) -> list[ImportedTask]:
+    results: list[ImportedTask] = []
+    for batch in _batches(entries):
+        got = c.typed("qledge.import.tasks", task_tools.ImportTasksArgs(items=[e.task for e in batch], check=check),
+                      task_tools.ImportTasksResult)
+        if len(got.results) != len(batch):
+            raise CallFailed("internal", "the daemon answered an import batch with another number of results")
+        results += got.results
+    return results
+
+
+def _check_tasks(c: Client, report: Report, entries: list[Entry], records: dict[str, ImportRecord],
+                 who: str) -> list[Entry]:
+    """Every entry not imported before checked by the daemon as its import would be, before
+    anything is written; the entries qledge can import (ids free among the daemon's tasks).
+    An entry the daemon refuses for itself alone (its working directory) is reported and the
+    import goes on; a refusal that concerns every entry (whom the tasks run as, the caller's
+    permissions) stops it here, naming the entries (the first ones, and how many)."""
     problems = {id(e): p for e in entries if (p := unrepresentable(e)) is not None}
     report.not_imported += problems.values()
     entries = [e for e in entries if id(e) not in problems]
     fresh = [e for e in entries if e.task.key not in records]
     assign_ids(fresh, _task_ids(c))
+    stops: list[tuple[Entry, ImportedTask]] = []
+    refused: set[int] = set()
+    for entry, result in zip(fresh, _import_calls(c, fresh, check=True), strict=True):
+        if result.status != "refused":
+            continue
+        refused.add(id(entry))
+        local = _local_refusal(entry, result)
+        if local is None:
+            stops.append((entry, result))
+        else:
+            report.not_imported.append(local)
+    if stops:
+        raise _stopped(stops, who)
+    return [e for e in entries if id(e) not in refused]
+
+
+def _local_refusal(entry: Entry, result: ImportedTask) -> Problem | None:
+    message = result.message or ""
+    if result.code == "invalid_argument" and message.startswith("working directory"):
+        return Problem(entry.where, entry.task.name or entry.task.task_id, f"the daemon refuses it: {message}",
+                       "working directory refused")
+    return None
+
+
+def _stopped(stops: list[tuple[Entry, ImportedTask]], who: str) -> CallFailed:
+    entry, first = stops[0]
+    code = first.code or "invalid_argument"
+    message = first.message or "refused"
+    if code == "permission_denied" and "task.privileged" in message:
+        message += (f" ({who}: import as an owner, or name one of the daemon's [runner] task_users with --user)")
+    elif code == "invalid_argument" and ("user" in message or "group" in message):
+        message += f" ({who}; --user USER names another)"
+    where = ", ".join(e.where for e, _ in stops[:5]) + (f" and {len(stops) - 5} more" if len(stops) > 5 else "")
+    return CallFailed(code, f"nothing was imported: {len(stops)} entries would be refused ({where}): {message}")
+
+
+def _apply_tasks(c: Client, report: Report, entries: list[Entry], records: dict[str, ImportRecord],
+                 dry_run: bool) -> list[Entry]:
+    """Create the checked entries (_check_tasks) not imported before, in batches of one
+    transaction each; returns the entries that are in qledge now, created or from an
+    earlier import."""
+    fresh = [e for e in entries if e.task.key not in records]
+    made = {} if dry_run else dict(zip((id(e) for e in fresh), _import_calls(c, fresh, check=False), strict=True))
     kept: list[Entry] = []
     for entry in entries:
         triggers = [t.expression for t in entry.task.triggers]
@@ -140,32 +213,17 @@ def _apply_tasks(c: Client, report: Report, entries: list[Entry], records: dict[
         elif dry_run:
             status, task_id = "create", entry.task.task_id
         else:
-            try:
-                made = c.typed("qledge.import.task", entry.task, ImportedTask)
-            except CallFailed as exc:
-                refused = _refused(entry, exc, who)
-                report.not_imported.append(refused)
+            result = made[id(entry)]
+            if result.status == "refused":  # changed since it was checked (a directory removed meanwhile)
+                report.not_imported.append(_local_refusal(entry, result) or Problem(
+                    entry.where, entry.task.name or entry.task.task_id, f"the daemon refuses it: {result.message}",
+                    "refused"))
                 continue
-            status, task_id = made.status, made.task_id
+            status, task_id = result.status, result.task_id
         kept.append(entry)
         report.tasks.append(PlannedTask(where=entry.where, status=status, task_id=task_id, command=_command(entry),
                                         triggers=triggers, enabled=entry.task.enabled, notes=entry.notes))
     return kept
-
-
-def _refused(entry: Entry, exc: CallFailed, who: str) -> Problem:
-    """A working directory the daemon refuses concerns its entry alone: reported, and the
-    import goes on. Anything else (whom the tasks run as, the caller's permissions) would
-    refuse every entry: the import stops there, with one line saying what to do."""
-    if exc.code == "invalid_argument" and exc.message.startswith("working directory"):
-        return Problem(entry.where, entry.task.name or entry.task.task_id, f"the daemon refuses it: {exc.message}",
-                       "working directory refused")
-    if exc.code == "permission_denied" and "task.privileged" in exc.message:
-        raise CallFailed(exc.code, f"{exc.message} ({who}: import as an owner, or name one of the daemon's"
-                         " [runner] task_users with --user)") from None
-    if exc.code == "invalid_argument" and ("user" in exc.message or "group" in exc.message):
-        raise CallFailed(exc.code, f"{exc.message} ({who}; --user USER names another)") from None
-    raise exc
 
 
 def _order(where: str) -> tuple[str, int]:
@@ -292,7 +350,9 @@ def import_crontab(c: Client, a: argparse.Namespace) -> int:
     plan = parse_crontab(text, user, _timeout_ms(a))
     report = Report(source=path, dry_run=a.dry_run, not_imported=list(plan.problems))
     who = f"the entries run as {user.name}, " + ("as --user says" if a.user else "the crontab's user")
-    entries = _apply_tasks(c, report, plan.entries, _records(c), a.dry_run, who)
+    records = _records(c)
+    entries = _check_tasks(c, report, plan.entries, records, who)
+    entries = _apply_tasks(c, report, entries, records, a.dry_run)
     for line, first in plan.duplicates:
         report.notices.append(f"line {line}: the same entry as line {first}: imported once")
     if a.disable_source:
@@ -1048,6 +1108,12 @@ def _interpreters(entries: list[Entry]) -> list[str]:
     return [f"{n} is not on PATH here: install it before the tasks that use it run" for n in missing]
 
 
+def _ql_entries(data: QlData, place: QlPlace, usable: dict[str, str]) -> list[Entry | Problem]:
+    if len(usable) > 128:
+        raise UsageError(f"qinglong's environment has {len(usable)} variables; a task takes at most 128")
+    return [ql_entry(ql_cron(row), place, usable) for row in data.crons]
+
+
 def import_qinglong(c: Client, a: argparse.Namespace) -> int:
     with qinglong_source(a.path) as source:
         if a.scripts_in_place and (source.data_dir is None or source.unpacked):
@@ -1067,23 +1133,30 @@ def import_qinglong(c: Client, a: argparse.Namespace) -> int:
                         user=user, copied=not a.scripts_in_place)
         wanted, held, config_keys, other = _plan_secrets(data, source, a.with_notifications)
         records = _records(c)
+        who = (f"the tasks run as {user}, " + ("as --user says" if a.user else "as every script did under qinglong"))
+        copy = scripts_src is not None and os.path.isdir(scripts_src) and not a.scripts_in_place
+        # Everything is checked before anything is written: every entry, as its import would
+        # be (with the secrets it will reference), and where the scripts go.
+        planned = _ql_entries(data, place, _store_secrets(c, Report(source="", dry_run=True), wanted, records, True))
+        _check_tasks(c, Report(source="", dry_run=True), [e for e in planned if isinstance(e, Entry)], records, who)
+        if copy and not a.dry_run:
+            assert scripts_src is not None
+            _copy_scripts(scripts_src, scripts_dir, top, dry_run=True)
         usable = _store_secrets(c, report, wanted, records, a.dry_run)
-        if len(usable) > 128:
-            raise UsageError(f"qinglong's environment has {len(usable)} variables; a task takes at most 128")
         entries: list[Entry] = []
-        for row in data.crons:
-            planned = ql_entry(ql_cron(row), place, usable)
-            if isinstance(planned, Entry):
-                entries.append(planned)
+        for entry in _ql_entries(data, place, usable):
+            if isinstance(entry, Entry):
+                entries.append(entry)
             else:
-                report.not_imported.append(planned)
-        if scripts_src and os.path.isdir(scripts_src) and not a.scripts_in_place:
+                report.not_imported.append(entry)
+        if copy:
+            assert scripts_src is not None
             report.notices.append(_copy_scripts(scripts_src, scripts_dir, top, a.dry_run))
         elif scripts_src is None:
             report.notices.append("no scripts directory beside this database: the tasks expect their scripts in"
                                   f" {scripts_dir}")
-        who = (f"the tasks run as {user}, " + ("as --user says" if a.user else "as every script did under qinglong"))
-        _apply_tasks(c, report, entries, records, a.dry_run, who)
+        entries = _check_tasks(c, report, entries, records, who)
+        _apply_tasks(c, report, entries, records, a.dry_run)
         if a.with_notifications:
             _ql_channels(c, report, data, wanted, usable, records, a.dry_run)
         report.notices += _ql_notices(data, source, held, config_keys, other, a.with_notifications)

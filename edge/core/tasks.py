@@ -322,13 +322,17 @@ class ImportTask(msgspec.Struct, rename="camel", forbid_unknown_fields=True, omi
     triggers: Annotated[list[ImportTrigger], msgspec.Meta(max_length=MAX_TRIGGERS)] = []
 
 
-class ImportedTask(msgspec.Struct, rename="camel"):
-    """What an ImportTask did: `created`, or `exists` (its key was on record: nothing new)."""
+class ImportedTask(msgspec.Struct, rename="camel", omit_defaults=True):
+    """What an ImportTask did: `created`, or `exists` (its key was on record: nothing new);
+    in a batch also `checked` (it would be created: nothing written) or `refused` (with the
+    error `code` and `message` its own import would have raised)."""
 
     key: str
-    status: Literal["created", "exists"]
+    status: Literal["created", "exists", "checked", "refused"]
     task_id: str
-    trigger_ids: list[str]
+    trigger_ids: list[str] = []
+    code: str | None = None
+    message: str | None = None
 
 
 SecretImport = Literal["created", "exists", "taken"]  # taken: a secret of that name was there, not imported

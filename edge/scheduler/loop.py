@@ -27,7 +27,7 @@ from edge.core.tasks import ImportedTask, ImportTask
 from edge.core.ports.stores import RunAdmission, RunStore, TaskStore, TriggerStore
 from edge.core.runs import Run
 from edge.core.schedule import GRACE_MS
-from edge.core.triggers import Admission, CronSpec, SkippedFires, Trigger, TriggerEvent
+from edge.core.triggers import Admission, CronSpec, ImportPlan, PreparedImport, SkippedFires, Trigger, TriggerEvent
 
 log = logging.getLogger("qledge.scheduler")
 
@@ -367,6 +367,21 @@ class Triggers:
         if imported.status == "created":
             self._changed()
         return imported
+
+    async def import_tasks(self, project: str, items: list[PreparedImport], now_ms: int) -> list[ImportedTask]:
+        if self._tasks is None:
+            raise ToolError("unavailable", "imports are not wired in this daemon")
+        imported = await self._tasks.import_tasks(project, items, now_ms)
+        if any(i.status == "created" for i in imported):
+            self._changed()
+        return imported
+
+    async def apply_import(self, project: str, plan: ImportPlan, now_ms: int) -> None:
+        if self._tasks is None:
+            raise ToolError("unavailable", "imports are not wired in this daemon")
+        await self._tasks.apply_import(project, plan, now_ms)
+        if plan.tasks or plan.triggers:  # triggers that followed a task moved with it
+            self._changed()
 
     async def get(self, project: str, trigger_id: str) -> Trigger | None:
         return await self._store.get(project, trigger_id)

@@ -12,7 +12,7 @@ from edge.core.ports.stores import TriggerStore
 from edge.core.reads import Counts
 from edge.core.runs import ActorType, Run, RunDefaults
 from edge.core.tasks import RunAs, Task
-from edge.core.triggers import CronSpec
+from edge.core.triggers import CronSpec, ImportPlan, PreparedImport
 
 
 class Clock(Protocol):
@@ -155,6 +155,14 @@ class TriggerService(TriggerStore, Protocol):
         self, project: str, item: ImportTask, triggers: list[CronSpec], now_ms: int, *, privileged: bool
     ) -> ImportedTask:
         """TaskStore.import_task, then the scheduler looks at the new triggers."""
+        ...
+
+    async def apply_import(self, project: str, plan: ImportPlan, now_ms: int) -> None:
+        """TaskStore.apply_import, then the scheduler looks at the triggers."""
+        ...
+
+    async def import_tasks(self, project: str, items: list[PreparedImport], now_ms: int) -> list[ImportedTask]:
+        """TaskStore.import_tasks, then the scheduler looks at the new triggers."""
         ...
 
 

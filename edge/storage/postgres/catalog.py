@@ -24,7 +24,7 @@ from edge.core.tasks import (
     has_triggers,
     next_uid,
 )
-from edge.core.triggers import SPEC_SCHEMA, CronSpec, Trigger, TriggerEvent
+from edge.core.triggers import SPEC_SCHEMA, CronSpec, ImportPlan, PreparedImport, Trigger, TriggerEvent
 from edge.core.triggers import stored_spec as stored_cron_spec
 from edge.storage.postgres.db import PgDatabase, Row, Tx
 
@@ -186,9 +186,36 @@ async def _insert_free_task(tx: Tx, project: str, item: ImportTask, now: int, pr
     raise conflict(f"too many tasks are named {item.task_id!r}")
 
 
+async def _import_tasks(tx: Tx, project: str, items: list[PreparedImport], now: int) -> list[ImportedTask]:
+    return [await _import_task(tx, project, p.item, p.triggers, now, p.privileged) for p in items]
+
+
 async def _imports(tx: Tx, project: str, after: str, limit: int) -> list[ImportRecord]:
     return [ImportRecord(key=k, kind=kind, target=t, created_at_ms=c)
             for k, kind, t, c in await tx.rows(SQL_IMPORTS, (project, after, limit))]
+
+
+async def _apply_import(tx: Tx, project: str, plan: ImportPlan, now: int) -> None:
+    for trigger in plan.triggers:  # as planned, before the tasks' new heads move the triggers that follow them
+        if trigger.expected is not None:
+            await _head(tx, project, trigger.id, trigger.expected)
+    for task in plan.tasks:
+        if task.expected is None:
+            if not await _insert_task(tx, project, task.id, task.name, task.spec, now, task.privileged, task.enabled):
+                raise conflict(f"task {task.id!r} already exists")
+        else:
+            await _new_task_revision(tx, project, task.id, task.expected, now, task.spec, task.enabled, task.name,
+                                     task.privileged)
+    for trigger in plan.triggers:
+        if trigger.recreate:
+            await _delete_trigger(tx, project, trigger.id, None)
+        if trigger.expected is None or trigger.recreate:
+            await insert_trigger(tx, project, trigger.id, trigger.task_id, None, trigger.spec, now, trigger.enabled)
+            continue
+        _schedule(trigger.spec)
+        await _update_trigger(tx, project, trigger.id, trigger.spec, None, now)
+        await _repin(tx, project, trigger.id, None, None, now)  # it runs the head it imports
+        await _set_trigger_enabled(tx, project, trigger.id, trigger.enabled, None, now)
 
 
 UID_CURSOR = "task_uids.next"  # meta: where the next allocation starts looking
@@ -253,8 +280,14 @@ class PgTaskStore:
     ) -> ImportedTask:
         return await self._db.tx(_import_task, project, item, triggers, now_ms, privileged)
 
+    async def import_tasks(self, project: str, items: list[PreparedImport], now_ms: int) -> list[ImportedTask]:
+        return await self._db.tx(_import_tasks, project, items, now_ms)
+
     async def imports(self, project: str, after: str | None, limit: int) -> list[ImportRecord]:
         return await self._db.tx(_imports, project, after or "", limit)
+
+    async def apply_import(self, project: str, plan: ImportPlan, now_ms: int) -> None:
+        await self._db.tx(_apply_import, project, plan, now_ms)
 
     async def task_uid(self, project: str, task_id: str) -> int | None:
         return await self._db.tx(_task_uid, project, task_id)

@@ -120,7 +120,19 @@ def adopt_page_size(conn: apsw.Connection) -> None:
 
 @contextmanager
 def immediate(conn: apsw.Connection) -> Iterator[None]:
-    """One `BEGIN IMMEDIATE` transaction: all of it commits or none of it does."""
+    """One `BEGIN IMMEDIATE` transaction: all of it commits or none of it does. Inside a
+    transaction already, a savepoint of it: what the enclosing one does with it holds
+    (an import writes many tasks and triggers in one transaction)."""
+    if conn.in_transaction:
+        conn.execute("SAVEPOINT nested")
+        try:
+            yield
+        except BaseException:
+            conn.execute("ROLLBACK TO nested")
+            conn.execute("RELEASE nested")
+            raise
+        conn.execute("RELEASE nested")
+        return
     conn.execute("BEGIN IMMEDIATE")
     try:
         yield

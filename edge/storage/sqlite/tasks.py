@@ -9,7 +9,7 @@ from edge.core.errors import conflict, not_found
 from edge.core.tasks import ImportedTask, ImportRecord, ImportTask
 from edge.core.ports.stores import RunLogFiles
 from edge.core.tasks import Task, TaskSpec, content_digest, has_triggers, next_uid, spec_schema, stored_spec
-from edge.core.triggers import CronSpec
+from edge.core.triggers import CronSpec, ImportPlan, PreparedImport
 from edge.storage.sqlite import triggers as trigger_sql
 from edge.storage.sqlite.db import Database, immediate
 
@@ -163,6 +163,11 @@ def import_task(
     return ImportedTask(key=item.key, status="created", task_id=task_id, trigger_ids=ids)
 
 
+def import_tasks(conn: apsw.Connection, project: str, items: list[PreparedImport], now: int) -> list[ImportedTask]:
+    with immediate(conn):  # each import_task is a savepoint of this one transaction
+        return [import_task(conn, project, p.item, p.triggers, now, p.privileged) for p in items]
+
+
 def imports(conn: apsw.Connection, project: str, after: str, limit: int) -> list[ImportRecord]:
     return [ImportRecord(key=k, kind=kind, target=t, created_at_ms=c)
             for k, kind, t, c in conn.execute(SQL_IMPORTS, (project, after, limit))]
@@ -190,6 +195,28 @@ def delete(conn: apsw.Connection, project: str, task_id: str, expected: int | No
         removed = [rid for (rid,) in conn.execute(SQL_DELETE_TASK_RUNS, (project, task_id))]
         conn.execute("DELETE FROM tasks WHERE project_id = ? AND id = ?", (project, task_id))
     return removed
+
+
+def apply_import(conn: apsw.Connection, project: str, plan: ImportPlan, now: int) -> None:
+    with immediate(conn):  # the writes below are savepoints of this one transaction
+        for trigger in plan.triggers:  # as planned, before the tasks' new heads move the triggers that follow them
+            if trigger.expected is not None:
+                trigger_sql.head(conn, project, trigger.id, trigger.expected)
+        for task in plan.tasks:
+            if task.expected is None:
+                _insert(conn, project, task.id, task.name, task.spec, now, task.privileged, task.enabled)
+            else:
+                _new_revision(conn, project, task.id, task.expected, now, task.spec, task.enabled, task.name,
+                              task.privileged)
+        for trigger in plan.triggers:
+            if trigger.recreate:
+                trigger_sql.delete(conn, project, trigger.id, None)
+            if trigger.expected is None or trigger.recreate:
+                trigger_sql.insert(conn, project, trigger.id, trigger.task_id, None, trigger.spec, now, trigger.enabled)
+                continue
+            trigger_sql.update(conn, project, trigger.id, trigger.spec, None, now)
+            trigger_sql.repin(conn, project, trigger.id, None, None, now)  # it runs the head it imports
+            trigger_sql.set_enabled(conn, project, trigger.id, trigger.enabled, None, now)
 
 
 UID_CURSOR = "task_uids.next"  # meta: where the next allocation starts looking
@@ -250,8 +277,14 @@ class SqliteTaskStore:
     ) -> ImportedTask:
         return await self._db.run(import_task, project, item, triggers, now_ms, privileged)
 
+    async def import_tasks(self, project: str, items: list[PreparedImport], now_ms: int) -> list[ImportedTask]:
+        return await self._db.run(import_tasks, project, items, now_ms)
+
     async def imports(self, project: str, after: str | None, limit: int) -> list[ImportRecord]:
         return await self._db.run(imports, project, after or "", limit)
+
+    async def apply_import(self, project: str, plan: ImportPlan, now_ms: int) -> None:
+        await self._db.run(apply_import, project, plan, now_ms)
 
     async def task_uid(self, project: str, task_id: str) -> int | None:
         return await self._db.run(task_uid, project, task_id)

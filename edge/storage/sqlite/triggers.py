@@ -188,7 +188,7 @@ def create(
         return insert(conn, project, trigger_id, task_id, task_revision, spec, now)
 
 
-def _head(conn: apsw.Connection, project: str, trigger_id: str, expected: int | None) -> Trigger:
+def head(conn: apsw.Connection, project: str, trigger_id: str, expected: int | None) -> Trigger:
     trigger = get(conn, project, trigger_id)
     if trigger is None:
         raise not_found(f"trigger {trigger_id!r} not found")
@@ -225,7 +225,7 @@ def set_enabled(
     conn: apsw.Connection, project: str, trigger_id: str, enabled: bool, expected: int | None, now: int
 ) -> Trigger:
     with immediate(conn):
-        current = _head(conn, project, trigger_id, expected)
+        current = head(conn, project, trigger_id, expected)
         armed = current.next_fire_at_ms is not None or current.spec.expression == REBOOT
         if current.enabled == enabled and (not enabled or armed):
             return current
@@ -236,7 +236,7 @@ def repin(
     conn: apsw.Connection, project: str, trigger_id: str, task_revision: int | None, expected: int | None, now: int
 ) -> Trigger:
     with immediate(conn):
-        current = _head(conn, project, trigger_id, expected)
+        current = head(conn, project, trigger_id, expected)
         pin = _task_revision(conn, project, current.task_id, task_revision)
         if pin == current.task_revision:
             return current
@@ -253,7 +253,7 @@ def update(
 ) -> Trigger:
     _schedule(spec)  # refused before the transaction: a spec that cannot fire is never stored
     with immediate(conn):
-        current = _head(conn, project, trigger_id, expected)
+        current = head(conn, project, trigger_id, expected)
         if current.spec == spec:
             return current
         return _revise(conn, current, now, current.enabled, current.task_revision, spec)
@@ -270,7 +270,7 @@ def follow_task(conn: apsw.Connection, project: str, task_id: str, old: int, new
 
 def delete(conn: apsw.Connection, project: str, trigger_id: str, expected: int | None) -> None:
     with immediate(conn):
-        _head(conn, project, trigger_id, expected)
+        head(conn, project, trigger_id, expected)
         conn.execute("DELETE FROM triggers WHERE project_id = ? AND id = ?", (project, trigger_id))
 
 

@@ -7,9 +7,11 @@ Disabling and deleting only stop things and need task.write alone."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
-from edge.core.errors import invalid, not_found
+from edge.core.errors import ToolError, invalid, not_found
 from edge.core.reads import keyset
 from edge.core.schedule import ScheduleError, normalize
 from edge.core.tasks import (
@@ -24,9 +26,9 @@ from edge.core.tasks import (
     redact_label,
 )
 from edge.core.text import Label, Limit, Name, NonNegative
-from edge.core.triggers import CronSpec
+from edge.core.triggers import CronSpec, PreparedImport
 from edge.tools.context import ToolContext
-from edge.tools.definition import tool
+from edge.tools.definition import WRITE_DEADLINE_S, tool
 
 
 class CreateArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
@@ -89,7 +91,7 @@ async def _get(ctx: ToolContext, task_id: str) -> Task:
     return task
 
 
-def _named(ctx: ToolContext, spec: TaskSpec) -> TaskSpec:
+def named(ctx: ToolContext, spec: TaskSpec) -> TaskSpec:
     """A spec always names its user: one that does not gets the default now, so what it
     runs as never changes behind its back when the configuration does."""
     if spec.user is not None or isinstance(spec.command, AgentInstruction):  # an AI run is the [agent] user
@@ -107,25 +109,26 @@ def check_program(spec: TaskSpec) -> None:
                       " or a name to look up in PATH")
 
 
-async def label(ctx: ToolContext, name: str | None) -> str | None:
+async def label(ctx: ToolContext, name: str | None, values: list[str] | None = None) -> str | None:
     """A task's name as it is stored: free text that every reader may see (viewers, AI
-    clients, notifications), so a credential in it is masked as in a run's log."""
+    clients, notifications), so a credential in it is masked as in a run's log (`values`:
+    the project's secret values, when the caller has them already)."""
     if name is None:
         return None
-    return redact_label(name, await ctx.services.secrets.values(ctx.project))
+    return redact_label(name, values if values is not None else await ctx.services.secrets.values(ctx.project))
 
 
 async def create(ctx: ToolContext, args: CreateArgs) -> Task:
     check_program(args.spec)
     name = await label(ctx, args.name) or args.task_id
-    spec = _named(ctx, args.spec)
+    spec = named(ctx, args.spec)
     privileged = ctx.may_run(f"task {args.task_id}", spec)
     return await ctx.services.tasks.create(ctx.project, args.task_id, name, spec, ctx.now_ms(), privileged=privileged)
 
 
 async def update(ctx: ToolContext, args: UpdateArgs) -> Task:
     check_program(args.spec)
-    spec = _named(ctx, args.spec)
+    spec = named(ctx, args.spec)
     privileged = ctx.may_run(f"task {args.task_id}", spec)
     return await ctx.services.tasks.update(
         ctx.project, args.task_id, args.expected_revision, spec, await label(ctx, args.name), ctx.now_ms(),
@@ -161,23 +164,62 @@ async def delete(ctx: ToolContext, args: DeleteArgs) -> Deleted:
     return Deleted(task_id=args.task_id, runs_deleted=runs)
 
 
-async def import_task(ctx: ToolContext, args: ImportTask) -> ImportedTask:
-    """A task with its triggers from an import (crond, qinglong), once per import key;
-    checked like any task the caller writes."""
+def _prepared(ctx: ToolContext, args: ImportTask, name: str | None) -> PreparedImport:
+    """An import's task checked like any task the caller writes (raises what that raises)."""
     check_program(args.spec)
-    args = msgspec.structs.replace(args, spec=_named(ctx, args.spec), name=await label(ctx, args.name))
+    args = msgspec.structs.replace(args, spec=named(ctx, args.spec), name=name)
     privileged = ctx.may_run(f"task {args.task_id}", args.spec)
-    triggers = ctx.services.triggers
     specs: list[CronSpec] = []
     for wanted in args.triggers:
         try:
             spec = CronSpec(expression=normalize(wanted.expression), misfire=wanted.misfire,
-                            timezone=wanted.timezone or triggers.default_timezone)
+                            timezone=wanted.timezone or ctx.services.triggers.default_timezone)
             spec.schedule()
         except ScheduleError as exc:
             raise invalid(str(exc)) from None
         specs.append(spec)
-    return await triggers.import_task(ctx.project, args, specs, ctx.now_ms(), privileged=privileged)
+    return PreparedImport(item=args, triggers=specs, privileged=privileged)
+
+
+async def import_task(ctx: ToolContext, args: ImportTask) -> ImportedTask:
+    """A task with its triggers from an import (crond, qinglong), once per import key;
+    checked like any task the caller writes."""
+    ready = _prepared(ctx, args, await label(ctx, args.name))
+    return await ctx.services.triggers.import_task(ctx.project, ready.item, ready.triggers, ctx.now_ms(),
+                                                   privileged=ready.privileged)
+
+
+IMPORT_BATCH = 512  # entries one call may carry (its frame is bounded too)
+
+
+class ImportTasksArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
+    items: Annotated[list[ImportTask], msgspec.Meta(max_length=IMPORT_BATCH)]
+    check: bool = False  # check every entry as its import would, write nothing
+
+
+class ImportTasksResult(msgspec.Struct, rename="camel"):
+    results: list[ImportedTask]  # one per item, in order
+
+
+async def import_tasks(ctx: ToolContext, args: ImportTasksArgs) -> ImportTasksResult:
+    """Many of qledge.import.task at once: each entry checked (one that may not be imported
+    is `refused`, with the error its own import would raise), then the others written in one
+    transaction; with `check`, nothing is written (`checked`)."""
+    values = await ctx.services.secrets.values(ctx.project)
+    results: list[ImportedTask | None] = []
+    ready: list[PreparedImport] = []
+    for item in args.items:
+        try:
+            ready.append(_prepared(ctx, item, await label(ctx, item.name, values)))
+            results.append(None)
+        except ToolError as exc:
+            results.append(ImportedTask(key=item.key, status="refused", task_id=item.task_id, code=exc.code,
+                                        message=exc.message))
+    if args.check:
+        made = iter([ImportedTask(key=r.item.key, status="checked", task_id=r.item.task_id) for r in ready])
+    else:
+        made = iter(await ctx.services.triggers.import_tasks(ctx.project, ready, ctx.now_ms()) if ready else [])
+    return ImportTasksResult(results=[r if r is not None else next(made) for r in results])
 
 
 async def list_imports(ctx: ToolContext, args: ImportListArgs) -> ImportPage:
@@ -199,6 +241,9 @@ TOOLS = [
     tool("qledge.import.task", import_task, ImportTask, ImportedTask, effect="write", risk="medium",
          permission=("task.write", "trigger.write"),
          title="Create a task with its triggers from an import, once per import key"),
+    tool("qledge.import.tasks", import_tasks, ImportTasksArgs, ImportTasksResult, effect="write", risk="medium",
+         permission=("task.write", "trigger.write"), deadline_s=4 * WRITE_DEADLINE_S,
+         title="Check, or create, many tasks with their triggers from an import, once per import key"),
     tool("qledge.import.list", list_imports, ImportListArgs, ImportPage, effect="read", risk="medium",
          permission="task.inspect", title="What earlier imports created, by import key"),
     tool("qledge.task.get", get, TaskId, Task, effect="read", risk="medium", permission="task.inspect",
