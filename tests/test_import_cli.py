@@ -542,3 +542,45 @@ def test_once_trigger_runs_once_and_disables_itself(daemon):
     assert (trigger["enabled"], trigger["revision"], trigger.get("nextFireAtMs")) == (False, 2, None)
     time.sleep(1)
     assert len(as_json(daemon.cli("run", "list", "--json"))) == 1
+
+
+# -- bounded input, linear time -------------------------------------------------------
+
+
+def test_a_line_no_shell_would_take_is_refused_by_its_number(daemon, workdir):
+    path = os.path.join(workdir, "root")
+    long = "0 2 * * * echo " + "x  " * ((10 << 20) // 3)  # 10 MB, with room to backtrack over
+    with open(path, "w") as f:
+        f.write(f"0 1 * * * /usr/bin/one\n{long}\n0 3 * * * /usr/bin/three\n")
+    done = ok(daemon.cli("import", "crontab", path, "--user", "nobody", timeout=60))
+    assert f"line 2: not imported: the line is {len(long)} characters long; a crontab line qledge imports has at" \
+        " most 17408 (a command at most 16384)" in done
+    assert "summary: 2 tasks with 2 triggers created" in done and len(done) < 16384
+    assert sorted(task_ids(daemon)) == ["one", "three"]
+
+
+def test_a_qinglong_command_of_a_megabyte_is_refused_by_its_row(daemon, workdir):
+    import apsw
+
+    data = ql.make_data_dir(workdir)
+    conn = apsw.Connection(os.path.join(data, "db", "database.sqlite"))
+    command = "task a.js" + " 'x'" * (1 << 18)  # 1 MB of quoted words: what shlex reads slowest
+    conn.execute("INSERT INTO Crontabs (name, command, schedule, isDisabled, isSystem, createdAt, updatedAt)"
+                 " VALUES ('big', ?, '0 5 * * *', 0, 0, ?, ?)", (command, ql.STAMP, ql.STAMP))
+    (row,) = conn.execute("SELECT id FROM Crontabs WHERE name = 'big'").fetchone()
+    conn.close()
+    done = ok(daemon.cli("import", "qinglong", data, "--scripts-dir", os.path.join(daemon.scratch, "s"), timeout=60))
+    assert f"cron {row}: not imported: the command is {len(command)} characters long; a task's command has at" \
+        " most 16384" in done
+    assert "summary: 4 tasks with " in done
+
+
+def test_many_entries_named_after_one_program_get_every_name_once():
+    from edge.core.imports import CrontabUser, assign_ids, parse_crontab
+
+    text = "".join(f"* * * * * /usr/bin/sync --part {n}\n" for n in range(20_000))
+    plan = parse_crontab(text, CrontabUser(name="nobody"))
+    assign_ids(plan.entries, ["sync", "sync-3"])
+    ids = [e.task.task_id for e in plan.entries]
+    assert ids[:3] == ["sync-2", "sync-4", "sync-5"] and ids[-1] == "sync-20002"
+    assert len(set(ids)) == len(ids) == 20_000

@@ -26,6 +26,7 @@ from edge.cli import render
 from edge.cli.client import CallFailed, Client
 from edge.cli.commands import UsageError, all_pages
 from edge.core.imports import (
+    MAX_CRONTAB_BYTES,
     CrontabUser,
     Entry,
     PlannedChannel,
@@ -47,7 +48,15 @@ from edge.core.imports import (
     unrepresentable,
 )
 from edge.core.schedule import ScheduleError, load_zone
-from edge.core.tasks import DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS, ArgvCommand, ImportedTask, ImportRecord, ShellCommand
+from edge.core.tasks import (
+    DEFAULT_TIMEOUT_MS,
+    MAX_TIMEOUT_MS,
+    ArgvCommand,
+    ImportedTask,
+    ImportRecord,
+    ImportTask,
+    ShellCommand,
+)
 from edge.tools.builtin import credentials as secret_tools
 from edge.tools.builtin import status as status_tools
 from edge.tools.builtin import tasks as task_tools
@@ -139,10 +148,13 @@ def _batches(entries: list[Entry]) -> list[list[Entry]]:
 
 
 def _import_calls(c: Client, entries: list[Entry], check: bool) -> list[ImportedTask]:
+    """qledge.import.tasks for the entries, a batch at a time, two in flight (so the daemon
+    reads one while it writes the other); a result per entry, in order."""
+    batches = _batches(entries)
+    answers = c.typed_all("qledge.import.tasks", (task_tools.ImportTasksArgs(items=[e.task for e in b], check=check)
+                                                  for b in batches), task_tools.ImportTasksResult)
     results: list[ImportedTask] = []
-    for batch in _batches(entries):
-        got = c.typed("qledge.import.tasks", task_tools.ImportTasksArgs(items=[e.task for e in batch], check=check),
-                      task_tools.ImportTasksResult)
+    for batch, got in zip(batches, answers, strict=True):
         if len(got.results) != len(batch):
             raise CallFailed("internal", "the daemon answered an import batch with another number of results")
         results += got.results
@@ -161,20 +173,40 @@ def _check_tasks(c: Client, report: Report, entries: list[Entry], records: dict[
     entries = [e for e in entries if id(e) not in problems]
     fresh = [e for e in entries if e.task.key not in records]
     assign_ids(fresh, _task_ids(c))
+    # Entries that differ only in what the daemon does not check (the command's words, the
+    # name) are checked once: a crontab of many lines names few users and schedules.
+    alike: dict[bytes, list[Entry]] = {}
+    for entry in fresh:
+        alike.setdefault(_checked_as(entry.task), []).append(entry)
+    firsts = [group[0] for group in alike.values()]
     stops: list[tuple[Entry, ImportedTask]] = []
     refused: set[int] = set()
-    for entry, result in zip(fresh, _import_calls(c, fresh, check=True), strict=True):
+    for group, result in zip(alike.values(), _import_calls(c, firsts, check=True), strict=True):
         if result.status != "refused":
             continue
-        refused.add(id(entry))
-        local = _local_refusal(entry, result)
-        if local is None:
-            stops.append((entry, result))
-        else:
-            report.not_imported.append(local)
+        for entry in group:
+            refused.add(id(entry))
+            local = _local_refusal(entry, result)
+            if local is None:
+                stops.append((entry, result))
+            else:
+                report.not_imported.append(local)
     if stops:
-        raise _stopped(stops, who)
+        raise _stopped(sorted(stops, key=lambda s: _order(s[0].where)), who)
     return [e for e in entries if id(e) not in refused]
+
+
+_signature = msgspec.msgpack.Encoder(order="deterministic")
+
+
+def _checked_as(task: ImportTask) -> bytes:
+    """What the daemon's check of an import's task depends on (ToolContext.may_run, the
+    program's path, the schedules): entries equal in it are refused, or not, alike."""
+    spec, command = task.spec, task.spec.command
+    program = ("argv", "/" in command.file and not command.file.startswith("/")) if isinstance(command, ArgvCommand) \
+        else (type(command).__name__, False)
+    return _signature.encode((program, spec.user, spec.group, spec.working_dir, spec.secrets(),
+                              [(t.expression, t.timezone, t.misfire) for t in task.triggers]))
 
 
 def _local_refusal(entry: Entry, result: ImportedTask) -> Problem | None:
@@ -332,13 +364,18 @@ def _account(user: str) -> pwd.struct_passwd:
 
 
 def _read(path: str) -> str:
-    if path == "-":
-        return sys.stdin.read()
+    """The crontab, at most MAX_CRONTAB_BYTES of it (a bound on what an import reads)."""
     try:
-        with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
-            return f.read()
+        if path == "-":
+            text = sys.stdin.read(MAX_CRONTAB_BYTES + 1)
+        else:
+            with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
+                text = f.read(MAX_CRONTAB_BYTES + 1)
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(text) > MAX_CRONTAB_BYTES:
+        raise UsageError(f"{path} is larger than {MAX_CRONTAB_BYTES >> 20} MiB: not a crontab qledge imports")
+    return text
 
 
 def import_crontab(c: Client, a: argparse.Namespace) -> int:

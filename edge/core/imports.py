@@ -20,6 +20,7 @@ from edge.core.schedule import REBOOT, ScheduleError, load_zone, normalize
 from edge.core.tasks import (
     DATA_DIR,
     DEFAULT_TIMEOUT_MS,
+    MAX_SHELL_CHARS,
     MAX_TIMEOUT_MS,
     MAX_TRIGGERS,
     ArgvCommand,
@@ -89,19 +90,30 @@ def _stem(path: str) -> str:
     return stem if dot and stem and len(ext) <= 4 else base
 
 
+_NAME_FROM = 1024  # the start of a command a name is found in: bounded, whatever the command's length
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+_NOT_PROGRAM = re.compile(r"[:@=?&%]")
+_QUOTING = re.compile(r"['\"\\]")
+_UNDECODED = re.compile("[\udc80-\udcff]")  # a byte that is not UTF-8, as surrogateescape reads it
+
+
 def name_from_command(command: str) -> str:
     """The word of a shell command that names the job: the program, or the script an
     interpreter runs, past assignments, `cd DIR &&` and wrappers such as `nice`."""
     import shlex
 
-    try:
-        words = shlex.split(command, comments=False)
-    except ValueError:
-        words = command.split()
+    head = command[:_NAME_FROM]
+    if _QUOTING.search(head) is None:
+        words = head.split()  # what shlex would make of it, without reading it character by character
+    else:
+        try:
+            words = shlex.split(head, comments=False)
+        except ValueError:
+            words = head.split()
     i = 0
     while i < len(words):
         word = words[i]
-        if re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", word) or word in ("&&", ";", "||"):
+        if _ASSIGNMENT.match(word) or word in ("&&", ";", "||"):
             i += 1
         elif word in ("cd", "sleep"):
             i += 2
@@ -111,28 +123,32 @@ def name_from_command(command: str) -> str:
             i += 1
             while i < len(words) and words[i].startswith("-"):
                 i += 1
-        elif re.search(r"[:@=?&%]", word):  # a URL or an assignment, not a program: no name from it
+        elif _NOT_PROGRAM.search(word):  # a URL or an assignment, not a program: no name from it
             return "job"
         else:
             return slug(_stem(word))
     return "job"
 
 
-def free_name(base: str, taken: set[str]) -> str:
-    """`base`, else `base-2`, `base-3`…: the first one not in `taken`."""
+def free_name(base: str, taken: set[str], next_n: dict[str, int] | None = None) -> str:
+    """`base`, else `base-2`, `base-3`…: the first one not in `taken`. `next_n` remembers,
+    per base, where the search ends, so naming many entries after one program stays linear."""
     if base not in taken:
         return base
-    n = 2
-    while f"{base}-{n}" in taken:
+    n = (next_n or {}).get(base, 2)
+    while (candidate := f"{base[: 128 - len(str(n)) - 1]}-{n}") in taken:
         n += 1
-    return f"{base}-{n}"
+    if next_n is not None:
+        next_n[base] = n + 1
+    return candidate
 
 
 def assign_ids(entries: list[Entry], taken: Iterable[str]) -> None:
     """Give each entry a task id free among `taken` and the entries before it (in order)."""
     used = set(taken)
+    counters: dict[str, int] = {}
     for entry in entries:
-        chosen = free_name(entry.task.task_id, used)
+        chosen = free_name(entry.task.task_id, used, counters)
         used.add(chosen)
         entry.task.task_id = chosen
 
@@ -140,9 +156,14 @@ def assign_ids(entries: list[Entry], taken: Iterable[str]) -> None:
 # -- crontab ----------------------------------------------------------------------
 
 CRON_NICKNAMES = ("@reboot", "@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
-_ENV_LINE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*?)\s*$")
-_ENTRY = re.compile(r"^\s*(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(.*?)\s*$")
-_NICKNAME = re.compile(r"^\s*(@[A-Za-z]+)(?:\s+(.*?))?\s*$")
+# Matched on a stripped line, so that no pattern backtracks over its whitespace (linear time).
+_ENV_LINE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)[ \t]*=[ \t]*(.*)", re.S)
+_ENTRY = re.compile(r"(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(.*)", re.S)
+_NICKNAME = re.compile(r"(@[A-Za-z]+)(?:\s+(.*))?", re.S)
+# A line no entry could be: its command longer than any task takes (MAX_SHELL_CHARS), with
+# room for the schedule. Refused by its length alone, before anything else reads it.
+MAX_LINE_CHARS = MAX_SHELL_CHARS + 1024
+MAX_CRONTAB_BYTES = 64 << 20
 
 
 class CrontabUser(msgspec.Struct):
@@ -179,16 +200,21 @@ def parse_crontab(text: str, user: CrontabUser, timeout_ms: int = DEFAULT_TIMEOU
     duplicates: list[tuple[int, int]] = []
     seen: dict[str, int] = {}
     for number, raw in enumerate(text.split("\n"), start=1):
+        where = f"line {number}"
+        if len(raw) > MAX_LINE_CHARS:
+            problems.append(Problem(where, _label(raw[:120]), f"the line is {len(raw)} characters long; a crontab"
+                                    f" line qledge imports has at most {MAX_LINE_CHARS} (a command at most"
+                                    f" {MAX_SHELL_CHARS})", "line too long"))
+            continue
         line = raw.rstrip("\r")
         stripped = line.strip()
         if not stripped or stripped.startswith("#"):
             continue
-        where = f"line {number}"
-        if any("\udc80" <= ch <= "\udcff" for ch in stripped):  # read with surrogateescape
+        if _UNDECODED.search(stripped):
             problems.append(Problem(where, stripped.encode("utf-8", "replace").decode(), "the line is not valid UTF-8",
                                     "not UTF-8"))
             continue
-        if stripped[0] not in "0123456789*@" and (m := _ENV_LINE.match(line)):
+        if stripped[0] not in "0123456789*@" and (m := _ENV_LINE.fullmatch(stripped)):
             name, value = m.group(1), _unquote(m.group(2))
             if name == "MAILTO":
                 if value:
@@ -235,14 +261,14 @@ def _crontab_entry(
     where: str, line: str, user: CrontabUser, env: Mapping[str, str], shell: str, zone: str | None, timeout_ms: int
 ) -> Entry | Problem:
     if line.startswith("@"):
-        m = _NICKNAME.match(line)
+        m = _NICKNAME.fullmatch(line)
         if m is None or m.group(1).lower() not in CRON_NICKNAMES:
             word = line.split()[0]
             return Problem(where, line, f"{word} is not a crontab nickname ({', '.join(CRON_NICKNAMES)})",
                            "unknown nickname")
         expression, command = m.group(1).lower(), m.group(2) or ""
     else:
-        m = _ENTRY.match(line)
+        m = _ENTRY.fullmatch(line)
         if m is None:
             return Problem(where, line, "not a crontab entry: expected 5 time fields and a command, or VAR=value",
                            "not an entry")
@@ -398,6 +424,8 @@ def parse_ql_command(command: str) -> QlCommand | str:
     a string when it cannot be represented: the reason."""
     import shlex
 
+    if len(command) > MAX_SHELL_CHARS:  # refused by its length, before it is read word by word
+        return f"the command is {len(command)} characters long; a task's command has at most {MAX_SHELL_CHARS}"
     try:
         words = shlex.split(command)
     except ValueError:

@@ -146,7 +146,8 @@ def _free_task_id(conn: apsw.Connection, project: str, wanted: str) -> str:
 
 
 def import_task(
-    conn: apsw.Connection, project: str, item: ImportTask, triggers: list[CronSpec], now: int, privileged: bool
+    conn: apsw.Connection, project: str, item: ImportTask, triggers: list[CronSpec], now: int, privileged: bool,
+    mark: int | None = None,
 ) -> ImportedTask:
     """The task with its triggers and its import key, in one transaction; or, when the key
     is on record already, nothing (status `exists`, with what it became)."""
@@ -157,7 +158,7 @@ def import_task(
             return ImportedTask(key=item.key, status="exists", task_id=done[1], trigger_ids=ids)
         task_id = _free_task_id(conn, project, item.task_id)
         _insert(conn, project, task_id, item.name or task_id, item.spec, now, privileged, item.enabled)
-        ids = [trigger_sql.insert(conn, project, None, task_id, None, spec, now, wanted.enabled).id
+        ids = [trigger_sql.insert(conn, project, None, task_id, None, spec, now, wanted.enabled, mark).id
                for spec, wanted in zip(triggers, item.triggers, strict=True)]
         conn.execute(SQL_RECORD_IMPORT, (project, item.key, "task", task_id, now))
     return ImportedTask(key=item.key, status="created", task_id=task_id, trigger_ids=ids)
@@ -165,7 +166,8 @@ def import_task(
 
 def import_tasks(conn: apsw.Connection, project: str, items: list[PreparedImport], now: int) -> list[ImportedTask]:
     with immediate(conn):  # each import_task is a savepoint of this one transaction
-        return [import_task(conn, project, p.item, p.triggers, now, p.privileged) for p in items]
+        mark = trigger_sql.arm_mark(conn, project, now)  # nothing in it moves the mark
+        return [import_task(conn, project, p.item, p.triggers, now, p.privileged, mark) for p in items]
 
 
 def imports(conn: apsw.Connection, project: str, after: str, limit: int) -> list[ImportRecord]:

@@ -4,6 +4,7 @@ edge.storage.sqlite.admission."""
 
 from __future__ import annotations
 
+import functools
 import apsw
 import msgspec
 
@@ -108,15 +109,26 @@ def newest_time(conn: apsw.Connection, project: str) -> int:
     return max([clock_mark(conn)] + [r[0] for r in (audit, run) if r and isinstance(r[0], int)])
 
 
-def _arm(conn: apsw.Connection, project: str, schedule: Schedule, now: int) -> int | None:
-    # From the newest time on record, not the wall clock: a trigger made while the clock
-    # still says 1970 must not count half a century of missed fires once it is set.
-    mark = max(now, newest_time(conn, project))
+def arm_mark(conn: apsw.Connection, project: str, now: int) -> int:
+    """From when a trigger made now is armed: the newest time on record, not the wall clock
+    (a trigger made while the clock still says 1970 must not count half a century of
+    missed fires once it is set)."""
+    return max(now, newest_time(conn, project))
+
+
+def _arm(conn: apsw.Connection, project: str, schedule: Schedule, now: int, mark: int | None = None) -> int | None:
+    mark = arm_mark(conn, project, now) if mark is None else mark
     if schedule.event == REBOOT:
         return None  # armed by the next boot (admission.arm_boot), not by being created or enabled
     if schedule.event == ONCE:
         return mark  # due at once, or when the clock has caught up
-    return schedule.next_after(mark)
+    return _next_fire(schedule.expression, schedule.zone_name, mark)
+
+
+@functools.lru_cache(maxsize=1024)
+def _next_fire(expression: str, zone: str, after_ms: int) -> int | None:
+    """Remembered: the triggers an import makes in one transaction share a few schedules and one mark."""
+    return Schedule(expression, zone).next_after(after_ms)
 
 
 def _task_revision(conn: apsw.Connection, project: str, task_id: str, wanted: int | None) -> int:
@@ -154,16 +166,16 @@ def _free_id(conn: apsw.Connection, project: str, task_id: str) -> str:
 
 def insert(
     conn: apsw.Connection, project: str, trigger_id: str | None, task_id: str, task_revision: int | None,
-    spec: CronSpec, now: int, enabled: bool = True,
+    spec: CronSpec, now: int, enabled: bool = True, mark: int | None = None,
 ) -> Trigger:
-    """A new trigger, inside the caller's transaction."""
+    """A new trigger, inside the caller's transaction (`mark`: arm_mark, when the caller has it)."""
     schedule = _schedule(spec)
     pin = _task_revision(conn, project, task_id, task_revision)
     tid = trigger_id or _free_id(conn, project, task_id)
     first = Trigger(
         id=tid, project_id=project, revision=1, task_id=task_id, task_revision=pin, enabled=enabled,
         spec_schema=SPEC_SCHEMA, spec=spec, content_digest=content_digest(spec), created_at_ms=now,
-        updated_at_ms=now, next_fire_at_ms=_arm(conn, project, schedule, now) if enabled else None,
+        updated_at_ms=now, next_fire_at_ms=_arm(conn, project, schedule, now, mark) if enabled else None,
     )
     try:
         conn.execute(
@@ -174,9 +186,7 @@ def insert(
     except apsw.ConstraintError:
         raise conflict(f"trigger {tid!r} already exists") from None
     _insert_revision(conn, first)
-    trigger = get(conn, project, tid)
-    assert trigger is not None
-    return trigger
+    return first  # what was written, as get would read it back
 
 
 def create(

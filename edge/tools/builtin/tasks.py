@@ -164,11 +164,29 @@ async def delete(ctx: ToolContext, args: DeleteArgs) -> Deleted:
     return Deleted(task_id=args.task_id, runs_deleted=runs)
 
 
-def _prepared(ctx: ToolContext, args: ImportTask, name: str | None) -> PreparedImport:
-    """An import's task checked like any task the caller writes (raises what that raises)."""
+_WHAT = "\x00task"  # what a remembered refusal says it is about, until it is said of an entry
+
+
+def _prepared(ctx: ToolContext, args: ImportTask, name: str | None,
+              seen: dict[tuple[object, ...], bool | ToolError] | None = None) -> PreparedImport:
+    """An import's task checked like any task the caller writes (raises what that raises).
+    `seen`: may_run's answers by what they depend on, so a batch of entries that run alike
+    looks the system's users up once."""
     check_program(args.spec)
     args = msgspec.structs.replace(args, spec=named(ctx, args.spec), name=name)
-    privileged = ctx.may_run(f"task {args.task_id}", args.spec)
+    task = args.spec
+    key = (task.user, task.group, task.working_dir, tuple(task.secrets()), type(task.command))
+    answer = seen.get(key) if seen is not None else None
+    if answer is None:
+        try:
+            answer = ctx.may_run(_WHAT, task)
+        except ToolError as exc:
+            answer = exc
+        if seen is not None:
+            seen[key] = answer
+    if isinstance(answer, ToolError):  # said of this entry
+        raise ToolError(answer.code, answer.message.replace(_WHAT, f"task {args.task_id}", 1))
+    privileged = answer
     specs: list[CronSpec] = []
     for wanted in args.triggers:
         try:
@@ -208,9 +226,10 @@ async def import_tasks(ctx: ToolContext, args: ImportTasksArgs) -> ImportTasksRe
     values = await ctx.services.secrets.values(ctx.project)
     results: list[ImportedTask | None] = []
     ready: list[PreparedImport] = []
+    seen: dict[tuple[object, ...], bool | ToolError] = {}
     for item in args.items:
         try:
-            ready.append(_prepared(ctx, item, await label(ctx, item.name, values)))
+            ready.append(_prepared(ctx, item, await label(ctx, item.name, values), seen))
             results.append(None)
         except ToolError as exc:
             results.append(ImportedTask(key=item.key, status="refused", task_id=item.task_id, code=exc.code,
