@@ -299,3 +299,70 @@ def test_a_changed_spec_is_refused_and_named(daemon_factory, tmp_path):
     assert _heads(target) == ({}, {})
     dry = target.cli("import", "--dry-run", "--json", str(path))
     assert dry.returncode == 2 and json.loads(dry.stdout)["refusedCount"] == 3
+
+
+# -- moving devices moves everything --------------------------------------------------------
+
+
+def test_a_move_onto_a_fresh_device_runs_every_task_and_every_rule_notifies(daemon_factory, tmp_path):
+    import shutil
+
+    import qinglong_fixture as ql
+    from notify_support import Loopback
+
+    hooks = Loopback()
+    homes: list[str] = []
+    try:
+        source = daemon_factory().start()
+        homes.append(source.home)
+        data = ql.make_data_dir(str(tmp_path / "ql"))
+        _ok(source.cli("import", "qinglong", data, "--user", "nobody"))
+        _ok(source.cli("secret", "set", "hooktoken", input="hook-token-value-1\n"))
+        source.call("qledge.notify.channel.set", {"name": "all", "spec": {
+            "kind": "webhook", "url": hooks.url + "/all", "headers": {"X-Token": {"secret": "hooktoken"}}}})
+        source.call("qledge.notify.channel.set",
+                    {"name": "own", "spec": {"kind": "webhook", "url": hooks.url + "/own"}})
+        source.call("qledge.notify.rules.set", {"rules": [{"channels": ["all"], "on": ["every"]}]})
+        source.call("qledge.task.create", {"taskId": "mine", "spec": {
+            "command": {"kind": "argv", "file": "true"}, "notify": [{"channels": ["own"], "on": ["success"]}]}})
+        plain, full = str(tmp_path / "plain.json"), str(tmp_path / "move.json")
+        _ok(source.cli("export", plain))  # without secrets: the channels' secrets stay behind, and it says so
+        with open(plain) as f:
+            doc = json.load(f)
+        assert "hook-token-value-1" not in json.dumps(doc) and doc["notify"]["rules"] == [
+            {"channels": ["all"], "on": ["every"]}]
+        assert any("the secrets they use are not in this file" in n for n in doc["notExported"])
+        exported = _ok(source.cli("export", "--with-secrets", full)).stdout
+        assert "2 notification channels" in exported and "move.json.scripts.tar.gz beside it" in exported
+        assert stat.S_IMODE(os.stat(full + ".scripts.tar.gz").st_mode) == 0o600
+        source.stop()
+
+        target = daemon_factory().start()
+        homes.append(target.home)
+        fresh = daemon_factory().start()  # a device without the secret: the channel that needs it is refused
+        refused = fresh.cli("import", plain)
+        assert refused.returncode == 2 and "channel all: secret 'hooktoken' is neither in the file nor here" \
+            in refused.stderr
+        assert _heads(fresh) == ({}, {})
+        _ok(target.cli("import", full))
+        scripts = os.path.realpath(target.home) + "-scripts"
+        assert sorted(os.listdir(os.path.join(scripts, "qinglong"))) == [
+            "backup.sh", "boot_notify.sh", "jd_bean_change.js", "lib", "ql_checkin.py"]
+        tasks, _ = _heads(target)
+        bean = tasks["jd_bean_change"]["spec"]["command"]["args"][0]
+        assert bean == os.path.join(scripts, "qinglong", "jd_bean_change.js")  # moved to this device's scripts
+        assert {c["name"] for c in target.call("qledge.notify.channel.list")["channels"]} == {"all", "own"}
+        assert target.call("qledge.notify.rules.get")["rules"] == [{"channels": ["all"], "on": ["every"]}]
+        enabled = sorted(t for t, v in tasks.items() if v["enabled"])
+        for task in enabled:
+            run = json.loads(_ok(target.cli("run", "start", task, "--wait", "--json")).stdout)
+            assert run["status"] == "succeeded", (task, run)
+        got = hooks.wait(len(enabled))
+        every = [r for r in got if r.path == "/all"]  # the project's rule; `mine` has a rule of its own
+        assert sorted(r.json()["taskId"] for r in every) == [t for t in enabled if t != "mine"]
+        assert {r.headers.get("X-Token") for r in every} == {"hook-token-value-1"}
+        assert [r.json()["taskId"] for r in got if r.path == "/own"] == ["mine"]
+    finally:
+        hooks.close()
+        for home in homes:
+            shutil.rmtree(os.path.realpath(home) + "-scripts", ignore_errors=True)

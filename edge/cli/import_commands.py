@@ -55,8 +55,10 @@ from edge.core.tasks import (
     ImportedTask,
     ImportRecord,
     ImportTask,
+    NotifyRule,
     ShellCommand,
 )
+from edge.tools.builtin import backup as backup_tools
 from edge.tools.builtin import credentials as secret_tools
 from edge.tools.builtin import status as status_tools
 from edge.tools.builtin import tasks as task_tools
@@ -1227,3 +1229,252 @@ def add_import_sources(imports: Subcommands, verb: Verb) -> None:
                     help="also import notification keys (BARK_PUSH, TG_BOT_TOKEN, …) as secrets")
     for parser in (cron, ql):
         parser.add_argument("--dry-run", action="store_true", help="print the plan; change nothing")
+
+
+# -- moving a device: notifications and the copied scripts travel with the export -----------
+
+SCRIPTS_ARCHIVE_MAX = 64 << 20  # what an export carries of the scripts, at most
+SCRIPTS_FILES_MAX = 20_000
+
+
+def export_notify(c: Client, with_secrets: bool) -> tuple[backup_tools.ExportedNotify | None, list[str]]:
+    """The channels (secrets by name) and the project's default rules; what is not exported, and why."""
+    try:
+        listed = c.call("qledge.notify.channel.list", {})
+        rules = c.call("qledge.notify.rules.get", {}).get("rules")
+    except CallFailed as exc:
+        if exc.code == "invalid_argument" and exc.message.startswith("unknown tool"):
+            return None, []  # a build without notifications: there are none to carry
+        if exc.code == "permission_denied":
+            return None, [f"notification channels and rules: not exported ({exc.message})"]
+        raise
+    channels = [backup_tools.ExportedChannel(name=ch["name"], spec=ch["spec"]) for ch in listed["channels"]]
+    if not channels and rules is None:
+        return None, []
+    notes = []
+    if channels and not with_secrets and any(_secret_refs(ch.spec) for ch in channels):
+        notes.append("notification channels: the secrets they use are not in this file (qledge export"
+                     " --with-secrets carries them; or set them on the new device before importing)")
+    return backup_tools.ExportedNotify(channels=channels, rules=None if rules is None else msgspec.convert(
+        rules, list[NotifyRule])), notes
+
+
+def _secret_refs(value: object) -> set[str]:
+    """The secret names a channel spec references (`{"secret": NAME}` anywhere in it)."""
+    if isinstance(value, dict):
+        if set(value) == {"secret"} and isinstance(value["secret"], str):
+            return {value["secret"]}
+        return set().union(*(_secret_refs(v) for v in value.values())) if value else set()
+    if isinstance(value, list):
+        return set().union(*(_secret_refs(v) for v in value)) if value else set()
+    return set()
+
+
+def export_scripts(c: Client, file: str) -> tuple[backup_tools.ExportedScripts | None, list[str]]:
+    """The scripts `qledge import qinglong` copied (`<state dir>-scripts`), as a gzipped tar
+    beside `file` (`<file>.scripts.tar.gz`, mode 0600): regular files only, read without
+    following a link, bounded. None when there are none."""
+    state = state_dir(c)
+    if state is None:
+        return None, ["scripts: not exported (a cluster node keeps them where --scripts-dir said)"]
+    root = state.rstrip(os.sep) + SCRIPTS_BESIDE
+    if not os.path.isdir(root):
+        return None, []
+    files: list[tuple[str, bytes, int, float]] = []
+    skipped: list[str] = []
+    total = 0
+    try:
+        fd = os.open(root, _DIR_FLAGS)
+    except OSError as exc:
+        return None, [f"scripts in {root}: not exported ({exc.strerror or exc})"]
+    try:
+        for rel, data, mode, mtime in _regular_files(fd, "", skipped):
+            total += len(data)
+            if total > SCRIPTS_ARCHIVE_MAX or len(files) >= SCRIPTS_FILES_MAX:
+                return None, [f"scripts in {root}: not exported (more than {SCRIPTS_ARCHIVE_MAX >> 20} MiB or"
+                              f" {SCRIPTS_FILES_MAX} files: copy them to the new device yourself)"]
+            files.append((rel, data, mode, mtime))
+    finally:
+        os.close(fd)
+    import hashlib
+    import io
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for rel, data, mode, mtime in files:
+            info = tarfile.TarInfo(rel)
+            info.size, info.mode, info.mtime = len(data), mode, int(mtime)
+            tar.addfile(info, io.BytesIO(data))
+    archive = buffer.getvalue()
+    name = os.path.basename(file) + ".scripts.tar.gz"
+    _write_beside(os.path.join(os.path.dirname(os.path.abspath(file)), name), archive)
+    notes = [f"scripts: not exported (links, FIFOs, devices, files with several hard links): {_named(skipped)}"] \
+        if skipped else []
+    return backup_tools.ExportedScripts(root=root, archive=name, files=len(files), bytes=total,
+                                        sha256=hashlib.sha256(archive).hexdigest()), notes
+
+
+def _regular_files(parent: int, rel: str, skipped: list[str]) -> Iterator[tuple[str, bytes, int, float]]:
+    for name in sorted(os.listdir(parent)):
+        path = rel + name
+        st = _entry(parent, name)
+        if st is None:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            sub = _open_dir(parent, name)
+            if sub is None:
+                skipped.append(path)
+                continue
+            try:
+                yield from _regular_files(sub, path + "/", skipped)
+            finally:
+                os.close(sub)
+            continue
+        fd = _open_file(parent, name) if stat.S_ISREG(st.st_mode) else None
+        if fd is None:
+            skipped.append(path)
+            continue
+        try:
+            chunks = []
+            while chunk := os.read(fd, _CHUNK):
+                chunks.append(chunk)
+        finally:
+            os.close(fd)
+        yield path, b"".join(chunks), 0o755 if st.st_mode & 0o111 else 0o644, st.st_mtime
+
+
+def _write_beside(path: str, data: bytes) -> None:
+    """Replace `path` with a new 0600 file holding `data` (a planted link is replaced, never followed)."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        fd = os.open(tmp, _NEW_FLAGS, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+class Move(msgspec.Struct):
+    """What an import carries beyond tasks, triggers and secrets, checked before anything
+    is written: the tasks with their scripts' paths moved to this device, the unpacked
+    scripts, and what stops the import (every entry, named)."""
+
+    tasks: list[backup_tools.ExportedTask]
+    scripts_from: str | None = None  # the unpacked scripts (a private temporary directory)
+    scripts_to: str | None = None
+    refused: list[str] = []
+
+
+def prepare_move(c: Client, doc: backup_tools.Document, file: str, into: str) -> Move:
+    """The scripts archive unpacked into `into` (checked against the file's digest), the
+    tasks' paths under the exported scripts directory moved to this device's, and the
+    channels' secrets looked for (in the file, or here)."""
+    move = Move(tasks=list(doc.tasks))
+    if doc.scripts is not None:
+        state = state_dir(c)
+        if state is None:
+            raise UsageError("this daemon is a cluster node: its scripts are not in a state directory; import"
+                             " the tasks on a single device, or copy the scripts yourself")
+        move.scripts_from, move.scripts_to = _unpack_scripts(doc.scripts, file, into), state.rstrip(os.sep) + \
+            SCRIPTS_BESIDE
+        _copy_scripts(move.scripts_from, move.scripts_to, move.scripts_to, dry_run=True)  # a place for them here
+        if move.scripts_to != doc.scripts.root:
+            move.tasks = [_rehomed(t, doc.scripts.root, move.scripts_to) for t in doc.tasks]
+    if doc.notify is not None and doc.notify.channels:
+        have = {s.name for s in doc.secrets or []}
+        if not have >= set().union(*(_secret_refs(ch.spec) for ch in doc.notify.channels)):
+            have |= {s["name"] for s in c.call("qledge.secret.list", {})["secrets"]}
+        for ch in doc.notify.channels:
+            missing = sorted(_secret_refs(ch.spec) - have)
+            if missing:
+                move.refused.append(f"channel {ch.name}: secret {missing[0]!r} is neither in the file nor here"
+                                    " (export --with-secrets, or qledge secret set it first)")
+    if doc.notify is not None and doc.notify.rules is not None:
+        wanted = {ch for rule in doc.notify.rules for ch in rule.channels} - {ch.name for ch in doc.notify.channels}
+        if wanted:
+            here = {ch["name"] for ch in c.call("qledge.notify.channel.list", {})["channels"]}
+            move.refused += [f"notification rules: no channel named {ch!r}" for ch in sorted(wanted - here)]
+    return move
+
+
+def _unpack_scripts(scripts: backup_tools.ExportedScripts, file: str, into: str) -> str:
+    import hashlib
+    import io
+    import tarfile
+
+    path = os.path.join(os.path.dirname(os.path.abspath(file)), scripts.archive)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(SCRIPTS_ARCHIVE_MAX + 1)
+    except OSError as exc:
+        raise UsageError(f"{file} carries scripts in {scripts.archive}, which cannot be read beside it"
+                         f" ({exc.strerror or exc}): copy it along") from None
+    if hashlib.sha256(data).hexdigest() != scripts.sha256:
+        raise UsageError(f"{path} is not the scripts archive {file} was exported with (its digest differs)")
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            members = [m for m in tar.getmembers() if m.isfile() and not os.path.isabs(m.name)
+                       and ".." not in m.name.split("/")]
+            tar.extractall(into, members=members, filter="data")
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise UsageError(f"cannot unpack {path}: {exc}") from None
+    return into
+
+
+def _rehomed(task: backup_tools.ExportedTask, old: str, new: str) -> backup_tools.ExportedTask:
+    """The task with every path under the exported scripts directory moved to this
+    device's; its digest follows (a spec that did not match its own stays as it was, for
+    the import to refuse)."""
+    from edge.core.tasks import content_digest
+
+    if content_digest(task.spec) != task.content_digest:
+        return task
+    prefix = old.rstrip("/") + "/"
+
+    def moved(text: str) -> str:
+        return text.replace(prefix, new.rstrip("/") + "/")
+
+    spec, command = task.spec, task.spec.command
+    if isinstance(command, ArgvCommand):
+        command = ArgvCommand(file=moved(command.file), args=[moved(a) for a in command.args])
+    elif isinstance(command, ShellCommand):
+        command = ShellCommand(command=moved(command.command), shell=command.shell)
+    spec = msgspec.structs.replace(spec, command=command,
+                                   working_dir=moved(spec.working_dir) if spec.working_dir else spec.working_dir)
+    return msgspec.structs.replace(task, spec=spec, content_digest=content_digest(spec))
+
+
+def import_scripts(move: Move, dry_run: bool) -> list[str]:
+    """Before the tasks: the scripts, copied as `qledge import qinglong` copies them."""
+    if move.scripts_from is None or move.scripts_to is None:
+        return []
+    return [_copy_scripts(move.scripts_from, move.scripts_to, move.scripts_to, dry_run)]
+
+
+def import_notify(c: Client, doc: backup_tools.Document, replace: bool, dry_run: bool) -> list[str]:
+    """After the tasks: the channels (an existing one is kept, unless `replace`) and the
+    default rules (kept when the device has others, unless `replace`); what was done."""
+    notes: list[str] = []
+    if doc.notify is None:
+        return notes
+    for ch in doc.notify.channels:
+        if dry_run:
+            notes.append(f"notifications: would create channel {ch.name}")
+            continue
+        got = c.call("qledge.notify.channel.set", {"name": ch.name, "spec": ch.spec, "createOnly": not replace})
+        notes.append(f"notifications: channel {ch.name} {got['status']}")
+    if doc.notify.rules is not None:
+        rules = [msgspec.to_builtins(r) for r in doc.notify.rules]
+        if c.call("qledge.notify.rules.get", {}).get("rules") not in (None, rules) and not replace:
+            notes.append("notifications: this device's default rules were kept (qledge import --replace takes the"
+                         " file's)")
+        elif not dry_run:
+            c.call("qledge.notify.rules.set", {"rules": rules})
+            notes.append("notifications: default rules set")
+    return notes

@@ -9,14 +9,14 @@ so an import can be run again (after an interruption, too) with the same result.
 from __future__ import annotations
 
 import time
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
 from edge.core.errors import ErrorCode, ToolError, conflict, invalid, not_found
 from edge.core.reads import keyset
 from edge.core.schedule import ScheduleError
-from edge.core.tasks import Task, TaskSpec, content_digest
+from edge.core.tasks import NotifyRule, Task, TaskSpec, content_digest
 from edge.core.text import Label, Limit, Name
 from edge.core.triggers import CronSpec, ImportPlan, PlannedTask, PlannedTrigger, Trigger
 from edge.tools.builtin import credentials as secret_tools
@@ -61,6 +61,30 @@ class SecretValue(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
     value: secret_tools.Value
 
 
+class ExportedChannel(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
+    """A notification channel as stored: the secrets it uses by name (their values travel
+    only in an export made with secrets)."""
+
+    name: Name
+    spec: dict[str, Any]
+
+
+class ExportedNotify(msgspec.Struct, rename="camel", forbid_unknown_fields=True, omit_defaults=True):
+    channels: list[ExportedChannel] = []
+    rules: list[NotifyRule] | None = None  # the project's default rules (None: none)
+
+
+class ExportedScripts(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
+    """The scripts `qledge import qinglong` copied (`root`, `<state dir>-scripts` on the
+    device exported), in the gzipped tar beside the export (`archive`, its file name)."""
+
+    root: Annotated[str, msgspec.Meta(min_length=2, max_length=4096, pattern=r"^/[^\x00]*$")]
+    archive: Annotated[str, msgspec.Meta(min_length=1, max_length=255, pattern=r"^[^/\x00]+$")]
+    files: Annotated[int, msgspec.Meta(ge=0)]
+    bytes: Annotated[int, msgspec.Meta(ge=0)]
+    sha256: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
+
+
 class Document(msgspec.Struct, rename="camel", forbid_unknown_fields=True, omit_defaults=True):
     """The export file (JSON)."""
 
@@ -71,6 +95,9 @@ class Document(msgspec.Struct, rename="camel", forbid_unknown_fields=True, omit_
     tasks: list[ExportedTask] = []
     triggers: list[ExportedTrigger] = []
     secrets: list[SecretValue] | None = None  # present only in an export made with secrets
+    notify: ExportedNotify | None = None  # None: the device exported had no notifications to carry
+    scripts: ExportedScripts | None = None
+    not_exported: list[str] = []  # what the device had that this file does not carry, and why
 
 
 Part = Literal["tasks", "triggers"]
