@@ -12,7 +12,6 @@ import contextlib
 import itertools
 import socket
 import time
-from collections.abc import Iterable
 from typing import Any, TypeVar
 
 import msgspec
@@ -142,49 +141,6 @@ class Client:
                 f"{tool}: the daemon's reply is not a {result.__name__} (is the daemon another version?):"
                 f" {_one_line(str(exc))}"
             ) from None
-
-    def typed_all(self, tool: str, calls: Iterable[msgspec.Struct], result: type[T], depth: int = 2) -> list[T]:
-        """typed() for each of `calls`, with up to `depth` of them in flight at once (the
-        daemon reads the next while it works on one); the results in the order of `calls`.
-        Raises at the first that fails (what is still in flight is not read: close the client)."""
-        pending: dict[object, int] = {}  # request id → its place
-        done: dict[int, T] = {}
-        sent = 0
-        todo = iter(calls)
-        while True:
-            while len(pending) < depth and (args := next(todo, None)) is not None:
-                pending[self._send(tool, frames.encoder.encode(args))] = sent
-                sent += 1
-            if not pending:
-                return [done[n] for n in range(sent)]
-            try:
-                response = frames.response_decoder.decode(self._read_frame())
-            except (OSError, msgspec.DecodeError) as exc:
-                raise Unreachable(f"lost the connection to the daemon at {self.path}: {exc}") from None
-            if not response.ok:
-                err = response.error or frames.ErrorBody("internal", "malformed error response")
-                raise CallFailed(err.code, err.message)
-            place = pending.pop(response.id, None)
-            if place is None:
-                raise BadReply(f"{tool}: the daemon answered a request that was not sent ({response.id})")
-            try:
-                done[place] = decoder(result).decode(response.result)
-            except msgspec.DecodeError as exc:
-                raise BadReply(f"{tool}: the daemon's reply is not a {result.__name__}:"
-                               f" {_one_line(str(exc))}") from None
-
-    def _send(self, tool: str, args: bytes) -> int:
-        """Send one request; its id."""
-        rid = next(self._ids)
-        body = frames.encoder.encode(frames.Request(id=rid, tool=tool, token=self.token, args=msgspec.Raw(args)))
-        if len(body) > self.max_frame_bytes:
-            raise CallFailed("resource_exhausted",
-                             f"request of {len(body)} bytes exceeds the {self.max_frame_bytes}-byte limit")
-        try:
-            self._sock.sendall(frames.frame(body))
-        except OSError as exc:
-            raise Unreachable(f"lost the connection to the daemon at {self.path}: {exc}") from None
-        return rid
 
     def _result(self, tool: str, args: bytes) -> msgspec.Raw:
         """Send one request; the raw msgpack result of a successful call."""

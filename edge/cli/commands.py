@@ -626,7 +626,7 @@ def _secret_page(c: Client, after: str | None) -> tuple[list[backup_tools.Secret
     return page.secrets, page.next
 
 
-def _write_private(path: str, data: bytes) -> None:
+def write_private(path: str, data: bytes) -> None:
     """Replace `path` with a new 0600 file holding `data`, all or nothing."""
     import contextlib
     import os
@@ -661,7 +661,7 @@ def export_state(c: Client, a: argparse.Namespace) -> int:
         exported_at_ms=int(time.time() * 1000), tasks=tasks, triggers=triggers, secrets=secrets, notify=notify,
         scripts=scripts, not_exported=not_exported + more,
     )
-    _write_private(a.file, msgspec.json.format(msgspec.json.encode(doc), indent=2) + b"\n")
+    write_private(a.file, msgspec.json.format(msgspec.json.encode(doc), indent=2) + b"\n")
     done = Exported(file=a.file, tasks=len(tasks), triggers=len(triggers),
                     secrets=None if secrets is None else len(secrets),
                     channels=len(notify.channels) if notify else 0, scripts=scripts.files if scripts else 0,

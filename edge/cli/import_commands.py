@@ -17,19 +17,18 @@ import stat
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
 from edge.cli import render
 from edge.cli.client import CallFailed, Client
-from edge.cli.commands import UsageError, all_pages
+from edge.cli.commands import UsageError, all_pages, write_private
 from edge.core.imports import (
     MAX_CRONTAB_BYTES,
     CrontabUser,
     Entry,
-    PlannedChannel,
     Problem,
     QlPlace,
     assign_ids,
@@ -42,9 +41,6 @@ from edge.core.imports import (
     ql_cron,
     ql_entry,
     ql_env,
-    ql_env_channels,
-    ql_panel_channel,
-    ql_panel_plan,
     unrepresentable,
 )
 from edge.core.schedule import ScheduleError, load_zone
@@ -55,7 +51,6 @@ from edge.core.tasks import (
     ImportedTask,
     ImportRecord,
     ImportTask,
-    NotifyRule,
     ShellCommand,
 )
 from edge.tools.builtin import backup as backup_tools
@@ -66,6 +61,7 @@ from edge.tools.builtin import tasks as task_tools
 if TYPE_CHECKING:
     import argparse
     import pwd
+    import tarfile
 
     from edge.cli.main import Subcommands, Verb
 
@@ -150,13 +146,10 @@ def _batches(entries: list[Entry]) -> list[list[Entry]]:
 
 
 def _import_calls(c: Client, entries: list[Entry], check: bool) -> list[ImportedTask]:
-    """qledge.import.tasks for the entries, a batch at a time, two in flight (so the daemon
-    reads one while it writes the other); a result per entry, in order."""
-    batches = _batches(entries)
-    answers = c.typed_all("qledge.import.tasks", (task_tools.ImportTasksArgs(items=[e.task for e in b], check=check)
-                                                  for b in batches), task_tools.ImportTasksResult)
     results: list[ImportedTask] = []
-    for batch, got in zip(batches, answers, strict=True):
+    for batch in _batches(entries):
+        got = c.typed("qledge.import.tasks", task_tools.ImportTasksArgs(items=[e.task for e in batch], check=check),
+                      task_tools.ImportTasksResult)
         if len(got.results) != len(batch):
             raise CallFailed("internal", "the daemon answered an import batch with another number of results")
         results += got.results
@@ -165,18 +158,15 @@ def _import_calls(c: Client, entries: list[Entry], check: bool) -> list[Imported
 
 def _check_tasks(c: Client, report: Report, entries: list[Entry], records: dict[str, ImportRecord],
                  who: str) -> list[Entry]:
-    """Every entry not imported before checked by the daemon as its import would be, before
-    anything is written; the entries qledge can import (ids free among the daemon's tasks).
-    An entry the daemon refuses for itself alone (its working directory) is reported and the
-    import goes on; a refusal that concerns every entry (whom the tasks run as, the caller's
-    permissions) stops it here, naming the entries (the first ones, and how many)."""
+    """Every new entry checked by the daemon before anything is written; the ones it takes.
+    A refusal of one entry alone (its working directory) is reported; any other stops the
+    import, naming the entries."""
     problems = {id(e): p for e in entries if (p := unrepresentable(e)) is not None}
     report.not_imported += problems.values()
     entries = [e for e in entries if id(e) not in problems]
     fresh = [e for e in entries if e.task.key not in records]
     assign_ids(fresh, _task_ids(c))
-    # Entries that differ only in what the daemon does not check (the command's words, the
-    # name) are checked once: a crontab of many lines names few users and schedules.
+    # Entries alike in what the daemon checks are checked once (many lines, few users and schedules).
     alike: dict[bytes, list[Entry]] = {}
     for entry in fresh:
         alike.setdefault(_checked_as(entry.task), []).append(entry)
@@ -202,8 +192,7 @@ _signature = msgspec.msgpack.Encoder(order="deterministic")
 
 
 def _checked_as(task: ImportTask) -> bytes:
-    """What the daemon's check of an import's task depends on (ToolContext.may_run, the
-    program's path, the schedules): entries equal in it are refused, or not, alike."""
+    """What the daemon's check of an entry depends on (may_run, the program's path, the schedules)."""
     spec, command = task.spec, task.spec.command
     program = ("argv", "/" in command.file and not command.file.startswith("/")) if isinstance(command, ArgvCommand) \
         else (type(command).__name__, False)
@@ -220,22 +209,19 @@ def _local_refusal(entry: Entry, result: ImportedTask) -> Problem | None:
 
 
 def _stopped(stops: list[tuple[Entry, ImportedTask]], who: str) -> CallFailed:
-    entry, first = stops[0]
-    code = first.code or "invalid_argument"
-    message = first.message or "refused"
-    if code == "permission_denied" and "task.privileged" in message:
-        message += (f" ({who}: import as an owner, or name one of the daemon's [runner] task_users with --user)")
-    elif code == "invalid_argument" and ("user" in message or "group" in message):
+    first = stops[0][1]
+    message, code = first.message or "refused", first.code or "invalid_argument"
+    if "task.privileged" in message:
+        message += f" ({who}: import as an owner, or name one of the daemon's [runner] task_users with --user)"
+    elif "user" in message or "group" in message:
         message += f" ({who}; --user USER names another)"
-    where = ", ".join(e.where for e, _ in stops[:5]) + (f" and {len(stops) - 5} more" if len(stops) > 5 else "")
+    where = _named([e.where for e, _ in stops])
     return CallFailed(code, f"nothing was imported: {len(stops)} entries would be refused ({where}): {message}")
 
 
 def _apply_tasks(c: Client, report: Report, entries: list[Entry], records: dict[str, ImportRecord],
                  dry_run: bool) -> list[Entry]:
-    """Create the checked entries (_check_tasks) not imported before, in batches of one
-    transaction each; returns the entries that are in qledge now, created or from an
-    earlier import."""
+    """Create the checked entries not imported before (a transaction per batch); the entries in qledge now."""
     fresh = [e for e in entries if e.task.key not in records]
     made = {} if dry_run else dict(zip((id(e) for e in fresh), _import_calls(c, fresh, check=False), strict=True))
     kept: list[Entry] = []
@@ -248,7 +234,7 @@ def _apply_tasks(c: Client, report: Report, entries: list[Entry], records: dict[
             status, task_id = "create", entry.task.task_id
         else:
             result = made[id(entry)]
-            if result.status == "refused":  # changed since it was checked (a directory removed meanwhile)
+            if result.status == "refused":  # changed since it was checked
                 report.not_imported.append(_local_refusal(entry, result) or Problem(
                     entry.where, entry.task.name or entry.task.task_id, f"the daemon refuses it: {result.message}",
                     "refused"))
@@ -401,10 +387,9 @@ def import_crontab(c: Client, a: argparse.Namespace) -> int:
 
 
 def _disable_source(path: str, text: str, lines: list[int], dry_run: bool) -> str:
-    """Comment the imported lines out, after a backup, by replacing the file whole: busybox
-    crond notices its directory changed and reloads the crontab. Every step is relative to
-    the crontab's directory and follows no link: the crontab itself must be a regular file
-    (a link is refused), and the backup and the new file are created, never opened."""
+    """Comment the imported lines out, after a backup, by replacing the file whole (busybox
+    crond reloads a crontab whose directory changed); relative to that directory, following
+    no link: the crontab must be a regular file, the backup and the new file are new files."""
     if not lines:
         return f"{path}: no line to comment out"
     if dry_run:
@@ -433,7 +418,7 @@ def _disable_source(path: str, text: str, lines: list[int], dry_run: bool) -> st
 
 
 def _regular(parent: int, name: str, path: str) -> tuple[os.stat_result, bytes]:
-    """The bytes of `name` in `parent`, a regular file with one link (never through a link)."""
+    """The bytes of `name`, a regular file with one link, in `parent`."""
     try:
         fd = os.open(name, _READ_FLAGS, dir_fd=parent)
     except OSError as exc:
@@ -455,8 +440,7 @@ def _regular(parent: int, name: str, path: str) -> tuple[os.stat_result, bytes]:
 
 
 def _create(parent: int, name: str, data: bytes, like: os.stat_result) -> str:
-    """A new file in `parent` (never an existing one, nor through a link: `name`, else
-    `name.1`, `name.2`…) holding `data`, with the mode and owner of `like`; its name."""
+    """A new file `name` (else `name.1`, …) in `parent` holding `data`, with the mode and owner of `like`."""
     for n in range(100):
         candidate = name if n == 0 else f"{name}.{n}"
         try:
@@ -530,6 +514,18 @@ def qinglong_source(path: str) -> Iterator[QlSource]:
         yield _unpack(path, tmp)
 
 
+def extract(tar: tarfile.TarFile, into: str, under: tuple[str, ...] = ("",)) -> None:
+    """The regular files and directories of `tar` under `under` into `into`: no links, nothing outside."""
+    import tarfile
+
+    safe = [m for m in tar.getmembers() if m.name.startswith(under) and (m.isfile() or m.isdir())
+            and not os.path.isabs(m.name) and ".." not in m.name.split("/")]
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(into, members=safe, filter="data")
+    else:  # pragma: no cover - Pythons before the extraction filters
+        tar.extractall(into, members=safe)  # noqa: S202 (members checked above)
+
+
 def _unpack(path: str, into: str) -> QlSource:
     import tarfile
 
@@ -541,12 +537,7 @@ def _unpack(path: str, into: str) -> QlSource:
                 raise UsageError(f"{path}: no db/database.sqlite in this archive")
             root = db[: -len("db/database.sqlite")]
             wanted = tuple(root + part for part in ("db/", "config/", "scripts/"))
-            safe = [m for m in members if m.name.startswith(wanted) and (m.isfile() or m.isdir())
-                    and not os.path.isabs(m.name) and ".." not in m.name.split("/")]
-            if hasattr(tarfile, "data_filter"):
-                tar.extractall(into, members=safe, filter="data")
-            else:  # pragma: no cover - Pythons before the extraction filters
-                tar.extractall(into, members=safe)  # noqa: S202 (members checked above)
+            extract(tar, into, wanted)
     except (tarfile.TarError, OSError, EOFError) as exc:
         raise UsageError(f"cannot unpack {path}: {exc}") from None
     data = os.path.join(into, root)
@@ -595,7 +586,7 @@ def read_qinglong_db(db_path: str) -> QlData:
             raise UsageError(f"cannot read the qinglong database {db_path}: {exc}") from None
 
 
-def _json_obj(value: object) -> dict[str, object]:
+def json_obj(value: object) -> dict[str, object]:
     if isinstance(value, str):
         try:
             value = json.loads(value)
@@ -624,17 +615,17 @@ def _ql_notices(data: QlData, source: QlSource, held: list[str], config_keys: li
         notices.append(f"config.sh: {other_config} other settings not imported (qinglong's own, such as"
                        " RandomDelay; set what your scripts need with qledge secret set)")
     for auth in data.auths:
-        info = _json_obj(auth.get("info"))
+        info = json_obj(auth.get("info"))
         if auth.get("type") == "notification" and info.get("type") and not with_notifications:
             fields = ", ".join(sorted(k for k in info if k != "type"))
-            how = ("--with-notifications makes it a qledge channel" if ql_panel_channel(info)
+            how = ("--with-notifications makes it a qledge channel" if NOTIFY is not None and NOTIFY.maps(info)
                    else "qledge has no channel for this service")
             notices.append(f"qinglong's own failure notification ({info['type']}: {fields}): not imported; {how}")
         elif auth.get("type") in ("authConfig", "authToken"):
             notices.append(f"qinglong's panel login ({auth.get('type')}): not imported")
     if data.apps:
         notices.append(f"{len(data.apps)} qinglong open-API apps (client ids and secrets): not imported")
-    credentials = sum(1 for s in data.subscriptions if _json_obj(s.get("pull_option")))
+    credentials = sum(1 for s in data.subscriptions if json_obj(s.get("pull_option")))
     if data.subscriptions:
         notices.append(f"{len(data.subscriptions)} subscriptions (repository pulls): not imported"
                        + (f"; {credentials} of them carry credentials" if credentials else ""))
@@ -647,7 +638,7 @@ def _ql_zone(data: QlData, report: Report) -> str | None:
     """qinglong's own zone setting, when it has one this machine knows (else the daemon's)."""
     for auth in data.auths:
         if auth.get("type") == "systemConfig":
-            zone = _json_obj(auth.get("info")).get("timezone")
+            zone = json_obj(auth.get("info")).get("timezone")
             if isinstance(zone, str) and zone:
                 try:
                     load_zone(zone)
@@ -719,89 +710,22 @@ def _store_secrets(c: Client, report: Report, wanted: dict[str, str], records: d
     return usable
 
 
-def _set_channel(c: Client, report: Report, plan: PlannedChannel, dry_run: bool) -> bool:
-    """Create the channel unless one of that name exists; False when this daemon has no
-    notification channels (a build without them)."""
-    kind = str(plan.spec["kind"])
-    if dry_run:
-        report.channels.append(ImportedChannel(name=plan.name, kind=kind, keys=plan.keys, status="create"))
-        return True
-    try:
-        got = c.call("qledge.notify.channel.set", {"name": plan.name, "spec": plan.spec, "createOnly": True})
-    except CallFailed as exc:
-        if exc.code == "invalid_argument" and exc.message.startswith("unknown tool"):
-            return False
-        report.channels.append(ImportedChannel(name=plan.name, kind=kind, keys=plan.keys, status="failed",
-                                               note=f"{exc.code}: {exc.message}"))
-        return True
-    report.channels.append(ImportedChannel(name=plan.name, kind=kind, keys=plan.keys, status=str(got["status"])))
-    return True
+class NotifyImports(Protocol):
+    """What a build with notifications adds to imports (edge.notify.imports)."""
+
+    def ql_channels(self, c: Client, report: Report, data: QlData, wanted: dict[str, str], usable: dict[str, str],
+                    records: dict[str, ImportRecord], dry_run: bool) -> None: ...
+
+    def maps(self, info: Mapping[str, object]) -> bool: ...
+
+    def export(self, c: Client, with_secrets: bool) -> tuple[backup_tools.ExportedNotify | None, list[str]]: ...
+
+    def check(self, c: Client, doc: backup_tools.Document) -> list[str]: ...
+
+    def apply(self, c: Client, doc: backup_tools.Document, replace: bool, dry_run: bool) -> list[str]: ...
 
 
-def _panel_secrets(c: Client, report: Report, info: dict[str, object], records: dict[str, ImportRecord],
-                   dry_run: bool) -> dict[str, str]:
-    """The credentials of qinglong's own notification setting, stored as secrets
-    (`ql_panel_<field>`); field → secret name."""
-    mapped = ql_panel_channel(info)
-    stored: dict[str, str] = {}
-    for field, (_, how) in (mapped[1].items() if mapped else ()):
-        value = info.get(field)
-        if how != "secret" or not isinstance(value, str | int) or not str(value):
-            continue
-        name, key = f"ql_panel_{field}", import_key("qinglong-panel", field)
-        if key in records:
-            status = "exists"
-        elif dry_run:
-            status = "create"
-        else:
-            status = c.typed("qledge.import.secret", secret_tools.ImportArgs(key=key, name=name, value=str(value)),
-                             secret_tools.Imported).status
-        report.secrets.append(PlannedSecret(name=name, env=f"panel {field}", status=status))
-        if status != "taken":
-            stored[field] = name
-    return stored
-
-
-def _ql_channels(c: Client, report: Report, data: QlData, wanted: dict[str, str], usable: dict[str, str],
-                 records: dict[str, ImportRecord], dry_run: bool) -> None:
-    """--with-notifications: qinglong's notification settings become qledge channels that
-    reference the imported secrets, and, when the project has no default rules yet, its
-    default rule (failure and recovery, to every channel made here)."""
-    values = {k: v for k, v in wanted.items() if is_notification_key(k)}
-    planned, unmapped = ql_env_channels(values, usable)
-    for auth in data.auths:
-        info = _json_obj(auth.get("info"))
-        if auth.get("type") != "notification" or not info.get("type"):
-            continue
-        plan = ql_panel_plan(f"ql-panel-{info.get('type')}".lower(), info,
-                             _panel_secrets(c, report, info, records, dry_run))
-        if plan is None:
-            report.notices.append(f"qinglong's own failure notification ({info['type']}): qledge has no channel for"
-                                  " this service; set one up with qledge notify add")
-        else:
-            planned.append(plan)
-    if unmapped:
-        report.notices.append(f"notification keys without a qledge channel: {', '.join(unmapped)} (still imported as"
-                              " secrets, for the scripts that send their own messages)")
-    for plan in planned:
-        if not _set_channel(c, report, plan, dry_run):
-            report.notices.append("qinglong's notification settings are imported as secrets only: this qledge has"
-                                  " no notification channels to take them over (a build without edge/notify)")
-            return
-    made = [ch.name for ch in report.channels if ch.status in ("create", "created", "exists")]
-    if not made:
-        return
-    if dry_run:
-        report.notices.append(f"notifications: would send failures and recoveries to {', '.join(made)} unless the"
-                              " project has default rules (qledge notify rules)")
-        return
-    if c.call("qledge.notify.rules.get", {}).get("rules") is None:
-        c.call("qledge.notify.rules.set", {"rules": [{"channels": made, "on": ["failure", "recovery"]}]})
-        report.notices.append(f"notifications: failures and recoveries of every task now go to {', '.join(made)}"
-                              " (qledge notify rules; qledge notify test CHANNEL tries one)")
-    else:
-        report.notices.append("notifications: the project's default rules were kept; add the new channels with"
-                              " qledge notify rules --channel …")
+NOTIFY: NotifyImports | None = None  # set by edge.cli.main when the build has notifications
 
 
 QL_USER = "root"  # qinglong runs every script as root
@@ -814,10 +738,9 @@ def _inside(path: str, directory: str) -> bool:
 
 
 def _scripts_dir(c: Client, wanted: str | None) -> tuple[str, str]:
-    """Where the scripts go, and the first directory of that path qledge manages (makes
-    and keeps read-only to tasks): `--scripts-dir`, else `<state dir>-scripts/qinglong`,
-    beside the daemon's state directory (on the same storage), never inside it: task users
-    cannot read what is there, and no run starts there."""
+    """Where the scripts go, and the first directory of it qledge manages: `--scripts-dir`,
+    else `<state dir>-scripts/qinglong` (beside the state directory, which task users cannot
+    read, never in it)."""
     state = state_dir(c)
     if wanted is None:
         if state is None:
@@ -842,187 +765,25 @@ _CHUNK = 1 << 16
 
 
 class Copied(msgspec.Struct):
-    """What a copy of the scripts tree did (or, dry, would do)."""
-
     files: int = 0
     size: int = 0
     kept: int = 0  # files that differ from the source: kept as they are here (they may have been edited)
-    skipped: list[str] = []  # source entries not copied: links, FIFOs, devices, files with several hard links
-    replaced: list[str] = []  # destination entries that were links or special files: replaced by the copy
-    taken: list[str] = []  # destination entries of another user, or writable by others: made read-only to tasks
+    skipped: list[str] = []  # in the source: links, FIFOs, devices, files with several hard links
+    replaced: list[str] = []  # in the destination: links or special files where a copy belongs
 
 
 def _named(paths: list[str]) -> str:
-    shown = ", ".join(paths[:_NAMED])
-    return shown + (f" and {len(paths) - _NAMED} more" if len(paths) > _NAMED else "")
+    return ", ".join(paths[:_NAMED]) + (f" and {len(paths) - _NAMED} more" if len(paths) > _NAMED else "")
 
 
-class _Tree:
-    """One walk of a scripts tree. Every operation is relative to a directory descriptor
-    opened with O_NOFOLLOW | O_DIRECTORY, so no link, planted in the source or in the
-    destination, is ever followed: links, FIFOs, devices and files with more than one hard
-    link in the source are skipped and named; in the destination, a link or special file
-    where a copy belongs is replaced (the entry, not what it points to), and what is there
-    becomes the importing user's and read-only to everyone else (code is read-only to tasks)."""
-
-    def __init__(self, dry_run: bool) -> None:
-        self.dry_run = dry_run
-        self.done = Copied()
-        self._me = (os.geteuid(), os.getegid())
-        self._serial = 0
-
-    def walk(self, src: int, dst: int | None, rel: str) -> None:
-        for name in sorted(os.listdir(src)):
-            path = rel + name
-            try:
-                st = os.stat(name, dir_fd=src, follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            if stat.S_ISDIR(st.st_mode):
-                sub = _open_dir(src, name)
-                if sub is None:  # replaced by something else meanwhile
-                    self.done.skipped.append(path)
-                    continue
-                try:
-                    into = self._dest_dir(dst, name, path) if dst is not None else None
-                    try:
-                        self.walk(sub, into, path + "/")
-                    finally:
-                        if into is not None:
-                            os.close(into)
-                finally:
-                    os.close(sub)
-            elif not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-                self.done.skipped.append(path)
-            else:
-                self._file(src, dst, name, path, st)
-
-    def own(self, fd: int, path: str, mode: int) -> None:
-        """Make `fd` (a directory, or a file with one link) ours and not writable by others."""
-        if self.dry_run:
-            return
-        st = os.fstat(fd)
-        if (st.st_uid, st.st_gid) != self._me or stat.S_IMODE(st.st_mode) != mode:
-            if st.st_uid != self._me[0]:
-                self.done.taken.append(path)
-            try:
-                os.fchown(fd, *self._me)
-                os.fchmod(fd, mode)
-            except PermissionError:
-                raise UsageError(f"cannot take over {path} in the scripts directory (it belongs to uid {st.st_uid}):"
-                                 " import as root, or remove it") from None
-
-    def _dest_dir(self, dst: int, name: str, path: str) -> int | None:
-        fd = _open_dir(dst, name)
-        if fd is None and self.dry_run:
-            return None
-        if fd is None:
-            if _entry(dst, name) is not None:  # a link or a file where the directory belongs
-                os.unlink(name, dir_fd=dst)
-                self.done.replaced.append(path)
-            os.mkdir(name, 0o755, dir_fd=dst)
-            fd = _open_dir(dst, name)
-            if fd is None:
-                raise UsageError(f"{path} in the scripts directory changed while it was copied: import again")
-        self.own(fd, path, 0o755)
-        return fd
-
-    def _file(self, src: int, dst: int | None, name: str, path: str, st: os.stat_result) -> None:
-        mode = 0o755 if st.st_mode & 0o111 else 0o644
-        there = _entry(dst, name) if dst is not None else None
-        if there is not None and stat.S_ISDIR(there.st_mode):
-            self.done.kept += 1
-            return
-        if there is not None and stat.S_ISREG(there.st_mode) and there.st_nlink == 1:
-            assert dst is not None
-            fd = os.open(name, _READ_FLAGS, dir_fd=dst)
-            try:
-                if not self._same(src, name, fd):
-                    self.done.kept += 1
-                self.own(fd, path, mode)
-            finally:
-                os.close(fd)
-            return
-        if there is not None:  # a link or a special file in the copy's place
-            self.done.replaced.append(path)
-        self.done.files += 1
-        self.done.size += st.st_size
-        if not self.dry_run:
-            assert dst is not None
-            self._copy(src, dst, name, path, st, mode, there is not None)
-
-    def _same(self, src: int, name: str, theirs: int) -> bool:
-        ours = _open_file(src, name)
-        if ours is None:
-            return True  # gone from the source meanwhile: nothing to compare
-        try:
-            if os.fstat(ours).st_size != os.fstat(theirs).st_size:
-                return False
-            while True:
-                a, b = os.read(ours, _CHUNK), os.read(theirs, _CHUNK)
-                if a != b:
-                    return False
-                if not a:
-                    return True
-        finally:
-            os.close(ours)
-
-    def _copy(self, src: int, dst: int, name: str, path: str, st: os.stat_result, mode: int, replace: bool) -> None:
-        fd = _open_file(src, name)
-        if fd is None or (os.fstat(fd).st_dev, os.fstat(fd).st_ino) != (st.st_dev, st.st_ino):
-            if fd is not None:
-                os.close(fd)
-            self.done.files -= 1
-            self.done.size -= st.st_size
-            self.done.skipped.append(path)  # replaced in the source while it was read
-            return
-        self._serial += 1
-        tmp = f".qledge-{os.getpid()}-{self._serial}"
-        try:
-            out = os.open(tmp, _NEW_FLAGS, 0o600, dir_fd=dst)
-            try:
-                while chunk := os.read(fd, _CHUNK):
-                    view = memoryview(chunk)
-                    while view:
-                        view = view[os.write(out, view):]
-                os.fchmod(out, mode)
-                os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns))
-            finally:
-                os.close(out)
-            if replace:
-                os.unlink(name, dir_fd=dst)  # the link itself, never what it points to
-            os.rename(tmp, name, src_dir_fd=dst, dst_dir_fd=dst)  # within the directory: no link is followed
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=dst)
-            raise
-        finally:
-            os.close(fd)
-
-
-def _open_dir(parent: int, name: str) -> int | None:
-    """`name` in `parent` as a directory descriptor; None when it is missing, a link or no directory."""
+def _open(parent: int, name: str, flags: int = _DIR_FLAGS) -> int | None:
+    """`name` in `parent`, never through a link; None when missing or a link."""
     try:
-        return os.open(name, _DIR_FLAGS, dir_fd=parent)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
+        return os.open(name, flags, dir_fd=parent)
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
             return None
         raise
-
-
-def _open_file(parent: int, name: str) -> int | None:
-    """`name` in `parent` for reading when it is still a regular file with one link."""
-    try:
-        fd = os.open(name, _READ_FLAGS, dir_fd=parent)
-    except OSError:
-        return None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-        os.close(fd)
-        return None
-    return fd
 
 
 def _entry(parent: int, name: str) -> os.stat_result | None:
@@ -1032,12 +793,125 @@ def _entry(parent: int, name: str) -> os.stat_result | None:
         return None
 
 
+def _one_file(parent: int, name: str) -> int | None:
+    """`name` for reading when it is a regular file with one link."""
+    fd = _open(parent, name, _READ_FLAGS)
+    if fd is not None and not (stat.S_ISREG((st := os.fstat(fd)).st_mode) and st.st_nlink == 1):
+        os.close(fd)
+        return None
+    return fd
+
+
+class _Tree:
+    """A walk of a scripts tree by directory descriptors, following no link: in the source,
+    links, FIFOs, devices and files with several hard links are skipped; in the destination,
+    a link or special file in a copy's place is removed (the entry), and what is there
+    becomes the importer's, writable by no one else."""
+
+    def __init__(self, dry_run: bool) -> None:
+        self.dry_run = dry_run
+        self.done = Copied()
+        self._me = (os.geteuid(), os.getegid())
+
+    def walk(self, src: int, dst: int | None, rel: str) -> None:
+        for name in sorted(os.listdir(src)):
+            path, st = rel + name, _entry(src, name)
+            if st is not None and stat.S_ISDIR(st.st_mode) and (sub := _open(src, name)) is not None:
+                into = self.directory(dst, name, path) if dst is not None else None
+                try:
+                    self.walk(sub, into, path + "/")
+                finally:
+                    os.close(sub)
+                    if into is not None:
+                        os.close(into)
+            elif st is not None and stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+                self._file(src, dst, name, path, st)
+            elif st is not None:
+                self.done.skipped.append(path)
+
+    def own(self, fd: int, path: str, mode: int) -> None:
+        st = os.fstat(fd)
+        if self.dry_run or ((st.st_uid, st.st_gid) == self._me and stat.S_IMODE(st.st_mode) == mode):
+            return
+        try:
+            os.fchown(fd, *self._me)
+            os.fchmod(fd, mode)
+        except PermissionError:
+            raise UsageError(f"cannot take over {path} in the scripts directory (uid {st.st_uid}'s): import as"
+                             " root, or remove it") from None
+
+    def directory(self, parent: int, name: str, path: str) -> int | None:
+        fd = _open(parent, name)
+        if fd is None:
+            if _entry(parent, name) is not None:
+                self.done.replaced.append(path)
+                if not self.dry_run:
+                    os.unlink(name, dir_fd=parent)
+            if self.dry_run:
+                return None
+            os.mkdir(name, 0o755, dir_fd=parent)
+            if (fd := _open(parent, name)) is None:
+                raise UsageError(f"{path} changed while the scripts were copied: import again")
+        self.own(fd, path, 0o755)
+        return fd
+
+    def _file(self, src: int, dst: int | None, name: str, path: str, st: os.stat_result) -> None:
+        mode = 0o755 if st.st_mode & 0o111 else 0o644
+        there = _entry(dst, name) if dst is not None else None
+        if there is not None and stat.S_ISDIR(there.st_mode):
+            self.done.kept += 1
+            return
+        if dst is not None and there is not None and (theirs := _one_file(dst, name)) is not None:
+            try:
+                self.done.kept += not self._same(src, name, theirs)
+                self.own(theirs, path, mode)
+            finally:
+                os.close(theirs)
+            return
+        if there is not None:
+            self.done.replaced.append(path)
+        self.done.files += 1
+        self.done.size += st.st_size
+        if self.dry_run or dst is None:
+            return
+        fd = _one_file(src, name)
+        if fd is None or (os.fstat(fd).st_dev, os.fstat(fd).st_ino) != (st.st_dev, st.st_ino):
+            self.done.skipped.append(path)  # replaced in the source meanwhile
+            return
+        tmp = f".qledge-{os.getpid()}-{name}"[:255]
+        try:
+            out = os.open(tmp, _NEW_FLAGS, 0o600, dir_fd=dst)
+            try:
+                while chunk := os.read(fd, _CHUNK):
+                    os.write(out, chunk)
+                os.fchmod(out, mode)
+                os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns))
+            finally:
+                os.close(out)
+            os.rename(tmp, name, src_dir_fd=dst, dst_dir_fd=dst)  # replaces a link itself, never follows it
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dst)
+            raise
+        finally:
+            os.close(fd)
+
+    def _same(self, src: int, name: str, theirs: int) -> bool:
+        ours = _one_file(src, name)
+        if ours is None:
+            return True
+        try:
+            while (a := os.read(ours, _CHUNK)) == os.read(theirs, _CHUNK):
+                if not a:
+                    return True
+            return False
+        finally:
+            os.close(ours)
+
+
 def _scripts_root(dest: str, top: str, tree: _Tree) -> int | None:
-    """The destination's descriptor, reached from the nearest existing directory above
-    `top` (the first directory qledge manages: `<state dir>-scripts`, or --scripts-dir)
-    without following a link on the way; what is missing is made (unless dry). That
-    directory must be one no other user can change (root's or ours; sticky if others may
-    write it). None (dry only): the destination does not exist yet."""
+    """The destination, reached without a link from the nearest directory above `top` (which
+    no other user may change), made where missing; None (dry only) when it is not there."""
     anchor = os.path.dirname(top)
     while not os.path.isdir(anchor):
         anchor = os.path.dirname(anchor)
@@ -1047,32 +921,18 @@ def _scripts_root(dest: str, top: str, tree: _Tree) -> int | None:
         if st.st_uid not in (0, os.geteuid()) or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
             raise UsageError(f"{anchor} can be changed by other users (uid {st.st_uid}, mode"
                              f" {stat.S_IMODE(st.st_mode):04o}): not a place for scripts; choose another --scripts-dir")
-        parts = os.path.relpath(dest, anchor).split(os.sep)
-        top_at = len(os.path.relpath(top, anchor).split(os.sep))  # parts[top_at - 1] is `top`
+        top_at = len(os.path.relpath(top, anchor).split(os.sep))
         path = anchor
-        for n, name in enumerate(parts, start=1):
+        for n, name in enumerate(os.path.relpath(dest, anchor).split(os.sep), start=1):
             path = os.path.join(path, name)
-            sub = _open_dir(fd, name)
-            if sub is None:
-                if _entry(fd, name) is not None:  # a link, or no directory, in its place
-                    if n <= top_at:
-                        raise UsageError(f"{path} is a symbolic link or not a directory: remove it, or choose"
-                                         " another --scripts-dir")
-                    if not tree.dry_run:
-                        os.unlink(name, dir_fd=fd)
-                    tree.done.replaced.append(path)
-                if tree.dry_run:
-                    os.close(fd)
-                    return None
-                os.mkdir(name, 0o755, dir_fd=fd)
-                sub = _open_dir(fd, name)
-                if sub is None:
-                    raise UsageError(f"{path} changed while the scripts were copied: import again")
-                tree.own(sub, path, 0o755)
+            if n <= top_at and _open(fd, name) is None and _entry(fd, name) is not None:
+                raise UsageError(f"{path} is a symbolic link or not a directory: remove it, or choose another"
+                                 " --scripts-dir")
+            sub = tree.directory(fd, name, path)
             os.close(fd)
+            if sub is None:
+                return None
             fd = sub
-            if n >= top_at:
-                tree.own(fd, path, 0o755)
         return fd
     except BaseException:
         os.close(fd)
@@ -1080,10 +940,8 @@ def _scripts_root(dest: str, top: str, tree: _Tree) -> int | None:
 
 
 def _copy_scripts(source_dir: str, dest: str, top: str, dry_run: bool) -> str:
-    """Copy the scripts tree: the files that are not there yet; a file that differs is kept
-    as it is in qledge (it may have been edited since). The copy belongs to the importing
-    user (root, the daemon's, on a router), readable by every task user and writable by
-    none (_Tree says how, and what it skips)."""
+    """Copy the files not there yet (one that differs is kept: it may have been edited); the
+    copy is the importer's, read-only to tasks (_Tree)."""
     try:
         src = os.open(os.path.realpath(source_dir), _DIR_FLAGS)
     except OSError as exc:
@@ -1129,8 +987,6 @@ def _copy_line(done: Copied, dest: str, dry_run: bool) -> str:
     if done.replaced:
         line += (f"; {'would replace' if dry_run else 'replaced'} (a link or special file in the copy's place):"
                  f" {_named(done.replaced)}")
-    if done.taken:
-        line += f"; made read-only to tasks (another user's before): {_named(done.taken)}"
     return line
 
 
@@ -1196,8 +1052,11 @@ def import_qinglong(c: Client, a: argparse.Namespace) -> int:
                                   f" {scripts_dir}")
         entries = _check_tasks(c, report, entries, records, who)
         _apply_tasks(c, report, entries, records, a.dry_run)
-        if a.with_notifications:
-            _ql_channels(c, report, data, wanted, usable, records, a.dry_run)
+        if a.with_notifications and NOTIFY is not None:
+            NOTIFY.ql_channels(c, report, data, wanted, usable, records, a.dry_run)
+        elif a.with_notifications:
+            report.notices.append("qinglong's notification settings are imported as secrets only: this qledge has"
+                                  " no notification channels to take them over (a build without edge/notify)")
         report.notices += _ql_notices(data, source, held, config_keys, other, a.with_notifications)
         report.notices += _interpreters(entries)
     return _done(a, report)
@@ -1231,176 +1090,49 @@ def add_import_sources(imports: Subcommands, verb: Verb) -> None:
         parser.add_argument("--dry-run", action="store_true", help="print the plan; change nothing")
 
 
-# -- moving a device: notifications and the copied scripts travel with the export -----------
+# -- moving a device: the copied scripts and the notifications travel with an export ---------
 
 SCRIPTS_ARCHIVE_MAX = 64 << 20  # what an export carries of the scripts, at most
 SCRIPTS_FILES_MAX = 20_000
 
 
-def export_notify(c: Client, with_secrets: bool) -> tuple[backup_tools.ExportedNotify | None, list[str]]:
-    """The channels (secrets by name) and the project's default rules; what is not exported, and why."""
-    try:
-        listed = c.call("qledge.notify.channel.list", {})
-        rules = c.call("qledge.notify.rules.get", {}).get("rules")
-    except CallFailed as exc:
-        if exc.code == "invalid_argument" and exc.message.startswith("unknown tool"):
-            return None, []  # a build without notifications: there are none to carry
-        if exc.code == "permission_denied":
-            return None, [f"notification channels and rules: not exported ({exc.message})"]
-        raise
-    channels = [backup_tools.ExportedChannel(name=ch["name"], spec=ch["spec"]) for ch in listed["channels"]]
-    if not channels and rules is None:
-        return None, []
-    notes = []
-    if channels and not with_secrets and any(_secret_refs(ch.spec) for ch in channels):
-        notes.append("notification channels: the secrets they use are not in this file (qledge export"
-                     " --with-secrets carries them; or set them on the new device before importing)")
-    return backup_tools.ExportedNotify(channels=channels, rules=None if rules is None else msgspec.convert(
-        rules, list[NotifyRule])), notes
-
-
-def _secret_refs(value: object) -> set[str]:
-    """The secret names a channel spec references (`{"secret": NAME}` anywhere in it)."""
-    if isinstance(value, dict):
-        if set(value) == {"secret"} and isinstance(value["secret"], str):
-            return {value["secret"]}
-        return set().union(*(_secret_refs(v) for v in value.values())) if value else set()
-    if isinstance(value, list):
-        return set().union(*(_secret_refs(v) for v in value)) if value else set()
-    return set()
-
-
 def export_scripts(c: Client, file: str) -> tuple[backup_tools.ExportedScripts | None, list[str]]:
-    """The scripts `qledge import qinglong` copied (`<state dir>-scripts`), as a gzipped tar
-    beside `file` (`<file>.scripts.tar.gz`, mode 0600): regular files only, read without
-    following a link, bounded. None when there are none."""
-    state = state_dir(c)
-    if state is None:
-        return None, ["scripts: not exported (a cluster node keeps them where --scripts-dir said)"]
-    root = state.rstrip(os.sep) + SCRIPTS_BESIDE
-    if not os.path.isdir(root):
-        return None, []
-    files: list[tuple[str, bytes, int, float]] = []
-    skipped: list[str] = []
-    total = 0
-    try:
-        fd = os.open(root, _DIR_FLAGS)
-    except OSError as exc:
-        return None, [f"scripts in {root}: not exported ({exc.strerror or exc})"]
-    try:
-        for rel, data, mode, mtime in _regular_files(fd, "", skipped):
-            total += len(data)
-            if total > SCRIPTS_ARCHIVE_MAX or len(files) >= SCRIPTS_FILES_MAX:
-                return None, [f"scripts in {root}: not exported (more than {SCRIPTS_ARCHIVE_MAX >> 20} MiB or"
-                              f" {SCRIPTS_FILES_MAX} files: copy them to the new device yourself)"]
-            files.append((rel, data, mode, mtime))
-    finally:
-        os.close(fd)
+    """`<state dir>-scripts` (ours) as a gzipped tar beside `file`, mode 0600: regular files, bounded."""
     import hashlib
     import io
     import tarfile
 
+    state = state_dir(c)
+    root = state.rstrip(os.sep) + SCRIPTS_BESIDE if state else None
+    if root is None or not os.path.isdir(root):
+        return None, [] if state else ["scripts: not exported (a cluster node keeps them where --scripts-dir said)"]
+    skipped: list[str] = []
+    count = size = 0
+
+    def regular(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        nonlocal count, size
+        if info.isdir():
+            return info
+        if not info.isfile():
+            skipped.append(info.name)
+            return None
+        count, size = count + 1, size + info.size
+        if size > SCRIPTS_ARCHIVE_MAX or count > SCRIPTS_FILES_MAX:
+            raise UsageError(f"the scripts in {root} are more than {SCRIPTS_ARCHIVE_MAX >> 20} MiB or"
+                             f" {SCRIPTS_FILES_MAX} files: move some away, or copy them to the new device yourself")
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        return info
+
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for rel, data, mode, mtime in files:
-            info = tarfile.TarInfo(rel)
-            info.size, info.mode, info.mtime = len(data), mode, int(mtime)
-            tar.addfile(info, io.BytesIO(data))
-    archive = buffer.getvalue()
+        for name in sorted(os.listdir(root)):
+            tar.add(os.path.join(root, name), arcname=name, filter=regular)
     name = os.path.basename(file) + ".scripts.tar.gz"
-    _write_beside(os.path.join(os.path.dirname(os.path.abspath(file)), name), archive)
-    notes = [f"scripts: not exported (links, FIFOs, devices, files with several hard links): {_named(skipped)}"] \
-        if skipped else []
-    return backup_tools.ExportedScripts(root=root, archive=name, files=len(files), bytes=total,
-                                        sha256=hashlib.sha256(archive).hexdigest()), notes
-
-
-def _regular_files(parent: int, rel: str, skipped: list[str]) -> Iterator[tuple[str, bytes, int, float]]:
-    for name in sorted(os.listdir(parent)):
-        path = rel + name
-        st = _entry(parent, name)
-        if st is None:
-            continue
-        if stat.S_ISDIR(st.st_mode):
-            sub = _open_dir(parent, name)
-            if sub is None:
-                skipped.append(path)
-                continue
-            try:
-                yield from _regular_files(sub, path + "/", skipped)
-            finally:
-                os.close(sub)
-            continue
-        fd = _open_file(parent, name) if stat.S_ISREG(st.st_mode) else None
-        if fd is None:
-            skipped.append(path)
-            continue
-        try:
-            chunks = []
-            while chunk := os.read(fd, _CHUNK):
-                chunks.append(chunk)
-        finally:
-            os.close(fd)
-        yield path, b"".join(chunks), 0o755 if st.st_mode & 0o111 else 0o644, st.st_mtime
-
-
-def _write_beside(path: str, data: bytes) -> None:
-    """Replace `path` with a new 0600 file holding `data` (a planted link is replaced, never followed)."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        fd = os.open(tmp, _NEW_FLAGS, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
-
-
-class Move(msgspec.Struct):
-    """What an import carries beyond tasks, triggers and secrets, checked before anything
-    is written: the tasks with their scripts' paths moved to this device, the unpacked
-    scripts, and what stops the import (every entry, named)."""
-
-    tasks: list[backup_tools.ExportedTask]
-    scripts_from: str | None = None  # the unpacked scripts (a private temporary directory)
-    scripts_to: str | None = None
-    refused: list[str] = []
-
-
-def prepare_move(c: Client, doc: backup_tools.Document, file: str, into: str) -> Move:
-    """The scripts archive unpacked into `into` (checked against the file's digest), the
-    tasks' paths under the exported scripts directory moved to this device's, and the
-    channels' secrets looked for (in the file, or here)."""
-    move = Move(tasks=list(doc.tasks))
-    if doc.scripts is not None:
-        state = state_dir(c)
-        if state is None:
-            raise UsageError("this daemon is a cluster node: its scripts are not in a state directory; import"
-                             " the tasks on a single device, or copy the scripts yourself")
-        move.scripts_from, move.scripts_to = _unpack_scripts(doc.scripts, file, into), state.rstrip(os.sep) + \
-            SCRIPTS_BESIDE
-        _copy_scripts(move.scripts_from, move.scripts_to, move.scripts_to, dry_run=True)  # a place for them here
-        if move.scripts_to != doc.scripts.root:
-            move.tasks = [_rehomed(t, doc.scripts.root, move.scripts_to) for t in doc.tasks]
-    if doc.notify is not None and doc.notify.channels:
-        have = {s.name for s in doc.secrets or []}
-        if not have >= set().union(*(_secret_refs(ch.spec) for ch in doc.notify.channels)):
-            have |= {s["name"] for s in c.call("qledge.secret.list", {})["secrets"]}
-        for ch in doc.notify.channels:
-            missing = sorted(_secret_refs(ch.spec) - have)
-            if missing:
-                move.refused.append(f"channel {ch.name}: secret {missing[0]!r} is neither in the file nor here"
-                                    " (export --with-secrets, or qledge secret set it first)")
-    if doc.notify is not None and doc.notify.rules is not None:
-        wanted = {ch for rule in doc.notify.rules for ch in rule.channels} - {ch.name for ch in doc.notify.channels}
-        if wanted:
-            here = {ch["name"] for ch in c.call("qledge.notify.channel.list", {})["channels"]}
-            move.refused += [f"notification rules: no channel named {ch!r}" for ch in sorted(wanted - here)]
-    return move
+    write_private(os.path.join(os.path.dirname(os.path.abspath(file)), name), buffer.getvalue())
+    notes = [f"scripts: not exported (links, FIFOs, devices): {_named(skipped)}"] if skipped else []
+    return backup_tools.ExportedScripts(root=root, archive=name, files=count, bytes=size,
+                                        sha256=hashlib.sha256(buffer.getvalue()).hexdigest()), notes
 
 
 def _unpack_scripts(scripts: backup_tools.ExportedScripts, file: str, into: str) -> str:
@@ -1412,69 +1144,72 @@ def _unpack_scripts(scripts: backup_tools.ExportedScripts, file: str, into: str)
     try:
         with open(path, "rb") as f:
             data = f.read(SCRIPTS_ARCHIVE_MAX + 1)
-    except OSError as exc:
-        raise UsageError(f"{file} carries scripts in {scripts.archive}, which cannot be read beside it"
-                         f" ({exc.strerror or exc}): copy it along") from None
-    if hashlib.sha256(data).hexdigest() != scripts.sha256:
-        raise UsageError(f"{path} is not the scripts archive {file} was exported with (its digest differs)")
-    try:
+        if hashlib.sha256(data).hexdigest() != scripts.sha256:
+            raise UsageError(f"{path} is not the scripts archive {file} was exported with (its digest differs)")
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-            members = [m for m in tar.getmembers() if m.isfile() and not os.path.isabs(m.name)
-                       and ".." not in m.name.split("/")]
-            tar.extractall(into, members=members, filter="data")
+            extract(tar, into)
     except (tarfile.TarError, OSError, EOFError) as exc:
-        raise UsageError(f"cannot unpack {path}: {exc}") from None
+        raise UsageError(f"{file} carries its scripts in {scripts.archive}, which cannot be read beside it: {exc}"
+                         " (copy it along)") from None
     return into
 
 
 def _rehomed(task: backup_tools.ExportedTask, old: str, new: str) -> backup_tools.ExportedTask:
-    """The task with every path under the exported scripts directory moved to this
-    device's; its digest follows (a spec that did not match its own stays as it was, for
-    the import to refuse)."""
+    """The task with its paths under `old` moved to `new` (a spec not matching its digest stays)."""
     from edge.core.tasks import content_digest
 
-    if content_digest(task.spec) != task.content_digest:
+    if old == new or content_digest(task.spec) != task.content_digest:
         return task
-    prefix = old.rstrip("/") + "/"
+    spec, command = task.spec, task.spec.command
 
     def moved(text: str) -> str:
-        return text.replace(prefix, new.rstrip("/") + "/")
+        return text.replace(old.rstrip("/") + "/", new.rstrip("/") + "/")
 
-    spec, command = task.spec, task.spec.command
     if isinstance(command, ArgvCommand):
         command = ArgvCommand(file=moved(command.file), args=[moved(a) for a in command.args])
     elif isinstance(command, ShellCommand):
         command = ShellCommand(command=moved(command.command), shell=command.shell)
-    spec = msgspec.structs.replace(spec, command=command,
-                                   working_dir=moved(spec.working_dir) if spec.working_dir else spec.working_dir)
+    spec = msgspec.structs.replace(spec, command=command, working_dir=spec.working_dir and moved(spec.working_dir))
     return msgspec.structs.replace(task, spec=spec, content_digest=content_digest(spec))
 
 
+class Move(msgspec.Struct):
+    """An import's scripts (unpacked), its tasks with their scripts' paths moved here, what stops it."""
+
+    tasks: list[backup_tools.ExportedTask]
+    scripts_from: str | None = None  # the unpacked scripts (a private temporary directory)
+    scripts_to: str | None = None
+    refused: list[str] = []
+
+
+def prepare_move(c: Client, doc: backup_tools.Document, file: str, into: str) -> Move:
+    move = Move(tasks=list(doc.tasks))
+    if doc.scripts is not None:
+        state = state_dir(c)
+        if state is None:
+            raise UsageError("this daemon is a cluster node, without a state directory for the scripts: copy them"
+                             " yourself")
+        move.scripts_from, move.scripts_to = _unpack_scripts(doc.scripts, file, into), state + SCRIPTS_BESIDE
+        _copy_scripts(move.scripts_from, move.scripts_to, move.scripts_to, dry_run=True)  # a place for them here
+        move.tasks = [_rehomed(t, doc.scripts.root, move.scripts_to) for t in doc.tasks]
+    if doc.notify is not None and NOTIFY is not None:
+        move.refused += NOTIFY.check(c, doc)
+    return move
+
+
 def import_scripts(move: Move, dry_run: bool) -> list[str]:
-    """Before the tasks: the scripts, copied as `qledge import qinglong` copies them."""
     if move.scripts_from is None or move.scripts_to is None:
         return []
     return [_copy_scripts(move.scripts_from, move.scripts_to, move.scripts_to, dry_run)]
 
 
+def export_notify(c: Client, with_secrets: bool) -> tuple[backup_tools.ExportedNotify | None, list[str]]:
+    return NOTIFY.export(c, with_secrets) if NOTIFY is not None else (None, [])
+
+
 def import_notify(c: Client, doc: backup_tools.Document, replace: bool, dry_run: bool) -> list[str]:
-    """After the tasks: the channels (an existing one is kept, unless `replace`) and the
-    default rules (kept when the device has others, unless `replace`); what was done."""
-    notes: list[str] = []
     if doc.notify is None:
-        return notes
-    for ch in doc.notify.channels:
-        if dry_run:
-            notes.append(f"notifications: would create channel {ch.name}")
-            continue
-        got = c.call("qledge.notify.channel.set", {"name": ch.name, "spec": ch.spec, "createOnly": not replace})
-        notes.append(f"notifications: channel {ch.name} {got['status']}")
-    if doc.notify.rules is not None:
-        rules = [msgspec.to_builtins(r) for r in doc.notify.rules]
-        if c.call("qledge.notify.rules.get", {}).get("rules") not in (None, rules) and not replace:
-            notes.append("notifications: this device's default rules were kept (qledge import --replace takes the"
-                         " file's)")
-        elif not dry_run:
-            c.call("qledge.notify.rules.set", {"rules": rules})
-            notes.append("notifications: default rules set")
-    return notes
+        return []
+    if NOTIFY is None:
+        return ["notification channels and rules: not imported (this qledge has no notifications)"]
+    return NOTIFY.apply(c, doc, replace, dry_run)

@@ -34,9 +34,7 @@ MAX_ENV_VALUE_CHARS = 16384
 MIN_LOG_CAP = 4096
 MAX_LOG_CAP = 1 << 30
 MAX_PATH_CHARS = 4096  # the working directory
-# A working directory of exactly this is the task's own data directory (TaskUsers.for_task):
-# where a task writes when its code is read-only to it (imported qinglong scripts).
-DATA_DIR = "@data"
+DATA_DIR = "@data"  # as a working directory: the task's own data directory (TaskUsers.for_task)
 
 Overlap = Literal["forbid", "allow", "replace"]
 _Arg = Annotated[str, msgspec.Meta(max_length=MAX_ARG_CHARS, pattern=r"^[^\x00]*$")]
@@ -188,16 +186,12 @@ class RunAs(msgspec.Struct, frozen=True, kw_only=True):
     groups: tuple[int, ...]  # supplementary groups, set before exec
     switch: bool  # False: the run keeps the daemon's own user (a non-root daemon cannot switch)
     privileged: str | None  # why running as this needs task.privileged ("runs as root"); None: it does not
-    # Set for a run (TaskUsers.for_task), not for a write-time check: the task's own data
-    # directory (owned by `uid`, 0700), and HOME when `uid` is the task's own (no passwd entry).
-    data_dir: str | None = None
-    home: str | None = None
-    dynamic: bool = False  # `uid` is the task's own, from [runner] dynamic_uids
+    data_dir: str | None = None  # for a run (TaskUsers.for_task): its task's data directory
+    home: str | None = None  # set when `uid` is the task's own ([runner] dynamic_uids): its HOME
 
 
 def next_uid(start: int, low: int, high: int, unavailable: set[int] | frozenset[int]) -> int:
-    """The first uid from `start` to `high`, then from `low`, not in `unavailable`: a task's
-    own uid (TaskStore.allocate_task_uid)."""
+    """The first uid from `start` to `high`, then from `low`, not in `unavailable`."""
     start = start if low <= start <= high else low
     for uid in itertools.chain(range(start, high + 1), range(low, start)):
         if uid not in unavailable:
@@ -235,19 +229,15 @@ def spec_schema(spec: TaskSpec) -> str:
     return AGENT_SPEC_SCHEMA if isinstance(spec.command, AgentInstruction) else SPEC_SCHEMA
 
 
-SPEC_SCHEMAS = (SPEC_SCHEMA, AGENT_SPEC_SCHEMA)  # every schema a task revision may be stored under
-
-
 def unknown_schema(what: str, schema: object) -> ToolError:
-    """The refusal of a stored revision under a schema this qledge does not know (or one
-    that does not match its spec): it fails closed, never read as if it were valid."""
+    """A stored revision under a schema this qledge does not know (or not its spec's): it fails closed."""
     shown = repr(schema)[:80] if isinstance(schema, str) else type(schema).__name__
     return unavailable(f"storage holds a {what} revision under spec schema {shown}, which this qledge does not"
                        " know; nothing is returned")
 
 
 def stored_spec(schema: object, raw: str | bytes) -> TaskSpec:
-    """A stored task spec, decoded only when it is stored under the schema its spec has."""
+    """A stored task spec, only when stored under its own schema."""
     try:
         spec = _stored.decode(raw)
     except msgspec.DecodeError:
@@ -257,17 +247,14 @@ def stored_spec(schema: object, raw: str | bytes) -> TaskSpec:
     return spec
 
 
-# A free-text field (a task's name) that may hold a credential: it is masked as log text
-# is (edge.core.redaction), which a plain name never loads.
+# What a name holding a credential would contain; a plain name never loads edge.core.redaction.
 _SUSPECT = re.compile(
     r"[:@=/?&%+\\'\"]|pass|pwd|secret|token|key|auth|bearer|basic|cookie|session|sig|cred|[\w+/-]{16}|密|令牌|口令",
     re.IGNORECASE)
 
 
 def redact_label(text: str, secrets: Iterable[str] = ()) -> str:
-    """`text` with every credential form and configured secret value (`secrets`) masked,
-    by the rules that mask run logs: what leaves the daemon as a low-sensitivity field
-    (a name) never carries a credential."""
+    """`text` (a name) masked as run logs are: credential forms and the `secrets` values."""
     values = [s for s in secrets if len(s) >= 3]
     if _SUSPECT.search(text) is None and not any(v in text for v in values):
         return text
@@ -323,9 +310,8 @@ class ImportTask(msgspec.Struct, rename="camel", forbid_unknown_fields=True, omi
 
 
 class ImportedTask(msgspec.Struct, rename="camel", omit_defaults=True):
-    """What an ImportTask did: `created`, or `exists` (its key was on record: nothing new);
-    in a batch also `checked` (it would be created: nothing written) or `refused` (with the
-    error `code` and `message` its own import would have raised)."""
+    """What an ImportTask did: `created`; `exists` (its key was on record: nothing new);
+    `checked` (it would be created); `refused` (with the error)."""
 
     key: str
     status: Literal["created", "exists", "checked", "refused"]

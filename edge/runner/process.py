@@ -66,8 +66,6 @@ class SystemUsers:
         self._task_users = tuple(task_users)
         self._state_dir = os.path.realpath(state_dir)
         self._work_dir = work_dir
-        # A run's data directory: <state dir>-tasks/<project>/<task>, beside the state
-        # directory like the imported scripts (<state dir>-scripts), never inside it.
         self.data_root = self._state_dir.rstrip(os.sep) + DATA_BESIDE
         self._dynamic = dynamic_uids if self._root else None  # only a root daemon can switch
         self._uids: TaskStore | None = None
@@ -187,13 +185,11 @@ class SystemUsers:
         spec = task.spec
         run_as = self.resolve(spec.user, spec.group)
         if self._dynamic is not None and run_as.switch and run_as.privileged is None and spec.secrets():
-            # A shared task user's processes could read this one's environment (/proc/<pid>/environ):
-            # a task that holds a secret runs as a uid no other task or system user has.
             uid = await self._task_uid(task)
             groups = tuple(g for g in (run_as.gid,) if spec.group is not None)
-            run_as = RunAs(user=str(uid), uid=uid, gid=uid, groups=groups, switch=True, privileged=None, dynamic=True)
+            run_as = RunAs(user=str(uid), uid=uid, gid=uid, groups=groups, switch=True, privileged=None, home="")
         data = self._data_dir(task.project_id, task.id, run_as)
-        return msgspec.structs.replace(run_as, data_dir=data, home=data if run_as.dynamic else None)
+        return msgspec.structs.replace(run_as, data_dir=data, home=data if run_as.home is not None else None)
 
     async def _task_uid(self, task: Task) -> int:
         if self._uids is None or self._clock is None or self._dynamic is None:
@@ -206,21 +202,18 @@ class SystemUsers:
         return uid
 
     def _data_dir(self, project: str, task_id: str, run_as: RunAs) -> str:
-        """`<data root>/<project>/<task>`: made (the two above it the daemon's, 0711), owned by
-        the run's uid and 0700; made anew when another uid owns it (what one identity left
-        there is never handed to another). Never through a link."""
         path = os.path.join(self.data_root, project, task_id)
+        me = (self._uid, self._gid)
         try:
-            root = _own_dir(None, self.data_root, 0o711)
+            root = _directory(None, self.data_root, *me, 0o711)
             try:
-                parent = _own_dir(root, project, 0o711)
+                parent = _directory(root, project, *me, 0o711)
             finally:
                 os.close(root)
             try:
-                fd = _task_dir(parent, task_id, run_as)
+                os.close(_directory(parent, task_id, run_as.uid, run_as.gid, 0o700, anew=True))
             finally:
                 os.close(parent)
-            os.close(fd)
         except OSError as exc:
             raise ToolError("unavailable", f"cannot make the data directory {path}: {exc.strerror or exc}") from None
         return path
@@ -234,10 +227,9 @@ class SystemUsers:
             return  # none was made
         try:
             shutil.rmtree(task_id, dir_fd=parent)  # by descriptors: a link inside is removed, not followed
-        except FileNotFoundError:
-            pass
         except OSError as exc:
-            log.warning("could not remove the data directory of task %s: %s", task_id, exc)
+            if exc.errno != errno.ENOENT:  # a task that never ran has none
+                log.warning("could not remove the data directory of task %s: %s", task_id, exc)
         finally:
             os.close(parent)
 
@@ -245,52 +237,41 @@ class SystemUsers:
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _own_dir(parent: int | None, name: str, mode: int) -> int:
-    """The daemon's directory `name` (in `parent`, or an absolute path), made when missing;
-    one another uid owns, or that a link stands in for, is refused (OSError)."""
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(name, mode, dir_fd=parent)
-    fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
-    st = os.fstat(fd)
-    if st.st_uid != os.geteuid():
-        os.close(fd)
-        raise PermissionError(errno.EPERM, f"{name} is owned by uid {st.st_uid}")
-    if stat.S_IMODE(st.st_mode) != mode:
-        os.fchmod(fd, mode)
-    return fd
-
-
-def _task_dir(parent: int, name: str, run_as: RunAs, again: bool = True) -> int:
-    """The task's directory in `parent`, owned by the run's uid and 0700. One that was there
-    already and is another uid's is removed first (by descriptors, following no link in it);
-    a link or file in its place is removed (the entry, not what it points to)."""
+def _directory(parent: int | None, name: str, uid: int, gid: int, mode: int, anew: bool = False) -> int:
+    """`name` (in `parent`, or a path) as a directory of uid:gid with `mode`, never through a
+    link: made when missing. One another uid owns is refused, or with `anew` removed with
+    what is in it (by descriptors), so what one identity left never reaches another; a link
+    or file in its place is removed with `anew` (the entry, not what it points to)."""
     try:
-        os.mkdir(name, 0o700, dir_fd=parent)
+        os.mkdir(name, mode, dir_fd=parent)
         made = True
     except FileExistsError:
         made = False
     try:
-        fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+        fd: int | None = os.open(name, _DIR_FLAGS, dir_fd=parent)
     except OSError as exc:
-        if exc.errno not in (errno.ELOOP, errno.ENOTDIR) or not again:
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
             raise
-        os.unlink(name, dir_fd=parent)
-        return _task_dir(parent, name, run_as, again=False)
-    st = os.fstat(fd)
-    if st.st_uid != run_as.uid and not made:
-        import shutil
+        fd = None
+    st = os.fstat(fd) if fd is not None else None
+    if st is None or (st.st_uid != uid and not made):
+        if fd is not None:
+            os.close(fd)
+        if not anew:
+            raise PermissionError(errno.EPERM, f"{name} is not a directory of uid {uid}")
+        if st is None:
+            os.unlink(name, dir_fd=parent)
+        else:
+            import shutil
 
-        os.close(fd)
-        if not again:
-            raise PermissionError(errno.EPERM, f"{name} keeps changing owner")
-        log.info("data directory %s belonged to uid %d, not the run's %d: made anew", name, st.st_uid, run_as.uid)
-        shutil.rmtree(name, dir_fd=parent)
-        return _task_dir(parent, name, run_as, again=False)
+            shutil.rmtree(name, dir_fd=parent)
+        return _directory(parent, name, uid, gid, mode)
+    assert fd is not None
     try:
-        if (st.st_uid, st.st_gid) != (run_as.uid, run_as.gid):
-            os.fchown(fd, run_as.uid, run_as.gid)
-        if stat.S_IMODE(st.st_mode) != 0o700:
-            os.fchmod(fd, 0o700)
+        if (st.st_uid, st.st_gid) != (uid, gid):
+            os.fchown(fd, uid, gid)
+        if stat.S_IMODE(st.st_mode) != mode:
+            os.fchmod(fd, mode)
     except OSError:
         os.close(fd)
         raise

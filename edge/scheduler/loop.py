@@ -23,7 +23,7 @@ from edge.core.handoff import Background, shielded
 from edge.core.ids import random_fraction, uuid7
 from edge.core.notices import Notices, fires_skipped, more_fires_skipped
 from edge.core.ports.runtime import Clock, RunExecutor, Sleeper, TimerHandle, Timers
-from edge.core.tasks import ImportedTask, ImportTask
+from edge.core.tasks import ImportedTask
 from edge.core.ports.stores import RunAdmission, RunStore, TaskStore, TriggerStore
 from edge.core.runs import Run
 from edge.core.schedule import GRACE_MS
@@ -366,16 +366,6 @@ class Triggers:
         trigger = await self._store.create(project, trigger_id, task_id, task_revision, spec, now_ms)
         self._changed()
         return trigger
-
-    async def import_task(
-        self, project: str, item: ImportTask, triggers: list[CronSpec], now_ms: int, *, privileged: bool
-    ) -> ImportedTask:
-        if self._tasks is None:
-            raise ToolError("unavailable", "imports are not wired in this daemon")
-        imported = await self._tasks.import_task(project, item, triggers, now_ms, privileged=privileged)
-        if imported.status == "created":
-            self._changed()
-        return imported
 
     async def import_tasks(self, project: str, items: list[PreparedImport], now_ms: int) -> list[ImportedTask]:
         if self._tasks is None:

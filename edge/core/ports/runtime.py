@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from edge.core.tasks import ImportedTask, ImportTask
+from edge.core.tasks import ImportedTask
 from edge.core.ports.stores import TriggerStore
 from edge.core.reads import Counts
 from edge.core.runs import ActorType, Run, RunDefaults
 from edge.core.tasks import RunAs, Task
-from edge.core.triggers import CronSpec, ImportPlan, PreparedImport
+from edge.core.triggers import ImportPlan, PreparedImport
 
 
 class Clock(Protocol):
@@ -149,12 +149,6 @@ class TriggerService(TriggerStore, Protocol):
     @property
     def default_timezone(self) -> str:
         """The zone a trigger gets when none is given."""
-        ...
-
-    async def import_task(
-        self, project: str, item: ImportTask, triggers: list[CronSpec], now_ms: int, *, privileged: bool
-    ) -> ImportedTask:
-        """TaskStore.import_task, then the scheduler looks at the new triggers."""
         ...
 
     async def apply_import(self, project: str, plan: ImportPlan, now_ms: int) -> None:

@@ -199,14 +199,6 @@ def _prepared(ctx: ToolContext, args: ImportTask, name: str | None,
     return PreparedImport(item=args, triggers=specs, privileged=privileged)
 
 
-async def import_task(ctx: ToolContext, args: ImportTask) -> ImportedTask:
-    """A task with its triggers from an import (crond, qinglong), once per import key;
-    checked like any task the caller writes."""
-    ready = _prepared(ctx, args, await label(ctx, args.name))
-    return await ctx.services.triggers.import_task(ctx.project, ready.item, ready.triggers, ctx.now_ms(),
-                                                   privileged=ready.privileged)
-
-
 IMPORT_BATCH = 512  # entries one call may carry (its frame is bounded too)
 
 
@@ -220,9 +212,10 @@ class ImportTasksResult(msgspec.Struct, rename="camel"):
 
 
 async def import_tasks(ctx: ToolContext, args: ImportTasksArgs) -> ImportTasksResult:
-    """Many of qledge.import.task at once: each entry checked (one that may not be imported
-    is `refused`, with the error its own import would raise), then the others written in one
-    transaction; with `check`, nothing is written (`checked`)."""
+    """Tasks with their triggers from an import (crond, qinglong), once per import key: each
+    entry checked like any task the caller writes (one that may not be imported is
+    `refused`, with the error it raised), then the others written in one transaction; with
+    `check`, nothing is written (`checked`)."""
     values = await ctx.services.secrets.values(ctx.project)
     results: list[ImportedTask | None] = []
     ready: list[PreparedImport] = []
@@ -257,9 +250,6 @@ TOOLS = [
          title="Disable a task"),
     tool("qledge.task.delete", delete, DeleteArgs, Deleted, effect="write", risk="medium", permission="task.write",
          title="Delete a task and its finished runs (and, with withTriggers, its triggers)"),
-    tool("qledge.import.task", import_task, ImportTask, ImportedTask, effect="write", risk="medium",
-         permission=("task.write", "trigger.write"),
-         title="Create a task with its triggers from an import, once per import key"),
     tool("qledge.import.tasks", import_tasks, ImportTasksArgs, ImportTasksResult, effect="write", risk="medium",
          permission=("task.write", "trigger.write"), deadline_s=4 * WRITE_DEADLINE_S,
          title="Check, or create, many tasks with their triggers from an import, once per import key"),
