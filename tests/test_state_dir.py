@@ -151,13 +151,16 @@ def test_a_refused_database_keeps_every_byte_and_its_mtime(home, tmp_path, case)
     assert took < FAIL_FAST_S + 1.0, took
 
 
-def test_an_own_database_is_converted_to_small_pages_and_marked(started):
-    db = os.path.join(started, "qledge.db")
-    _big_pages(db)
-    conn = apsw.Connection(db)
-    conn.pragma("user_version", 12)  # what the version before the mark wrote
+def test_an_own_database_is_converted_to_small_pages_and_marked(home):
+    os.chmod(home, 0o700)
+    db = os.path.join(home, "qledge.db")
+    conn = apsw.Connection(db)  # what the version before the mark wrote, with SQLite's default pages
+    for number, sql in enumerate(MIGRATIONS[:12], start=1):
+        conn.execute(sql)
+        conn.pragma("user_version", number)
+    assert conn.pragma("page_size") == 4096
     conn.close()
-    d = DaemonProcess(home=started).start()
+    d = DaemonProcess(home=home).start()
     d.stop()
     conn = apsw.Connection(db)
     assert (conn.pragma("page_size"), conn.pragma("user_version")) == (512, len(MIGRATIONS))
