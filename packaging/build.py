@@ -112,6 +112,23 @@ def _directories(files: list[str]) -> list[str]:
     return sorted(dirs)
 
 
+def without_comments(source: bytes) -> bytes:
+    """The module's source with its comments taken out and every line kept where it is, so
+    tracebacks point at the same lines: what runs is the same code, in fewer bytes on flash."""
+    import io
+    import tokenize
+
+    text = source.decode("utf-8")
+    lines = text.splitlines(keepends=True)
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        if token.type == tokenize.COMMENT:
+            row, col = token.start
+            line = lines[row - 1]
+            ending = line[len(line.rstrip("\r\n")):]
+            lines[row - 1] = line[:col].rstrip() + ending
+    return "".join(lines).encode("utf-8")
+
+
 def write_zipapp(path: str, files: list[str], root: str = ROOT) -> None:
     tmp = path + ".tmp"
     with open(tmp, "wb") as raw:
@@ -122,7 +139,8 @@ def write_zipapp(path: str, files: list[str], root: str = ROOT) -> None:
                 zf.writestr(_entry(rel), b"")
             for rel in files:
                 with open(os.path.join(root, rel), "rb") as f:
-                    zf.writestr(_entry(rel), f.read())
+                    data = f.read()
+                zf.writestr(_entry(rel), without_comments(data) if rel.endswith(".py") else data)
     os.chmod(tmp, 0o755)
     os.replace(tmp, path)
 

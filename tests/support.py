@@ -132,6 +132,7 @@ class DaemonProcess:
     def cleanup(self) -> None:
         self.stop()
         if self._own_home:
+            shutil.rmtree(os.path.realpath(self.home) + "-tasks", ignore_errors=True)  # the tasks' data directories
             shutil.rmtree(self.home, ignore_errors=True)
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)

@@ -207,3 +207,162 @@ def test_import_file_coexists_with_import_sources():
     for words in (["import", "crontab", "/etc/crontabs/root"], ["import", "qinglong", "x"], ["import", "--help"],
                   ["import", "file", "b.json"], ["task", "list"], ["import"]):
         assert _import_file_alias(words) == words
+
+
+def test_export_replaces_a_planted_link_and_never_writes_through_it(daemon, tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("untouched\n")
+    path = tmp_path / "export.json"
+    path.symlink_to(victim)
+    _ok(daemon.cli("task", "add", "t", "--", "true"))
+    _ok(daemon.cli("export", "--with-secrets", str(path)))
+    assert victim.read_text() == "untouched\n"
+    info = os.lstat(path)
+    assert stat.S_ISREG(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o600
+    assert json.loads(path.read_text())["tasks"][0]["id"] == "t"
+
+
+# -- all or nothing ---------------------------------------------------------------------
+
+
+def _many(d, count: int, secret_at: tuple[int, ...] = (), root_at: tuple[int, ...] = ()) -> None:
+    d.cli("secret", "set", "api", input="s3cr3t-value-1\n")
+    for n in range(1, count + 1):
+        spec: dict = {"command": {"kind": "argv", "file": "true"}}
+        if n in secret_at:
+            spec["env"] = {"K": {"secret": "api"}}
+        if n in root_at:
+            spec["user"] = "root"
+        d.call("qledge.task.create", {"taskId": f"task-{n:02d}", "spec": spec})
+        d.call("qledge.trigger.create", {"taskId": f"task-{n:02d}", "expression": "0 4 * * *", "timezone": "UTC",
+                                         "triggerId": f"nightly-{n:02d}"})
+
+
+def test_a_refusal_anywhere_writes_nothing_and_names_every_refused_entry(daemon_factory, tmp_path):
+    from support import IS_ROOT
+
+    source = daemon_factory().start()
+    root_at = (23,) if IS_ROOT else ()  # a root daemon: a task as root is privileged
+    _many(source, 31, secret_at=(16,), root_at=root_at)
+    path = str(tmp_path / "export.json")
+    _ok(source.cli("export", path))
+    target = daemon_factory().start()
+    perms = ["*"] if IS_ROOT else ["*", "task.privileged"]
+    _, operator = target.token("operator", perms)
+    refused = target.cli("import", path, token=operator)
+    assert refused.returncode == 1 and len(refused.stderr.splitlines()) == 1, refused.stderr
+    line = refused.stderr
+    assert line.startswith(f"qledge: permission_denied: {2 + 2 * len(root_at)} item(s) cannot be imported, so"
+                           " nothing was: task task-16: task task-16: it uses secret 'api'")
+    assert "trigger nightly-16: " in line
+    if root_at:
+        assert "task task-23: task task-23: runs as root; that requires permission task.privileged" in line
+        assert "trigger nightly-23: " in line
+    assert _heads(target) == ({}, {})  # not tasks 1-15, nor anything else
+    # An owner imports all of it, in one transaction.
+    _ok(target.cli("import", path))
+    assert len(_heads(target)[0]) == 31 and len(_heads(target)[1]) == 31
+
+
+def test_a_refusal_names_the_first_entries_and_counts_the_rest(daemon_factory, tmp_path):
+    source = daemon_factory().start()
+    _many(source, 40, secret_at=tuple(range(1, 41)))
+    path = str(tmp_path / "export.json")
+    _ok(source.cli("export", path))
+    target = daemon_factory().start()
+    _, operator = target.token("operator")
+    refused = target.cli("import", path, token=operator)
+    assert refused.returncode == 1 and "qledge: permission_denied: 80 item(s) cannot be imported" in refused.stderr
+    assert refused.stderr.count("it uses secret 'api'") == 32 and refused.stderr.endswith("; and 48 more\n")
+    assert len(refused.stderr) < 8192
+    assert _heads(target) == ({}, {})
+
+
+def test_a_changed_spec_is_refused_and_named(daemon_factory, tmp_path):
+    source = daemon_factory().start()
+    _populate(source)
+    path = tmp_path / "export.json"
+    _ok(source.cli("export", str(path)))
+    doc = json.loads(path.read_text())
+    hello = next(t for t in doc["tasks"] if t["id"] == "hello")
+    hello["spec"]["command"]["args"] = ["pwned"]  # the digest still says what was exported
+    off = next(t for t in doc["tasks"] if t["id"] == "off")
+    del off["contentDigest"]
+    path.write_text(json.dumps(doc))
+    target = daemon_factory().start()
+    refused = target.cli("import", str(path))
+    assert refused.returncode == 2, refused.stderr  # invalid_argument
+    assert "task hello: its spec does not match its contentDigest (the file was changed after the export)" \
+        in refused.stderr
+    assert "task off: it has no contentDigest" in refused.stderr
+    assert "trigger every5: its task hello cannot be imported" in refused.stderr
+    assert _heads(target) == ({}, {})
+    dry = target.cli("import", "--dry-run", "--json", str(path))
+    assert dry.returncode == 2 and json.loads(dry.stdout)["refusedCount"] == 3
+
+
+# -- moving devices moves everything --------------------------------------------------------
+
+
+def test_a_move_onto_a_fresh_device_runs_every_task_and_every_rule_notifies(daemon_factory, tmp_path):
+    import shutil
+
+    import qinglong_fixture as ql
+    from notify_support import Loopback
+
+    hooks = Loopback()
+    homes: list[str] = []
+    try:
+        source = daemon_factory().start()
+        homes.append(source.home)
+        data = ql.make_data_dir(str(tmp_path / "ql"))
+        _ok(source.cli("import", "qinglong", data, "--user", "nobody"))
+        _ok(source.cli("secret", "set", "hooktoken", input="hook-token-value-1\n"))
+        source.call("qledge.notify.channel.set", {"name": "all", "spec": {
+            "kind": "webhook", "url": hooks.url + "/all", "headers": {"X-Token": {"secret": "hooktoken"}}}})
+        source.call("qledge.notify.channel.set",
+                    {"name": "own", "spec": {"kind": "webhook", "url": hooks.url + "/own"}})
+        source.call("qledge.notify.rules.set", {"rules": [{"channels": ["all"], "on": ["every"]}]})
+        source.call("qledge.task.create", {"taskId": "mine", "spec": {
+            "command": {"kind": "argv", "file": "true"}, "notify": [{"channels": ["own"], "on": ["success"]}]}})
+        plain, full = str(tmp_path / "plain.json"), str(tmp_path / "move.json")
+        _ok(source.cli("export", plain))  # without secrets: the channels' secrets stay behind, and it says so
+        with open(plain) as f:
+            doc = json.load(f)
+        assert "hook-token-value-1" not in json.dumps(doc) and doc["notify"]["rules"] == [
+            {"channels": ["all"], "on": ["every"]}]
+        assert any("the secrets they use are not in this file" in n for n in doc["notExported"])
+        exported = _ok(source.cli("export", "--with-secrets", full)).stdout
+        assert "2 notification channels" in exported and "move.json.scripts.tar.gz beside it" in exported
+        assert stat.S_IMODE(os.stat(full + ".scripts.tar.gz").st_mode) == 0o600
+        source.stop()
+
+        target = daemon_factory().start()
+        homes.append(target.home)
+        fresh = daemon_factory().start()  # a device without the secret: the channel that needs it is refused
+        refused = fresh.cli("import", plain)
+        assert refused.returncode == 2 and "channel all: secret 'hooktoken' is neither in the file nor here" \
+            in refused.stderr
+        assert _heads(fresh) == ({}, {})
+        _ok(target.cli("import", full))
+        scripts = os.path.realpath(target.home) + "-scripts"
+        assert sorted(os.listdir(os.path.join(scripts, "qinglong"))) == [
+            "backup.sh", "boot_notify.sh", "jd_bean_change.js", "lib", "ql_checkin.py"]
+        tasks, _ = _heads(target)
+        bean = tasks["jd_bean_change"]["spec"]["command"]["args"][0]
+        assert bean == os.path.join(scripts, "qinglong", "jd_bean_change.js")  # moved to this device's scripts
+        assert {c["name"] for c in target.call("qledge.notify.channel.list")["channels"]} == {"all", "own"}
+        assert target.call("qledge.notify.rules.get")["rules"] == [{"channels": ["all"], "on": ["every"]}]
+        enabled = sorted(t for t, v in tasks.items() if v["enabled"])
+        for task in enabled:
+            run = json.loads(_ok(target.cli("run", "start", task, "--wait", "--json")).stdout)
+            assert run["status"] == "succeeded", (task, run)
+        got = hooks.wait(len(enabled))
+        every = [r for r in got if r.path == "/all"]  # the project's rule; `mine` has a rule of its own
+        assert sorted(r.json()["taskId"] for r in every) == [t for t in enabled if t != "mine"]
+        assert {r.headers.get("X-Token") for r in every} == {"hook-token-value-1"}
+        assert [r.json()["taskId"] for r in got if r.path == "/own"] == ["mine"]
+    finally:
+        hooks.close()
+        for home in homes:
+            shutil.rmtree(os.path.realpath(home) + "-scripts", ignore_errors=True)

@@ -34,6 +34,11 @@ def task_ids(daemon) -> list[str]:
     return [t["id"] for t in as_json(daemon.cli("task", "list", "--json"))]
 
 
+def data_dir(daemon, task: str) -> str:
+    """A task's own data directory: `<state dir>-tasks/<project>/<task>`."""
+    return os.path.join(os.path.realpath(daemon.home) + "-tasks", "default", task)
+
+
 def secret_names(daemon) -> list[str]:
     return [s["name"] for s in as_json(daemon.cli("secret", "list", "--json"))]
 
@@ -195,11 +200,11 @@ def test_qinglong_import(daemon, workdir, scripts, old):
                                                        "_PRIVATE_TOKEN": {"secret": "ql_PRIVATE_TOKEN"}}
     assert sorted(os.listdir(scripts)) == ["backup.sh", "boot_notify.sh", "jd_bean_change.js", "lib", "ql_checkin.py"]
     assert {t["spec"]["user"] for t in tasks.values()} == {"root"}  # qinglong ran every script as root
-    assert tasks["ql_checkin"]["spec"]["workingDir"] == scripts
+    assert tasks["ql_checkin"]["spec"]["workingDir"] == "@data"  # the scripts are code: it writes in its own
 
-    # The script runs from the copied scripts directory with qinglong's environment.
+    # The script runs the copy, in its own data directory, with qinglong's environment.
     ok(daemon.cli("run", "start", "ql_checkin", "--wait"))
-    seen = read(os.path.join(scripts, "seen.txt")).splitlines()
+    seen = read(os.path.join(data_dir(daemon, "ql_checkin"), "seen.txt")).splitlines()
     cookies = ["pt_key=BBB;pt_pin=bob;", "pt_key=AAA;pt_pin=alice;", "pt_key=PIN;pt_pin=carol;"]
     if not old:  # 2.21 pins come first; older installs have no pins
         cookies = [cookies[2], *cookies[:2]]
@@ -280,9 +285,9 @@ def test_an_operator_imports_a_root_crontab_only_for_a_task_user(daemon, workdir
     _, operator = daemon.token("operator")
     refused = daemon.cli("import", "crontab", path, token=operator)
     assert refused.returncode == 1 and refused.stderr == (
-        "qledge: permission_denied: task id: runs as root; that requires permission task.privileged (the entries"
-        " run as root, the crontab's user: import as an owner, or name one of the daemon's [runner] task_users"
-        " with --user)\n")
+        "qledge: permission_denied: nothing was imported: 2 entries would be refused (line 1, line 2): task id:"
+        " runs as root; that requires permission task.privileged (the entries run as root, the crontab's user:"
+        " import as an owner, or name one of the daemon's [runner] task_users with --user)\n")
     assert task_ids(daemon) == [] and daemon.call("qledge.import.list")["imports"] == []
     missing = daemon.cli("import", "crontab", path, "--user", "no-such-user-here", token=operator)
     assert missing.returncode == 2 and missing.stderr == (
@@ -298,7 +303,6 @@ def test_an_operator_imports_a_root_crontab_only_for_a_task_user(daemon, workdir
 
 @needs_root
 def test_qinglong_scripts_go_where_their_task_user_reads_them(daemon, workdir):
-    import pwd
 
     data = ql.make_data_dir(workdir)
     home = os.path.realpath(daemon.home)
@@ -323,16 +327,165 @@ def test_qinglong_scripts_go_where_their_task_user_reads_them(daemon, workdir):
         f" {workdir}" in done
     assert "summary: 4 tasks with " in done and "1 working directory refused" in done
     task = as_json(daemon.cli("task", "get", "ql_checkin", "--json"))
-    assert (task["spec"]["user"], task["spec"]["workingDir"]) == ("nobody", dest)
-    nobody = pwd.getpwnam("nobody").pw_uid
-    # What was made for the scripts is the task user's (so they write beside themselves as
-    # under qinglong); what was there before is not touched.
-    for made in ("ql", "ql/scripts", "ql/scripts/ql_checkin.py", "ql/scripts/lib"):
-        assert os.stat(os.path.join(daemon.scratch, made)).st_uid == nobody, made
+    assert (task["spec"]["user"], task["spec"]["workingDir"]) == ("nobody", "@data")
+    # The copy is the importing user's (the daemon's, root), readable by the task user and
+    # writable by no one else: code is read-only to tasks. What was there before is not touched.
+    for made in ("ql", "ql/scripts", "ql/scripts/ql_checkin.py", "ql/scripts/lib", "ql/scripts/lib/sendNotify.js"):
+        st = os.stat(os.path.join(daemon.scratch, made))
+        assert (st.st_uid, st.st_mode & 0o022) == (os.geteuid(), 0) and st.st_mode & 0o004, made
     assert os.stat(daemon.scratch).st_uid == os.geteuid()
     run = as_json(daemon.cli("run", "start", "ql_checkin", "--wait", "--json"))
     assert run["status"] == "succeeded", run
-    assert os.stat(os.path.join(dest, "seen.txt")).st_uid == nobody
+    # It wrote beside itself as under qinglong: in its own data directory, as the task's own
+    # uid (it uses secrets), not in the scripts.
+    seen = os.stat(os.path.join(data_dir(daemon, "ql_checkin"), "seen.txt"))
+    assert 61184 <= seen.st_uid <= 65519 and not os.path.exists(os.path.join(dest, "seen.txt"))
+    assert os.stat(data_dir(daemon, "ql_checkin")).st_mode & 0o777 == 0o700
+
+
+def _as_nobody(*argv: str) -> None:
+    subprocess.run(argv, check=True, user="nobody", group="nogroup" if _has_group("nogroup") else None,
+                   extra_groups=[])
+
+
+def _has_group(name: str) -> bool:
+    import grp
+
+    try:
+        grp.getgrnam(name)
+        return True
+    except KeyError:
+        return False
+
+
+def _tree(root: str) -> list[tuple[str, int, int]]:
+    """Every entry under `root`: (path, owner, mode), links not followed."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            found.append((os.path.relpath(path, root), st.st_uid, st.st_mode))
+    return sorted(found)
+
+
+@needs_root
+def test_a_link_planted_in_the_scripts_copy_is_never_followed(daemon, workdir, scripts):
+    import stat
+
+    data = ql.make_data_dir(workdir)
+    ok(daemon.cli("import", "qinglong", data, "--user", "nobody"))
+    # What an earlier version left (the copy was the task user's), and what a task running
+    # as that user then plants: a directory link into a root-owned directory, a dangling file
+    # link into another.
+    beside = os.path.dirname(scripts)
+    subprocess.run(["chown", "-R", "nobody", beside], check=True)
+    profile_d = os.path.join(workdir, "profile.d")
+    rootonly = os.path.join(workdir, "rootonly")
+    for victim in (profile_d, rootonly):
+        os.mkdir(victim, 0o755)
+    _as_nobody("rm", "-rf", os.path.join(scripts, "lib"), os.path.join(scripts, "jd_bean_change.js"))
+    _as_nobody("ln", "-s", profile_d, os.path.join(scripts, "lib"))
+    _as_nobody("ln", "-s", os.path.join(rootonly, "evil.sh"), os.path.join(scripts, "jd_bean_change.js"))
+    with open(os.path.join(data, "scripts", "lib", "new.js"), "w") as f:
+        f.write("module.exports = 1;\n")
+
+    done = ok(daemon.cli("import", "qinglong", data, "--user", "nobody"))
+    assert os.listdir(profile_d) == [] and os.listdir(rootonly) == []  # nothing written through a link
+    assert "replaced (a link or special file in the copy's place): jd_bean_change.js, lib" in done
+    for path, owner, mode in [("", *(lambda s: (s.st_uid, s.st_mode))(os.lstat(beside))), *_tree(beside)]:
+        assert not stat.S_ISLNK(mode) and owner == os.geteuid() and not mode & 0o022, (path, owner, oct(mode))
+    assert sorted(os.listdir(os.path.join(scripts, "lib"))) == ["new.js", "sendNotify.js"]
+    with open(os.path.join(scripts, "jd_bean_change.js")) as f:
+        assert f.read() == ql.SCRIPTS["jd_bean_change.js"]
+
+    # A destination under a directory another user could change is refused, before anything is written.
+    other = os.path.join(daemon.scratch, "theirs")
+    os.mkdir(other)
+    os.chown(other, 65534, 65534)
+    refused = daemon.cli("import", "qinglong", data, "--scripts-dir", os.path.join(other, "s"))
+    assert refused.returncode == 2 and refused.stderr == (
+        f"qledge: invalid_argument: {other} can be changed by other users (uid 65534, mode 0755): not a place for"
+        " scripts; choose another --scripts-dir\n")
+    assert os.listdir(other) == []
+
+
+@needs_root
+def test_links_fifos_devices_and_hard_links_in_the_source_are_skipped_and_named(daemon, workdir):
+    data = ql.make_data_dir(workdir)
+    scripts = os.path.join(data, "scripts")
+    shadow = os.path.join(workdir, "shadow")  # stands in for /etc/shadow (root's, 0640)
+    with open(shadow, "w") as f:
+        f.write("root:$6$hash:19000:0:99999:7:::\n")
+    os.chmod(shadow, 0o640)
+    os.link(shadow, os.path.join(scripts, "hard.js"))
+    os.symlink("/etc/passwd", os.path.join(scripts, "soft.js"))
+    os.mkfifo(os.path.join(scripts, "pipe.js"))
+    names = ["hard.js", "pipe.js", "soft.js"]
+    try:
+        os.mknod(os.path.join(scripts, "null.js"), 0o600 | __import__("stat").S_IFCHR, os.makedev(1, 3))
+        names.insert(1, "null.js")
+    except PermissionError:
+        pass  # a container without CAP_MKNOD: the others still tell
+    dest = os.path.join(daemon.scratch, "copy")
+    done = ok(daemon.cli("import", "qinglong", data, "--user", "nobody", "--scripts-dir", dest))
+    assert f"not copied (links, FIFOs, devices, files with several hard links): {', '.join(names)}" in done
+    for name in names:
+        assert not os.path.lexists(os.path.join(dest, name)), name
+    assert os.stat(shadow).st_uid == 0 and os.stat(shadow).st_mode & 0o777 == 0o640
+
+
+@needs_root
+def test_disable_source_never_writes_through_a_planted_link(daemon, workdir):
+    import time
+
+    crontabs = os.path.join(workdir, "crontabs")
+    os.mkdir(crontabs, 0o755)
+    path = os.path.join(crontabs, "root")
+    with open(path, "w") as f:
+        f.write("0 1 * * * /usr/bin/true\n")
+    victim = os.path.join(workdir, "victim")
+    with open(victim, "w") as f:
+        f.write("untouched\n")
+    # Links at every backup name the next minutes could use.
+    now = time.time()
+    for second in range(180):
+        stamp = time.strftime("%Y%m%d%H%M%S", time.localtime(now + second))
+        os.symlink(victim, f"{path}.qledge-{stamp}.bak")
+    done = ok(daemon.cli("import", "crontab", path, "--user", "nobody", "--disable-source"))
+    assert read(victim) == "untouched\n"
+    assert read(path) == "# qledge imported: 0 1 * * * /usr/bin/true\n"
+    backups = [n for n in os.listdir(crontabs) if n.endswith(".bak.1")]
+    assert len(backups) == 1 and read(os.path.join(crontabs, backups[0])) == "0 1 * * * /usr/bin/true\n"
+    assert f"backup {os.path.join(crontabs, backups[0])}" in done
+
+    # A crontab that is itself a link is not replaced (nor what it points to changed).
+    target = os.path.join(workdir, "real-crontab")
+    with open(target, "w") as f:
+        f.write("0 2 * * * /usr/bin/false\n")
+    linked = os.path.join(crontabs, "nobody")
+    os.symlink(target, linked)
+    refused = daemon.cli("import", "crontab", linked, "--user", "nobody", "--disable-source")
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "is a symbolic link: --disable-source changes only a regular file" in refused.stderr
+    assert os.path.islink(linked) and read(target) == "0 2 * * * /usr/bin/false\n"
+
+
+def test_a_qinglong_script_outside_the_scripts_directory_is_reported_by_row(daemon, workdir):
+    import apsw
+
+    data = ql.make_data_dir(workdir)
+    conn = apsw.Connection(os.path.join(data, "db", "database.sqlite"))
+    for name, command in (("up", "task ../../etc/passwd.sh"), ("abs", "task /etc/init.d/x.sh")):
+        conn.execute("INSERT INTO Crontabs (name, command, schedule, isDisabled, isSystem, createdAt, updatedAt)"
+                     " VALUES (?, ?, '0 5 * * *', 0, 0, ?, ?)", (name, command, ql.STAMP, ql.STAMP))
+    rows = [r[0] for r in conn.execute("SELECT id FROM Crontabs WHERE name IN ('up', 'abs') ORDER BY id")]
+    conn.close()
+    done = ok(daemon.cli("import", "qinglong", data, "--scripts-dir", os.path.join(daemon.scratch, "s")))
+    for row, script in zip(rows, ("../../etc/passwd.sh", "/etc/init.d/x.sh"), strict=True):
+        assert f"cron {row}: not imported: the script {script} is outside the imported scripts directory" in done
+    assert "2 script outside the scripts directory" in done
+    assert not {"passwd", "x"} & set(task_ids(daemon))
 
 
 def test_qinglong_bad_paths_are_one_line(daemon, workdir):
@@ -388,3 +541,45 @@ def test_once_trigger_runs_once_and_disables_itself(daemon):
     assert (trigger["enabled"], trigger["revision"], trigger.get("nextFireAtMs")) == (False, 2, None)
     time.sleep(1)
     assert len(as_json(daemon.cli("run", "list", "--json"))) == 1
+
+
+# -- bounded input, linear time -------------------------------------------------------
+
+
+def test_a_line_no_shell_would_take_is_refused_by_its_number(daemon, workdir):
+    path = os.path.join(workdir, "root")
+    long = "0 2 * * * echo " + "x  " * ((10 << 20) // 3)  # 10 MB, with room to backtrack over
+    with open(path, "w") as f:
+        f.write(f"0 1 * * * /usr/bin/one\n{long}\n0 3 * * * /usr/bin/three\n")
+    done = ok(daemon.cli("import", "crontab", path, "--user", "nobody", timeout=60))
+    assert f"line 2: not imported: the line is {len(long)} characters long; a crontab line qledge imports has at" \
+        " most 17408 (a command at most 16384)" in done
+    assert "summary: 2 tasks with 2 triggers created" in done and len(done) < 16384
+    assert sorted(task_ids(daemon)) == ["one", "three"]
+
+
+def test_a_qinglong_command_of_a_megabyte_is_refused_by_its_row(daemon, workdir):
+    import apsw
+
+    data = ql.make_data_dir(workdir)
+    conn = apsw.Connection(os.path.join(data, "db", "database.sqlite"))
+    command = "task a.js" + " 'x'" * (1 << 18)  # 1 MB of quoted words: what shlex reads slowest
+    conn.execute("INSERT INTO Crontabs (name, command, schedule, isDisabled, isSystem, createdAt, updatedAt)"
+                 " VALUES ('big', ?, '0 5 * * *', 0, 0, ?, ?)", (command, ql.STAMP, ql.STAMP))
+    (row,) = conn.execute("SELECT id FROM Crontabs WHERE name = 'big'").fetchone()
+    conn.close()
+    done = ok(daemon.cli("import", "qinglong", data, "--scripts-dir", os.path.join(daemon.scratch, "s"), timeout=60))
+    assert f"cron {row}: not imported: the command is {len(command)} characters long; a task's command has at" \
+        " most 16384" in done
+    assert "summary: 4 tasks with " in done
+
+
+def test_many_entries_named_after_one_program_get_every_name_once():
+    from edge.core.imports import CrontabUser, assign_ids, parse_crontab
+
+    text = "".join(f"* * * * * /usr/bin/sync --part {n}\n" for n in range(20_000))
+    plan = parse_crontab(text, CrontabUser(name="nobody"))
+    assign_ids(plan.entries, ["sync", "sync-3"])
+    ids = [e.task.task_id for e in plan.entries]
+    assert ids[:3] == ["sync-2", "sync-4", "sync-5"] and ids[-1] == "sync-20002"
+    assert len(set(ids)) == len(ids) == 20_000

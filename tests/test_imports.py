@@ -70,7 +70,7 @@ def test_crontab_entries_env_and_nicknames():
     assert (backup.task.spec.working_dir, backup.task.spec.timeout_ms, backup.task.spec.overlap) == (
         "/root", 7_200_000, "forbid")
     assert {e.task.spec.user for e in plan.entries} == {"root"}  # the crontab's user
-    assert backup.task.name == "/usr/bin/backup.sh --full"
+    assert backup.task.name is None  # named after its program (the id), never its arguments
     assert plan.entries[4].notes == ["`%` is kept as it is, as busybox crond does (Vixie cron would make it a newline)"]
     problems = [(p.where, p.kind) for p in plan.problems]
     assert problems == [("line 5", "MAILTO"), ("line 14", "invalid schedule"), ("line 15", "unknown nickname"),
@@ -187,7 +187,8 @@ def test_qinglong_crons_map_to_tasks(row, command, triggers, enabled):
     assert entry.task.spec.command == command
     assert [(t.expression, t.enabled) for t in entry.task.triggers] == triggers
     assert entry.task.enabled is enabled
-    assert entry.task.spec.working_dir == command.args[0].rsplit("/", 1)[0]
+    # The scripts are read-only to the task: it starts in its own data directory, where it may write.
+    assert entry.task.spec.working_dir == "@data"
 
 
 @pytest.mark.parametrize("row,kind,reason", [
@@ -197,6 +198,12 @@ def test_qinglong_crons_map_to_tasks(row, command, triggers, enabled):
      "`ql repo` is qinglong's own command (repository or file pulls)"),
     ({"command": "task a.js", "schedule": "61 * * * *"}, "invalid schedule",
      "invalid cron expression '61 * * * *': minute field: 61 is out of range 0-59"),
+    ({"command": "task ../../etc/passwd.sh", "schedule": "0 0 * * *"}, "script outside the scripts directory",
+     "the script ../../etc/passwd.sh is outside the imported scripts directory /state/scripts/qinglong"),
+    ({"command": "task /etc/rc.local.sh", "schedule": "0 0 * * *"}, "script outside the scripts directory",
+     "the script /etc/rc.local.sh is outside the imported scripts directory /state/scripts/qinglong"),
+    ({"command": "/root/../etc/x.py now", "schedule": "0 0 * * *"}, "script outside the scripts directory",
+     "the script /root/../etc/x.py is outside the imported scripts directory /state/scripts/qinglong"),
 ])
 def test_qinglong_crons_that_are_not_imported(row, kind, reason):
     problem = ql_entry(ql_cron({"id": 3, "name": "x", **row}), PLACE, {})

@@ -113,6 +113,57 @@ async def test_tasks_create_get_page_and_project_scope(stores: Stores):
     assert (await s.tasks.get(P, "b")) == first
 
 
+async def test_an_import_plan_is_written_in_one_transaction_or_not_at_all(stores: Stores):
+    from edge.core.triggers import ImportPlan, PlannedTask, PlannedTrigger
+
+    s = stores
+    await s.tasks.create(P, "old", "Old", spec(file="one"), T0, privileged=False)
+    await s.triggers.create(P, "g", "old", None, CronSpec(expression="0 1 * * *", timezone="UTC"), T0)
+    new = PlannedTask(id="new", name="New", spec=spec(), enabled=False, privileged=False)
+    moved = PlannedTask(id="old", name="Older", spec=spec(file="two"), enabled=True, privileged=False, expected=1)
+    nightly = PlannedTrigger(id="n", task_id="new", spec=CronSpec(expression="0 3 * * *", timezone="UTC"),
+                             enabled=True)
+    # The last write fails: a head moved since the plan was made. Nothing of it stays.
+    stale = PlannedTrigger(id="g", task_id="old", spec=CronSpec(expression="0 2 * * *", timezone="UTC"),
+                           enabled=True, expected=7)
+    plan = ImportPlan(tasks=[new, moved], triggers=[nightly, stale])
+    assert await code_of(s.tasks.apply_import(P, plan, T0 + 1)) == "conflict"
+    assert await s.tasks.get(P, "new") is None and (await s.tasks.get(P, "old")).revision == 1
+    assert await s.triggers.get(P, "n") is None
+    bad = PlannedTrigger(id="b", task_id="new", spec=CronSpec(expression="61 * * * *", timezone="UTC"), enabled=True)
+    assert await code_of(s.tasks.apply_import(P, ImportPlan(tasks=[new], triggers=[bad]), T0 + 1)) == \
+        "invalid_argument"
+    assert await s.tasks.get(P, "new") is None
+    # As planned: all of it.
+    good = PlannedTrigger(id="g", task_id="old", spec=CronSpec(expression="0 2 * * *", timezone="UTC"),
+                          enabled=False, expected=1)  # as planned (the task's new head moves it meanwhile)
+    await s.tasks.apply_import(P, ImportPlan(tasks=[new, moved], triggers=[nightly, good]), T0 + 1)
+    assert ((await s.tasks.get(P, "new")).enabled, (await s.tasks.get(P, "old")).name) == (False, "Older")
+    g = await s.triggers.get(P, "g")
+    assert (g.spec.expression, g.enabled, g.task_revision) == ("0 2 * * *", False, 2)
+    assert (await s.triggers.get(P, "n")).task_id == "new"
+
+
+async def test_task_uids_are_stable_never_shared_and_go_with_the_task(stores: Stores):
+    s = stores
+    for name in ("a", "b", "c", "d"):
+        await s.tasks.create(P, name, name, spec(), T0, privileged=False)
+    assert await s.tasks.task_uid(P, "a") is None
+    a = await s.tasks.allocate_task_uid(P, "a", 100, 103, frozenset({101}), T0)
+    assert a == 100 and await s.tasks.task_uid(P, "a") == 100
+    assert await s.tasks.allocate_task_uid(P, "a", 100, 103, frozenset(), T0) == 100  # stable
+    assert await s.tasks.allocate_task_uid(P, "b", 100, 103, frozenset({101}), T0) == 102  # 101: a system user's
+    assert await s.tasks.allocate_task_uid(P, "c", 100, 103, frozenset({101}), T0) == 103
+    assert await code_of(s.tasks.allocate_task_uid(P, "d", 100, 103, frozenset({101}), T0)) == "resource_exhausted"
+    assert await code_of(s.tasks.allocate_task_uid(P, "gone", 100, 103, frozenset(), T0)) == "not_found"
+    await s.tasks.delete(P, "a", None, False)
+    assert await s.tasks.task_uid(P, "a") is None
+    # The uid a deleted task had comes back only once the range has wrapped around.
+    assert await s.tasks.allocate_task_uid(P, "d", 100, 103, frozenset({101}), T0) == 100
+    await s.tasks.create(P, "a", "a", spec(), T0, privileged=False)
+    assert await code_of(s.tasks.allocate_task_uid(P, "a", 100, 103, frozenset({101}), T0)) == "resource_exhausted"
+
+
 async def test_tasks_update_is_compare_and_set_and_keeps_revisions(stores: Stores):
     s = stores
     await s.tasks.create(P, "t", "T", spec(file="one"), T0, privileged=False)

@@ -73,6 +73,101 @@ def test_a_newer_schema_exits_at_once_naming_both_versions(started):
     assert took < FAIL_FAST_S + 1.0, took
 
 
+# -- a database qledge refuses is never written -------------------------------------
+
+
+def _fingerprint(home: str) -> dict[str, tuple[bytes, int, int]]:
+    """Bytes, mtime and size of the database and what lies beside it."""
+    import hashlib
+
+    found = {}
+    for name in ("qledge.db", "qledge.db-wal", "qledge.db-journal"):
+        path = os.path.join(home, name)
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                data = f.read()
+            info = os.stat(path)
+            found[name] = (hashlib.sha256(data).digest(), info.st_mtime_ns, info.st_size)
+    return found
+
+
+def _big_pages(path: str, version: int | None = None, wal_pending: bool = False) -> None:
+    """The database rewritten with 4096-byte pages (what a page-size conversion would undo);
+    `version`: its schema version; `wal_pending`: a last change left in its WAL, not
+    checkpointed (what a crash leaves)."""
+    conn = apsw.Connection(path)
+    conn.pragma("journal_mode", "delete")
+    conn.pragma("page_size", 4096)
+    conn.execute("VACUUM")
+    if version is not None:
+        conn.pragma("user_version", version)
+    if wal_pending:
+        conn.pragma("journal_mode", "wal")
+        conn.config(apsw.SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1)
+        conn.execute("INSERT INTO meta (key, value) VALUES ('left-in-the-wal', 1)")
+    conn.close()
+
+
+def _foreign(path: str, application_id: int = 0) -> None:
+    conn = apsw.Connection(path)
+    conn.pragma("page_size", 4096)
+    if application_id:
+        conn.pragma("application_id", application_id)
+    conn.execute("CREATE TABLE leases (mac TEXT PRIMARY KEY, ip TEXT); INSERT INTO leases VALUES ('aa', '10.0.0.2')")
+    conn.close()
+
+
+@pytest.mark.parametrize("case", ["newer", "newer-wal", "foreign", "foreign-app", "wrong-owner", "bad-config"])
+def test_a_refused_database_keeps_every_byte_and_its_mtime(home, tmp_path, case):
+    if case in ("wrong-owner", "bad-config") and not IS_ROOT:
+        pytest.skip("giving a file to another uid, and task users, need root")
+    db = os.path.join(home, "qledge.db")
+    extra: list[str] = []
+    if case.startswith("newer"):
+        _fresh(home)
+        _big_pages(db, version=99, wal_pending=case == "newer-wal")
+        expected = f"database schema version 99 is newer than this qledge ({len(MIGRATIONS)})"
+    elif case.startswith("foreign"):
+        os.chmod(home, 0o700)
+        _foreign(db, 0x47504B47 if case == "foreign-app" else 0)
+        expected = ("qledge.db belongs to another program (application id 0x47504b47)" if case == "foreign-app"
+                    else "qledge.db is not a qledge database (schema version 0, tables leases)")
+    else:
+        _fresh(home)
+        _big_pages(db)
+        if case == "wrong-owner":
+            os.chown(db, 65534, 65534)
+            expected = f"{db} is owned by uid 65534"
+        else:  # a configuration this system refuses: found before the database is touched
+            config = tmp_path / "qledge.toml"
+            config.write_text('[runner]\ntask_users = ["root"]\n')
+            extra = ["--config", str(config)]
+            expected = "[runner] task_users lists root, which owns the state directory"
+    before = _fingerprint(home)
+    time.sleep(0.01)  # a rewrite now would give another mtime
+    code, err, took = _serve(home, *extra)
+    assert code == 2 and expected in _one_line(err), err
+    assert _fingerprint(home) == before
+    assert took < FAIL_FAST_S + 1.0, took
+
+
+def test_an_own_database_is_converted_to_small_pages_and_marked(home):
+    os.chmod(home, 0o700)
+    db = os.path.join(home, "qledge.db")
+    conn = apsw.Connection(db)  # what the version before the mark wrote, with SQLite's default pages
+    for number, sql in enumerate(MIGRATIONS[:12], start=1):
+        conn.execute(sql)
+        conn.pragma("user_version", number)
+    assert conn.pragma("page_size") == 4096
+    conn.close()
+    d = DaemonProcess(home=home).start()
+    d.stop()
+    conn = apsw.Connection(db)
+    assert (conn.pragma("page_size"), conn.pragma("user_version")) == (512, len(MIGRATIONS))
+    assert conn.pragma("application_id") == 0x716C6564
+    conn.close()
+
+
 def test_an_uncreatable_home_and_a_dangling_logs_link_are_one_line(home, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")

@@ -78,10 +78,12 @@ async def test_an_old_database_held_open_elsewhere_keeps_its_pages(home, caplog)
     path = os.path.join(home, "old.db")
     old = apsw.Connection(path)
     old.pragma("journal_mode", "wal")
-    old.execute("CREATE TABLE x (a); INSERT INTO x VALUES (1)")
+    for number, sql in enumerate(MIGRATIONS[:4], 1):  # a qledge database of an older version
+        old.execute(sql)
+        old.pragma("user_version", number)
     reader = apsw.Connection(path)
     reader.execute("BEGIN")
-    reader.execute("SELECT * FROM x").fetchall()  # a reader holds it open
+    reader.execute("SELECT * FROM tasks").fetchall()  # a reader holds it open
     caplog.set_level("INFO", "qledge.store")
     db = await Database.open(path)
     assert await db.run(lambda c: (c.pragma("page_size"), c.pragma("journal_mode"))) == (4096, "wal")

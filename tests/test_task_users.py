@@ -363,6 +363,78 @@ def test_referencing_a_secret_needs_secret_use(daemon):
     assert run["status"] == "succeeded" and "hunter2" not in log
 
 
+# -- a task's secrets are its own: a uid of its own ------------------------------------
+
+DYNAMIC = range(61184, 65520)
+
+
+def _until_running(d, run_id: str) -> None:
+    import time
+
+    deadline = time.monotonic() + 30
+    while d.call("qledge.run.get", {"runId": run_id})["status"] != "running":
+        assert time.monotonic() < deadline, "the run did not start"
+        time.sleep(0.05)
+
+
+@needs_root
+def test_no_other_task_reads_the_environment_of_a_task_that_uses_a_secret(daemon, scratch):
+    value = "owner-only-secret-Zq81x"
+    daemon.cli("secret", "set", "S", input=value)
+    # The owner's task names no user: the default one, which every task writer may use too.
+    assert daemon.cli("task", "add", "holder", "--secret-env", "TOKEN=S", "--", "sleep", "6").returncode == 0
+    _, operator = daemon.token("operator")
+    out = os.path.join(scratch, "environ")
+    spy = f'for f in /proc/[0-9]*/environ; do cat "$f"; echo; done > {out} 2>/dev/null; true'
+    assert daemon.cli("task", "add", "spy", "--shell", "--", spy, token=operator).returncode == 0
+    holder = daemon.call("qledge.run.start", {"taskId": "holder"})
+    _until_running(daemon, holder["id"])
+    run, _ = _run(daemon, "spy", operator)
+    assert run["status"] == "succeeded", run
+    with open(out, "rb") as f:
+        seen = f.read()
+    assert b"QLEDGE_TASK_ID=spy" in seen  # it could read what its own uid may
+    assert value.encode() not in seen and b"QLEDGE_TASK_ID=holder" not in seen
+    daemon.call("qledge.run.cancel", {"runId": holder["id"]})
+
+
+@needs_root
+def test_the_own_uid_is_stable_recorded_never_shared_and_goes_with_the_task(daemon):
+    daemon.cli("secret", "set", "S", input="a-secret-value-123")
+    probe = 'id -u; id -g; echo "$HOME"; echo "$QLEDGE_DATA_DIR"; stat -c %a:%u "$HOME"; touch "$HOME/x"'
+    for task in ("a", "b"):
+        daemon.cli("task", "add", task, "--secret-env", "K=S", "--shell", "--", probe)
+    daemon.cli("task", "add", "plain", "--shell", "--", 'id -u; echo "$QLEDGE_DATA_DIR"; touch "$QLEDGE_DATA_DIR/x"')
+    daemon.cli("task", "add", "rooted", "--user", "root", "--secret-env", "K=S", "--shell", "--", "id -u")
+    seen = {}
+    for task in ("a", "b", "a", "plain"):
+        run, log = _run(daemon, task)
+        assert run["status"] == "succeeded", (task, log)
+        seen.setdefault(task, []).append(log.splitlines())
+    (a1, a2), (b,), (plain,) = seen["a"], seen["b"], seen["plain"]
+    assert a1 == a2  # stable per task
+    uid_a, uid_b = int(a1[0]), int(b[0])
+    assert uid_a in DYNAMIC and uid_b in DYNAMIC and uid_a != uid_b and a1[1] == a1[0]
+    home = os.path.join(os.path.realpath(daemon.home) + "-tasks", "default", "a")
+    assert a1[2:5] == [home, home, f"700:{uid_a}"]
+    assert int(plain[0]) == NOBODY.pw_uid  # no secret: the shared task user, with its own data directory
+    assert plain[1] == os.path.join(os.path.dirname(home), "plain")
+    # An owner who names a user keeps it.
+    assert _run(daemon, "rooted")[1] == "0\n"
+    with contextlib.closing(daemon.db()) as db:
+        recorded = dict(db.execute("SELECT task_id, uid FROM task_uids").fetchall())
+    assert recorded == {"a": uid_a, "b": uid_b}
+    assert {p.pw_uid for p in pwd.getpwall()}.isdisjoint(recorded.values())
+    # It goes with the task: its record, its HOME and what is in it.
+    assert daemon.cli("task", "rm", "a").returncode == 0
+    assert not os.path.lexists(home)
+    with contextlib.closing(daemon.db()) as db:
+        assert db.execute("SELECT task_id FROM task_uids").fetchall() == [("b",)]
+    # A new task of the same name is another identity: another uid, a new, empty HOME.
+    daemon.cli("task", "add", "a", "--secret-env", "K=S", "--shell", "--", "id -u; ls -A $HOME")
+    assert int(_run(daemon, "a")[1].split()[0]) not in (uid_a, uid_b)
+
+
 # -- the README's AI credential -----------------------------------------------------
 
 

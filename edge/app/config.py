@@ -41,6 +41,10 @@ class RunnerConfig(msgspec.Struct, forbid_unknown_fields=True):
         default_factory=lambda: ["nobody"])
     default_user: Account | None = None
     work_dir: Annotated[str, msgspec.Meta(min_length=1, max_length=4096, pattern=r"^/[^\x00]*$")] = "/"
+    # [low, high]: the uids a task that uses a secret runs as, one of its own ([] : none,
+    # such tasks share their task user). Like systemd's DynamicUser range.
+    dynamic_uids: Annotated[list[Annotated[int, msgspec.Meta(ge=1, le=2**31 - 2)]],
+                            msgspec.Meta(max_length=2)] = msgspec.field(default_factory=lambda: [61184, 65519])
 
 
 class RetentionConfig(msgspec.Struct, forbid_unknown_fields=True):

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from edge.app import config as config_file
 from edge.app import home as state_dir
 from edge.app.config import Config
-from edge.app.graph import LIVE_KEYS, Cluster, Graph
+from edge.app.graph import LIVE_KEYS, Cluster, Graph, task_users
 from edge.app.home import StartupError
 from edge.app.lean import defer_hangups, hangups_deferred
 from edge.app.sdnotify import Notifier, start_watchdog
@@ -55,6 +55,9 @@ class Daemon:
 
     async def _run_locked(self, home: str) -> None:
         cfg = self.config
+        # Everything that can refuse the start is checked before anything is written.
+        for problem in task_users(cfg, home).problems():
+            raise StartupError(problem, "invalid_argument")  # the configuration, on this system
         pepper = state_dir.load_pepper(os.path.join(home, "pepper"))
         if cfg.cluster.dsn is not None:  # a cluster node: PostgreSQL instead of the SQLite file
             cluster = Cluster(cfg, home)

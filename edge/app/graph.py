@@ -182,7 +182,8 @@ def runner_settings(config: Config, home: str) -> RunnerSettings:
 
 def task_users(config: Config, home: str) -> SystemUsers:
     r = config.runner
-    return SystemUsers(r.task_users, r.default_user, home, r.work_dir)
+    dynamic = (r.dynamic_uids[0], r.dynamic_uids[-1]) if r.dynamic_uids else None
+    return SystemUsers(r.task_users, r.default_user, home, r.work_dir, dynamic)
 
 
 class Workers(msgspec.Struct, frozen=True, kw_only=True):
@@ -208,6 +209,7 @@ def build_workers(
     wall clock itself, which it holds on while that is behind; default: `clock`)."""
     settings = runner_settings(config, home)
     users = users or task_users(config, home)
+    users.attach(stores.tasks, clock)  # where the uids of tasks that run as their own are recorded
     notices = Notices(clock, LoopTimers())
     runner = Runner(runs=stores.runs, tasks=stores.tasks, admission=stores.admission, secrets=stores.secrets,
                     logs=stores.logs, clock=clock, settings=settings, users=users, notices=notices, agents=agents)

@@ -682,6 +682,10 @@ class Exported(msgspec.Struct, rename="camel"):
     tasks: int
     triggers: int
     secrets: int | None = None
+    channels: int = 0
+    scripts: int = 0
+    scripts_archive: str | None = None
+    not_exported: list[str] = []
 
 
 def _export_pages(c: Client) -> tuple[list[backup_tools.ExportedTask], list[backup_tools.ExportedTrigger]]:
@@ -702,7 +706,7 @@ def _secret_page(c: Client, after: str | None) -> tuple[list[backup_tools.Secret
     return page.secrets, page.next
 
 
-def _write_private(path: str, data: bytes) -> None:
+def write_private(path: str, data: bytes) -> None:
     """Replace `path` with a new 0600 file holding `data`, all or nothing."""
     import contextlib
     import os
@@ -726,19 +730,31 @@ def export_state(c: Client, a: argparse.Namespace) -> int:
 
     import edge
 
+    from edge.cli import import_commands as moving
+
     tasks, triggers = _export_pages(c)
     secrets = all_pages(lambda after: _secret_page(c, after)) if a.with_secrets else None
+    notify, not_exported = moving.export_notify(c, a.with_secrets)
+    scripts, more = moving.export_scripts(c, a.file)
     doc = backup_tools.Document(
         format=backup_tools.FORMAT, version=backup_tools.FORMAT_VERSION, qledge_version=edge.__version__,
-        exported_at_ms=int(time.time() * 1000), tasks=tasks, triggers=triggers, secrets=secrets,
+        exported_at_ms=int(time.time() * 1000), tasks=tasks, triggers=triggers, secrets=secrets, notify=notify,
+        scripts=scripts, not_exported=not_exported + more,
     )
-    _write_private(a.file, msgspec.json.format(msgspec.json.encode(doc), indent=2) + b"\n")
+    write_private(a.file, msgspec.json.format(msgspec.json.encode(doc), indent=2) + b"\n")
     done = Exported(file=a.file, tasks=len(tasks), triggers=len(triggers),
-                    secrets=None if secrets is None else len(secrets))
+                    secrets=None if secrets is None else len(secrets),
+                    channels=len(notify.channels) if notify else 0, scripts=scripts.files if scripts else 0,
+                    scripts_archive=scripts.archive if scripts else None, not_exported=doc.not_exported)
 
     def human(e: Exported) -> None:
         what = f"{e.tasks} tasks, {e.triggers} triggers" + ("" if e.secrets is None else f", {e.secrets} secrets")
+        what += f", {e.channels} notification channels" if e.channels else ""
         print(f"exported {what} to {e.file} (mode 0600)")
+        if e.scripts_archive:
+            print(f"exported {e.scripts} scripts to {e.scripts_archive} beside it (mode 0600): keep the two together")
+        for note in e.not_exported:
+            print(f"note: {note}")
 
     return show(a, done, human)
 
@@ -773,31 +789,60 @@ def batches(items: list[T]) -> list[list[T]]:
 
 
 def _import_calls(doc: backup_tools.Document, replace: bool, dry: bool) -> list[tuple[str, msgspec.Struct]]:
-    """Tasks first, then the triggers that name them, then secrets."""
+    """Tasks and triggers as the parts of one session (checked together and written in one
+    transaction by its last part), then secrets."""
+    import os
+
+    parts: list[tuple[list[backup_tools.ExportedTask], list[backup_tools.ExportedTrigger]]] = [
+        (b, []) for b in batches(doc.tasks)] + [([], b) for b in batches(doc.triggers)]
+    session = os.urandom(12).hex()
     calls: list[tuple[str, msgspec.Struct]] = [
-        ("qledge.import", backup_tools.ImportArgs(tasks=b, replace=replace, dry_run=dry)) for b in batches(doc.tasks)]
-    calls += [("qledge.import", backup_tools.ImportArgs(triggers=b, replace=replace, dry_run=dry))
-              for b in batches(doc.triggers)]
+        ("qledge.import", backup_tools.ImportArgs(tasks=tasks, triggers=triggers, replace=replace, dry_run=dry,
+                                                  session=backup_tools.ImportSession(id=session, part=n,
+                                                                                     last=n == len(parts) - 1)))
+        for n, (tasks, triggers) in enumerate(parts)]
     calls += [("qledge.secret.import", backup_tools.SecretImportArgs(secrets=b, replace=replace, dry_run=dry))
               for b in batches(doc.secrets or [])]
     return calls
 
 
 def import_state(c: Client, a: argparse.Namespace) -> int:
-    doc = read_document(a.file)
-    # A dry pass over everything first: a conflict anywhere (or a missing permission) is
-    # found before anything is written.
-    report = backup_tools.ImportReport()
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="qledge-move-") as tmp:
+        return _import_state(c, a, read_document(a.file), tmp)
+
+
+def _import_state(c: Client, a: argparse.Namespace, doc: backup_tools.Document, tmp: str) -> int:
+    from edge.cli import import_commands as moving
+
+    move = moving.prepare_move(c, doc, a.file, tmp)  # the scripts unpacked, their tasks' paths moved here
+    doc = msgspec.structs.replace(doc, tasks=move.tasks)
+    # A dry pass over everything first: every entry that would be refused (a permission, a
+    # user, a secret, a schedule, a changed spec, a channel's secret) or that differs is
+    # found before anything is written, and all of them are named.
+    report = backup_tools.ImportReport(refused=list(move.refused), refused_count=len(move.refused),
+                                       refused_code="invalid_argument" if move.refused else None)
     for tool_name, args in _import_calls(doc, a.replace, dry=True):
         report.add(c.typed(tool_name, args, backup_tools.ImportReport))
-    if report.conflicts:
+    if report.refused_count or report.conflicts:
         if a.json:
             render.json_out(report)
+        if report.refused_count:
+            line = backup_tools.refused_line(report.refused, report.refused_count)
+            if report.conflicts:
+                line += f"; {len(report.conflicts)} more differ from what this daemon has (--replace overwrites them)"
+            raise CallFailed(report.refused_code or "invalid_argument", line)
         raise CallFailed("conflict", backup_tools.refusal(report.conflicts) + " (qledge import --replace overwrites)")
+    notes = moving.import_scripts(move, a.dry_run)
     if not a.dry_run:
+        # The scripts and secrets first (their own transactions), then every task and trigger in one.
+        calls = _import_calls(doc, a.replace, dry=False)
         report = backup_tools.ImportReport()
-        for tool_name, args in _import_calls(doc, a.replace, dry=False):
+        for tool_name, args in [*(x for x in calls if x[0] != "qledge.import"),
+                                *(x for x in calls if x[0] == "qledge.import")]:
             report.add(c.typed(tool_name, args, backup_tools.ImportReport))
+    report.notes += notes + moving.import_notify(c, doc, a.replace, a.dry_run)
 
     def human(r: backup_tools.ImportReport) -> None:
         would = "would be " if a.dry_run else ""

@@ -179,7 +179,8 @@ def task_options(p: argparse.ArgumentParser, update: bool) -> None:
                    help="environment variable (repeatable)" + ("; replaces that key" if update else ""))
     p.add_argument("--secret-env", action="append", default=[], metavar="K=SECRET",
                    help="environment variable taken from a stored secret (repeatable)")
-    p.add_argument("--cwd", metavar="DIR", help="working directory (default /; never inside the state directory)")
+    p.add_argument("--cwd", metavar="DIR", help="working directory (default /; never inside the state directory;"
+                   " @data: the task's own data directory)")
     p.add_argument("--user", help="run as this user (default: [runner] default_user, e.g. nobody)")
     p.add_argument("--group", help="run with this group (default: the user's own)")
     p.add_argument("--shell", action="store_true",
@@ -271,7 +272,7 @@ def check_task_flags(a: argparse.Namespace) -> None:
     if a.cwd is not None:
         if not a.cwd:
             raise UsageError("--cwd must name a directory")
-        a.cwd = _resolve(a.cwd)
+        a.cwd = a.cwd if a.cwd == limits.DATA_DIR else _resolve(a.cwd)  # @data: the task's own data directory
     if a.command:
         program = a.command[0]
         if not a.shell and "/" in program and not program.startswith("/"):

@@ -8,25 +8,27 @@ Everything that reads files lives here; the meaning of each entry is edge.core.i
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
 import shutil
+import stat
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
 from edge.cli import render
 from edge.cli.client import CallFailed, Client
-from edge.cli.commands import UsageError, all_pages
+from edge.cli.commands import UsageError, all_pages, write_private
 from edge.core.imports import (
+    MAX_CRONTAB_BYTES,
     CrontabUser,
     Entry,
-    PlannedChannel,
     Problem,
     QlPlace,
     assign_ids,
@@ -39,13 +41,19 @@ from edge.core.imports import (
     ql_cron,
     ql_entry,
     ql_env,
-    ql_env_channels,
-    ql_panel_channel,
-    ql_panel_plan,
     unrepresentable,
 )
 from edge.core.schedule import ScheduleError, load_zone
-from edge.core.tasks import DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS, ArgvCommand, ImportedTask, ImportRecord, ShellCommand
+from edge.core.tasks import (
+    DEFAULT_TIMEOUT_MS,
+    MAX_TIMEOUT_MS,
+    ArgvCommand,
+    ImportedTask,
+    ImportRecord,
+    ImportTask,
+    ShellCommand,
+)
+from edge.tools.builtin import backup as backup_tools
 from edge.tools.builtin import credentials as secret_tools
 from edge.tools.builtin import status as status_tools
 from edge.tools.builtin import tasks as task_tools
@@ -53,6 +61,7 @@ from edge.tools.builtin import tasks as task_tools
 if TYPE_CHECKING:
     import argparse
     import pwd
+    import tarfile
 
     from edge.cli.main import Subcommands, Verb
 
@@ -119,16 +128,102 @@ def _task_ids(c: Client) -> set[str]:
     return set(all_pages(page))
 
 
-def _apply_tasks(c: Client, report: Report, entries: list[Entry], records: dict[str, ImportRecord],
-                 dry_run: bool, who: str) -> list[Entry]:
-    """Create the entries not imported before (ids free among the daemon's tasks); returns
-    the entries that are in qledge now, created or from an earlier import. `who` says
-    whom the tasks run as and why, for a refusal that concerns them all."""
+_BATCH_ITEMS = 256  # entries per qledge.import.tasks call
+_BATCH_BYTES = 160 << 10  # and about this much of a call's 256 KiB frame
+
+
+def _batches(entries: list[Entry]) -> list[list[Entry]]:
+    out: list[list[Entry]] = []
+    size = 0
+    for entry in entries:
+        n = len(msgspec.msgpack.encode(entry.task))
+        if not out or len(out[-1]) >= _BATCH_ITEMS or size + n > _BATCH_BYTES:
+            out.append([])
+            size = 0
+        out[-1].append(entry)
+        size += n
+    return out
+
+
+def _import_calls(c: Client, entries: list[Entry], check: bool) -> list[ImportedTask]:
+    results: list[ImportedTask] = []
+    for batch in _batches(entries):
+        got = c.typed("qledge.import.tasks", task_tools.ImportTasksArgs(items=[e.task for e in batch], check=check),
+                      task_tools.ImportTasksResult)
+        if len(got.results) != len(batch):
+            raise CallFailed("internal", "the daemon answered an import batch with another number of results")
+        results += got.results
+    return results
+
+
+def _check_tasks(c: Client, report: Report, entries: list[Entry], records: dict[str, ImportRecord],
+                 who: str) -> list[Entry]:
+    """Every new entry checked by the daemon before anything is written; the ones it takes.
+    A refusal of one entry alone (its working directory) is reported; any other stops the
+    import, naming the entries."""
     problems = {id(e): p for e in entries if (p := unrepresentable(e)) is not None}
     report.not_imported += problems.values()
     entries = [e for e in entries if id(e) not in problems]
     fresh = [e for e in entries if e.task.key not in records]
     assign_ids(fresh, _task_ids(c))
+    # Entries alike in what the daemon checks are checked once (many lines, few users and schedules).
+    alike: dict[bytes, list[Entry]] = {}
+    for entry in fresh:
+        alike.setdefault(_checked_as(entry.task), []).append(entry)
+    firsts = [group[0] for group in alike.values()]
+    stops: list[tuple[Entry, ImportedTask]] = []
+    refused: set[int] = set()
+    for group, result in zip(alike.values(), _import_calls(c, firsts, check=True), strict=True):
+        if result.status != "refused":
+            continue
+        for entry in group:
+            refused.add(id(entry))
+            local = _local_refusal(entry, result)
+            if local is None:
+                stops.append((entry, result))
+            else:
+                report.not_imported.append(local)
+    if stops:
+        raise _stopped(sorted(stops, key=lambda s: _order(s[0].where)), who)
+    return [e for e in entries if id(e) not in refused]
+
+
+_signature = msgspec.msgpack.Encoder(order="deterministic")
+
+
+def _checked_as(task: ImportTask) -> bytes:
+    """What the daemon's check of an entry depends on (may_run, the program's path, the schedules)."""
+    spec, command = task.spec, task.spec.command
+    program = ("argv", "/" in command.file and not command.file.startswith("/")) if isinstance(command, ArgvCommand) \
+        else (type(command).__name__, False)
+    return _signature.encode((program, spec.user, spec.group, spec.working_dir, spec.secrets(),
+                              [(t.expression, t.timezone, t.misfire) for t in task.triggers]))
+
+
+def _local_refusal(entry: Entry, result: ImportedTask) -> Problem | None:
+    message = result.message or ""
+    if result.code == "invalid_argument" and message.startswith("working directory"):
+        return Problem(entry.where, entry.task.name or entry.task.task_id, f"the daemon refuses it: {message}",
+                       "working directory refused")
+    return None
+
+
+def _stopped(stops: list[tuple[Entry, ImportedTask]], who: str) -> CallFailed:
+    first = stops[0][1]
+    message, code = first.message or "refused", first.code or "invalid_argument"
+    if "task.privileged" in message:
+        message += f" ({who}: import as an owner, or name one of the daemon's [runner] task_users with --user)"
+    elif "user" in message or "group" in message:
+        message += f" ({who}; --user USER names another)"
+    where = _named([e.where for e, _ in stops])
+    return CallFailed(code, f"nothing was imported: {len(stops)} entries would be refused ({where}): {message}")
+
+
+def _apply_tasks(c: Client, report: Report, entries: list[Entry], records: dict[str, ImportRecord],
+                 dry_run: bool) -> list[Entry]:
+    """Create the checked entries not imported before (a transaction per batch); the entries in qledge now."""
+    fresh = [e for e in entries if e.task.key not in records]
+    made = {} if dry_run else dict(zip((id(e) for e in fresh), _import_calls(c, fresh, check=False), strict=True))
     kept: list[Entry] = []
     for entry in entries:
         triggers = [t.expression for t in entry.task.triggers]
@@ -138,32 +233,17 @@ def _apply_tasks(c: Client, report: Report, entries: list[Entry], records: dict[
         elif dry_run:
             status, task_id = "create", entry.task.task_id
         else:
-            try:
-                made = c.typed("qledge.import.task", entry.task, ImportedTask)
-            except CallFailed as exc:
-                refused = _refused(entry, exc, who)
-                report.not_imported.append(refused)
+            result = made[id(entry)]
+            if result.status == "refused":  # changed since it was checked
+                report.not_imported.append(_local_refusal(entry, result) or Problem(
+                    entry.where, entry.task.name or entry.task.task_id, f"the daemon refuses it: {result.message}",
+                    "refused"))
                 continue
-            status, task_id = made.status, made.task_id
+            status, task_id = result.status, result.task_id
         kept.append(entry)
         report.tasks.append(PlannedTask(where=entry.where, status=status, task_id=task_id, command=_command(entry),
                                         triggers=triggers, enabled=entry.task.enabled, notes=entry.notes))
     return kept
-
-
-def _refused(entry: Entry, exc: CallFailed, who: str) -> Problem:
-    """A working directory the daemon refuses concerns its entry alone: reported, and the
-    import goes on. Anything else (whom the tasks run as, the caller's permissions) would
-    refuse every entry: the import stops there, with one line saying what to do."""
-    if exc.code == "invalid_argument" and exc.message.startswith("working directory"):
-        return Problem(entry.where, entry.task.name or entry.task.task_id, f"the daemon refuses it: {exc.message}",
-                       "working directory refused")
-    if exc.code == "permission_denied" and "task.privileged" in exc.message:
-        raise CallFailed(exc.code, f"{exc.message} ({who}: import as an owner, or name one of the daemon's"
-                         " [runner] task_users with --user)") from None
-    if exc.code == "invalid_argument" and ("user" in exc.message or "group" in exc.message):
-        raise CallFailed(exc.code, f"{exc.message} ({who}; --user USER names another)") from None
-    raise exc
 
 
 def _order(where: str) -> tuple[str, int]:
@@ -272,13 +352,18 @@ def _account(user: str) -> pwd.struct_passwd:
 
 
 def _read(path: str) -> str:
-    if path == "-":
-        return sys.stdin.read()
+    """The crontab, at most MAX_CRONTAB_BYTES of it (a bound on what an import reads)."""
     try:
-        with open(path, encoding="utf-8", errors="surrogateescape") as f:
-            return f.read()
+        if path == "-":
+            text = sys.stdin.read(MAX_CRONTAB_BYTES + 1)
+        else:
+            with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
+                text = f.read(MAX_CRONTAB_BYTES + 1)
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(text) > MAX_CRONTAB_BYTES:
+        raise UsageError(f"{path} is larger than {MAX_CRONTAB_BYTES >> 20} MiB: not a crontab qledge imports")
+    return text
 
 
 def import_crontab(c: Client, a: argparse.Namespace) -> int:
@@ -290,7 +375,9 @@ def import_crontab(c: Client, a: argparse.Namespace) -> int:
     plan = parse_crontab(text, user, _timeout_ms(a))
     report = Report(source=path, dry_run=a.dry_run, not_imported=list(plan.problems))
     who = f"the entries run as {user.name}, " + ("as --user says" if a.user else "the crontab's user")
-    entries = _apply_tasks(c, report, plan.entries, _records(c), a.dry_run, who)
+    records = _records(c)
+    entries = _check_tasks(c, report, plan.entries, records, who)
+    entries = _apply_tasks(c, report, entries, records, a.dry_run)
     for line, first in plan.duplicates:
         report.notices.append(f"line {line}: the same entry as line {first}: imported once")
     if a.disable_source:
@@ -300,27 +387,82 @@ def import_crontab(c: Client, a: argparse.Namespace) -> int:
 
 
 def _disable_source(path: str, text: str, lines: list[int], dry_run: bool) -> str:
-    """Comment the imported lines out, after a backup, by replacing the file whole: busybox
-    crond notices its directory changed and reloads the crontab."""
+    """Comment the imported lines out, after a backup, by replacing the file whole (busybox
+    crond reloads a crontab whose directory changed); relative to that directory, following
+    no link: the crontab must be a regular file, the backup and the new file are new files."""
     if not lines:
         return f"{path}: no line to comment out"
     if dry_run:
         return f"{path}: would comment out {len(lines)} imported lines (after a backup)"
-    backup = f"{path}.qledge-{time.strftime('%Y%m%d%H%M%S')}.bak"
+    directory, name = os.path.split(os.path.abspath(path))
     try:
-        shutil.copy2(path, backup)
-        info = os.stat(path)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".qledge-")
-        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as f:
-            f.write(disable_lines(text, lines))
-        os.chmod(tmp, info.st_mode & 0o7777)
-        with contextlib.suppress(PermissionError):
-            os.chown(tmp, info.st_uid, info.st_gid)
-        os.replace(tmp, path)
+        parent = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
         raise UsageError(f"the tasks are imported, but {path} could not be changed: {exc.strerror or exc}") from None
-    return (f"{path}: {len(lines)} imported lines commented out (backup {backup}); busybox crond re-reads its"
-            " crontabs when their directory changes (on OpenWrt, /etc/init.d/cron restart applies it at once)")
+    try:
+        info, current = _regular(parent, name, path)
+        if current != text.encode("utf-8", "surrogateescape"):
+            raise UsageError(f"the tasks are imported, but {path} changed meanwhile: nothing was commented out;"
+                             " run the import again to comment out what it imported")
+        backup = _create(parent, f"{name}.qledge-{time.strftime('%Y%m%d%H%M%S')}.bak", current, info)
+        rewritten = disable_lines(text, lines).encode("utf-8", "surrogateescape")
+        tmp = _create(parent, f".{name}.qledge-{os.getpid()}", rewritten, info)
+        os.rename(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
+    except OSError as exc:
+        raise UsageError(f"the tasks are imported, but {path} could not be changed: {exc.strerror or exc}") from None
+    finally:
+        os.close(parent)
+    return (f"{path}: {len(lines)} imported lines commented out (backup {os.path.join(directory, backup)});"
+            " busybox crond re-reads its crontabs when their directory changes (on OpenWrt, /etc/init.d/cron"
+            " restart applies it at once)")
+
+
+def _regular(parent: int, name: str, path: str) -> tuple[os.stat_result, bytes]:
+    """The bytes of `name`, a regular file with one link, in `parent`."""
+    try:
+        fd = os.open(name, _READ_FLAGS, dir_fd=parent)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UsageError(f"the tasks are imported, but {path} is a symbolic link: --disable-source changes only"
+                             " a regular file (name the file it points to)") from None
+        raise
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+            raise UsageError(f"the tasks are imported, but {path} is not a regular file with one name:"
+                             " --disable-source leaves it as it is")
+        chunks = []
+        while chunk := os.read(fd, _CHUNK):
+            chunks.append(chunk)
+        return info, b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _create(parent: int, name: str, data: bytes, like: os.stat_result) -> str:
+    """A new file `name` (else `name.1`, …) in `parent` holding `data`, with the mode and owner of `like`."""
+    for n in range(100):
+        candidate = name if n == 0 else f"{name}.{n}"
+        try:
+            fd = os.open(candidate, _NEW_FLAGS, 0o600, dir_fd=parent)
+        except FileExistsError:
+            continue
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+            with contextlib.suppress(PermissionError):  # only root may give a file away
+                os.fchown(fd, like.st_uid, like.st_gid)
+            os.fchmod(fd, stat.S_IMODE(like.st_mode))
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(candidate, dir_fd=parent)
+            raise
+        os.close(fd)
+        return candidate
+    raise UsageError(f"the tasks are imported, but no free name for {name} was found: remove old backups")
 
 
 # -- qinglong -------------------------------------------------------------------------
@@ -372,6 +514,18 @@ def qinglong_source(path: str) -> Iterator[QlSource]:
         yield _unpack(path, tmp)
 
 
+def extract(tar: tarfile.TarFile, into: str, under: tuple[str, ...] = ("",)) -> None:
+    """The regular files and directories of `tar` under `under` into `into`: no links, nothing outside."""
+    import tarfile
+
+    safe = [m for m in tar.getmembers() if m.name.startswith(under) and (m.isfile() or m.isdir())
+            and not os.path.isabs(m.name) and ".." not in m.name.split("/")]
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(into, members=safe, filter="data")
+    else:  # pragma: no cover - Pythons before the extraction filters
+        tar.extractall(into, members=safe)  # noqa: S202 (members checked above)
+
+
 def _unpack(path: str, into: str) -> QlSource:
     import tarfile
 
@@ -383,12 +537,7 @@ def _unpack(path: str, into: str) -> QlSource:
                 raise UsageError(f"{path}: no db/database.sqlite in this archive")
             root = db[: -len("db/database.sqlite")]
             wanted = tuple(root + part for part in ("db/", "config/", "scripts/"))
-            safe = [m for m in members if m.name.startswith(wanted) and (m.isfile() or m.isdir())
-                    and not os.path.isabs(m.name) and ".." not in m.name.split("/")]
-            if hasattr(tarfile, "data_filter"):
-                tar.extractall(into, members=safe, filter="data")
-            else:  # pragma: no cover - Pythons before the extraction filters
-                tar.extractall(into, members=safe)  # noqa: S202 (members checked above)
+            extract(tar, into, wanted)
     except (tarfile.TarError, OSError, EOFError) as exc:
         raise UsageError(f"cannot unpack {path}: {exc}") from None
     data = os.path.join(into, root)
@@ -437,7 +586,7 @@ def read_qinglong_db(db_path: str) -> QlData:
             raise UsageError(f"cannot read the qinglong database {db_path}: {exc}") from None
 
 
-def _json_obj(value: object) -> dict[str, object]:
+def json_obj(value: object) -> dict[str, object]:
     if isinstance(value, str):
         try:
             value = json.loads(value)
@@ -466,17 +615,17 @@ def _ql_notices(data: QlData, source: QlSource, held: list[str], config_keys: li
         notices.append(f"config.sh: {other_config} other settings not imported (qinglong's own, such as"
                        " RandomDelay; set what your scripts need with qledge secret set)")
     for auth in data.auths:
-        info = _json_obj(auth.get("info"))
+        info = json_obj(auth.get("info"))
         if auth.get("type") == "notification" and info.get("type") and not with_notifications:
             fields = ", ".join(sorted(k for k in info if k != "type"))
-            how = ("--with-notifications makes it a qledge channel" if ql_panel_channel(info)
+            how = ("--with-notifications makes it a qledge channel" if NOTIFY is not None and NOTIFY.maps(info)
                    else "qledge has no channel for this service")
             notices.append(f"qinglong's own failure notification ({info['type']}: {fields}): not imported; {how}")
         elif auth.get("type") in ("authConfig", "authToken"):
             notices.append(f"qinglong's panel login ({auth.get('type')}): not imported")
     if data.apps:
         notices.append(f"{len(data.apps)} qinglong open-API apps (client ids and secrets): not imported")
-    credentials = sum(1 for s in data.subscriptions if _json_obj(s.get("pull_option")))
+    credentials = sum(1 for s in data.subscriptions if json_obj(s.get("pull_option")))
     if data.subscriptions:
         notices.append(f"{len(data.subscriptions)} subscriptions (repository pulls): not imported"
                        + (f"; {credentials} of them carry credentials" if credentials else ""))
@@ -489,7 +638,7 @@ def _ql_zone(data: QlData, report: Report) -> str | None:
     """qinglong's own zone setting, when it has one this machine knows (else the daemon's)."""
     for auth in data.auths:
         if auth.get("type") == "systemConfig":
-            zone = _json_obj(auth.get("info")).get("timezone")
+            zone = json_obj(auth.get("info")).get("timezone")
             if isinstance(zone, str) and zone:
                 try:
                     load_zone(zone)
@@ -561,89 +710,22 @@ def _store_secrets(c: Client, report: Report, wanted: dict[str, str], records: d
     return usable
 
 
-def _set_channel(c: Client, report: Report, plan: PlannedChannel, dry_run: bool) -> bool:
-    """Create the channel unless one of that name exists; False when this daemon has no
-    notification channels (a build without them)."""
-    kind = str(plan.spec["kind"])
-    if dry_run:
-        report.channels.append(ImportedChannel(name=plan.name, kind=kind, keys=plan.keys, status="create"))
-        return True
-    try:
-        got = c.call("qledge.notify.channel.set", {"name": plan.name, "spec": plan.spec, "createOnly": True})
-    except CallFailed as exc:
-        if exc.code == "invalid_argument" and exc.message.startswith("unknown tool"):
-            return False
-        report.channels.append(ImportedChannel(name=plan.name, kind=kind, keys=plan.keys, status="failed",
-                                               note=f"{exc.code}: {exc.message}"))
-        return True
-    report.channels.append(ImportedChannel(name=plan.name, kind=kind, keys=plan.keys, status=str(got["status"])))
-    return True
+class NotifyImports(Protocol):
+    """What a build with notifications adds to imports (edge.notify.imports)."""
+
+    def ql_channels(self, c: Client, report: Report, data: QlData, wanted: dict[str, str], usable: dict[str, str],
+                    records: dict[str, ImportRecord], dry_run: bool) -> None: ...
+
+    def maps(self, info: Mapping[str, object]) -> bool: ...
+
+    def export(self, c: Client, with_secrets: bool) -> tuple[backup_tools.ExportedNotify | None, list[str]]: ...
+
+    def check(self, c: Client, doc: backup_tools.Document) -> list[str]: ...
+
+    def apply(self, c: Client, doc: backup_tools.Document, replace: bool, dry_run: bool) -> list[str]: ...
 
 
-def _panel_secrets(c: Client, report: Report, info: dict[str, object], records: dict[str, ImportRecord],
-                   dry_run: bool) -> dict[str, str]:
-    """The credentials of qinglong's own notification setting, stored as secrets
-    (`ql_panel_<field>`); field → secret name."""
-    mapped = ql_panel_channel(info)
-    stored: dict[str, str] = {}
-    for field, (_, how) in (mapped[1].items() if mapped else ()):
-        value = info.get(field)
-        if how != "secret" or not isinstance(value, str | int) or not str(value):
-            continue
-        name, key = f"ql_panel_{field}", import_key("qinglong-panel", field)
-        if key in records:
-            status = "exists"
-        elif dry_run:
-            status = "create"
-        else:
-            status = c.typed("qledge.import.secret", secret_tools.ImportArgs(key=key, name=name, value=str(value)),
-                             secret_tools.Imported).status
-        report.secrets.append(PlannedSecret(name=name, env=f"panel {field}", status=status))
-        if status != "taken":
-            stored[field] = name
-    return stored
-
-
-def _ql_channels(c: Client, report: Report, data: QlData, wanted: dict[str, str], usable: dict[str, str],
-                 records: dict[str, ImportRecord], dry_run: bool) -> None:
-    """--with-notifications: qinglong's notification settings become qledge channels that
-    reference the imported secrets, and, when the project has no default rules yet, its
-    default rule (failure and recovery, to every channel made here)."""
-    values = {k: v for k, v in wanted.items() if is_notification_key(k)}
-    planned, unmapped = ql_env_channels(values, usable)
-    for auth in data.auths:
-        info = _json_obj(auth.get("info"))
-        if auth.get("type") != "notification" or not info.get("type"):
-            continue
-        plan = ql_panel_plan(f"ql-panel-{info.get('type')}".lower(), info,
-                             _panel_secrets(c, report, info, records, dry_run))
-        if plan is None:
-            report.notices.append(f"qinglong's own failure notification ({info['type']}): qledge has no channel for"
-                                  " this service; set one up with qledge notify add")
-        else:
-            planned.append(plan)
-    if unmapped:
-        report.notices.append(f"notification keys without a qledge channel: {', '.join(unmapped)} (still imported as"
-                              " secrets, for the scripts that send their own messages)")
-    for plan in planned:
-        if not _set_channel(c, report, plan, dry_run):
-            report.notices.append("qinglong's notification settings are imported as secrets only: this qledge has"
-                                  " no notification channels to take them over (a build without edge/notify)")
-            return
-    made = [ch.name for ch in report.channels if ch.status in ("create", "created", "exists")]
-    if not made:
-        return
-    if dry_run:
-        report.notices.append(f"notifications: would send failures and recoveries to {', '.join(made)} unless the"
-                              " project has default rules (qledge notify rules)")
-        return
-    if c.call("qledge.notify.rules.get", {}).get("rules") is None:
-        c.call("qledge.notify.rules.set", {"rules": [{"channels": made, "on": ["failure", "recovery"]}]})
-        report.notices.append(f"notifications: failures and recoveries of every task now go to {', '.join(made)}"
-                              " (qledge notify rules; qledge notify test CHANNEL tries one)")
-    else:
-        report.notices.append("notifications: the project's default rules were kept; add the new channels with"
-                              " qledge notify rules --channel …")
+NOTIFY: NotifyImports | None = None  # set by edge.cli.main when the build has notifications
 
 
 QL_USER = "root"  # qinglong runs every script as root
@@ -655,82 +737,257 @@ def _inside(path: str, directory: str) -> bool:
     return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
 
 
-def _scripts_dir(c: Client, wanted: str | None) -> str:
-    """Where the scripts go: `--scripts-dir`, else `<state dir>-scripts/qinglong`, beside
-    the daemon's state directory (on the same storage), never inside it: task users cannot
-    read what is there, and no run starts there."""
+def _scripts_dir(c: Client, wanted: str | None) -> tuple[str, str]:
+    """Where the scripts go, and the first directory of it qledge manages: `--scripts-dir`,
+    else `<state dir>-scripts/qinglong` (beside the state directory, which task users cannot
+    read, never in it)."""
     state = state_dir(c)
     if wanted is None:
         if state is None:
             raise UsageError("this daemon is a cluster node (its state is in PostgreSQL): say where the scripts go"
                              " with --scripts-dir DIR, the same directory on every node")
-        return os.path.join(state.rstrip(os.sep) + SCRIPTS_BESIDE, "qinglong")
+        top = state.rstrip(os.sep) + SCRIPTS_BESIDE
+        return os.path.join(top, "qinglong"), top
     dest = os.path.abspath(wanted)
     if state is not None and _inside(dest, state):
         raise UsageError(f"--scripts-dir {wanted} is inside the daemon's state directory {state}, which task users"
                          " cannot read and where no run starts: choose a directory outside it")
-    return dest
+    return dest, dest
 
 
-def _make_dirs(path: str, made: list[str]) -> None:
-    """`path` and its missing parents, 0755 whatever the umask (the task user reads and
-    enters them); each one made is noted in `made`."""
-    missing: list[str] = []
-    while not os.path.isdir(path):
-        missing.append(path)
-        path = os.path.dirname(path)
-    for directory in reversed(missing):
-        os.mkdir(directory, 0o755)
-        os.chmod(directory, 0o755)
-        made.append(directory)
+# -- copying the scripts, never through a link ------------------------------------------
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_NAMED = 12  # entries a report names; the count covers the rest
+_CHUNK = 1 << 16
 
 
-def _copy_scripts(source_dir: str, dest: str, owner: pwd.struct_passwd, dry_run: bool) -> str:
-    """Copy the scripts tree: files that are not there yet; a file that differs is kept
-    as it is in qledge (it may have been edited since); links are not followed. What is
-    copied (and each directory made for it) becomes the task user's, so scripts can read
-    and write beside themselves as they did under qinglong."""
-    plan: list[tuple[str, str]] = []
-    kept = links = size = 0
-    for dirpath, dirnames, filenames in os.walk(source_dir):
-        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
-        for name in filenames:
-            src = os.path.join(dirpath, name)
-            dst = os.path.join(dest, os.path.relpath(src, source_dir))
-            if os.path.islink(src) or not os.path.isfile(src):
-                links += 1
-            elif not os.path.exists(dst):
-                plan.append((src, dst))
-                size += os.path.getsize(src)
-            elif not _same_file(src, dst):
-                kept += 1
-    extra = "".join([f"; {kept} changed files kept as they are in qledge" if kept else "",
-                     f"; {links} links and special files not copied" if links else ""])
-    if dry_run:
-        return f"scripts: would copy {len(plan)} files ({size} bytes) to {dest}{extra}"
-    made: list[str] = []
+class Copied(msgspec.Struct):
+    files: int = 0
+    size: int = 0
+    kept: int = 0  # files that differ from the source: kept as they are here (they may have been edited)
+    skipped: list[str] = []  # in the source: links, FIFOs, devices, files with several hard links
+    replaced: list[str] = []  # in the destination: links or special files where a copy belongs
+
+
+def _named(paths: list[str]) -> str:
+    return ", ".join(paths[:_NAMED]) + (f" and {len(paths) - _NAMED} more" if len(paths) > _NAMED else "")
+
+
+def _open(parent: int, name: str, flags: int = _DIR_FLAGS) -> int | None:
+    """`name` in `parent`, never through a link; None when missing or a link."""
     try:
-        _make_dirs(dest, made)
-        free = shutil.disk_usage(dest).free
-        if size + DISK_RESERVE > free:
-            raise CallFailed("resource_exhausted", f"scripts need {size} bytes in {dest}, {free} are free (and"
-                             f" {DISK_RESERVE} stay reserved); free some space or use --scripts-in-place")
-        for src, dst in plan:
-            _make_dirs(os.path.dirname(dst), made)
-            shutil.copy2(src, dst)
+        return os.open(name, flags, dir_fd=parent)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            return None
+        raise
+
+
+def _entry(parent: int, name: str) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=parent, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def _one_file(parent: int, name: str) -> int | None:
+    """`name` for reading when it is a regular file with one link."""
+    fd = _open(parent, name, _READ_FLAGS)
+    if fd is not None and not (stat.S_ISREG((st := os.fstat(fd)).st_mode) and st.st_nlink == 1):
+        os.close(fd)
+        return None
+    return fd
+
+
+class _Tree:
+    """A walk of a scripts tree by directory descriptors, following no link: in the source,
+    links, FIFOs, devices and files with several hard links are skipped; in the destination,
+    a link or special file in a copy's place is removed (the entry), and what is there
+    becomes the importer's, writable by no one else."""
+
+    def __init__(self, dry_run: bool) -> None:
+        self.dry_run = dry_run
+        self.done = Copied()
+        self._me = (os.geteuid(), os.getegid())
+
+    def walk(self, src: int, dst: int | None, rel: str) -> None:
+        for name in sorted(os.listdir(src)):
+            path, st = rel + name, _entry(src, name)
+            if st is not None and stat.S_ISDIR(st.st_mode) and (sub := _open(src, name)) is not None:
+                into = self.directory(dst, name, path) if dst is not None else None
+                try:
+                    self.walk(sub, into, path + "/")
+                finally:
+                    os.close(sub)
+                    if into is not None:
+                        os.close(into)
+            elif st is not None and stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+                self._file(src, dst, name, path, st)
+            elif st is not None:
+                self.done.skipped.append(path)
+
+    def own(self, fd: int, path: str, mode: int) -> None:
+        st = os.fstat(fd)
+        if self.dry_run or ((st.st_uid, st.st_gid) == self._me and stat.S_IMODE(st.st_mode) == mode):
+            return
+        try:
+            os.fchown(fd, *self._me)
+            os.fchmod(fd, mode)
+        except PermissionError:
+            raise UsageError(f"cannot take over {path} in the scripts directory (uid {st.st_uid}'s): import as"
+                             " root, or remove it") from None
+
+    def directory(self, parent: int, name: str, path: str) -> int | None:
+        fd = _open(parent, name)
+        if fd is None:
+            if _entry(parent, name) is not None:
+                self.done.replaced.append(path)
+                if not self.dry_run:
+                    os.unlink(name, dir_fd=parent)
+            if self.dry_run:
+                return None
+            os.mkdir(name, 0o755, dir_fd=parent)
+            if (fd := _open(parent, name)) is None:
+                raise UsageError(f"{path} changed while the scripts were copied: import again")
+        self.own(fd, path, 0o755)
+        return fd
+
+    def _file(self, src: int, dst: int | None, name: str, path: str, st: os.stat_result) -> None:
+        mode = 0o755 if st.st_mode & 0o111 else 0o644
+        there = _entry(dst, name) if dst is not None else None
+        if there is not None and stat.S_ISDIR(there.st_mode):
+            self.done.kept += 1
+            return
+        if dst is not None and there is not None and (theirs := _one_file(dst, name)) is not None:
+            try:
+                self.done.kept += not self._same(src, name, theirs)
+                self.own(theirs, path, mode)
+            finally:
+                os.close(theirs)
+            return
+        if there is not None:
+            self.done.replaced.append(path)
+        self.done.files += 1
+        self.done.size += st.st_size
+        if self.dry_run or dst is None:
+            return
+        fd = _one_file(src, name)
+        if fd is None or (os.fstat(fd).st_dev, os.fstat(fd).st_ino) != (st.st_dev, st.st_ino):
+            self.done.skipped.append(path)  # replaced in the source meanwhile
+            return
+        tmp = f".qledge-{os.getpid()}-{name}"[:255]
+        try:
+            out = os.open(tmp, _NEW_FLAGS, 0o600, dir_fd=dst)
+            try:
+                while chunk := os.read(fd, _CHUNK):
+                    os.write(out, chunk)
+                os.fchmod(out, mode)
+                os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns))
+            finally:
+                os.close(out)
+            os.rename(tmp, name, src_dir_fd=dst, dst_dir_fd=dst)  # replaces a link itself, never follows it
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dst)
+            raise
+        finally:
+            os.close(fd)
+
+    def _same(self, src: int, name: str, theirs: int) -> bool:
+        ours = _one_file(src, name)
+        if ours is None:
+            return True
+        try:
+            while (a := os.read(ours, _CHUNK)) == os.read(theirs, _CHUNK):
+                if not a:
+                    return True
+            return False
+        finally:
+            os.close(ours)
+
+
+def _scripts_root(dest: str, top: str, tree: _Tree) -> int | None:
+    """The destination, reached without a link from the nearest directory above `top` (which
+    no other user may change), made where missing; None (dry only) when it is not there."""
+    anchor = os.path.dirname(top)
+    while not os.path.isdir(anchor):
+        anchor = os.path.dirname(anchor)
+    fd = os.open(os.path.realpath(anchor), _DIR_FLAGS)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid not in (0, os.geteuid()) or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
+            raise UsageError(f"{anchor} can be changed by other users (uid {st.st_uid}, mode"
+                             f" {stat.S_IMODE(st.st_mode):04o}): not a place for scripts; choose another --scripts-dir")
+        top_at = len(os.path.relpath(top, anchor).split(os.sep))
+        path = anchor
+        for n, name in enumerate(os.path.relpath(dest, anchor).split(os.sep), start=1):
+            path = os.path.join(path, name)
+            if n <= top_at and _open(fd, name) is None and _entry(fd, name) is not None:
+                raise UsageError(f"{path} is a symbolic link or not a directory: remove it, or choose another"
+                                 " --scripts-dir")
+            sub = tree.directory(fd, name, path)
+            os.close(fd)
+            if sub is None:
+                return None
+            fd = sub
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _copy_scripts(source_dir: str, dest: str, top: str, dry_run: bool) -> str:
+    """Copy the files not there yet (one that differs is kept: it may have been edited); the
+    copy is the importer's, read-only to tasks (_Tree)."""
+    try:
+        src = os.open(os.path.realpath(source_dir), _DIR_FLAGS)
+    except OSError as exc:
+        raise UsageError(f"cannot read the scripts in {source_dir}: {exc.strerror or exc}") from None
+    try:
+        plan = _Tree(dry_run=True)
+        root = _scripts_root(dest, top, plan)
+        try:
+            plan.walk(src, root, "")
+        finally:
+            if root is not None:
+                os.close(root)
+        if dry_run:
+            return _copy_line(plan.done, dest, dry_run)
+        anchor = dest
+        while not os.path.isdir(anchor):
+            anchor = os.path.dirname(anchor)
+        free = shutil.disk_usage(anchor).free
+        if plan.done.size + DISK_RESERVE > free:
+            raise CallFailed("resource_exhausted", f"scripts need {plan.done.size} bytes in {dest}, {free} are free"
+                             f" (and {DISK_RESERVE} stay reserved); free some space or use --scripts-in-place")
+        tree = _Tree(dry_run=False)
+        root = _scripts_root(dest, top, tree)
+        assert root is not None
+        try:
+            tree.walk(src, root, "")
+        finally:
+            os.close(root)
     except OSError as exc:
         raise UsageError(f"cannot copy the scripts to {dest}: {exc.strerror or exc}") from None
-    for path in [*made, *(dst for _, dst in plan)]:
-        with contextlib.suppress(OSError):  # only root may give files away; as the user itself, they are its own
-            os.lchown(path, owner.pw_uid, owner.pw_gid)
-    return f"scripts: {len(plan)} files ({size} bytes) copied to {dest}{extra}"
+    finally:
+        os.close(src)
+    return _copy_line(tree.done, dest, dry_run)
 
 
-def _same_file(a: str, b: str) -> bool:
-    if os.path.getsize(a) != os.path.getsize(b):
-        return False
-    with open(a, "rb") as fa, open(b, "rb") as fb:
-        return fa.read() == fb.read()
+def _copy_line(done: Copied, dest: str, dry_run: bool) -> str:
+    what = f"{done.files} files ({done.size} bytes)"
+    line = f"scripts: would copy {what} to {dest}" if dry_run else f"scripts: {what} copied to {dest}"
+    if done.kept:
+        line += f"; {done.kept} changed files kept as they are in qledge"
+    if done.skipped:
+        line += f"; not copied (links, FIFOs, devices, files with several hard links): {_named(done.skipped)}"
+    if done.replaced:
+        line += (f"; {'would replace' if dry_run else 'replaced'} (a link or special file in the copy's place):"
+                 f" {_named(done.replaced)}")
+    return line
 
 
 def _interpreters(entries: list[Entry]) -> list[str]:
@@ -746,6 +1003,12 @@ def _interpreters(entries: list[Entry]) -> list[str]:
     return [f"{n} is not on PATH here: install it before the tasks that use it run" for n in missing]
 
 
+def _ql_entries(data: QlData, place: QlPlace, usable: dict[str, str]) -> list[Entry | Problem]:
+    if len(usable) > 128:
+        raise UsageError(f"qinglong's environment has {len(usable)} variables; a task takes at most 128")
+    return [ql_entry(ql_cron(row), place, usable) for row in data.crons]
+
+
 def import_qinglong(c: Client, a: argparse.Namespace) -> int:
     with qinglong_source(a.path) as source:
         if a.scripts_in_place and (source.data_dir is None or source.unpacked):
@@ -754,36 +1017,46 @@ def import_qinglong(c: Client, a: argparse.Namespace) -> int:
         report = Report(source=source.label, dry_run=a.dry_run)
         scripts_src = os.path.join(source.data_dir, "scripts") if source.data_dir else None
         user = a.user or QL_USER
-        owner = _account(user)
+        _account(user)
         if a.scripts_in_place and scripts_src:
             if a.scripts_dir is not None:
                 raise UsageError("--scripts-dir and --scripts-in-place exclude each other")
-            scripts_dir = scripts_src
+            scripts_dir = top = scripts_src
         else:
-            scripts_dir = _scripts_dir(c, a.scripts_dir)
+            scripts_dir, top = _scripts_dir(c, a.scripts_dir)
         place = QlPlace(scripts_dir=scripts_dir, data_dir=source.data_dir or scripts_dir, zone=_ql_zone(data, report),
-                        user=user)
+                        user=user, copied=not a.scripts_in_place)
         wanted, held, config_keys, other = _plan_secrets(data, source, a.with_notifications)
         records = _records(c)
+        who = (f"the tasks run as {user}, " + ("as --user says" if a.user else "as every script did under qinglong"))
+        copy = scripts_src is not None and os.path.isdir(scripts_src) and not a.scripts_in_place
+        # Everything is checked before anything is written: every entry, as its import would
+        # be (with the secrets it will reference), and where the scripts go.
+        planned = _ql_entries(data, place, _store_secrets(c, Report(source="", dry_run=True), wanted, records, True))
+        _check_tasks(c, Report(source="", dry_run=True), [e for e in planned if isinstance(e, Entry)], records, who)
+        if copy and not a.dry_run:
+            assert scripts_src is not None
+            _copy_scripts(scripts_src, scripts_dir, top, dry_run=True)
         usable = _store_secrets(c, report, wanted, records, a.dry_run)
-        if len(usable) > 128:
-            raise UsageError(f"qinglong's environment has {len(usable)} variables; a task takes at most 128")
         entries: list[Entry] = []
-        for row in data.crons:
-            planned = ql_entry(ql_cron(row), place, usable)
-            if isinstance(planned, Entry):
-                entries.append(planned)
+        for entry in _ql_entries(data, place, usable):
+            if isinstance(entry, Entry):
+                entries.append(entry)
             else:
-                report.not_imported.append(planned)
-        if scripts_src and os.path.isdir(scripts_src) and not a.scripts_in_place:
-            report.notices.append(_copy_scripts(scripts_src, scripts_dir, owner, a.dry_run))
+                report.not_imported.append(entry)
+        if copy:
+            assert scripts_src is not None
+            report.notices.append(_copy_scripts(scripts_src, scripts_dir, top, a.dry_run))
         elif scripts_src is None:
             report.notices.append("no scripts directory beside this database: the tasks expect their scripts in"
                                   f" {scripts_dir}")
-        who = (f"the tasks run as {user}, " + ("as --user says" if a.user else "as every script did under qinglong"))
-        _apply_tasks(c, report, entries, records, a.dry_run, who)
-        if a.with_notifications:
-            _ql_channels(c, report, data, wanted, usable, records, a.dry_run)
+        entries = _check_tasks(c, report, entries, records, who)
+        _apply_tasks(c, report, entries, records, a.dry_run)
+        if a.with_notifications and NOTIFY is not None:
+            NOTIFY.ql_channels(c, report, data, wanted, usable, records, a.dry_run)
+        elif a.with_notifications:
+            report.notices.append("qinglong's notification settings are imported as secrets only: this qledge has"
+                                  " no notification channels to take them over (a build without edge/notify)")
         report.notices += _ql_notices(data, source, held, config_keys, other, a.with_notifications)
         report.notices += _interpreters(entries)
     return _done(a, report)
@@ -815,3 +1088,128 @@ def add_import_sources(imports: Subcommands, verb: Verb) -> None:
                     help="also import notification keys (BARK_PUSH, TG_BOT_TOKEN, …) as secrets")
     for parser in (cron, ql):
         parser.add_argument("--dry-run", action="store_true", help="print the plan; change nothing")
+
+
+# -- moving a device: the copied scripts and the notifications travel with an export ---------
+
+SCRIPTS_ARCHIVE_MAX = 64 << 20  # what an export carries of the scripts, at most
+SCRIPTS_FILES_MAX = 20_000
+
+
+def export_scripts(c: Client, file: str) -> tuple[backup_tools.ExportedScripts | None, list[str]]:
+    """`<state dir>-scripts` (ours) as a gzipped tar beside `file`, mode 0600: regular files, bounded."""
+    import hashlib
+    import io
+    import tarfile
+
+    state = state_dir(c)
+    root = state.rstrip(os.sep) + SCRIPTS_BESIDE if state else None
+    if root is None or not os.path.isdir(root):
+        return None, [] if state else ["scripts: not exported (a cluster node keeps them where --scripts-dir said)"]
+    skipped: list[str] = []
+    count = size = 0
+
+    def regular(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        nonlocal count, size
+        if info.isdir():
+            return info
+        if not info.isfile():
+            skipped.append(info.name)
+            return None
+        count, size = count + 1, size + info.size
+        if size > SCRIPTS_ARCHIVE_MAX or count > SCRIPTS_FILES_MAX:
+            raise UsageError(f"the scripts in {root} are more than {SCRIPTS_ARCHIVE_MAX >> 20} MiB or"
+                             f" {SCRIPTS_FILES_MAX} files: move some away, or copy them to the new device yourself")
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        return info
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name in sorted(os.listdir(root)):
+            tar.add(os.path.join(root, name), arcname=name, filter=regular)
+    name = os.path.basename(file) + ".scripts.tar.gz"
+    write_private(os.path.join(os.path.dirname(os.path.abspath(file)), name), buffer.getvalue())
+    notes = [f"scripts: not exported (links, FIFOs, devices): {_named(skipped)}"] if skipped else []
+    return backup_tools.ExportedScripts(root=root, archive=name, files=count, bytes=size,
+                                        sha256=hashlib.sha256(buffer.getvalue()).hexdigest()), notes
+
+
+def _unpack_scripts(scripts: backup_tools.ExportedScripts, file: str, into: str) -> str:
+    import hashlib
+    import io
+    import tarfile
+
+    path = os.path.join(os.path.dirname(os.path.abspath(file)), scripts.archive)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(SCRIPTS_ARCHIVE_MAX + 1)
+        if hashlib.sha256(data).hexdigest() != scripts.sha256:
+            raise UsageError(f"{path} is not the scripts archive {file} was exported with (its digest differs)")
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            extract(tar, into)
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise UsageError(f"{file} carries its scripts in {scripts.archive}, which cannot be read beside it: {exc}"
+                         " (copy it along)") from None
+    return into
+
+
+def _rehomed(task: backup_tools.ExportedTask, old: str, new: str) -> backup_tools.ExportedTask:
+    """The task with its paths under `old` moved to `new` (a spec not matching its digest stays)."""
+    from edge.core.tasks import content_digest
+
+    if old == new or content_digest(task.spec) != task.content_digest:
+        return task
+    spec, command = task.spec, task.spec.command
+
+    def moved(text: str) -> str:
+        return text.replace(old.rstrip("/") + "/", new.rstrip("/") + "/")
+
+    if isinstance(command, ArgvCommand):
+        command = ArgvCommand(file=moved(command.file), args=[moved(a) for a in command.args])
+    elif isinstance(command, ShellCommand):
+        command = ShellCommand(command=moved(command.command), shell=command.shell)
+    spec = msgspec.structs.replace(spec, command=command, working_dir=spec.working_dir and moved(spec.working_dir))
+    return msgspec.structs.replace(task, spec=spec, content_digest=content_digest(spec))
+
+
+class Move(msgspec.Struct):
+    """An import's scripts (unpacked), its tasks with their scripts' paths moved here, what stops it."""
+
+    tasks: list[backup_tools.ExportedTask]
+    scripts_from: str | None = None  # the unpacked scripts (a private temporary directory)
+    scripts_to: str | None = None
+    refused: list[str] = []
+
+
+def prepare_move(c: Client, doc: backup_tools.Document, file: str, into: str) -> Move:
+    move = Move(tasks=list(doc.tasks))
+    if doc.scripts is not None:
+        state = state_dir(c)
+        if state is None:
+            raise UsageError("this daemon is a cluster node, without a state directory for the scripts: copy them"
+                             " yourself")
+        move.scripts_from, move.scripts_to = _unpack_scripts(doc.scripts, file, into), state + SCRIPTS_BESIDE
+        _copy_scripts(move.scripts_from, move.scripts_to, move.scripts_to, dry_run=True)  # a place for them here
+        move.tasks = [_rehomed(t, doc.scripts.root, move.scripts_to) for t in doc.tasks]
+    if doc.notify is not None and NOTIFY is not None:
+        move.refused += NOTIFY.check(c, doc)
+    return move
+
+
+def import_scripts(move: Move, dry_run: bool) -> list[str]:
+    if move.scripts_from is None or move.scripts_to is None:
+        return []
+    return [_copy_scripts(move.scripts_from, move.scripts_to, move.scripts_to, dry_run)]
+
+
+def export_notify(c: Client, with_secrets: bool) -> tuple[backup_tools.ExportedNotify | None, list[str]]:
+    return NOTIFY.export(c, with_secrets) if NOTIFY is not None else (None, [])
+
+
+def import_notify(c: Client, doc: backup_tools.Document, replace: bool, dry_run: bool) -> list[str]:
+    if doc.notify is None:
+        return []
+    if NOTIFY is None:
+        return ["notification channels and rules: not imported (this qledge has no notifications)"]
+    return NOTIFY.apply(c, doc, replace, dry_run)

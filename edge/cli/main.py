@@ -138,6 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_notify_verbs(verbs, verb)
+        from edge.cli import import_commands
+        from edge.notify import imports as notify_imports
+
+        import_commands.NOTIFY = notify_imports  # qinglong's notification settings become channels
 
     token = verbs.add_parser("token", help="API credentials").add_subparsers(
         dest="action", metavar="ACTION", required=True)

@@ -18,7 +18,9 @@ import msgspec
 
 from edge.core.schedule import REBOOT, ScheduleError, load_zone, normalize
 from edge.core.tasks import (
+    DATA_DIR,
     DEFAULT_TIMEOUT_MS,
+    MAX_SHELL_CHARS,
     MAX_TIMEOUT_MS,
     MAX_TRIGGERS,
     ArgvCommand,
@@ -88,19 +90,30 @@ def _stem(path: str) -> str:
     return stem if dot and stem and len(ext) <= 4 else base
 
 
+_NAME_FROM = 1024  # the start of a command a name is found in: bounded, whatever the command's length
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+_NOT_PROGRAM = re.compile(r"[:@=?&%]")
+_QUOTING = re.compile(r"['\"\\]")
+_UNDECODED = re.compile("[\udc80-\udcff]")  # a byte that is not UTF-8, as surrogateescape reads it
+
+
 def name_from_command(command: str) -> str:
     """The word of a shell command that names the job: the program, or the script an
     interpreter runs, past assignments, `cd DIR &&` and wrappers such as `nice`."""
     import shlex
 
-    try:
-        words = shlex.split(command, comments=False)
-    except ValueError:
-        words = command.split()
+    head = command[:_NAME_FROM]
+    if _QUOTING.search(head) is None:
+        words = head.split()  # what shlex would make of it, without reading it character by character
+    else:
+        try:
+            words = shlex.split(head, comments=False)
+        except ValueError:
+            words = head.split()
     i = 0
     while i < len(words):
         word = words[i]
-        if re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", word) or word in ("&&", ";", "||"):
+        if _ASSIGNMENT.match(word) or word in ("&&", ";", "||"):
             i += 1
         elif word in ("cd", "sleep"):
             i += 2
@@ -110,26 +123,32 @@ def name_from_command(command: str) -> str:
             i += 1
             while i < len(words) and words[i].startswith("-"):
                 i += 1
+        elif _NOT_PROGRAM.search(word):  # a URL or an assignment, not a program: no name from it
+            return "job"
         else:
             return slug(_stem(word))
     return "job"
 
 
-def free_name(base: str, taken: set[str]) -> str:
-    """`base`, else `base-2`, `base-3`…: the first one not in `taken`."""
+def free_name(base: str, taken: set[str], next_n: dict[str, int] | None = None) -> str:
+    """`base`, else `base-2`, `base-3`…: the first one not in `taken`. `next_n` remembers,
+    per base, where the search ends, so naming many entries after one program stays linear."""
     if base not in taken:
         return base
-    n = 2
-    while f"{base}-{n}" in taken:
+    n = (next_n or {}).get(base, 2)
+    while (candidate := f"{base[: 128 - len(str(n)) - 1]}-{n}") in taken:
         n += 1
-    return f"{base}-{n}"
+    if next_n is not None:
+        next_n[base] = n + 1
+    return candidate
 
 
 def assign_ids(entries: list[Entry], taken: Iterable[str]) -> None:
     """Give each entry a task id free among `taken` and the entries before it (in order)."""
     used = set(taken)
+    counters: dict[str, int] = {}
     for entry in entries:
-        chosen = free_name(entry.task.task_id, used)
+        chosen = free_name(entry.task.task_id, used, counters)
         used.add(chosen)
         entry.task.task_id = chosen
 
@@ -137,9 +156,14 @@ def assign_ids(entries: list[Entry], taken: Iterable[str]) -> None:
 # -- crontab ----------------------------------------------------------------------
 
 CRON_NICKNAMES = ("@reboot", "@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
-_ENV_LINE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*?)\s*$")
-_ENTRY = re.compile(r"^\s*(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(.*?)\s*$")
-_NICKNAME = re.compile(r"^\s*(@[A-Za-z]+)(?:\s+(.*?))?\s*$")
+# Matched on a stripped line, so that no pattern backtracks over its whitespace (linear time).
+_ENV_LINE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)[ \t]*=[ \t]*(.*)", re.S)
+_ENTRY = re.compile(r"(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(.*)", re.S)
+_NICKNAME = re.compile(r"(@[A-Za-z]+)(?:\s+(.*))?", re.S)
+# A line no entry could be: its command longer than any task takes (MAX_SHELL_CHARS), with
+# room for the schedule. Refused by its length alone, before anything else reads it.
+MAX_LINE_CHARS = MAX_SHELL_CHARS + 1024
+MAX_CRONTAB_BYTES = 64 << 20
 
 
 class CrontabUser(msgspec.Struct):
@@ -176,16 +200,21 @@ def parse_crontab(text: str, user: CrontabUser, timeout_ms: int = DEFAULT_TIMEOU
     duplicates: list[tuple[int, int]] = []
     seen: dict[str, int] = {}
     for number, raw in enumerate(text.split("\n"), start=1):
+        where = f"line {number}"
+        if len(raw) > MAX_LINE_CHARS:
+            problems.append(Problem(where, _label(raw[:120]), f"the line is {len(raw)} characters long; a crontab"
+                                    f" line qledge imports has at most {MAX_LINE_CHARS} (a command at most"
+                                    f" {MAX_SHELL_CHARS})", "line too long"))
+            continue
         line = raw.rstrip("\r")
         stripped = line.strip()
         if not stripped or stripped.startswith("#"):
             continue
-        where = f"line {number}"
-        if any("\udc80" <= ch <= "\udcff" for ch in stripped):  # read with surrogateescape
+        if _UNDECODED.search(stripped):
             problems.append(Problem(where, stripped.encode("utf-8", "replace").decode(), "the line is not valid UTF-8",
                                     "not UTF-8"))
             continue
-        if stripped[0] not in "0123456789*@" and (m := _ENV_LINE.match(line)):
+        if stripped[0] not in "0123456789*@" and (m := _ENV_LINE.fullmatch(stripped)):
             name, value = m.group(1), _unquote(m.group(2))
             if name == "MAILTO":
                 if value:
@@ -232,14 +261,14 @@ def _crontab_entry(
     where: str, line: str, user: CrontabUser, env: Mapping[str, str], shell: str, zone: str | None, timeout_ms: int
 ) -> Entry | Problem:
     if line.startswith("@"):
-        m = _NICKNAME.match(line)
+        m = _NICKNAME.fullmatch(line)
         if m is None or m.group(1).lower() not in CRON_NICKNAMES:
             word = line.split()[0]
             return Problem(where, line, f"{word} is not a crontab nickname ({', '.join(CRON_NICKNAMES)})",
                            "unknown nickname")
         expression, command = m.group(1).lower(), m.group(2) or ""
     else:
-        m = _ENTRY.match(line)
+        m = _ENTRY.fullmatch(line)
         if m is None:
             return Problem(where, line, "not a crontab entry: expected 5 time fields and a command, or VAR=value",
                            "not an entry")
@@ -261,7 +290,9 @@ def _crontab_entry(
     spec = TaskSpec(command=ShellCommand(command=command, shell=shell), env=dict(job_env),
                     working_dir=user.work_dir, timeout_ms=timeout_ms, user=user.name)
     key = import_key("crontab", user.name, expression, zone, command, sorted(job_env.items()))
-    task = ImportTask(key=key, task_id=name_from_command(command), spec=spec, name=_label(command),
+    # Named after its program alone (the id; a counter when taken): the command line may hold
+    # credentials, and a name is shown to every reader.
+    task = ImportTask(key=key, task_id=name_from_command(command), spec=spec,
                       triggers=[ImportTrigger(expression=expression, timezone=zone)])
     return Entry(where=where, task=task, notes=notes)
 
@@ -393,6 +424,8 @@ def parse_ql_command(command: str) -> QlCommand | str:
     a string when it cannot be represented: the reason."""
     import shlex
 
+    if len(command) > MAX_SHELL_CHARS:  # refused by its length, before it is read word by word
+        return f"the command is {len(command)} characters long; a task's command has at most {MAX_SHELL_CHARS}"
     try:
         words = shlex.split(command)
     except ValueError:
@@ -434,6 +467,11 @@ def _script_path(script: str, scripts_dir: str) -> str:
     return script if script.startswith("/") else posixpath.normpath(posixpath.join(scripts_dir, script))
 
 
+def _within(path: str, directory: str) -> bool:
+    root = posixpath.normpath(directory)
+    return posixpath.normpath(path).startswith(root.rstrip("/") + "/")
+
+
 def _work_dir(work_dir: str | None, script_path: str, scripts_dir: str, data_dir: str) -> str:
     if not work_dir:
         return posixpath.dirname(script_path)
@@ -452,6 +490,7 @@ class QlPlace(msgspec.Struct):
     data_dir: str
     zone: str | None = None  # qinglong's own zone setting, when it has one
     user: str | None = None  # the user every task names (qinglong runs everything as root)
+    copied: bool = True  # the scripts are qledge's copy, read-only to tasks (False: run where they are)
 
 
 def ql_entry(cron: QlCron, place: QlPlace, secret_env: Mapping[str, str]) -> Entry | Problem:
@@ -465,6 +504,9 @@ def ql_entry(cron: QlCron, place: QlPlace, secret_env: Mapping[str, str]) -> Ent
         return Problem(where, text, parsed, "command not representable")
     notes: list[str] = []
     path = _script_path(parsed.script, place.scripts_dir)
+    if parsed.shell is None and not _within(path, place.scripts_dir):
+        return Problem(where, text, f"the script {_label(parsed.script)} is outside the imported scripts directory"
+                       f" {place.scripts_dir}", "script outside the scripts directory")
     ext = posixpath.splitext(path)[1].lower()
     interpreter = INTERPRETERS.get(ext)
     main: Command
@@ -486,7 +528,11 @@ def ql_entry(cron: QlCron, place: QlPlace, secret_env: Mapping[str, str]) -> Ent
     notes += [f"schedule not imported: {reason}" for reason in bad]
     env: dict[str, str | SecretRef] = {name: SecretRef(secret=secret) for name, secret in secret_env.items()}
     spec = TaskSpec(
-        command=main, env=env, working_dir=_work_dir(cron.work_dir, path, place.scripts_dir, place.data_dir),
+        # The scripts are code, read-only to the task: one that writes beside itself (as under
+        # qinglong) writes in its own data directory, where it starts unless the cron says otherwise.
+        command=main, env=env,
+        working_dir=_work_dir(cron.work_dir, path, place.scripts_dir, place.data_dir) if cron.work_dir
+        or parsed.shell is not None or not place.copied else DATA_DIR,
         timeout_ms=parsed.timeout_ms or DEFAULT_TIMEOUT_MS,
         overlap="allow" if cron.allow_multiple_instances else "forbid", user=place.user,
     )
@@ -543,129 +589,3 @@ def parse_shell_exports(text: str) -> list[tuple[int, str, str]]:
         if len(words) == 1 and words[0] and "$" not in value:
             found.append((number, m.group(1), words[0]))
     return found
-
-
-# -- qinglong's notification settings, as qledge channels ---------------------------------
-
-# (what it becomes, the keys it needs, key → (channel field, how the value is used)). A
-# `secret` field names the secret the key was imported as; `text`, `url` and `int` carry
-# the value itself (settings, not credentials).
-_FieldMap = dict[str, tuple[str, str]]
-_ENV_CHANNELS: tuple[tuple[str, tuple[str, ...], _FieldMap], ...] = (
-    ("bark", ("BARK_PUSH",), {"BARK_PUSH": ("deviceKey", "secret"), "BARK_SOUND": ("sound", "text"),
-                              "BARK_GROUP": ("group", "text"), "BARK_ICON": ("icon", "url")}),
-    ("telegram", ("TG_BOT_TOKEN", "TG_USER_ID"), {"TG_BOT_TOKEN": ("token", "secret"), "TG_USER_ID": ("chatId", "text"),
-                                                  "TG_API_HOST": ("baseUrl", "url")}),
-    ("dingtalk", ("DD_BOT_TOKEN",), {"DD_BOT_TOKEN": ("accessToken", "secret"),
-                                     "DD_BOT_SECRET": ("signSecret", "secret")}),
-    ("wecom", ("QYWX_KEY",), {"QYWX_KEY": ("key", "secret"), "QYWX_ORIGIN": ("baseUrl", "url")}),
-    ("pushplus", ("PUSH_PLUS_TOKEN",), {"PUSH_PLUS_TOKEN": ("token", "secret"), "PUSH_PLUS_USER": ("topic", "text")}),
-    ("serverchan", ("PUSH_KEY",), {"PUSH_KEY": ("sendKey", "secret")}),
-    ("feishu", ("FSKEY",), {"FSKEY": ("hook", "secret"), "FSSECRET": ("signSecret", "secret")}),
-    ("gotify", ("GOTIFY_URL", "GOTIFY_TOKEN"), {"GOTIFY_URL": ("baseUrl", "url"), "GOTIFY_TOKEN": ("token", "secret"),
-                                                "GOTIFY_PRIORITY": ("priority", "int")}),
-    ("ntfy", ("NTFY_TOPIC",), {"NTFY_TOPIC": ("topic", "secret"), "NTFY_URL": ("baseUrl", "url"),
-                               "NTFY_PRIORITY": ("priority", "int"), "NTFY_TOKEN": ("token", "secret")}),
-)
-# The panel's own failure notification (Auths, type "notification"): its `info.type` and fields.
-_PANEL_CHANNELS: dict[str, tuple[str, tuple[str, ...], _FieldMap]] = {
-    "telegramBot": ("telegram", ("telegramBotToken", "telegramBotUserId"), {
-        "telegramBotToken": ("token", "secret"), "telegramBotUserId": ("chatId", "text"),
-        "telegramBotApiHost": ("baseUrl", "url")}),
-    "bark": ("bark", ("barkPush",), {"barkPush": ("deviceKey", "secret"), "barkSound": ("sound", "text"),
-                                     "barkGroup": ("group", "text"), "barkIcon": ("icon", "url")}),
-    "dingtalkBot": ("dingtalk", ("dingtalkBotToken",), {"dingtalkBotToken": ("accessToken", "secret"),
-                                                        "dingtalkBotSecret": ("signSecret", "secret")}),
-    "weWorkBot": ("wecom", ("weWorkBotKey",), {"weWorkBotKey": ("key", "secret"), "weWorkOrigin": ("baseUrl", "url")}),
-    "pushPlus": ("pushplus", ("pushPlusToken",), {"pushPlusToken": ("token", "secret"),
-                                                  "pushPlusUser": ("topic", "text")}),
-    "serverChan": ("serverchan", ("serverChanKey",), {"serverChanKey": ("sendKey", "secret")}),
-    "gotify": ("gotify", ("gotifyUrl", "gotifyToken"), {"gotifyUrl": ("baseUrl", "url"),
-                                                         "gotifyToken": ("token", "secret"),
-                                                         "gotifyPriority": ("priority", "int")}),
-    "ntfy": ("ntfy", ("ntfyTopic",), {"ntfyTopic": ("topic", "secret"), "ntfyUrl": ("baseUrl", "url"),
-                                      "ntfyPriority": ("priority", "int")}),
-}
-
-
-class PlannedChannel(msgspec.Struct, rename="camel"):
-    """A channel an import would create: its name, its spec as the tool takes it (secrets
-    by name), and the qinglong keys it comes from."""
-
-    name: str
-    spec: dict[str, object]
-    keys: list[str]
-
-
-def _setting(value: str, how: str) -> object | None:
-    value = value.strip()
-    if how == "int":
-        return int(value) if value.isdigit() else None
-    if how == "url":
-        url = value if value.startswith(("http://", "https://")) else f"https://{value}"
-        return url.rstrip("/") if re.match(r"^https?://[^\s/?#@]+(/[^\s]*)?$", url) else None
-    return value or None
-
-
-def _channel(name: str, kind: str, fields: _FieldMap, values: Mapping[str, str],
-             secret_of: Mapping[str, str]) -> PlannedChannel:
-    spec: dict[str, object] = {"kind": kind}
-    used = []
-    for key, (field, how) in fields.items():
-        if key not in values:
-            continue
-        if how == "secret":
-            if key in secret_of:
-                spec[field] = {"secret": secret_of[key]}
-                used.append(key)
-            continue
-        setting = _setting(values[key], how)
-        if setting is not None:
-            spec[field] = setting
-            used.append(key)
-    return PlannedChannel(name=name, spec=spec, keys=used)
-
-
-def ql_env_channels(values: Mapping[str, str], secret_of: Mapping[str, str]) -> tuple[list[PlannedChannel], list[str]]:
-    """Channels for the notification keys of qinglong's environment (what its notify.js and
-    notify.py read), each credential referencing the secret its key became; and the keys
-    of services qledge has no channel for."""
-    planned = []
-    mapped: set[str] = set()
-    for kind, needed, fields in _ENV_CHANNELS:
-        mapped.update(fields)
-        if all(key in values and (fields[key][1] != "secret" or key in secret_of) for key in needed):
-            planned.append(_channel(f"ql-{kind}", kind, fields, values, secret_of))
-    if "SMTP_SERVER" in values and "SMTP_EMAIL" in values:
-        host, _, port = values["SMTP_SERVER"].strip().partition(":")
-        email = values["SMTP_EMAIL"].strip()
-        spec: dict[str, object] = {"kind": "smtp", "host": host, "sender": email, "to": [email], "username": email,
-                                   "security": "ssl" if values.get("SMTP_SSL", "").lower() == "true" else "starttls"}
-        if port.isdigit():
-            spec["port"] = int(port)
-        if "SMTP_PASSWORD" in secret_of:
-            spec["password"] = {"secret": secret_of["SMTP_PASSWORD"]}
-        planned.append(PlannedChannel(name="ql-smtp", spec=spec, keys=["SMTP_SERVER", "SMTP_EMAIL", "SMTP_PASSWORD"]))
-    mapped.update({"SMTP_SERVER", "SMTP_EMAIL", "SMTP_PASSWORD", "SMTP_SSL", "SMTP_NAME"} | NOTIFY_NAMES)
-    unmapped = sorted(key for key in values if is_notification_key(key) and key not in mapped)
-    return planned, unmapped
-
-
-def ql_panel_channel(info: Mapping[str, object]) -> tuple[str, _FieldMap, tuple[str, ...]] | None:
-    """What qinglong's own failure notification (its Auths `info`) maps to: the channel kind,
-    its fields and the ones it needs; None for a service qledge has no channel for."""
-    found = _PANEL_CHANNELS.get(str(info.get("type")))
-    return (found[0], found[2], found[1]) if found else None
-
-
-def ql_panel_plan(name: str, info: Mapping[str, object], secret_of: Mapping[str, str]) -> PlannedChannel | None:
-    """The channel for the panel's notification, its credentials by the secret names in
-    `secret_of` (field → secret)."""
-    mapped = ql_panel_channel(info)
-    if mapped is None:
-        return None
-    kind, fields, needed = mapped
-    values = {k: str(v) for k, v in info.items() if isinstance(v, str | int) and str(v)}
-    if not all(key in values for key in needed):
-        return None
-    return _channel(name, kind, fields, values, secret_of)

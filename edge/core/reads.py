@@ -28,7 +28,10 @@ WINDOW_LIMIT = 64  # task.runs.compare: the newest 64 runs are searched, a 65th 
 _RowText = Annotated[str, msgspec.Meta(min_length=1, max_length=255, pattern=SAFE_TEXT)]
 # A person's free-text label: any characters (projections neutralize controls), bounded.
 _RowLabel = Annotated[str, msgspec.Meta(min_length=1, max_length=255)]
-_Schema = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[a-z0-9][a-z0-9._/-]*@v[0-9]+$")]
+# The schemas this qledge knows (edge.core.tasks, edge.core.triggers): a row under any other,
+# however well formed, fails the read closed (`unavailable`), never passed through.
+_TaskSchema = Literal["qinglong/command@v1", "qinglong/agent@v1"]
+_TriggerSchema = Literal["qinglong/cron@v1"]
 _Digest = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[a-z0-9]+:[0-9a-f]+$")]
 _EventType = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_.]*$")]
 
@@ -41,7 +44,7 @@ class TaskHead(msgspec.Struct, frozen=True):
     revision: Revision
     name: _RowLabel
     kind: Literal["argv", "shell", "agent"]
-    spec_schema: _Schema
+    spec_schema: _TaskSchema
     enabled: bool
     updated_at_ms: Millis
 
@@ -59,7 +62,7 @@ class TriggerHead(msgspec.Struct, frozen=True):
     revision: Revision
     task_id: _RowText
     task_revision: Revision
-    spec_schema: _Schema
+    spec_schema: _TriggerSchema
     enabled: bool
     updated_at_ms: Millis
 

@@ -26,6 +26,8 @@ All times are UTC epoch milliseconds. Nothing here does I/O except reading zone 
 
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Iterator
 from datetime import datetime, tzinfo, UTC
 from typing import Literal
@@ -159,13 +161,22 @@ def days_ored(expression: str) -> bool:
 
 def normalize(expression: str) -> str:
     """The expression with macros expanded and single spaces; raises ScheduleError."""
+    found = _normalized(expression)
+    if isinstance(found, ScheduleError):
+        raise ScheduleError(str(found))
+    return found
+
+
+@functools.lru_cache(maxsize=256)
+def _normalized(expression: str) -> str | ScheduleError:
+    """normalize's answer, remembered: an import of many entries names few schedules."""
     text = " ".join(expression.split())
     if text.lower() in _EVENTS:
         return _EVENTS[text.lower()]
     try:
         return _validate(MACROS.get(text.lower(), text))
     except ScheduleError as exc:
-        raise ScheduleError(f"invalid cron expression {expression!r}: {exc}") from None
+        return ScheduleError(f"invalid cron expression {expression!r}: {exc}")
 
 
 def _validate(text: str) -> str:

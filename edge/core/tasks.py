@@ -5,11 +5,14 @@ it; an AI task names no user, group, working directory or environment)."""
 
 from __future__ import annotations
 
+import itertools
+import re
+from collections.abc import Iterable
 from typing import Annotated, Literal
 
 import msgspec
 
-from edge.core.errors import ToolError, conflict
+from edge.core.errors import ToolError, conflict, unavailable
 from edge.core.ids import sha256
 from edge.core.schedule import Misfire
 from edge.core.text import Account, EnvName, Label, Name
@@ -31,6 +34,7 @@ MAX_ENV_VALUE_CHARS = 16384
 MIN_LOG_CAP = 4096
 MAX_LOG_CAP = 1 << 30
 MAX_PATH_CHARS = 4096  # the working directory
+DATA_DIR = "@data"  # as a working directory: the task's own data directory (TaskUsers.for_task)
 
 Overlap = Literal["forbid", "allow", "replace"]
 _Arg = Annotated[str, msgspec.Meta(max_length=MAX_ARG_CHARS, pattern=r"^[^\x00]*$")]
@@ -182,6 +186,18 @@ class RunAs(msgspec.Struct, frozen=True, kw_only=True):
     groups: tuple[int, ...]  # supplementary groups, set before exec
     switch: bool  # False: the run keeps the daemon's own user (a non-root daemon cannot switch)
     privileged: str | None  # why running as this needs task.privileged ("runs as root"); None: it does not
+    data_dir: str | None = None  # for a run (TaskUsers.for_task): its task's data directory
+    home: str | None = None  # set when `uid` is the task's own ([runner] dynamic_uids): its HOME
+
+
+def next_uid(start: int, low: int, high: int, unavailable: set[int] | frozenset[int]) -> int:
+    """The first uid from `start` to `high`, then from `low`, not in `unavailable`."""
+    start = start if low <= start <= high else low
+    for uid in itertools.chain(range(start, high + 1), range(low, start)):
+        if uid not in unavailable:
+            return uid
+    raise ToolError("resource_exhausted", f"every uid of [runner] dynamic_uids ({low}-{high}) is taken: widen the"
+                    " range, or delete tasks that use secrets")
 
 
 class Task(msgspec.Struct, rename="camel"):
@@ -213,6 +229,41 @@ def spec_schema(spec: TaskSpec) -> str:
     return AGENT_SPEC_SCHEMA if isinstance(spec.command, AgentInstruction) else SPEC_SCHEMA
 
 
+def unknown_schema(what: str, schema: object) -> ToolError:
+    """A stored revision under a schema this qledge does not know (or not its spec's): it fails closed."""
+    shown = repr(schema)[:80] if isinstance(schema, str) else type(schema).__name__
+    return unavailable(f"storage holds a {what} revision under spec schema {shown}, which this qledge does not"
+                       " know; nothing is returned")
+
+
+def stored_spec(schema: object, raw: str | bytes) -> TaskSpec:
+    """A stored task spec, only when stored under its own schema."""
+    try:
+        spec = _stored.decode(raw)
+    except msgspec.DecodeError:
+        raise unknown_schema("task", schema) from None
+    if schema != spec_schema(spec):
+        raise unknown_schema("task", schema)
+    return spec
+
+
+# What a name holding a credential would contain; a plain name never loads edge.core.redaction.
+_SUSPECT = re.compile(
+    r"[:@=/?&%+\\'\"]|pass|pwd|secret|token|key|auth|bearer|basic|cookie|session|sig|cred|[\w+/-]{16}|密|令牌|口令",
+    re.IGNORECASE)
+
+
+def redact_label(text: str, secrets: Iterable[str] = ()) -> str:
+    """`text` (a name) masked as run logs are: credential forms and the `secrets` values."""
+    values = [s for s in secrets if len(s) >= 3]
+    if _SUSPECT.search(text) is None and not any(v in text for v in values):
+        return text
+    from edge.core.redaction import Masker, apply, merge  # only for a name that may hold one
+
+    found = Masker(values).spans(text, cut_at_end=False)
+    return apply(text, merge(found)) if found else text
+
+
 _NAMED = 5  # triggers a refusal names; the count covers the rest
 
 
@@ -225,6 +276,7 @@ def has_triggers(task_id: str, trigger_ids: list[str]) -> ToolError:
 
 
 _canonical = msgspec.json.Encoder(order="sorted")
+_stored = msgspec.json.Decoder(TaskSpec)
 
 
 def content_digest(spec: msgspec.Struct) -> str:
@@ -257,13 +309,16 @@ class ImportTask(msgspec.Struct, rename="camel", forbid_unknown_fields=True, omi
     triggers: Annotated[list[ImportTrigger], msgspec.Meta(max_length=MAX_TRIGGERS)] = []
 
 
-class ImportedTask(msgspec.Struct, rename="camel"):
-    """What an ImportTask did: `created`, or `exists` (its key was on record: nothing new)."""
+class ImportedTask(msgspec.Struct, rename="camel", omit_defaults=True):
+    """What an ImportTask did: `created`; `exists` (its key was on record: nothing new);
+    `checked` (it would be created); `refused` (with the error)."""
 
     key: str
-    status: Literal["created", "exists"]
+    status: Literal["created", "exists", "checked", "refused"]
     task_id: str
-    trigger_ids: list[str]
+    trigger_ids: list[str] = []
+    code: str | None = None
+    message: str | None = None
 
 
 SecretImport = Literal["created", "exists", "taken"]  # taken: a secret of that name was there, not imported

@@ -9,6 +9,7 @@ import msgspec
 
 from edge.core.runs import Run
 from edge.core.schedule import Misfire, Schedule
+from edge.core.tasks import ImportTask, TaskSpec, unknown_schema
 
 SPEC_SCHEMA = "qinglong/cron@v1"
 MAX_JITTER_S = 3600
@@ -27,6 +28,20 @@ class CronSpec(msgspec.Struct, rename="camel", forbid_unknown_fields=True, omit_
     def schedule(self) -> Schedule:
         """Raises ScheduleError (one clear line) for a bad expression or a missing zone."""
         return Schedule(self.expression, self.timezone)
+
+
+_stored = msgspec.json.Decoder(CronSpec)
+
+
+def stored_spec(schema: object, raw: str | bytes) -> CronSpec:
+    """A stored trigger spec, decoded only under the one schema a trigger has: an unknown
+    one fails closed (`unavailable`), never read as if it were valid."""
+    if schema != SPEC_SCHEMA:
+        raise unknown_schema("trigger", schema)
+    try:
+        return _stored.decode(raw)
+    except msgspec.DecodeError:
+        raise unknown_schema("trigger", schema) from None
 
 
 class Trigger(msgspec.Struct, rename="camel"):
@@ -81,6 +96,47 @@ class Admission(msgspec.Struct):
     gone: bool = False  # the trigger was deleted
     retry: bool = False  # could not be planned (zone data missing): try again later
     notified: int = 0  # notifications queued for fires that did not run
+
+
+class PlannedTask(msgspec.Struct, frozen=True, kw_only=True):
+    """A task an import writes: created (`expected` None) or given a new revision at the
+    head it was planned against (`expected`: compare-and-set), with its name and flag."""
+
+    id: str
+    name: str
+    spec: TaskSpec
+    enabled: bool
+    privileged: bool  # its writer held task.privileged (Task.privileged)
+    expected: int | None = None
+
+
+class PlannedTrigger(msgspec.Struct, frozen=True, kw_only=True):
+    """A trigger an import writes, pinned to its task's head: created (`expected` None),
+    or revised at the head it was planned against (its spec, its flag); `recreate`: it
+    names another task here, so it is deleted and created anew."""
+
+    id: str
+    task_id: str
+    spec: CronSpec
+    enabled: bool
+    expected: int | None = None
+    recreate: bool = False
+
+
+class PreparedImport(msgspec.Struct, frozen=True, kw_only=True):
+    """An import's task (crond, qinglong) as checked for its writer: its triggers' specs and
+    whether the writer held task.privileged (TaskStore.import_tasks)."""
+
+    item: ImportTask
+    triggers: list[CronSpec]
+    privileged: bool
+
+
+class ImportPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """What an import writes, checked before anything is: one transaction (TaskStore.apply_import)."""
+
+    tasks: list[PlannedTask] = []
+    triggers: list[PlannedTrigger] = []
 
 
 class ManualAdmission(msgspec.Struct, frozen=True):

@@ -39,6 +39,7 @@ from edge.core.handoff import Background
 from edge.core.ports.runtime import Clock, TimerHandle, Timers
 from edge.core.ports.notify import ChannelHealth, Damping, NoticeOutcome, NotifyStore, PendingNotice
 from edge.core.ports.stores import RunLogFiles, SecretStore
+from edge.core.tasks import redact_label
 
 if TYPE_CHECKING:  # the channel shapes are loaded by the first delivery
     from edge.notify.channels import ChannelSpec, Delivery, Result
@@ -387,7 +388,8 @@ class Notifier:
             log_text = await self._excerpt(notice.run_id, values)
         streak = notice.streak
         next_ms = streak.next_at_ms - now if streak and streak.next_at_ms is not None else None
-        facts = Facts(channel=notice.channel, event=notice.event, device=self.settings.device, task=notice.task_name,
+        name = redact_label(notice.task_name, values) if notice.task_name else None  # free text: masked as a log
+        facts = Facts(channel=notice.channel, event=notice.event, device=self.settings.device, task=name,
                       task_id=notice.task_id, run_id=notice.run_id, status=notice.status, exit_code=notice.exit_code,
                       duration_ms=notice.duration_ms, detail=notice.detail, count=notice.count,
                       first_at_ms=notice.first_at_ms if notice.count > 1 else None, log=log_text,

@@ -5,13 +5,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import logging
 import os
 import pwd
 import signal
+import stat
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import msgspec
 
 from edge.core.errors import ToolError, invalid
-from edge.core.tasks import ArgvCommand, RunAs, ShellCommand, TaskSpec
+from edge.core.tasks import DATA_DIR, ArgvCommand, RunAs, ShellCommand, Task, TaskSpec
+
+if TYPE_CHECKING:
+    from edge.core.ports.runtime import Clock
+    from edge.core.ports.stores import TaskStore
+
+log = logging.getLogger("qledge.runner")
+# Uids a task that uses a secret may be given, as systemd's DynamicUser ([runner] dynamic_uids).
+DYNAMIC_UIDS = (61184, 65519)
+DATA_BESIDE = "-tasks"  # <state dir>-tasks: every task's data directory
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DEFAULT_WORK_DIR = "/"  # a run's working directory unless its task names one
@@ -43,7 +58,7 @@ class SystemUsers:
     """
 
     def __init__(self, task_users: Iterable[str], default_user: str | None, state_dir: str,
-                 work_dir: str = DEFAULT_WORK_DIR) -> None:
+                 work_dir: str = DEFAULT_WORK_DIR, dynamic_uids: tuple[int, int] | None = DYNAMIC_UIDS) -> None:
         self._uid = os.geteuid()
         self._gid = os.getegid()
         self._root = self._uid == 0
@@ -51,10 +66,18 @@ class SystemUsers:
         self._task_users = tuple(task_users)
         self._state_dir = os.path.realpath(state_dir)
         self._work_dir = work_dir
+        self.data_root = self._state_dir.rstrip(os.sep) + DATA_BESIDE
+        self._dynamic = dynamic_uids if self._root else None  # only a root daemon can switch
+        self._uids: TaskStore | None = None
+        self._clock: Clock | None = None
         if not self._root:
             self._default = self._own
         else:
             self._default = default_user or (self._task_users[0] if self._task_users else self._own)
+
+    def attach(self, tasks: TaskStore, clock: Clock) -> None:
+        """Where task uids are recorded (composition, once the stores exist)."""
+        self._uids, self._clock = tasks, clock
 
     @property
     def can_switch(self) -> bool:
@@ -80,6 +103,11 @@ class SystemUsers:
             self.working_dir(None)
         except ToolError as exc:
             found.append(f"[runner] work_dir: {exc.message}")
+        if self._dynamic is not None:
+            low, high = self._dynamic
+            if not 0 < low <= high < 2**31 - 1 or low <= self._uid <= high:
+                found.append(f"[runner] dynamic_uids {low}-{high} is not a range of uids tasks can be given"
+                             " (1 to 2147483646, without the daemon's own uid)")
         return found
 
     def resolve(self, user: str | None, group: str | None) -> RunAs:
@@ -127,6 +155,8 @@ class SystemUsers:
         return None
 
     def working_dir(self, path: str | None, run_as: RunAs | None = None) -> str:
+        if path == DATA_DIR:  # the task's own data directory: made for its run (for_task)
+            return run_as.data_dir if run_as is not None and run_as.data_dir else DATA_DIR
         where = path or self._work_dir
         if not os.path.isabs(where):
             raise invalid(f"working directory {where!r} is relative, not an absolute path: give an absolute path")
@@ -146,7 +176,114 @@ class SystemUsers:
             return (f"tasks run as the daemon's user {self._own} (the daemon is not root and cannot switch users);"
                     " only owners (task.privileged) may write them")
         users = ", ".join(self._task_users) or "none"
-        return f"tasks run as their own users: {users} (default {self._default}); others need task.privileged"
+        line = f"tasks run as their own users: {users} (default {self._default}); others need task.privileged"
+        if self._dynamic is not None:
+            line += f"; a task that uses a secret runs as a uid of its own ({self._dynamic[0]}-{self._dynamic[1]})"
+        return line
+
+    async def for_task(self, task: Task) -> RunAs:
+        spec = task.spec
+        run_as = self.resolve(spec.user, spec.group)
+        if self._dynamic is not None and run_as.switch and run_as.privileged is None and spec.secrets():
+            uid = await self._task_uid(task)
+            groups = tuple(g for g in (run_as.gid,) if spec.group is not None)
+            run_as = RunAs(user=str(uid), uid=uid, gid=uid, groups=groups, switch=True, privileged=None, home="")
+        data = self._data_dir(task.project_id, task.id, run_as)
+        return msgspec.structs.replace(run_as, data_dir=data, home=data if run_as.home is not None else None)
+
+    async def _task_uid(self, task: Task) -> int:
+        if self._uids is None or self._clock is None or self._dynamic is None:
+            raise ToolError("unavailable", "task uids are not wired in this daemon")
+        uid = await self._uids.task_uid(task.project_id, task.id)
+        if uid is None:
+            low, high = self._dynamic
+            uid = await self._uids.allocate_task_uid(task.project_id, task.id, low, high, _system_ids(low, high),
+                                                     self._clock.now_ms())
+        return uid
+
+    def _data_dir(self, project: str, task_id: str, run_as: RunAs) -> str:
+        path = os.path.join(self.data_root, project, task_id)
+        me = (self._uid, self._gid)
+        try:
+            root = _directory(None, self.data_root, *me, 0o711)
+            try:
+                parent = _directory(root, project, *me, 0o711)
+            finally:
+                os.close(root)
+            try:
+                os.close(_directory(parent, task_id, run_as.uid, run_as.gid, 0o700, anew=True))
+            finally:
+                os.close(parent)
+        except OSError as exc:
+            raise ToolError("unavailable", f"cannot make the data directory {path}: {exc.strerror or exc}") from None
+        return path
+
+    def forget(self, project: str, task_id: str) -> None:
+        import shutil
+
+        try:
+            parent = os.open(os.path.join(self.data_root, project), _DIR_FLAGS)
+        except OSError:
+            return  # none was made
+        try:
+            shutil.rmtree(task_id, dir_fd=parent)  # by descriptors: a link inside is removed, not followed
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:  # a task that never ran has none
+                log.warning("could not remove the data directory of task %s: %s", task_id, exc)
+        finally:
+            os.close(parent)
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _directory(parent: int | None, name: str, uid: int, gid: int, mode: int, anew: bool = False) -> int:
+    """`name` (in `parent`, or a path) as a directory of uid:gid with `mode`, never through a
+    link: made when missing. One another uid owns is refused, or with `anew` removed with
+    what is in it (by descriptors), so what one identity left never reaches another; a link
+    or file in its place is removed with `anew` (the entry, not what it points to)."""
+    try:
+        os.mkdir(name, mode, dir_fd=parent)
+        made = True
+    except FileExistsError:
+        made = False
+    try:
+        fd: int | None = os.open(name, _DIR_FLAGS, dir_fd=parent)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        fd = None
+    st = os.fstat(fd) if fd is not None else None
+    if st is None or (st.st_uid != uid and not made):
+        if fd is not None:
+            os.close(fd)
+        if not anew:
+            raise PermissionError(errno.EPERM, f"{name} is not a directory of uid {uid}")
+        if st is None:
+            os.unlink(name, dir_fd=parent)
+        else:
+            import shutil
+
+            shutil.rmtree(name, dir_fd=parent)
+        return _directory(parent, name, uid, gid, mode)
+    assert fd is not None
+    try:
+        if (st.st_uid, st.st_gid) != (uid, gid):
+            os.fchown(fd, uid, gid)
+        if stat.S_IMODE(st.st_mode) != mode:
+            os.fchmod(fd, mode)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _system_ids(low: int, high: int) -> frozenset[int]:
+    """The uids and gids of [low, high] the system's users and groups have: never a task's."""
+    import grp
+
+    return frozenset({p.pw_uid for p in pwd.getpwall() if low <= p.pw_uid <= high}
+                     | {g.gr_gid for g in grp.getgrall() if low <= g.gr_gid <= high})
 
 
 def _unreachable(real: str, run_as: RunAs) -> str | None:
@@ -189,6 +326,17 @@ def user_environment(uid: int, timezone: str, lang: str = DEFAULT_LANG) -> dict[
         shell = "/bin/sh"
     return {"HOME": home, "USER": name, "LOGNAME": name, "SHELL": shell, "PATH": DEFAULT_PATH, "LANG": lang,
             "TZ": timezone}
+
+
+def run_environment(run_as: RunAs | None) -> dict[str, str]:
+    """What a run gets beyond its user's login variables: its task's data directory
+    (QLEDGE_DATA_DIR) and, for a uid of the task's own (no passwd entry), HOME there."""
+    env: dict[str, str] = {}
+    if run_as is not None and run_as.home:
+        env["HOME"] = run_as.home
+    if run_as is not None and run_as.data_dir:
+        env["QLEDGE_DATA_DIR"] = run_as.data_dir
+    return env
 
 
 def argv(spec: TaskSpec) -> list[str]:

@@ -328,7 +328,7 @@ class Runner:
                 _close_tool_fd(launch)  # never left open, whatever happened before the spawn
             return
         try:
-            run_as, cwd = self._identity(task)
+            run_as, cwd = await self._identity(task)
         except ToolError as exc:
             code = "permission_denied" if exc.code == "permission_denied" else "spawn_failed"
             await self._finish(job, "failed", RunUpdate(error_code=code, error_summary=summary(exc.message)))
@@ -341,7 +341,7 @@ class Runner:
         run = job.run
         try:
             uid = launch.uid if launch is not None else run_as.uid if run_as is not None else os.geteuid()
-            env, secrets = await self._environment(task, run, uid)
+            env, secrets = await self._environment(task, run, uid, run_as)
         except ToolError as exc:
             await self._finish(job, "failed", RunUpdate(error_code="secret_missing", error_summary=exc.message))
             return
@@ -356,12 +356,12 @@ class Runner:
         finally:
             sink.close()
 
-    def _identity(self, task: Task) -> tuple[RunAs, str]:
+    async def _identity(self, task: Task) -> tuple[RunAs, str]:
         """Who the run is and where it starts, checked again now: the system and the
         configuration may have changed since the revision was written. A revision whose
         writer lacked task.privileged never runs privileged."""
         spec = task.spec
-        run_as = self._users.resolve(spec.user, spec.group)
+        run_as = await self._users.for_task(task)
         if run_as.privileged is not None and not task.privileged:
             raise ToolError("permission_denied", f"task {task.id} revision {task.revision} {run_as.privileged}, and"
                             " it was not written with permission task.privileged")
@@ -443,13 +443,16 @@ class Runner:
         return summary(f"only {_mib(free)} free in {where}; runs need"
                        f" {_mib(reserve)} ([runner] disk_reserve_bytes): free some space")
 
-    async def _environment(self, task: Task, run: Run, uid: int) -> tuple[dict[str, str], list[bytes]]:
+    async def _environment(
+        self, task: Task, run: Run, uid: int, run_as: RunAs | None = None
+    ) -> tuple[dict[str, str], list[bytes]]:
         """The run's environment, and every secret value its output must not show. An AI
         run's child gets the login variables and the markers only: its job comes on a
         descriptor, and an AI task names no variables."""
         settings = self._settings
         # A login's variables for the user the run executes as (its task's, resolved above).
         env = process.user_environment(uid, settings.timezone, settings.lang)
+        env.update(process.run_environment(run_as))  # the task's data directory (and HOME, for its own uid)
         if isinstance(task.spec.command, AgentInstruction):
             env["QLEDGE_RUN_ID"] = run.id
             env["QLEDGE_TASK_ID"] = task.id

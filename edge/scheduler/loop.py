@@ -23,15 +23,16 @@ from edge.core.handoff import Background, shielded
 from edge.core.ids import random_fraction, uuid7
 from edge.core.notices import Notices, fires_skipped, more_fires_skipped
 from edge.core.ports.runtime import Clock, RunExecutor, Sleeper, TimerHandle, Timers
-from edge.core.tasks import ImportedTask, ImportTask
+from edge.core.tasks import ImportedTask
 from edge.core.ports.stores import RunAdmission, RunStore, TaskStore, TriggerStore
 from edge.core.runs import Run
 from edge.core.schedule import GRACE_MS
-from edge.core.triggers import Admission, CronSpec, SkippedFires, Trigger, TriggerEvent
+from edge.core.triggers import Admission, CronSpec, ImportPlan, PreparedImport, SkippedFires, Trigger, TriggerEvent
 
 log = logging.getLogger("qledge.scheduler")
 
 MAX_SLEEP_S = 60.0
+BIG_HEAP = 4096  # armed triggers from which reading them all again is paced
 RETRY_MS = 60_000  # storage unavailable or zone data missing: try that trigger again later
 SAVE_EVERY_MS = 3_600_000  # idle: persist the clock mark hourly (admissions persist it anyway)
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"  # the kernel's id of this boot
@@ -127,6 +128,7 @@ class Scheduler:
         self._streaks: dict[str, _Streak] = {}  # trigger id → fires skipped in a row
         self._heap: list[tuple[int, str]] = []
         self._reload = True
+        self._reload_after = 0.0  # monotonic: when a large heap may be read again
         self._newest = 0
         self._held_at: int | None = None
         self._saved_at = 0
@@ -204,13 +206,20 @@ class Scheduler:
         if self.on_wake is not None:
             self.on_wake()
         now = self._clock.now_ms()
-        if self._reload:
+        deferred = None
+        if self._reload and len(self._heap) >= BIG_HEAP and time.monotonic() < self._reload_after:
+            # A large heap is read again at most so often that reading it costs a tenth of
+            # the time (an import of many triggers changes them once per batch).
+            deferred = self._reload_after - time.monotonic()
+        elif self._reload:
             self._reload = False
+            started = time.monotonic()
             retries = [(due, RETRY_KEY + rid) for due, rid in await self._store.armed_retries(self._project)]
             self._heap = await self._store.armed(self._project)  # sorted by cursor: already a heap
             if retries:
                 self._heap += retries
                 heapq.heapify(self._heap)
+            self._reload_after = time.monotonic() + 9 * (time.monotonic() - started)
         if now < self._newest:
             if self._held_at is None:
                 log.warning("clock is behind the newest time seen (%s); scheduling holds", _local(self._newest))
@@ -229,9 +238,9 @@ class Scheduler:
             await self._store.save_time(now)
             self._saved_at = now
         if not self._heap:
-            return MAX_SLEEP_S
+            return MAX_SLEEP_S if deferred is None else deferred
         # A millisecond over, so the timer never ends just before the fire is due.
-        return min(MAX_SLEEP_S, (self._heap[0][0] - now) / 1000 + 0.001)
+        return min(MAX_SLEEP_S, (self._heap[0][0] - now) / 1000 + 0.001, deferred or MAX_SLEEP_S)
 
     def retry_due(self, run_id: str, due_ms: int) -> None:
         """A failed run's retry falls due at `due_ms` (it is in the database already)."""
@@ -358,15 +367,20 @@ class Triggers:
         self._changed()
         return trigger
 
-    async def import_task(
-        self, project: str, item: ImportTask, triggers: list[CronSpec], now_ms: int, *, privileged: bool
-    ) -> ImportedTask:
+    async def import_tasks(self, project: str, items: list[PreparedImport], now_ms: int) -> list[ImportedTask]:
         if self._tasks is None:
             raise ToolError("unavailable", "imports are not wired in this daemon")
-        imported = await self._tasks.import_task(project, item, triggers, now_ms, privileged=privileged)
-        if imported.status == "created":
+        imported = await self._tasks.import_tasks(project, items, now_ms)
+        if any(i.status == "created" for i in imported):
             self._changed()
         return imported
+
+    async def apply_import(self, project: str, plan: ImportPlan, now_ms: int) -> None:
+        if self._tasks is None:
+            raise ToolError("unavailable", "imports are not wired in this daemon")
+        await self._tasks.apply_import(project, plan, now_ms)
+        if plan.tasks or plan.triggers:  # triggers that followed a task moved with it
+            self._changed()
 
     async def get(self, project: str, trigger_id: str) -> Trigger | None:
         return await self._store.get(project, trigger_id)

@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from edge.core.tasks import ImportedTask, ImportTask
+from edge.core.tasks import ImportedTask
 from edge.core.ports.stores import TriggerStore
 from edge.core.reads import Counts
 from edge.core.runs import ActorType, Run, RunDefaults
 from edge.core.tasks import RunAs, Task
-from edge.core.triggers import CronSpec
+from edge.core.triggers import ImportPlan, PreparedImport
 
 
 class Clock(Protocol):
@@ -90,10 +90,25 @@ class TaskUsers(Protocol):
         ...
 
     def working_dir(self, path: str | None, run_as: RunAs | None = None) -> str:
-        """The directory a run starts in: `path`, or the default. Raises invalid_argument
-        when it is not absolute, lies inside the state directory (resolving links), or,
-        given who the run is, lies where that user may not go (the run enters it before
-        switching users)."""
+        """The directory a run starts in: `path`, or the default; `@data` (DATA_DIR): the
+        task's data directory (`run_as.data_dir`; at write time, `@data` itself). Raises
+        invalid_argument when it is not absolute, lies inside the state directory
+        (resolving links), or, given who the run is, lies where that user may not go (the
+        run enters it before switching users)."""
+        ...
+
+    async def for_task(self, task: Task) -> RunAs:
+        """Who a run of `task` is, now (resolve, plus what only a run needs): a task that
+        references a secret and would run as a shared, unprivileged task user runs as a
+        uid of its own instead ([runner] dynamic_uids: recorded per task, never another
+        task's or a system user's; HOME is its data directory); every run gets its task's
+        data directory, made (0700, owned by the run's uid) when missing and made anew when
+        another uid owns it. Raises as resolve does, resource_exhausted when every uid of
+        the range is taken, unavailable when the directory cannot be made."""
+        ...
+
+    def forget(self, project: str, task_id: str) -> None:
+        """The task is gone: remove its data directory (never following a link in it)."""
         ...
 
     def describe(self) -> str:
@@ -136,10 +151,12 @@ class TriggerService(TriggerStore, Protocol):
         """The zone a trigger gets when none is given."""
         ...
 
-    async def import_task(
-        self, project: str, item: ImportTask, triggers: list[CronSpec], now_ms: int, *, privileged: bool
-    ) -> ImportedTask:
-        """TaskStore.import_task, then the scheduler looks at the new triggers."""
+    async def apply_import(self, project: str, plan: ImportPlan, now_ms: int) -> None:
+        """TaskStore.apply_import, then the scheduler looks at the triggers."""
+        ...
+
+    async def import_tasks(self, project: str, items: list[PreparedImport], now_ms: int) -> list[ImportedTask]:
+        """TaskStore.import_tasks, then the scheduler looks at the new triggers."""
         ...
 
 

@@ -21,7 +21,7 @@ from edge.core.tasks import ImportedTask, ImportRecord, ImportTask, SecretImport
 from edge.core.reads import Counts, OutcomeRow, RunEventSummary, RunSummary, TaskDetail, TaskHead, TriggerHead
 from edge.core.runs import ActorType, Run, RunCursor, RunEvent, RunProcess, RunQuery, RunSearch, RunStatus, RunUpdate
 from edge.core.tasks import Task, TaskSpec
-from edge.core.triggers import Admission, CronSpec, ManualAdmission, Trigger, TriggerEvent
+from edge.core.triggers import Admission, CronSpec, ImportPlan, ManualAdmission, PreparedImport, Trigger, TriggerEvent
 
 # -- tasks, runs, triggers ----------------------------------------------------------
 
@@ -81,8 +81,35 @@ class TaskStore(Protocol):
         deleted. Raises invalid_argument for a spec that cannot be scheduled."""
         ...
 
+    async def import_tasks(self, project: str, items: list[PreparedImport], now_ms: int) -> list[ImportedTask]:
+        """import_task for each item, in order, all in one transaction (one item's failure
+        writes none of them); one result per item."""
+        ...
+
     async def imports(self, project: str, after: str | None, limit: int) -> list[ImportRecord]:
         """Import records (tasks and secrets) with key > after, ascending by key."""
+        ...
+
+    async def apply_import(self, project: str, plan: ImportPlan, now_ms: int) -> None:
+        """Write every task of the plan, then every trigger (pinned to its task's head), in
+        one transaction: all of it or nothing. Each revision is compare-and-set on the head
+        it was planned against (conflict when one moved, not_found when one went, conflict
+        when an id planned as new is taken); a trigger spec that cannot fire is
+        invalid_argument. Triggers that followed a task's old head follow the new one."""
+        ...
+
+    async def task_uid(self, project: str, task_id: str) -> int | None:
+        """The uid recorded as the task's own (TaskUsers.for_task), or None."""
+        ...
+
+    async def allocate_task_uid(self, project: str, task_id: str, low: int, high: int,
+                                taken: frozenset[int], now_ms: int) -> int:
+        """The uid recorded for the task, else the next of [low, high] after the last one
+        handed out (wrapping around) that no task has and `taken` (the system's users and
+        groups) does not hold, recorded now in one transaction: a uid is never two tasks',
+        and one a deleted task had is handed out again only after the rest of the range.
+        The record goes with the task. Raises not_found when the task is gone,
+        resource_exhausted when no uid of the range is free."""
         ...
 
 

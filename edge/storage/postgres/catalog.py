@@ -13,13 +13,22 @@ from edge.core.errors import conflict, invalid, not_found
 from edge.core.ports.stores import RunLogFiles
 from edge.core.schedule import ONCE, REBOOT, Schedule, ScheduleError
 from edge.core.tasks import spec_schema
-from edge.core.tasks import ImportedTask, ImportRecord, ImportTask, Task, TaskSpec, content_digest, has_triggers
-from edge.core.triggers import SPEC_SCHEMA, CronSpec, Trigger, TriggerEvent
+from edge.core.tasks import stored_spec as stored_task_spec
+from edge.core.tasks import (
+    ImportedTask,
+    ImportRecord,
+    ImportTask,
+    Task,
+    TaskSpec,
+    content_digest,
+    has_triggers,
+    next_uid,
+)
+from edge.core.triggers import SPEC_SCHEMA, CronSpec, ImportPlan, PreparedImport, Trigger, TriggerEvent
+from edge.core.triggers import stored_spec as stored_cron_spec
 from edge.storage.postgres.db import PgDatabase, Row, Tx
 
 _json = msgspec.json.Encoder()
-_task_spec = msgspec.json.Decoder(TaskSpec)
-_cron_spec = msgspec.json.Decoder(CronSpec)
 
 EVENTS_PER_TRIGGER = 100
 PRUNE_BATCH = 64
@@ -30,7 +39,7 @@ _NO_EVENT = 1 << 62
 
 _TASK = """
 SELECT t.project_id, t.id, t.name, r.revision, r.enabled, r.spec, r.content_digest, t.created_at_ms, t.updated_at_ms,
-       r.privileged
+       r.privileged, r.spec_schema
 FROM tasks AS t JOIN task_revisions AS r ON r.project_id = t.project_id AND r.task_id = t.id
 """
 SQL_TASK_GET = _TASK + "WHERE t.project_id = %s AND t.id = %s AND r.revision = coalesce(%s, t.revision)"
@@ -38,10 +47,10 @@ SQL_TASK_LIST = _TASK + "WHERE t.project_id = %s AND t.id > %s AND r.revision = 
 
 
 def _task(row: Row) -> Task:
-    project, task_id, name, revision, enabled, spec, digest, created, updated, privileged = row
+    project, task_id, name, revision, enabled, spec, digest, created, updated, privileged, schema = row
     return Task(id=task_id, project_id=project, name=name, revision=revision, enabled=enabled,
-                spec=_task_spec.decode(spec), content_digest=digest, created_at_ms=created, updated_at_ms=updated,
-                privileged=privileged)
+                spec=stored_task_spec(schema, spec), content_digest=digest, created_at_ms=created,
+                updated_at_ms=updated, privileged=privileged)
 
 
 async def get_task(tx: Tx, project: str, task_id: str, revision: int | None = None) -> Task | None:
@@ -177,9 +186,63 @@ async def _insert_free_task(tx: Tx, project: str, item: ImportTask, now: int, pr
     raise conflict(f"too many tasks are named {item.task_id!r}")
 
 
+async def _import_tasks(tx: Tx, project: str, items: list[PreparedImport], now: int) -> list[ImportedTask]:
+    return [await _import_task(tx, project, p.item, p.triggers, now, p.privileged) for p in items]
+
+
 async def _imports(tx: Tx, project: str, after: str, limit: int) -> list[ImportRecord]:
     return [ImportRecord(key=k, kind=kind, target=t, created_at_ms=c)
             for k, kind, t, c in await tx.rows(SQL_IMPORTS, (project, after, limit))]
+
+
+async def _apply_import(tx: Tx, project: str, plan: ImportPlan, now: int) -> None:
+    for trigger in plan.triggers:  # as planned, before the tasks' new heads move the triggers that follow them
+        if trigger.expected is not None:
+            await _head(tx, project, trigger.id, trigger.expected)
+    for task in plan.tasks:
+        if task.expected is None:
+            if not await _insert_task(tx, project, task.id, task.name, task.spec, now, task.privileged, task.enabled):
+                raise conflict(f"task {task.id!r} already exists")
+        else:
+            await _new_task_revision(tx, project, task.id, task.expected, now, task.spec, task.enabled, task.name,
+                                     task.privileged)
+    for trigger in plan.triggers:
+        if trigger.recreate:
+            await _delete_trigger(tx, project, trigger.id, None)
+        if trigger.expected is None or trigger.recreate:
+            await insert_trigger(tx, project, trigger.id, trigger.task_id, None, trigger.spec, now, trigger.enabled)
+            continue
+        _schedule(trigger.spec)
+        await _update_trigger(tx, project, trigger.id, trigger.spec, None, now)
+        await _repin(tx, project, trigger.id, None, None, now)  # it runs the head it imports
+        await _set_trigger_enabled(tx, project, trigger.id, trigger.enabled, None, now)
+
+
+UID_CURSOR = "task_uids.next"  # meta: where the next allocation starts looking
+_UID_LOCK = 0x7169_6475  # serializes allocations across nodes (a transaction-scoped advisory lock)
+
+
+async def _task_uid(tx: Tx, project: str, task_id: str) -> int | None:
+    row = await tx.row("SELECT uid FROM task_uids WHERE project_id = %s AND task_id = %s", (project, task_id))
+    return int(row[0]) if row else None
+
+
+async def _allocate_task_uid(tx: Tx, project: str, task_id: str, low: int, high: int, taken: frozenset[int],
+                             now: int) -> int:
+    await tx.execute("SELECT pg_advisory_xact_lock(%s)", (_UID_LOCK,))
+    found = await _task_uid(tx, project, task_id)
+    if found is not None:
+        return found
+    if await tx.row("SELECT 1 FROM tasks WHERE project_id = %s AND id = %s FOR KEY SHARE", (project, task_id)) is None:
+        raise not_found(f"task {task_id!r} not found")
+    used = {int(u) for (u,) in await tx.rows("SELECT uid FROM task_uids WHERE uid BETWEEN %s AND %s", (low, high))}
+    row = await tx.row("SELECT value FROM meta WHERE key = %s", (UID_CURSOR,))
+    uid = next_uid(int(row[0]) if row else low, low, high, used | taken)
+    await tx.execute("INSERT INTO task_uids (project_id, task_id, uid, created_at_ms) VALUES (%s, %s, %s, %s)",
+                     (project, task_id, uid, now))
+    await tx.execute("INSERT INTO meta (key, value) VALUES (%s, %s) ON CONFLICT (key) DO UPDATE SET"
+                     " value = excluded.value", (UID_CURSOR, uid + 1))
+    return uid
 
 
 class PgTaskStore:
@@ -217,8 +280,21 @@ class PgTaskStore:
     ) -> ImportedTask:
         return await self._db.tx(_import_task, project, item, triggers, now_ms, privileged)
 
+    async def import_tasks(self, project: str, items: list[PreparedImport], now_ms: int) -> list[ImportedTask]:
+        return await self._db.tx(_import_tasks, project, items, now_ms)
+
     async def imports(self, project: str, after: str | None, limit: int) -> list[ImportRecord]:
         return await self._db.tx(_imports, project, after or "", limit)
+
+    async def apply_import(self, project: str, plan: ImportPlan, now_ms: int) -> None:
+        await self._db.tx(_apply_import, project, plan, now_ms)
+
+    async def task_uid(self, project: str, task_id: str) -> int | None:
+        return await self._db.tx(_task_uid, project, task_id)
+
+    async def allocate_task_uid(self, project: str, task_id: str, low: int, high: int,
+                                taken: frozenset[int], now_ms: int) -> int:
+        return await self._db.tx(_allocate_task_uid, project, task_id, low, high, taken, now_ms)
 
     async def delete(self, project: str, task_id: str, expected_revision: int | None, with_triggers: bool) -> int:
         removed = await self._db.tx(_delete_task, project, task_id, expected_revision, with_triggers)
@@ -255,7 +331,7 @@ def _trigger(row: Row) -> Trigger:
     project, tid, revision, task_id, task_rev, enabled, schema, spec, digest, created, updated, nxt, last = row
     return Trigger(
         id=tid, project_id=project, revision=revision, task_id=task_id, task_revision=task_rev, enabled=enabled,
-        spec_schema=schema, spec=_cron_spec.decode(spec), content_digest=digest, created_at_ms=created,
+        spec_schema=schema, spec=stored_cron_spec(schema, spec), content_digest=digest, created_at_ms=created,
         updated_at_ms=updated, next_fire_at_ms=nxt, last_scheduled_at_ms=last,
     )
 

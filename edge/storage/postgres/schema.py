@@ -411,8 +411,23 @@ CREATE INDEX security_audit_change_idx ON security_audit (id) WHERE class = 'cha
 CREATE INDEX security_audit_refused_idx ON security_audit (id) WHERE class = 'refused';
 """
 
-# Version 8 changes nothing here.
-_V8 = "SELECT 1"
+# As SQLite's version 13: a revision under a spec schema this version does not know is
+# refused when written (rows already there are checked when read); the uid each task that
+# runs as its own has, never two tasks' (the next to hand out: meta `task_uids.next`).
+_V8 = """
+ALTER TABLE task_revisions ADD CONSTRAINT task_revisions_known_schema
+    CHECK (spec_schema IN ('qinglong/command@v1', 'qinglong/agent@v1')) NOT VALID;
+ALTER TABLE trigger_revisions ADD CONSTRAINT trigger_revisions_known_schema
+    CHECK (spec_schema = 'qinglong/cron@v1') NOT VALID;
+CREATE TABLE task_uids (
+    project_id text COLLATE "C" NOT NULL,
+    task_id text COLLATE "C" NOT NULL,
+    uid bigint NOT NULL UNIQUE,
+    created_at_ms bigint NOT NULL,
+    PRIMARY KEY (project_id, task_id),
+    FOREIGN KEY (project_id, task_id) REFERENCES tasks (project_id, id) ON DELETE CASCADE
+);
+"""
 
 # A task's failure streak on a channel, for damping repeated failure messages
 # (edge.storage.postgres.notify `due`; as SQLite's version 14).

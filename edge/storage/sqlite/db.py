@@ -16,7 +16,7 @@ import apsw
 import apsw.aio
 
 from edge.core.errors import ToolError, unavailable
-from edge.storage.sqlite.schema import SchemaTooNew, migrate
+from edge.storage.sqlite.schema import NotOurs, SchemaTooNew, check_owned, migrate
 
 log = logging.getLogger("qledge.store")
 T = TypeVar("T")
@@ -65,6 +65,7 @@ def configure(conn: apsw.Connection, synchronous: str, cache_kib: int, exclusive
     flash after every transaction, and no other process can open the database.
     """
     conn.set_busy_timeout(5000)
+    check_owned(conn)  # a database this qledge refuses is never written, not even its page size
     adopt_page_size(conn)
     if exclusive:
         conn.pragma("locking_mode", "exclusive")
@@ -83,8 +84,9 @@ def configure(conn: apsw.Connection, synchronous: str, cache_kib: int, exclusive
 
 def adopt_page_size(conn: apsw.Connection) -> None:
     """Give the database PAGE_SIZE pages: a new (empty) one at once; an existing one by a
-    one-time VACUUM, when it is small enough and nothing else holds it open. Call before
-    the journal mode is set."""
+    one-time VACUUM, when it is small enough, the file system has room for the copy
+    (about twice the file) and nothing else holds it open. Call before the journal mode
+    is set, and only on a database check_owned accepted."""
     if conn.pragma("page_count") == 0:
         conn.pragma("page_size", PAGE_SIZE)
         return
@@ -118,7 +120,19 @@ def adopt_page_size(conn: apsw.Connection) -> None:
 
 @contextmanager
 def immediate(conn: apsw.Connection) -> Iterator[None]:
-    """One `BEGIN IMMEDIATE` transaction: all of it commits or none of it does."""
+    """One `BEGIN IMMEDIATE` transaction: all of it commits or none of it does. Inside a
+    transaction already, a savepoint of it: what the enclosing one does with it holds
+    (an import writes many tasks and triggers in one transaction)."""
+    if conn.in_transaction:
+        conn.execute("SAVEPOINT nested")
+        try:
+            yield
+        except BaseException:
+            conn.execute("ROLLBACK TO nested")
+            conn.execute("RELEASE nested")
+            raise
+        conn.execute("RELEASE nested")
+        return
     conn.execute("BEGIN IMMEDIATE")
     try:
         yield
@@ -251,7 +265,7 @@ class OpenError(Exception):
 
 def _why_not(path: str, exc: Exception) -> str:
     name = os.path.basename(path)
-    if isinstance(exc, SchemaTooNew):
+    if isinstance(exc, (SchemaTooNew, NotOurs)):
         return str(exc)
     if isinstance(exc, apsw.NotADBError):
         return f"{name} is not a SQLite database: {exc}; move it away (or restore a backup) to start afresh"
@@ -325,12 +339,16 @@ class Database:
         finally:
             os.umask(old)
         try:
+            # Until the checks pass, closing must not checkpoint a WAL left beside the file
+            # into it: a database that is refused keeps every byte it had.
+            await conn.async_run(_checkpoint_on_close, conn, False)
             old = os.umask(0o077)  # the WAL and its index are created on first use
             try:
                 await conn.async_run(configure, conn, synchronous.upper(), cache_kib, exclusive)
             finally:
                 os.umask(old)
             await conn.async_run(migrate, conn)
+            await conn.async_run(_checkpoint_on_close, conn, True)
         except BaseException as exc:
             # The worker thread would keep the interpreter alive: close before raising.
             await conn.aclose()
@@ -384,6 +402,10 @@ class Database:
         with suppress(apsw.Error):  # closing matters more than the planner's statistics
             await self._conn.async_run(_optimize, self._conn)
         await self._conn.aclose()
+
+
+def _checkpoint_on_close(conn: apsw.Connection, on: bool) -> None:
+    conn.config(apsw.SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 0 if on else 1)
 
 
 def _nothing(conn: apsw.Connection) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import apsw
 
 _V1 = """
@@ -496,8 +498,38 @@ CREATE INDEX security_audit_change_idx ON security_audit (id) WHERE class = 'cha
 CREATE INDEX security_audit_refused_idx ON security_audit (id) WHERE class = 'refused';
 """
 
-# Version 13 changes nothing here.
-_V13 = "SELECT 1"
+# The file says it is qledge's (`PRAGMA application_id`, "qled"): a database another
+# program made is refused before anything is written to it. Older files are recognised by
+# their tables and get the mark here. A revision under a spec schema this version does not
+# know is refused when written (and fails closed when read: edge.core.tasks.stored_spec).
+# `task_uids`: the uid each task that runs as its own has (TaskUsers.for_task), one per
+# task and never two tasks'; the next to hand out is `meta` `task_uids.next`.
+APPLICATION_ID = 0x716C6564
+_V13 = f"""
+PRAGMA application_id = {APPLICATION_ID};
+CREATE TRIGGER task_revisions_known_schema BEFORE INSERT ON task_revisions
+WHEN new.spec_schema NOT IN ('qinglong/command@v1', 'qinglong/agent@v1') BEGIN
+    SELECT RAISE(ABORT, 'unknown task spec schema');
+END;
+CREATE TRIGGER task_revisions_schema_kept BEFORE UPDATE OF spec_schema ON task_revisions BEGIN
+    SELECT RAISE(ABORT, 'a revision keeps its spec schema');
+END;
+CREATE TRIGGER trigger_revisions_known_schema BEFORE INSERT ON trigger_revisions
+WHEN new.spec_schema != 'qinglong/cron@v1' BEGIN
+    SELECT RAISE(ABORT, 'unknown trigger spec schema');
+END;
+CREATE TRIGGER trigger_revisions_schema_kept BEFORE UPDATE OF spec_schema ON trigger_revisions BEGIN
+    SELECT RAISE(ABORT, 'a revision keeps its spec schema');
+END;
+CREATE TABLE task_uids (
+    project_id TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    uid INTEGER NOT NULL UNIQUE,
+    created_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (project_id, task_id),
+    FOREIGN KEY (project_id, task_id) REFERENCES tasks (project_id, id) ON DELETE CASCADE
+) STRICT, WITHOUT ROWID;
+"""
 
 # A task's failure streak on a channel, for damping repeated failure messages
 # (edge.storage.sqlite.notify `due`): since when, how many failures were reported, how many
@@ -529,14 +561,36 @@ class SchemaTooNew(apsw.SQLError):
     """The database was written by a newer qledge; its message is the line to show."""
 
 
-def migrate(conn: apsw.Connection) -> int:
-    """Bring the schema to the newest version; returns the version now in place."""
+class NotOurs(apsw.SQLError):
+    """The file is a SQLite database of another program; its message is the line to show."""
+
+
+def check_owned(conn: apsw.Connection) -> int:
+    """Refuse, reading only, a database this qledge must not write: a newer schema, another
+    program's file. Returns its schema version (0: new and empty). Call before anything
+    that writes (the page size, the journal mode, a migration)."""
     version = conn.pragma("user_version")
     if version > len(MIGRATIONS):
         raise SchemaTooNew(
             f"database schema version {version} is newer than this qledge ({len(MIGRATIONS)}):"
             " upgrade qledge or restore a backup"
         )
+    app = conn.pragma("application_id")
+    name = os.path.basename(conn.filename)
+    if app not in (0, APPLICATION_ID):
+        raise NotOurs(f"{name} belongs to another program (application id {app:#x}), not qledge:"
+                      " move it away (or point home at another directory)")
+    tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")}
+    if app == 0 and (tables if version == 0 else not {"meta", "tasks", "runs"} <= tables):
+        shown = ", ".join(sorted(tables)[:3]) + (", …" if len(tables) > 3 else "")
+        raise NotOurs(f"{name} is not a qledge database (schema version {version}, tables {shown or 'none'}):"
+                      " move it away (or point home at another directory)")
+    return int(version)
+
+
+def migrate(conn: apsw.Connection) -> int:
+    """Bring the schema to the newest version; returns the version now in place."""
+    version = check_owned(conn)
     for number in range(version + 1, len(MIGRATIONS) + 1):
         conn.execute("BEGIN IMMEDIATE")
         try:

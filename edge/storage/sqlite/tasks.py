@@ -8,17 +8,16 @@ import msgspec
 from edge.core.errors import conflict, not_found
 from edge.core.tasks import ImportedTask, ImportRecord, ImportTask
 from edge.core.ports.stores import RunLogFiles
-from edge.core.tasks import Task, TaskSpec, content_digest, has_triggers, spec_schema
-from edge.core.triggers import CronSpec
+from edge.core.tasks import Task, TaskSpec, content_digest, has_triggers, next_uid, spec_schema, stored_spec
+from edge.core.triggers import CronSpec, ImportPlan, PreparedImport
 from edge.storage.sqlite import triggers as trigger_sql
 from edge.storage.sqlite.db import Database, immediate
 
 _spec_encoder = msgspec.json.Encoder()
-_spec_decoder = msgspec.json.Decoder(TaskSpec)
 
 _SELECT = """
 SELECT t.project_id, t.id, t.name, r.revision, r.enabled, r.spec, r.content_digest,
-       t.created_at_ms, t.updated_at_ms, r.privileged
+       t.created_at_ms, t.updated_at_ms, r.privileged, r.spec_schema
 FROM tasks AS t
 JOIN task_revisions AS r ON r.project_id = t.project_id AND r.task_id = t.id
 """
@@ -28,14 +27,14 @@ SQL_LIST = _SELECT + "WHERE t.project_id = ? AND t.id > ? AND r.revision = t.rev
 
 
 def _task(row: tuple) -> Task:
-    project, task_id, name, revision, enabled, spec, digest, created, updated, privileged = row
+    project, task_id, name, revision, enabled, spec, digest, created, updated, privileged, schema = row
     return Task(
         id=task_id,
         project_id=project,
         name=name,
         revision=revision,
         enabled=bool(enabled),
-        spec=_spec_decoder.decode(spec),
+        spec=stored_spec(schema, spec),
         content_digest=digest,
         created_at_ms=created,
         updated_at_ms=updated,
@@ -147,7 +146,8 @@ def _free_task_id(conn: apsw.Connection, project: str, wanted: str) -> str:
 
 
 def import_task(
-    conn: apsw.Connection, project: str, item: ImportTask, triggers: list[CronSpec], now: int, privileged: bool
+    conn: apsw.Connection, project: str, item: ImportTask, triggers: list[CronSpec], now: int, privileged: bool,
+    mark: int | None = None,
 ) -> ImportedTask:
     """The task with its triggers and its import key, in one transaction; or, when the key
     is on record already, nothing (status `exists`, with what it became)."""
@@ -158,10 +158,16 @@ def import_task(
             return ImportedTask(key=item.key, status="exists", task_id=done[1], trigger_ids=ids)
         task_id = _free_task_id(conn, project, item.task_id)
         _insert(conn, project, task_id, item.name or task_id, item.spec, now, privileged, item.enabled)
-        ids = [trigger_sql.insert(conn, project, None, task_id, None, spec, now, wanted.enabled).id
+        ids = [trigger_sql.insert(conn, project, None, task_id, None, spec, now, wanted.enabled, mark).id
                for spec, wanted in zip(triggers, item.triggers, strict=True)]
         conn.execute(SQL_RECORD_IMPORT, (project, item.key, "task", task_id, now))
     return ImportedTask(key=item.key, status="created", task_id=task_id, trigger_ids=ids)
+
+
+def import_tasks(conn: apsw.Connection, project: str, items: list[PreparedImport], now: int) -> list[ImportedTask]:
+    with immediate(conn):  # each import_task is a savepoint of this one transaction
+        mark = trigger_sql.arm_mark(conn, project, now)  # nothing in it moves the mark
+        return [import_task(conn, project, p.item, p.triggers, now, p.privileged, mark) for p in items]
 
 
 def imports(conn: apsw.Connection, project: str, after: str, limit: int) -> list[ImportRecord]:
@@ -191,6 +197,54 @@ def delete(conn: apsw.Connection, project: str, task_id: str, expected: int | No
         removed = [rid for (rid,) in conn.execute(SQL_DELETE_TASK_RUNS, (project, task_id))]
         conn.execute("DELETE FROM tasks WHERE project_id = ? AND id = ?", (project, task_id))
     return removed
+
+
+def apply_import(conn: apsw.Connection, project: str, plan: ImportPlan, now: int) -> None:
+    with immediate(conn):  # the writes below are savepoints of this one transaction
+        for trigger in plan.triggers:  # as planned, before the tasks' new heads move the triggers that follow them
+            if trigger.expected is not None:
+                trigger_sql.head(conn, project, trigger.id, trigger.expected)
+        for task in plan.tasks:
+            if task.expected is None:
+                _insert(conn, project, task.id, task.name, task.spec, now, task.privileged, task.enabled)
+            else:
+                _new_revision(conn, project, task.id, task.expected, now, task.spec, task.enabled, task.name,
+                              task.privileged)
+        for trigger in plan.triggers:
+            if trigger.recreate:
+                trigger_sql.delete(conn, project, trigger.id, None)
+            if trigger.expected is None or trigger.recreate:
+                trigger_sql.insert(conn, project, trigger.id, trigger.task_id, None, trigger.spec, now, trigger.enabled)
+                continue
+            trigger_sql.update(conn, project, trigger.id, trigger.spec, None, now)
+            trigger_sql.repin(conn, project, trigger.id, None, None, now)  # it runs the head it imports
+            trigger_sql.set_enabled(conn, project, trigger.id, trigger.enabled, None, now)
+
+
+UID_CURSOR = "task_uids.next"  # meta: where the next allocation starts looking
+
+
+def task_uid(conn: apsw.Connection, project: str, task_id: str) -> int | None:
+    row = conn.execute("SELECT uid FROM task_uids WHERE project_id = ? AND task_id = ?", (project, task_id)).fetchone()
+    return int(row[0]) if row else None
+
+
+def allocate_task_uid(conn: apsw.Connection, project: str, task_id: str, low: int, high: int, taken: frozenset[int],
+                      now: int) -> int:
+    with immediate(conn):
+        found = task_uid(conn, project, task_id)
+        if found is not None:
+            return found
+        if conn.execute("SELECT 1 FROM tasks WHERE project_id = ? AND id = ?", (project, task_id)).fetchone() is None:
+            raise not_found(f"task {task_id!r} not found")
+        used = {u for (u,) in conn.execute("SELECT uid FROM task_uids WHERE uid BETWEEN ? AND ?", (low, high))}
+        row = conn.execute("SELECT value FROM meta WHERE key = ?", (UID_CURSOR,)).fetchone()
+        uid = next_uid(row[0] if row and isinstance(row[0], int) else low, low, high, used | taken)
+        conn.execute("INSERT INTO task_uids (project_id, task_id, uid, created_at_ms) VALUES (?, ?, ?, ?)",
+                     (project, task_id, uid, now))
+        conn.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET"
+                     " value = excluded.value", (UID_CURSOR, uid + 1))
+    return uid
 
 
 class SqliteTaskStore:
@@ -225,8 +279,21 @@ class SqliteTaskStore:
     ) -> ImportedTask:
         return await self._db.run(import_task, project, item, triggers, now_ms, privileged)
 
+    async def import_tasks(self, project: str, items: list[PreparedImport], now_ms: int) -> list[ImportedTask]:
+        return await self._db.run(import_tasks, project, items, now_ms)
+
     async def imports(self, project: str, after: str | None, limit: int) -> list[ImportRecord]:
         return await self._db.run(imports, project, after or "", limit)
+
+    async def apply_import(self, project: str, plan: ImportPlan, now_ms: int) -> None:
+        await self._db.run(apply_import, project, plan, now_ms)
+
+    async def task_uid(self, project: str, task_id: str) -> int | None:
+        return await self._db.run(task_uid, project, task_id)
+
+    async def allocate_task_uid(self, project: str, task_id: str, low: int, high: int,
+                                taken: frozenset[int], now_ms: int) -> int:
+        return await self._db.run(allocate_task_uid, project, task_id, low, high, taken, now_ms)
 
     async def page(self, project: str, after: str | None, limit: int) -> list[Task]:
         return await self._db.run(page, project, after or "", limit)

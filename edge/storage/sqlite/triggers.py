@@ -4,17 +4,17 @@ edge.storage.sqlite.admission."""
 
 from __future__ import annotations
 
+import functools
 import apsw
 import msgspec
 
 from edge.core.errors import conflict, invalid, not_found
 from edge.core.schedule import ONCE, REBOOT, Schedule, ScheduleError
 from edge.core.tasks import content_digest
-from edge.core.triggers import SPEC_SCHEMA, CronSpec, Trigger, TriggerEvent
+from edge.core.triggers import SPEC_SCHEMA, CronSpec, Trigger, TriggerEvent, stored_spec
 from edge.storage.sqlite.db import Database, immediate, rows
 
 _spec_encoder = msgspec.json.Encoder()
-_spec_decoder = msgspec.json.Decoder(CronSpec)
 
 EVENTS_PER_TRIGGER = 100  # newest events kept per trigger
 PRUNE_BATCH = 64  # rows one write may delete: bounded cost per write, converges over writes
@@ -55,7 +55,7 @@ def _trigger(row: tuple) -> Trigger:
     project, tid, revision, task_id, task_rev, enabled, schema, spec, digest, created, updated, nxt, last = row
     return Trigger(
         id=tid, project_id=project, revision=revision, task_id=task_id, task_revision=task_rev,
-        enabled=bool(enabled), spec_schema=schema, spec=_spec_decoder.decode(spec), content_digest=digest,
+        enabled=bool(enabled), spec_schema=schema, spec=stored_spec(schema, spec), content_digest=digest,
         created_at_ms=created, updated_at_ms=updated, next_fire_at_ms=nxt, last_scheduled_at_ms=last,
     )
 
@@ -109,15 +109,26 @@ def newest_time(conn: apsw.Connection, project: str) -> int:
     return max([clock_mark(conn)] + [r[0] for r in (audit, run) if r and isinstance(r[0], int)])
 
 
-def _arm(conn: apsw.Connection, project: str, schedule: Schedule, now: int) -> int | None:
-    # From the newest time on record, not the wall clock: a trigger made while the clock
-    # still says 1970 must not count half a century of missed fires once it is set.
-    mark = max(now, newest_time(conn, project))
+def arm_mark(conn: apsw.Connection, project: str, now: int) -> int:
+    """From when a trigger made now is armed: the newest time on record, not the wall clock
+    (a trigger made while the clock still says 1970 must not count half a century of
+    missed fires once it is set)."""
+    return max(now, newest_time(conn, project))
+
+
+def _arm(conn: apsw.Connection, project: str, schedule: Schedule, now: int, mark: int | None = None) -> int | None:
+    mark = arm_mark(conn, project, now) if mark is None else mark
     if schedule.event == REBOOT:
         return None  # armed by the next boot (admission.arm_boot), not by being created or enabled
     if schedule.event == ONCE:
         return mark  # due at once, or when the clock has caught up
-    return schedule.next_after(mark)
+    return _next_fire(schedule.expression, schedule.zone_name, mark)
+
+
+@functools.lru_cache(maxsize=1024)
+def _next_fire(expression: str, zone: str, after_ms: int) -> int | None:
+    """Remembered: the triggers an import makes in one transaction share a few schedules and one mark."""
+    return Schedule(expression, zone).next_after(after_ms)
 
 
 def _task_revision(conn: apsw.Connection, project: str, task_id: str, wanted: int | None) -> int:
@@ -155,16 +166,16 @@ def _free_id(conn: apsw.Connection, project: str, task_id: str) -> str:
 
 def insert(
     conn: apsw.Connection, project: str, trigger_id: str | None, task_id: str, task_revision: int | None,
-    spec: CronSpec, now: int, enabled: bool = True,
+    spec: CronSpec, now: int, enabled: bool = True, mark: int | None = None,
 ) -> Trigger:
-    """A new trigger, inside the caller's transaction."""
+    """A new trigger, inside the caller's transaction (`mark`: arm_mark, when the caller has it)."""
     schedule = _schedule(spec)
     pin = _task_revision(conn, project, task_id, task_revision)
     tid = trigger_id or _free_id(conn, project, task_id)
     first = Trigger(
         id=tid, project_id=project, revision=1, task_id=task_id, task_revision=pin, enabled=enabled,
         spec_schema=SPEC_SCHEMA, spec=spec, content_digest=content_digest(spec), created_at_ms=now,
-        updated_at_ms=now, next_fire_at_ms=_arm(conn, project, schedule, now) if enabled else None,
+        updated_at_ms=now, next_fire_at_ms=_arm(conn, project, schedule, now, mark) if enabled else None,
     )
     try:
         conn.execute(
@@ -175,9 +186,7 @@ def insert(
     except apsw.ConstraintError:
         raise conflict(f"trigger {tid!r} already exists") from None
     _insert_revision(conn, first)
-    trigger = get(conn, project, tid)
-    assert trigger is not None
-    return trigger
+    return first  # what was written, as get would read it back
 
 
 def create(
@@ -189,7 +198,7 @@ def create(
         return insert(conn, project, trigger_id, task_id, task_revision, spec, now)
 
 
-def _head(conn: apsw.Connection, project: str, trigger_id: str, expected: int | None) -> Trigger:
+def head(conn: apsw.Connection, project: str, trigger_id: str, expected: int | None) -> Trigger:
     trigger = get(conn, project, trigger_id)
     if trigger is None:
         raise not_found(f"trigger {trigger_id!r} not found")
@@ -226,7 +235,7 @@ def set_enabled(
     conn: apsw.Connection, project: str, trigger_id: str, enabled: bool, expected: int | None, now: int
 ) -> Trigger:
     with immediate(conn):
-        current = _head(conn, project, trigger_id, expected)
+        current = head(conn, project, trigger_id, expected)
         armed = current.next_fire_at_ms is not None or current.spec.expression == REBOOT
         if current.enabled == enabled and (not enabled or armed):
             return current
@@ -237,7 +246,7 @@ def repin(
     conn: apsw.Connection, project: str, trigger_id: str, task_revision: int | None, expected: int | None, now: int
 ) -> Trigger:
     with immediate(conn):
-        current = _head(conn, project, trigger_id, expected)
+        current = head(conn, project, trigger_id, expected)
         pin = _task_revision(conn, project, current.task_id, task_revision)
         if pin == current.task_revision:
             return current
@@ -254,7 +263,7 @@ def update(
 ) -> Trigger:
     _schedule(spec)  # refused before the transaction: a spec that cannot fire is never stored
     with immediate(conn):
-        current = _head(conn, project, trigger_id, expected)
+        current = head(conn, project, trigger_id, expected)
         if current.spec == spec:
             return current
         return _revise(conn, current, now, current.enabled, current.task_revision, spec)
@@ -271,7 +280,7 @@ def follow_task(conn: apsw.Connection, project: str, task_id: str, old: int, new
 
 def delete(conn: apsw.Connection, project: str, trigger_id: str, expected: int | None) -> None:
     with immediate(conn):
-        _head(conn, project, trigger_id, expected)
+        head(conn, project, trigger_id, expected)
         conn.execute("DELETE FROM triggers WHERE project_id = ? AND id = ?", (project, trigger_id))
 
 

@@ -30,6 +30,7 @@ from edge.core.reads import (
     valid_row,
 )
 from edge.core.runs import TERMINAL, Origin, RunStatus
+from edge.core.tasks import redact_label
 from edge.core.text import PageLimit, ReadId, normalize
 from edge.tools.context import ToolContext
 from edge.tools.definition import Handler, Risk, Tool, tool
@@ -188,9 +189,12 @@ def _ascending_page(ctx: ToolContext, rows: object, row_type: type[H], key: str,
 
 
 def _task_view(head: TaskHead, view_type: type[T]) -> T:
+    if (head.kind == "agent") != (head.spec_schema == "qinglong/agent@v1"):
+        raise storage_fault("a task under a spec schema its command does not have")
     # A name is free text: controls that could hide or reorder what a reader sees become U+FFFD.
     projected = view(head, view_type)
-    projected.name = normalize(projected.name).replace("\n", "\ufffd")
+    # And a credential in it is masked as in a log (names written before that rule held).
+    projected.name = redact_label(normalize(projected.name).replace("\n", "\ufffd"))
     return projected
 
 
