@@ -325,7 +325,8 @@ def test_ipk_layout_control_fields_and_modes(ipk):
     assert data["./usr/bin/qledge"].mode == 0o755
     assert data["./etc/config/qledge"].mode == 0o644
     keep = _read(data_blob, "./lib/upgrade/keep.d/qledge").decode()
-    assert [line for line in keep.splitlines() if line and not line.startswith("#")] == ["/srv/qledge/"]
+    assert [line for line in keep.splitlines() if line and not line.startswith("#")] == [
+        "/srv/qledge/", "/srv/qledge-tasks/", "/srv/qledge-scripts/"]
     site = f"./usr/lib/python{py}/site-packages/edge/"
     code = [n for n in data if n.startswith(site) and data[n].isfile()]
     assert code and all(n.endswith(".pyc") and data[n].mode == 0o644 for n in code)
