@@ -20,7 +20,7 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "ai.md")
 
 # The request body's fields (CreateChatCompletionRequest) and each message type's.
 TOP = {"messages", "model", "audio", "frequency_penalty", "function_call", "functions", "logit_bias", "logprobs",
@@ -171,7 +171,7 @@ def calling(name: str, arguments: dict[str, Any], n: int):
 
 
 def readme_openai_example() -> str:
-    """The README's first configuration example, the OpenAI one, as it is printed."""
+    """The AI guide's first configuration example, the OpenAI one, as it is printed."""
     with open(README) as f:
         text = f.read()
     section = text.split("## AI operator", 1)[1]

@@ -164,7 +164,7 @@ def _keys(struct: type, prefix: str = "") -> list[str]:
 
 
 def test_every_key_is_in_the_readme_table():
-    with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "README.md")) as f:
+    with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs", "reference", "configuration.md")) as f:
         readme = f.read()
     missing = [key for key in _keys(Config) if f"| `{key}` |" not in readme]
     assert missing == []

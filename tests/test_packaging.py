@@ -106,11 +106,11 @@ def test_a_profile_exists_only_when_its_contents_differ(pyz_dir):
         with open(os.path.join(pyz_dir, f"qledge-{profile}.json")) as f:
             digests[profile] = json.load(f)["sha256"]
     assert len(set(digests.values())) == len(digests), digests  # no two profiles are one archive
-    with open(os.path.join(ROOT, "README.md")) as f:
+    with open(os.path.join(ROOT, "docs", "install-openwrt.md")) as f:
         readme = f.read()
     section = readme.split("## Build artifacts", 1)[1].split("\n## ", 1)[0]
     listed = dict(re.findall(r"^\| `([a-z-]+)` \| ([^|]+) \|", section, re.M))
-    assert set(listed) == set(build.PROFILES), listed  # the README lists exactly the profiles that exist
+    assert set(listed) == set(build.PROFILES), listed  # the install guide lists exactly the profiles that exist
     for profile, capabilities in build.PROFILES.items():
         for capability in capabilities:
             prefixes = build.OPTIONAL[capability]
@@ -527,7 +527,9 @@ def test_uci_defaults_are_the_validated_defaults():
 
 
 def _readme_section(title: str) -> str:
-    with open(os.path.join(ROOT, "README.md")) as f:
+    """A section of the installation guide that has it (docs/install-*.md)."""
+    name = "install-systemd.md" if "systemd" in title else "install-openwrt.md"
+    with open(os.path.join(ROOT, "docs", name)) as f:
         text = f.read()
     return text.split(f"\n## {title}", 1)[1].split("\n## ", 1)[0]
 
@@ -622,7 +624,7 @@ def test_unit_security_exposure_is_low(systemd_root):
 
 
 def test_readme_systemd_install_is_followed_command_by_command(systemd_root, home):
-    """Each command of the README's block, done here as far as a machine without a booted
+    """Each command of the systemd guide's block, done here as far as a machine without a booted
     systemd allows; a command this test does not know fails it, so the two stay in step."""
     (block,) = _blocks(_readme_section("Install with systemd"), "sh")[:1]
     commands = _commands(block)
@@ -769,7 +771,7 @@ def _makefile_depends(path: str, package: str) -> set[str]:
 
 
 # The notification sender loads these only for the channels that need them: https
-# (python3-openssl) and mail (smtplib and email: python3-email); the README names them.
+# (python3-openssl) and mail (smtplib and email: python3-email); the OpenWrt guide names them.
 SENDER_OPTIONAL = {"ssl", "smtplib", "email"}
 
 

@@ -435,7 +435,7 @@ def test_the_own_uid_is_stable_recorded_never_shared_and_goes_with_the_task(daem
     assert int(_run(daemon, "a")[1].split()[0]) not in (uid_a, uid_b)
 
 
-# -- the README's AI credential -----------------------------------------------------
+# -- the AI guide's credential ---------------------------------------------------------
 
 
 def test_the_readme_ai_credential_reaches_exactly_the_qinglong_tools(daemon):
@@ -448,7 +448,7 @@ def test_the_readme_ai_credential_reaches_exactly_the_qinglong_tools(daemon):
     for tool, args in (("qledge.run.log.read", {"runId": run["id"]}), ("qledge.task.list", {}),
                        ("qledge.run.start", {"taskId": "t"}), ("qledge.status", {})):
         assert f"requires permission tool.call:{tool}" in _denied(daemon.call, tool, args, token=ai)
-    with open(os.path.join(os.path.dirname(__file__), "..", "README.md")) as f:
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "ai.md")) as f:
         readme = f.read()
     assert "--permission 'tool.call:qinglong.*'" in readme and "--permission 'tool.call:*'" not in readme
     assert json.dumps(cid)  # the credential exists and is listed
