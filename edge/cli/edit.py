@@ -189,7 +189,7 @@ def task_options(p: argparse.ArgumentParser, update: bool) -> None:
                    help="what a new run does while one is active" + ("" if update else " (default forbid)"))
     p.add_argument("--log-cap", type=log_cap, metavar="BYTES", help="log cap for this task's runs (4K..1G)")
     p.add_argument("--retries", type=bounded_int("--retries", 1, limits.MAX_RETRIES), metavar="N",
-                   help="run a failed or timed-out run again, up to N times (see Retries in the README)")
+                   help="run a failed or timed-out run again, up to N times (see Retries in docs/guide.md)")
     p.add_argument("--retry-delay", type=retry_seconds("--retry-delay"), metavar="S",
                    help="wait before a retry (default 60s)")
     p.add_argument("--retry-backoff", type=backoff, metavar="F", help="multiply the delay by F for each next retry")
