@@ -410,3 +410,19 @@ def test_a_run_that_timed_out_says_so_in_words(daemon, server):
     assert "Status: timed out after 1 s, stopped with SIGTERM" in bodies["slow"]["text"]
     assert "exit -15" not in bodies["slow"]["text"]
     assert bodies["crash"]["outcome"] == "failed: killed by SIGSEGV", bodies["crash"]
+
+
+def test_set_takes_a_text_fields_value_as_text(daemon):
+    """A Telegram chat id reads as a JSON number, but the field is text: it is taken as typed,
+    while a number field (ntfy's priority) still gets a number."""
+    daemon.call("qledge.secret.set", {"name": "TG_TOKEN", "value": "123456:ABC-token"})
+    added = daemon.cli("notify", "add", "tg", "telegram", "--secret", "token=TG_TOKEN",
+                       "--set", "chatId=-1001234567890")
+    assert added.returncode == 0, added.stderr
+    added = daemon.cli("notify", "add", "alerts", "ntfy", "--set", "topic=12345", "--set", "priority=4")
+    assert added.returncode == 0, added.stderr
+    refused = daemon.cli("notify", "add", "bad", "ntfy", "--set", "topic=x", "--set", "priority=high")
+    assert refused.returncode == 2 and "priority" in refused.stderr, refused.stderr
+    specs = {c["name"]: c["spec"] for c in daemon.call("qledge.notify.channel.list", {})["channels"]}
+    assert specs["tg"]["chatId"] == "-1001234567890"
+    assert specs["alerts"]["topic"] == "12345" and specs["alerts"]["priority"] == 4

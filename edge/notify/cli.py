@@ -38,16 +38,33 @@ def _value(text: str) -> Any:
         return text
 
 
+def _text_fields(kind: str) -> set[str]:
+    """The keys of this kind of channel whose value may be text: `--set` takes those as typed
+    (a Telegram chat id -1001234567890 is text, not a number)."""
+    import msgspec.inspect as mi
+
+    found: set[str] = set()
+    for cls in ChannelSpec.__args__:
+        if cls.__struct_config__.tag == kind:
+            for field in mi.type_info(cls).fields:  # type: ignore[attr-defined]
+                kinds = field.type.types if isinstance(field.type, mi.UnionType) else (field.type,)
+                if any(isinstance(k, mi.StrType) for k in kinds):
+                    found.add(field.encode_name)
+    return found
+
+
 def channel_spec(kind: str, sets: list[str], secrets: list[str], language: str | None) -> ChannelSpec:
-    """A spec from `--set key=value` and `--secret key=SECRET_NAME` (keys as in the README's
+    """A spec from `--set key=value` and `--secret key=SECRET_NAME` (keys as in the docs'
     examples: chatId or chat_id)."""
     data: dict[str, Any] = {"kind": kind}
+    text = _text_fields(kind)
     for flag, pairs in (("--set", sets), ("--secret", secrets)):
         for pair in pairs:
             key, sep, value = pair.partition("=")
             if not sep or not key:
                 raise UsageError(f"{flag} expects KEY=VALUE, got {pair!r}")
-            data[_camel(key)] = {"secret": value} if flag == "--secret" else _value(value)
+            name = _camel(key)
+            data[name] = {"secret": value} if flag == "--secret" else value if name in text else _value(value)
     if language:
         data["language"] = language
     try:
