@@ -92,9 +92,9 @@ def cli_reference() -> str:
     parser = build_parser()
     root = [a for a in parser._actions if a.option_strings and not isinstance(a, argparse._HelpAction)]
     skip = {o for a in root for o in a.option_strings}
-    out = ["## Global options", "", "Before or after the command.", "",
+    out = ["### Global options", "", "Before or after the command.", "",
            "| argument | value | default | meaning |", "|---|---|---|---|",
-           *_option_rows(parser, {"-h", "--help"}), "", "## Commands"]
+           *_option_rows(parser, {"-h", "--help"})]
     out += _command_sections(parser, parser.prog, skip | {"-h", "--help"})
     return "\n".join(out) + "\n"
 
