@@ -2,7 +2,7 @@
 history's sizes (seed 001's table: a trace against its projection, a failure without a
 trace, the worst single record, the whole table at 500 records) and the end-to-end overhead
 of an AI run excluding the provider's time. Results go to bench/results/latest.json
-("agent"); the README's figures come from there.
+("agent"); docs/ai.md's figures come from there.
 
 The provider is a real loopback HTTPS server with scripted replies (tests/fake_provider),
 its certificate trusted through `[agent] ca_file`.

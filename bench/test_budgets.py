@@ -1,4 +1,4 @@
-"""The budgets in the README's Performance table, measured; CI runs these after the tests and
+"""The budgets in docs/performance.md's table, measured; CI runs these after the tests and
 fails when one is exceeded.
 
 Each daemon variant runs from a regular install, is loaded with 100 tasks (and 100 cron

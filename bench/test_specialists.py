@@ -3,7 +3,7 @@ was left out) in the scripted mission of the tests and in a long one, and the pe
 overhead of building a specialist's context at 50 constraints — the request builder alone,
 the ledger's read on a real database, and end to end in a real daemon (from the operator's
 reply asking the specialist to the specialist's request reaching the provider). Results go
-to bench/results/latest.json ("specialists"); the README's figures come from there.
+to bench/results/latest.json ("specialists"); docs/ai.md's figures come from there.
 """
 
 from __future__ import annotations

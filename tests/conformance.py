@@ -2,7 +2,7 @@
 the documentation is silent) says; tests/fake_provider.py applies it to every request it
 receives. A refusal carries the service's own status code and error body.
 
-Sources, per rule (looked up for these fakes; the README's provider table repeats them):
+Sources, per rule (looked up for these fakes; docs/ai.md's provider table repeats them):
 
 OpenAI chat completions (https://platform.openai.com/docs/api-reference/chat/create)
 - a function name "Must be a-z, A-Z, 0-9, or contain underscores and dashes, with a maximum

@@ -1,5 +1,5 @@
 """An independent check: `qledge ask` and an AI task replayed against a strict OpenAI-style
-validator, configured with nothing but the README's OpenAI example (its base_url pointed at
+validator, configured with nothing but the AI guide's OpenAI example (its base_url pointed at
 the validator, its key file made). The validator is written here from OpenAI's API reference
 for chat completions (https://platform.openai.com/docs/api-reference/chat/create), on its
 own: it shares no code with the conformance fakes (tests/conformance.py), so a rule both

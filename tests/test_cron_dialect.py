@@ -154,7 +154,7 @@ def random_expression(rng: random.Random) -> tuple[str, bool]:
 
 
 def _near_transition(zone: str, instant_ms: int, start_s: int, end_ms: int) -> bool:
-    """Within three hours of a change of the zone's UTC offset: where the README's DST
+    """Within three hours of a change of the zone's UTC offset: where the guide's DST
     rules decide (a repeated time fires once, a skipped one at the end of the gap, an
     hour field starting with `*` follows real time), and croniter decides otherwise."""
     z = ZoneInfo(zone)

@@ -348,7 +348,7 @@ async def test_sdk_viewer_cannot_read_log_excerpts(mcp_daemon):
         denied = await session.call_tool("qinglong.run.log.excerpt", {"runId": runs["failed"]})
         assert denied.is_error
         assert denied.content[0].text == "permission_denied: qinglong.run.log.excerpt requires permission artifact.read"
-    # The README's assistant credential may read it.
+    # The AI guide's assistant credential may read it.
     created = mcp_daemon.call("qledge.credential.create", {"role": "operator", "permissions": [
         "tool.call:*", "task.read", "trigger.read", "run.read", "artifact.read"]})
     async with stdio_client(_params(mcp_daemon, created["token"])) as (read, write), \

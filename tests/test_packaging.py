@@ -539,7 +539,7 @@ def _blocks(section: str, lang: str) -> list[str]:
 
 
 def _commands(block: str) -> list[str]:
-    """Shell lines of a README block, continuation lines joined, comments dropped."""
+    """Shell lines of a docs block, continuation lines joined, comments dropped."""
     joined = block.replace("\\\n", " ")
     return [" ".join(line.split("#", 1)[0].split()) for line in joined.splitlines() if line.split("#", 1)[0].strip()]
 

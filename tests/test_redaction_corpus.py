@@ -5,14 +5,14 @@ pipeline produces) and benign output of real router services and tasks.
 Bars: every configured secret masked in every encoding (recall 1.0), every credential form
 of the corpus masked, at most 0.5% of the benign lines changed at all; and each rule that
 finds an unconfigured credential must save more secret lines than it costs benign ones.
-The held-out parts (`*_heldout.*`) were written after the rules and measured once (README:
+The held-out parts (`*_heldout.*`) were written after the rules and measured once (docs/security.md:
 1.0, 1.0 and 2 of 296 benign lines changed, both by `password <word>` reading prose, which
 the rule no longer does); the figures are pinned here, so a change that makes them worse fails.
 
 Measured in both places the rules apply: the AI log excerpt (`redact` on normalized text)
 and the run log (`Masker` on the raw text, as the log sink applies it).
 
-`python tests/test_redaction_corpus.py` prints the table the README shows.
+`python tests/test_redaction_corpus.py` prints the table docs/security.md shows.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from edge.core.redaction import Masker, apply, merge
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 BENIGN_MAX = 0.005
-# Held-out figures as measured once (README, "Redaction coverage").
+# Held-out figures as measured once (docs/security.md, "Redaction coverage").
 HELDOUT = {"configured": 1.0, "forms": 1.0, "benign_changed": 0.0}
 
 # What a reader does not see: terminal escapes (raw, or as the excerpt shows them), invisible

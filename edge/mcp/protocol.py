@@ -78,7 +78,7 @@ class HelloBody(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class Hello(msgspec.Struct, forbid_unknown_fields=True):
-    """The bridge's first line: `{"qledge": {"token": "qle_…" | null}}` (see README)."""
+    """The bridge's first line: `{"qledge": {"token": "qle_…" | null}}` (see docs/ai.md)."""
 
     qledge: HelloBody
 

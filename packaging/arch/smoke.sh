@@ -20,7 +20,7 @@
 #   QLEDGE_ARCH_MIRROR  the Debian mirror (default http://deb.debian.org/debian)
 #   QLEDGE_ARCH_TESTS   1: run the test subset (default: on arm64 only), 0: never
 #   QLEDGE_ARCH_IDLE_S  seconds the loaded daemon idles before its memory is read (default 15;
-#                       the README's figures are read after 60, as bench/ does natively)
+#                       the figures in docs/performance.md are read after 60, as bench/ does natively)
 #   PYTHON              the host's Python, which builds the wheel and the zipapp (python3)
 set -euo pipefail
 
