@@ -71,13 +71,13 @@ def _command_sections(parser: argparse.ArgumentParser, path: str, skip: set[str]
     out = []
     for name, help_text, sub in _subcommands(parser):
         here = f"{path} {name}"
-        out += ["", f"### `{here}`", ""]
+        out += ["", f"### `{here}`"]
         about = sub.description or help_text or ""
         if about:
-            out += [about.strip(), ""]
+            out += ["", about.strip()]
         rows = _option_rows(sub, skip)
         if rows:
-            out += ["| argument | value | default | meaning |", "|---|---|---|---|", *rows]
+            out += ["", "| argument | value | default | meaning |", "|---|---|---|---|", *rows]
         if sub.epilog:
             out += ["", "```text", sub.epilog.strip("\n"), "```"]
         out += _command_sections(sub, here, skip)

@@ -167,7 +167,8 @@ def add_notify_verbs(verbs: Any, verb: Any) -> None:
                " --secret K=SECRET")
     add.add_argument("name", metavar="NAME")
     add.add_argument("kind", choices=KINDS, metavar="KIND", help=", ".join(KINDS))
-    add.add_argument("--set", action="append", default=[], metavar="K=V", help="a setting (JSON values allowed)")
+    add.add_argument("--set", action="append", default=[], metavar="K=V",
+                     help='a setting: text for a text field, else JSON (42, true, ["a"])')
     add.add_argument("--secret", action="append", default=[], metavar="K=SECRET",
                      help="a setting taken from a stored secret (tokens, keys, passwords)")
     add.add_argument("--language", choices=("en", "zh"), help="the message language (default [notify] language)")
