@@ -520,6 +520,14 @@ def performance_table() -> str:
     """The budgeted figures of bench/results/latest.json, as the last bench run wrote them."""
     with open(os.path.join(ROOT, "bench", "results", "latest.json")) as f:
         results = json.load(f)
+    try:
+        return _performance_table(results)
+    except KeyError as exc:  # a bench run of a single test writes a partial section
+        raise SystemExit(f"bench/results/latest.json has no {exc}: run `pytest bench/test_budgets.py` "
+                         f"and `pytest bench/test_speed.py` whole, then {COMMAND}") from None
+
+
+def _performance_table(results: dict[str, Any]) -> str:
     b, speed, machine = results["budgets"], results["speed"], results["machine"]
     limit = b["budget"]
     flash = b["flash"]
