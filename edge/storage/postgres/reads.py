@@ -88,7 +88,7 @@ async def _window(tx: Tx, project: str, task_id: str, limit: int) -> list[Outcom
 
 
 async def _counts(tx: Tx, project: str) -> Counts:
-    return Counts(*(int(v) for v in await tx.one(SQL_COUNTS, {"p": project})))  # type: ignore[arg-type]
+    return Counts(*(int(v) for v in await tx.one(SQL_COUNTS, {"p": project})))
 
 
 class PgTaskHeadReader:
