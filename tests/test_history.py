@@ -15,7 +15,9 @@ import pytest
 
 from edge.core.reads import SEARCH_BUDGET
 from edge.core.runs import ORIGINS, STATUSES, RunQuery
-from edge.storage.sqlite import security as audit_sql
+from edge.storage import security as audit_sql
+from edge.storage.sqlite.db import SqliteTx
+from edge.storage.sqlite.sql import SECURITY
 from edge.storage.sqlite import runs as run_sql
 from edge.storage.sqlite.schema import migrate
 from support import query_plan
@@ -95,7 +97,7 @@ def test_prefix_and_audit_reads_are_key_ranges(filled):
     conn, _ = filled
     plan = query_plan(conn, run_sql.SQL_PREFIX, ("r0001", "r0002", "p", 3))
     assert plan == ["SEARCH runs USING INDEX sqlite_autoindex_runs_1 (id>? AND id<?)"], plan
-    plan = query_plan(conn, audit_sql.SQL_AUDIT_PAGE, (10, "p", 64))
+    plan = query_plan(conn, SECURITY.audit_page, (10, "p", 64))
     assert plan == ["SEARCH security_audit USING INTEGER PRIMARY KEY (rowid<?)"], plan
 
 
@@ -329,10 +331,10 @@ def test_audit_pages_walk_a_bounded_number_of_rows(home):
         conn.execute("INSERT INTO security_audit (at_ms, project_id, principal, tool, outcome, reasons, transport)"
                      " VALUES (?, 'p', 'uid:0', 't', 'allowed', '[]', 'socket')", (i if i < 5 else 10_000 + i,))
     conn.execute("COMMIT")
-    page = audit_sql.audit_page(conn, "p", 0, None, 10, budget=100)
+    page = audit_sql.audit_page(SqliteTx(conn), SECURITY, "p", 0, None, 10, 100)
     assert [e.id for e in page.entries] == list(range(1500, 1490, -1)) and page.next == 1491
-    old = audit_sql.audit_page(conn, "p", None, 10, 64, budget=100)
+    old = audit_sql.audit_page(SqliteTx(conn), SECURITY, "p", None, 10, 64, 100)
     assert [e.at_ms for e in old.entries] == [10_008, 10_007, 10_006, 10_005, 4, 3, 2, 1, 0] and old.next is None
     # Rows before `since` are skipped, within the budget: an empty page still says where to go on.
-    none = audit_sql.audit_page(conn, "p", 20_000, None, 10, budget=100)
+    none = audit_sql.audit_page(SqliteTx(conn), SECURITY, "p", 20_000, None, 10, 100)
     assert none.entries == [] and none.next == 1401

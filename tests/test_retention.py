@@ -11,12 +11,12 @@ import pytest
 from edge.core.auth import AuditBounds, AuditRecord
 from edge.core.runs import Run, RunUpdate
 from edge.core.tasks import ArgvCommand, TaskSpec
-from edge.storage.sqlite import security as audit_sql
 from edge.storage.sqlite import retention
 from edge.storage.sqlite import runs as run_sql
 from edge.storage.sqlite import tasks as task_sql
 from edge.storage.run_logs import RunLogs
-from edge.storage.sqlite.security import SqliteAuditLog
+from edge.storage.security import SqlAuditLog
+from edge.storage.sqlite.sql import SECURITY
 from edge.storage.sqlite.db import Database
 from edge.storage.sqlite.retention import BATCH, TRIM, Policy
 from edge.storage.sqlite.runs import SqliteRunStore
@@ -278,20 +278,20 @@ def test_plan_active_processes(plan_conn):
 def test_plan_audit_prune(plan_conn):
     # Deletes by rowid. Allowed calls: the inner walk is in rowid order under LIMIT (no
     # sort), passing over only the rows of the small classes, so the one SCAN is that walk.
-    plan = assert_uses_index(plan_conn, audit_sql.SQL_PRUNE_CALLS, (64, 0, 0), "INTEGER PRIMARY KEY", big_tables=())
+    plan = assert_uses_index(plan_conn, SECURITY.audit_prune_calls, (64, 0, 0), "INTEGER PRIMARY KEY", big_tables=())
     assert [d for d in plan if d.startswith("SCAN security_audit")] == ["SCAN security_audit"]
     # The small classes: counted and walked through their own partial indexes.
     for cls in ("change", "refused"):
         index = f"security_audit_{cls}_idx"
-        assert_uses_index(plan_conn, audit_sql.SQL_COUNT.format(cls=cls), (), index, big_tables=("security_audit",))
-        assert_uses_index(plan_conn, audit_sql.SQL_PRUNE.format(cls=cls), (64, 0, 0), index,
+        assert_uses_index(plan_conn, SECURITY.audit_count.format(cls=cls), (), index, big_tables=("security_audit",))
+        assert_uses_index(plan_conn, SECURITY.audit_prune.format(cls=cls), (64, 0, 0), index,
                           big_tables=("security_audit",))
-    assert_uses_index(plan_conn, audit_sql.SQL_ADD, (1, 1, 0, 0, "[]", 1), "INTEGER PRIMARY KEY")
+    assert_uses_index(plan_conn, SECURITY.audit_add, (1, 1, 0, 0, "[]", 1), "INTEGER PRIMARY KEY")
 
 
 async def test_audit_keeps_at_most_max_rows_and_max_age(home):
     db = await Database.open(os.path.join(home, "audit.db"))
-    log = SqliteAuditLog(db, AuditBounds(calls=100, max_age_days=30))
+    log = SqlAuditLog(db, SECURITY, AuditBounds(calls=100, max_age_days=30))
 
     def record(at: int) -> AuditRecord:
         return AuditRecord(at_ms=at, project_id="default", principal="uid:0", tool="qledge.status",

@@ -47,7 +47,8 @@ from edge.storage.sqlite.db import Ballast, Database
 from edge.storage.sqlite.reads import SqliteCountsReader, sqlite_readers
 from edge.storage.sqlite.retention import Policy
 from edge.storage.sqlite.runs import SqliteRunStore
-from edge.storage.sqlite.security import SqliteAuditLog, SqliteAuditReader, SqliteCredentialStore, SqliteSecretStore
+from edge.storage.security import SqlAuditLog, SqlAuditReader, SqlCredentialStore, SqlSecretStore
+from edge.storage.sqlite import sql
 from edge.storage.sqlite.tasks import SqliteTaskStore
 from edge.storage.sqlite.triggers import SqliteTriggerStore
 from edge.tools.ai import log_excerpt, projections, runs, task_runs_compare
@@ -156,8 +157,9 @@ def build_stores(db: Database, config: Config, home: str) -> Stores:
         location=db.path, logs=logs, log_reader=LocalLogReader(logs),
         tasks=SqliteTaskStore(db, logs), runs=SqliteRunStore(db, policy, logs, followers),
         triggers=SqliteTriggerStore(db), admission=SqliteAdmission(db, capacity(config), followers),
-        credentials=SqliteCredentialStore(db), secrets=SqliteSecretStore(db),
-        audit=SqliteAuditLog(db, audit_bounds(config), LoopTimers()), audit_reader=SqliteAuditReader(db),
+        credentials=SqlCredentialStore(db, sql.SECURITY), secrets=SqlSecretStore(db, sql.SECURITY),
+        audit=SqlAuditLog(db, sql.SECURITY, audit_bounds(config), LoopTimers()),
+        audit_reader=SqlAuditReader(db, sql.SECURITY),
         readers=sqlite_readers(db), counts=SqliteCountsReader(db), followers=followers,
         notify=lambda: sqlite_notify_store(db),
     )

@@ -14,7 +14,7 @@ other nodes; nothing on SQLite) and the placeholder of their statements.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
@@ -22,7 +22,7 @@ T = TypeVar("T")
 # A row as the driver returns it. Its column types are those of the query that read it:
 # each rule knows its own queries, and every shape that leaves storage is a typed Struct.
 Row = tuple[Any, ...]
-Params = Sequence[object]
+Params = Sequence[object] | Mapping[str, object]  # by position, or by name (`:name`, `%(name)s`)
 
 NO_ROW = 1 << 62  # ahead of every id and millisecond time a keyset reads back from
 

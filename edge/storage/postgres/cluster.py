@@ -24,7 +24,9 @@ from edge.storage.postgres.notify import PgNotifyStore
 from edge.storage.postgres.reads import PgCountsReader, pg_readers
 from edge.storage.postgres.runs import Fences, PgClaims, PgRunLogReader, PgRunStore, Policy
 from edge.storage.postgres.schema import migrate
-from edge.storage.postgres.security import PgAuditLog, PgAuditReader, PgCredentialStore, PgSecretStore
+from edge.storage.postgres.security import PgAuditLog
+from edge.storage.postgres.sql import SECURITY
+from edge.storage.security import SqlAuditReader, SqlCredentialStore, SqlSecretStore
 
 if TYPE_CHECKING:
     from edge.core.ports.agent import AgentRuns
@@ -60,10 +62,10 @@ class PgCluster:
         self.triggers = PgTriggerStore(db)
         self.admission = PgAdmission(db, options.capacity, node.node_id, node.slots, node.lease_s, self.followers)
         self._notify: PgNotifyStore | None = None
-        self.credentials = PgCredentialStore(db)
-        self.secrets = PgSecretStore(db)
+        self.credentials = SqlCredentialStore(db, SECURITY)
+        self.secrets = SqlSecretStore(db, SECURITY)
         self.audit = PgAuditLog(db, node.node_id, options.audit, options.audit_spool, LoopTimers())
-        self.audit_reader = PgAuditReader(db)
+        self.audit_reader = SqlAuditReader(db, SECURITY)
         self.readers = pg_readers(db)
         self.counts = PgCountsReader(db)
         self.log_reader = PgRunLogReader(db, files)

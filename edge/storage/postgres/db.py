@@ -16,14 +16,14 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql as pgsql
 
 from edge.core.errors import ToolError, unavailable
-from edge.storage.tx import Row
+from edge.storage.tx import Params, Row
 
 log = logging.getLogger("qledge.cluster")
 T = TypeVar("T")
@@ -60,23 +60,23 @@ class PgTx:
         self.conn = conn
         self.after: list[Callable[[], None]] = []
 
-    def rows(self, sql: str, params: Sequence[object] = ()) -> list[Row]:
+    def rows(self, sql: str, params: Params = ()) -> list[Row]:
         cur = self.conn.execute(sql, params)
         return cur.fetchall() if cur.description else []
 
-    def each(self, sql: str, params: Sequence[object] = ()) -> list[Row]:
+    def each(self, sql: str, params: Params = ()) -> list[Row]:
         return self.rows(sql, params)
 
-    def row(self, sql: str, params: Sequence[object] = ()) -> Row | None:
+    def row(self, sql: str, params: Params = ()) -> Row | None:
         return self.conn.execute(sql, params).fetchone()
 
-    def one(self, sql: str, params: Sequence[object] = ()) -> Row:
+    def one(self, sql: str, params: Params = ()) -> Row:
         found = self.row(sql, params)
         if found is None:
             raise unavailable("storage returned no row where one was certain")
         return found
 
-    def execute(self, sql: str, params: Sequence[object] = ()) -> int:
+    def execute(self, sql: str, params: Params = ()) -> int:
         return self.conn.execute(sql, params).rowcount
 
     def lock(self, key: int) -> None:

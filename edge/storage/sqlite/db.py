@@ -9,7 +9,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
 
@@ -18,7 +18,7 @@ import apsw.aio
 
 from edge.core.errors import ToolError, unavailable
 from edge.storage.sqlite.schema import NotOurs, SchemaTooNew, check_owned, migrate
-from edge.storage.tx import Row
+from edge.storage.tx import Params, Row
 
 log = logging.getLogger("qledge.store")
 T = TypeVar("T")
@@ -26,7 +26,7 @@ T = TypeVar("T")
 SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 
 
-def one(conn: apsw.Connection, sql: str, params: Sequence[object] = ()) -> Row:
+def one(conn: apsw.Connection, sql: str, params: Params = ()) -> Row:
     """The row of a query that always returns one (an aggregate, RETURNING, a row the
     transaction knows exists); its absence is a storage fault."""
     row = conn.execute(sql, params).fetchone()
@@ -35,7 +35,7 @@ def one(conn: apsw.Connection, sql: str, params: Sequence[object] = ()) -> Row:
     return row
 
 
-def rows(conn: apsw.Connection, sql: str, params: Sequence[object] = ()) -> list[Row]:
+def rows(conn: apsw.Connection, sql: str, params: Params = ()) -> list[Row]:
     return conn.execute(sql, params).fetchall()
 
 
@@ -151,23 +151,23 @@ class SqliteTx:
         self.conn = conn
         self.after: list[Callable[[], None]] = []
 
-    def rows(self, sql: str, params: Sequence[object] = ()) -> list[Row]:
+    def rows(self, sql: str, params: Params = ()) -> list[Row]:
         return self.conn.execute(sql, params).fetchall()
 
-    def each(self, sql: str, params: Sequence[object] = ()) -> Iterator[Row]:
+    def each(self, sql: str, params: Params = ()) -> Iterator[Row]:
         cursor = self.conn.execute(sql, params)
         try:
             yield from cursor
         finally:
             cursor.close()
 
-    def row(self, sql: str, params: Sequence[object] = ()) -> Row | None:
+    def row(self, sql: str, params: Params = ()) -> Row | None:
         return self.conn.execute(sql, params).fetchone()
 
-    def one(self, sql: str, params: Sequence[object] = ()) -> Row:
+    def one(self, sql: str, params: Params = ()) -> Row:
         return one(self.conn, sql, params)
 
-    def execute(self, sql: str, params: Sequence[object] = ()) -> int:
+    def execute(self, sql: str, params: Params = ()) -> int:
         self.conn.execute(sql, params)
         return self.conn.changes()
 
