@@ -12,7 +12,8 @@ import pytest
 
 from edge.core.reads import SEARCH_BUDGET
 from edge.core.runs import RunCursor, RunQuery
-from edge.storage.postgres import admission, catalog, evidence, reads, runs, security
+from edge.storage.postgres import admission, evidence, reads, runs
+from edge.storage.postgres.sql import CATALOG, SECURITY
 from edge.storage.postgres.db import PgDatabase
 from edge.storage.postgres.schema import migrate
 
@@ -113,7 +114,7 @@ def test_trigger_heads_are_a_keyset_on_the_primary_key(filled):
 def test_admission_queries_use_their_indexes(filled):
     # (`armed` is not here: it returns every armed trigger, once per reload, and reading the
     # whole table is then the planner's right answer.)
-    assert_index(filled, catalog.SQL_TRIGGER_LOCK, ("default", "g-00042"), "triggers_pkey")
+    assert_index(filled, CATALOG.trigger_lock, ("default", "g-00042"), "triggers_pkey")
     assert_index(filled, admission.SQL_BY_KEY, ("cron:g:1:500",), "runs_idempotency_key_key")
     assert_index(filled, admission.SQL_ACTIVE_FOR_TASK, ("default", "task-000"), "runs_active_idx")
     assert_index(filled, admission.SQL_ACTIVE_COUNT, (), "runs_active_idx")
@@ -132,9 +133,9 @@ def test_claim_renew_and_reap_use_the_lease_indexes(filled):
 def test_boot_fires_and_import_records_are_read_by_their_keys(filled):
     assert_index(filled, admission.SQL_BOOT_FIRE, ("default", "n1", "g-00042"), "boot_fires_pkey",
                  big=("runs", "triggers", "boot_fires"))
-    assert_index(filled, catalog.SQL_IMPORTED, ("default", "crontab:root:1"), "imports_pkey",
+    assert_index(filled, CATALOG.imported, ("default", "crontab:root:1"), "imports_pkey",
                  big=("runs", "triggers", "imports"))
-    assert_index(filled, catalog.SQL_IMPORTS, ("default", "crontab:root:100", 33), "imports_pkey",
+    assert_index(filled, CATALOG.imports, ("default", "crontab:root:100", 33), "imports_pkey",
                  big=("runs", "triggers", "imports"))
 
 
@@ -165,7 +166,7 @@ def test_every_run_list_filter_is_served_by_its_index(filled, query, index):
 def test_run_prefixes_and_audit_pages_are_key_ranges(filled):
     assert_index(filled, runs.SQL_PREFIX, ("0000000500", "0000000501", "default", 3), "runs_pkey")
     assert_index(filled, runs.SQL_SEARCH_RUNS, ("default", ["000000000005", "000000000006"]), "runs_pkey")
-    assert_index(filled, security.SQL_AUDIT_PAGE, (15000, "default", SEARCH_BUDGET), "security_audit_pkey",
+    assert_index(filled, SECURITY.audit_page, (15000, "default", SEARCH_BUDGET), "security_audit_pkey",
                  big=("runs", "triggers", "security_audit"))
 
 

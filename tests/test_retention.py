@@ -13,15 +13,14 @@ from edge.core.runs import Run, RunUpdate
 from edge.core.tasks import ArgvCommand, TaskSpec
 from edge.storage.sqlite import retention
 from edge.storage.sqlite import runs as run_sql
-from edge.storage.sqlite import tasks as task_sql
 from edge.storage.run_logs import RunLogs
 from edge.storage.security import SqlAuditLog
-from edge.storage.sqlite.sql import SECURITY
+from edge.storage.sqlite.sql import CATALOG, SECURITY
 from edge.storage.sqlite.db import Database
 from edge.storage.sqlite.retention import BATCH, TRIM, Policy
 from edge.storage.sqlite.runs import SqliteRunStore
 from edge.storage.sqlite.schema import MIGRATIONS, migrate
-from edge.storage.sqlite.tasks import SqliteTaskStore
+from edge.storage.catalog import SqlTaskStore
 from support import assert_uses_index
 
 DAY = 86_400_000
@@ -35,7 +34,7 @@ class Store:
         self.db = db
         self.logs = logs
         files = RunLogs(logs)
-        self.tasks = SqliteTaskStore(db, files)
+        self.tasks = SqlTaskStore(db, CATALOG, files)
         self.runs = SqliteRunStore(db, policy, files)
         keep_all = Policy(runs_per_task=1 << 40, max_age_ms=1 << 60, log_quota_bytes=1 << 60)
         self.plain = SqliteRunStore(db, keep_all, files)  # nothing to enforce: to build a backlog
@@ -267,8 +266,8 @@ def test_plan_delete_and_drop_log_by_id(plan_conn):
 
 def test_plan_transition_state_and_task_delete(plan_conn):
     assert_uses_index(plan_conn, run_sql.SQL_STATE, ("r",), "sqlite_autoindex_runs_1")
-    assert_uses_index(plan_conn, task_sql.SQL_DELETE_TASK_RUNS, ("default", "t"), "runs_task_created_idx")
-    assert_uses_index(plan_conn, task_sql.SQL_TASK_ACTIVE, ("default", "t"), "runs_active_idx")
+    assert_uses_index(plan_conn, CATALOG.task_runs_delete, ("default", "t"), "runs_task_created_idx")
+    assert_uses_index(plan_conn, CATALOG.task_active_run, ("default", "t"), "runs_active_idx")
 
 
 def test_plan_active_processes(plan_conn):

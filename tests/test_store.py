@@ -14,7 +14,7 @@ from edge.app.graph import build_stores
 from edge.core.runs import Run, RunCursor, RunUpdate
 from edge.core.tasks import ArgvCommand, TaskSpec
 from edge.storage.sqlite import runs as run_sql
-from edge.storage.sqlite import tasks as task_sql
+from edge.storage.sqlite.sql import CATALOG
 from edge.storage.sqlite.db import PAGE_SIZE, WAL_CHECKPOINT_BYTES, Database
 from edge.storage.sqlite.schema import MIGRATIONS, migrate
 from support import assert_uses_index
@@ -159,9 +159,9 @@ def test_plan_run_events(conn):
 
 
 def test_plan_task_get_and_list(conn):
-    assert_uses_index(conn, task_sql.SQL_GET, ("default", "t", None), "PRIMARY KEY",
+    assert_uses_index(conn, CATALOG.task_get, ("default", "t", None), "PRIMARY KEY",
                       big_tables=("tasks", "task_revisions"))
-    assert_uses_index(conn, task_sql.SQL_LIST, ("default", "", 10), "PRIMARY KEY",
+    assert_uses_index(conn, CATALOG.task_list, ("default", "", 10), "PRIMARY KEY",
                       big_tables=("tasks", "task_revisions"))
 
 

@@ -47,10 +47,9 @@ from edge.storage.sqlite.db import Ballast, Database
 from edge.storage.sqlite.reads import SqliteCountsReader, sqlite_readers
 from edge.storage.sqlite.retention import Policy
 from edge.storage.sqlite.runs import SqliteRunStore
+from edge.storage.catalog import SqlTaskStore, SqlTriggerStore
 from edge.storage.security import SqlAuditLog, SqlAuditReader, SqlCredentialStore, SqlSecretStore
 from edge.storage.sqlite import sql
-from edge.storage.sqlite.tasks import SqliteTaskStore
-from edge.storage.sqlite.triggers import SqliteTriggerStore
 from edge.tools.ai import log_excerpt, projections, runs, task_runs_compare
 from edge.tools.builtin import status, tasks, triggers
 from edge.tools.builtin import runs as run_tools
@@ -155,8 +154,8 @@ def build_stores(db: Database, config: Config, home: str) -> Stores:
     followers = Followers()
     return Stores(
         location=db.path, logs=logs, log_reader=LocalLogReader(logs),
-        tasks=SqliteTaskStore(db, logs), runs=SqliteRunStore(db, policy, logs, followers),
-        triggers=SqliteTriggerStore(db), admission=SqliteAdmission(db, capacity(config), followers),
+        tasks=SqlTaskStore(db, sql.CATALOG, logs), runs=SqliteRunStore(db, policy, logs, followers),
+        triggers=SqlTriggerStore(db, sql.CATALOG), admission=SqliteAdmission(db, capacity(config), followers),
         credentials=SqlCredentialStore(db, sql.SECURITY), secrets=SqlSecretStore(db, sql.SECURITY),
         audit=SqlAuditLog(db, sql.SECURITY, audit_bounds(config), LoopTimers()),
         audit_reader=SqlAuditReader(db, sql.SECURITY),

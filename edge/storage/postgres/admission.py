@@ -29,7 +29,9 @@ from edge.core.runs import ActorType, Followers, Run
 from edge.core.schedule import ONCE, REBOOT, ScheduleError, plan
 from edge.core.tasks import Task
 from edge.core.triggers import Admission, EventType, ManualAdmission, SkippedFires, SkipReason, Trigger
-from edge.storage.postgres import catalog, notify
+from edge.storage import catalog
+from edge.storage.postgres import notify
+from edge.storage.postgres.sql import CATALOG
 from edge.storage.postgres.db import PgDatabase, Tx
 from edge.storage.postgres.runs import append_event, get_run, insert_run, lose_untaken
 
@@ -132,7 +134,7 @@ async def _admit_fires(
     tx: Tx, project: str, trigger_id: str, now: int, grace_ms: int, bound: Bound, rng: Callable[[], float],
     node: NodeLease,
 ) -> Admission:
-    trig = await catalog.get_trigger(tx, project, trigger_id, lock=True)
+    trig = catalog.get_trigger(tx._tx, CATALOG, project, trigger_id, lock=True)
     if trig is None:
         return Admission(gone=True)
     if trig.spec.expression == REBOOT:
@@ -143,7 +145,7 @@ async def _admit_fires(
         schedule = trig.spec.schedule()
     except ScheduleError:
         due = trig.next_fire_at_ms
-        await catalog.record_event(tx, project, trig.id, "refused", "timezone_unavailable", due, due, 1, now,
+        catalog.record_event(tx._tx, CATALOG, project, trig.id, "refused", "timezone_unavailable", due, due, 1, now,
                                    trig.last_scheduled_at_ms)
         refused = SkippedFires(trig.task_id, "refused", "timezone_unavailable", due, due, 1)
         return Admission(cursor=due, retry=True, skipped=[refused])
@@ -162,7 +164,7 @@ async def _admit_fires(
     notified = 0
     if todo.missed is not None:
         m = todo.missed
-        if await catalog.record_event(tx, project, trig.id, "skipped", "misfire", m.first_ms, m.last_ms, m.fires, now,
+        if catalog.record_event(tx._tx, CATALOG, project, trig.id, "skipped", "misfire", m.first_ms, m.last_ms, m.fires, now,
                                       last_admitted):
             notified += await notify.queue_skip(tx, project, trig.task_id, trig.task_revision, "misfire", now)
         skipped.append(SkippedFires(trig.task_id, "skipped", "misfire", m.first_ms, m.last_ms, m.fires))
@@ -175,7 +177,7 @@ async def _admit_fires(
             await _gate(tx, project, trig.task_id, overlap, bound, replacing))[0]
         if reason is not None:
             kind: EventType = "refused" if reason == "queue_full" else "skipped"
-            if await catalog.record_event(tx, project, trig.id, kind, reason, fire, fire, 1, now, last_admitted):
+            if catalog.record_event(tx._tx, CATALOG, project, trig.id, kind, reason, fire, fire, 1, now, last_admitted):
                 notified += await notify.queue_skip(tx, project, trig.task_id, trig.task_revision, reason, now)
             skipped.append(SkippedFires(trig.task_id, kind, reason, fire, fire, 1))
             continue
@@ -210,7 +212,7 @@ async def _admit_boot(tx: Tx, trig: Trigger, now: int, bound: Bound, rng: Callab
     try:
         trig.spec.schedule()
     except ScheduleError:
-        await catalog.record_event(tx, trig.project_id, trig.id, "refused", "timezone_unavailable", due, due, 1, now,
+        catalog.record_event(tx._tx, CATALOG, trig.project_id, trig.id, "refused", "timezone_unavailable", due, due, 1, now,
                                    trig.last_scheduled_at_ms)
         refused = SkippedFires(trig.task_id, "refused", "timezone_unavailable", due, due, 1)
         return Admission(cursor=due, retry=True, skipped=[refused])
@@ -236,7 +238,7 @@ async def _admit_event(tx: Tx, trig: Trigger, key: str, now: int, bound: Bound, 
     notified = 0
     if reason is not None:
         kind: EventType = "refused" if reason == "queue_full" else "skipped"
-        if await catalog.record_event(tx, project, trig.id, kind, reason, now, now, 1, now, last_admitted):
+        if catalog.record_event(tx._tx, CATALOG, project, trig.id, kind, reason, now, now, 1, now, last_admitted):
             notified = await notify.queue_skip(tx, project, trig.task_id, trig.task_revision, reason, now)
         skipped.append(SkippedFires(trig.task_id, kind, reason, now, now, 1))
     elif await tx.row(SQL_BY_KEY, (key,)) is None:
@@ -250,9 +252,9 @@ async def _admit_event(tx: Tx, trig: Trigger, key: str, now: int, bound: Bound, 
             last_admitted = now
     await tx.execute(SQL_MOVE_CURSOR, (None, last_admitted, project, trig.id))
     if node is None:  # @once
-        current = await catalog.get_trigger(tx, project, trig.id)
+        current = catalog.get_trigger(tx._tx, CATALOG, project, trig.id)
         assert current is not None
-        await catalog.disable_fired(tx, current, now)
+        catalog.disable_fired(tx._tx, CATALOG, current, now)
     await tx.execute(SQL_SAVE_TIME, (catalog.CLOCK_KEY, now))
     if admitted:
         await tx.notify("run")
@@ -281,8 +283,8 @@ async def _admit_retry(tx: Tx, project: str, run_id: str, now: int, bound: Bound
         reason = (await _gate(tx, project, run.task_id, pinned[1], bound, replacing))[0]
     if reason is not None:
         kind = "refused" if reason == "queue_full" else "skipped"
-        if run.trigger_id is not None and await catalog.get_trigger(tx, project, run.trigger_id) is not None:
-            await catalog.record_event(tx, project, run.trigger_id, kind, reason, now, now, 1, now, None)
+        if run.trigger_id is not None and catalog.get_trigger(tx._tx, CATALOG, project, run.trigger_id) is not None:
+            catalog.record_event(tx._tx, CATALOG, project, run.trigger_id, kind, reason, now, now, 1, now, None)
         await append_event(tx, run.id, f"run.retry_{kind}", "scheduler", now, reason)
         notified = await notify.queue_skip(tx, project, run.task_id, run.task_revision, reason, now)
         return Admission(cursor=None, notified=notified)
@@ -349,7 +351,7 @@ async def _newest_time(tx: Tx, project: str) -> int:
     audit = await tx.row(
         "SELECT greatest(at_ms, coalesce(last_at_ms, at_ms)) FROM security_audit ORDER BY id DESC LIMIT 1")
     run = await tx.row("SELECT max(created_at_ms) FROM runs WHERE project_id = %s", (project,))
-    return max([await catalog.clock_mark(tx)] + [int(r[0]) for r in (audit, run) if r and r[0] is not None])
+    return max([catalog.clock_mark(tx._tx, CATALOG)] + [int(r[0]) for r in (audit, run) if r and r[0] is not None])
 
 
 async def _save_time(tx: Tx, now: int) -> None:

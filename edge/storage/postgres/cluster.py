@@ -17,7 +17,6 @@ from edge.core.ports.runtime import RunController
 from edge.core.ports.stores import RunLogFiles
 from edge.core.runs import Followers
 from edge.storage.postgres.admission import PgAdmission
-from edge.storage.postgres.catalog import PgTaskStore, PgTriggerStore
 from edge.storage.postgres.db import PgDatabase
 from edge.storage.postgres.node import ClusterRunner, DbClock, Node, NodeSettings, PgNodes, server_ms
 from edge.storage.postgres.notify import PgNotifyStore
@@ -25,7 +24,8 @@ from edge.storage.postgres.reads import PgCountsReader, pg_readers
 from edge.storage.postgres.runs import Fences, PgClaims, PgRunLogReader, PgRunStore, Policy
 from edge.storage.postgres.schema import migrate
 from edge.storage.postgres.security import PgAuditLog
-from edge.storage.postgres.sql import SECURITY
+from edge.storage.postgres.sql import CATALOG, SECURITY
+from edge.storage.catalog import SqlTaskStore, SqlTriggerStore
 from edge.storage.security import SqlAuditReader, SqlCredentialStore, SqlSecretStore
 
 if TYPE_CHECKING:
@@ -57,9 +57,9 @@ class PgCluster:
         self.clock = clock
         self.settings = node
         self.location = f"postgresql {db.location}"
-        self.tasks = PgTaskStore(db, files)
+        self.tasks = SqlTaskStore(db, CATALOG, files)
         self.runs = PgRunStore(db, policy, files, node.node_id, fences, options.write_retry_s, self.followers)
-        self.triggers = PgTriggerStore(db)
+        self.triggers = SqlTriggerStore(db, CATALOG)
         self.admission = PgAdmission(db, options.capacity, node.node_id, node.slots, node.lease_s, self.followers)
         self._notify: PgNotifyStore | None = None
         self.credentials = SqlCredentialStore(db, SECURITY)

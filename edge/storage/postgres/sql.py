@@ -7,7 +7,82 @@ each hot statement.
 
 from __future__ import annotations
 
+from edge.storage.catalog import CatalogSql
 from edge.storage.security import SecuritySql
+
+# -- tasks and triggers (edge.storage.catalog) ----------------------------------------------
+
+_TASK = """
+SELECT t.project_id, t.id, t.name, r.revision, r.enabled, r.spec, r.content_digest, t.created_at_ms, t.updated_at_ms,
+       r.privileged, r.spec_schema
+FROM tasks AS t JOIN task_revisions AS r ON r.project_id = t.project_id AND r.task_id = t.id
+"""
+_TRIGGER = """
+SELECT h.project_id, h.id, h.revision, h.task_id, h.task_revision, h.enabled, r.spec_schema, r.spec,
+       r.content_digest, h.created_at_ms, h.updated_at_ms, h.next_fire_at_ms, h.last_scheduled_at_ms
+FROM triggers AS h
+JOIN trigger_revisions AS r ON r.project_id = h.project_id AND r.trigger_id = h.id AND r.revision = h.revision
+"""
+_EVENT = "id, trigger_id, type, reason, scheduled_for_ms, last_scheduled_for_ms, fires, created_at_ms"
+_TRIGGER_GET = _TRIGGER + "WHERE h.project_id = %s AND h.id = %s"
+
+CATALOG = CatalogSql(
+    task_get=_TASK + "WHERE t.project_id = %s AND t.id = %s AND r.revision = coalesce(%s, t.revision)",
+    task_list=_TASK + "WHERE t.project_id = %s AND t.id > %s AND r.revision = t.revision ORDER BY t.id LIMIT %s",
+    task_head="SELECT revision FROM tasks WHERE project_id = %s AND id = %s",
+    task_lock="SELECT revision FROM tasks WHERE project_id = %s AND id = %s FOR UPDATE",
+    task_insert="INSERT INTO tasks (project_id, id, name, revision, enabled, created_at_ms, updated_at_ms)"
+                " VALUES (%s, %s, %s, 1, %s, %s, %s) ON CONFLICT DO NOTHING",
+    task_revision_insert="INSERT INTO task_revisions (project_id, task_id, revision, spec_schema, spec, content_digest,"
+                         " enabled, created_at_ms, privileged) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+    task_update="UPDATE tasks SET revision = %s, enabled = %s, name = coalesce(%s, name), updated_at_ms = %s"
+                " WHERE project_id = %s AND id = %s",
+    task_exists="SELECT 1 FROM tasks WHERE project_id = %s AND id = %s",
+    task_exists_locked="SELECT 1 FROM tasks WHERE project_id = %s AND id = %s FOR KEY SHARE",
+    task_revision_exists="SELECT 1 FROM task_revisions WHERE project_id = %s AND task_id = %s AND revision = %s",
+    task_active_run="SELECT id FROM runs WHERE project_id = %s AND task_id = %s AND status IN ('queued', 'running')"
+                    " LIMIT 1",
+    task_triggers="SELECT id FROM triggers WHERE project_id = %s AND task_id = %s ORDER BY id",
+    task_runs_delete="DELETE FROM runs WHERE project_id = %s AND task_id = %s RETURNING id",
+    task_delete="DELETE FROM tasks WHERE project_id = %s AND id = %s",
+    imported="SELECT target FROM imports WHERE project_id = %s AND key = %s",
+    imports="SELECT key, kind, target, created_at_ms FROM imports WHERE project_id = %s AND key > %s ORDER BY key"
+            " LIMIT %s",
+    import_claim="INSERT INTO imports (project_id, key, kind, target, created_at_ms) VALUES (%s, %s, %s, %s, %s)"
+                 " ON CONFLICT DO NOTHING",
+    import_retarget="UPDATE imports SET target = %s WHERE project_id = %s AND key = %s",
+    uid_get="SELECT uid FROM task_uids WHERE project_id = %s AND task_id = %s",
+    uids_used="SELECT uid FROM task_uids WHERE uid BETWEEN %s AND %s",
+    uid_insert="INSERT INTO task_uids (project_id, task_id, uid, created_at_ms) VALUES (%s, %s, %s, %s)",
+    meta_get="SELECT value FROM meta WHERE key = %s",
+    meta_set="INSERT INTO meta (key, value) VALUES (%s, %s) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+    newest_audit="SELECT greatest(at_ms, coalesce(last_at_ms, at_ms)) FROM security_audit ORDER BY id DESC LIMIT 1",
+    newest_run="SELECT max(created_at_ms) FROM runs WHERE project_id = %s",
+    trigger_get=_TRIGGER_GET,
+    trigger_lock=_TRIGGER_GET + " FOR UPDATE OF h",
+    trigger_list=_TRIGGER + "WHERE h.project_id = %s AND h.id > %s ORDER BY h.id LIMIT %s",
+    trigger_exists="SELECT 1 FROM triggers WHERE project_id = %s AND id = %s",
+    trigger_insert="INSERT INTO triggers (project_id, id, revision, task_id, task_revision, enabled, created_at_ms,"
+                   " updated_at_ms, next_fire_at_ms) VALUES (%s, %s, 1, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+    trigger_revision_insert="INSERT INTO trigger_revisions (project_id, trigger_id, revision, task_id, task_revision,"
+                            " enabled, spec_schema, spec, content_digest, created_at_ms)"
+                            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+    trigger_update="UPDATE triggers SET revision = %s, enabled = %s, task_revision = %s, updated_at_ms = %s,"
+                   " next_fire_at_ms = %s WHERE project_id = %s AND id = %s",
+    trigger_delete="DELETE FROM triggers WHERE project_id = %s AND id = %s",
+    following="SELECT id FROM triggers WHERE project_id = %s AND task_id = %s AND task_revision = %s ORDER BY id",
+    events_trigger=f"SELECT {_EVENT} FROM trigger_events WHERE project_id = %s AND trigger_id = %s AND id < %s"
+                   " ORDER BY id DESC LIMIT %s",
+    events_project=f"SELECT {_EVENT} FROM trigger_events WHERE project_id = %s AND id < %s ORDER BY id DESC LIMIT %s",
+    newest_event="SELECT id, type, reason, coalesce(last_scheduled_for_ms, scheduled_for_ms), fires FROM"
+                 " trigger_events WHERE project_id = %s AND trigger_id = %s ORDER BY id DESC LIMIT 1",
+    event_merge="UPDATE trigger_events SET fires = %s, last_scheduled_for_ms = %s WHERE id = %s",
+    event_insert="INSERT INTO trigger_events (project_id, trigger_id, type, reason, scheduled_for_ms,"
+                 " last_scheduled_for_ms, fires, created_at_ms) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+    events_prune="DELETE FROM trigger_events WHERE id IN (SELECT id FROM trigger_events WHERE project_id = %s"
+                 " AND trigger_id = %s ORDER BY id DESC LIMIT %s OFFSET %s)",
+    drop_boot_fires="DELETE FROM boot_fires WHERE project_id = %s AND trigger_id = %s",
+)
 
 # -- credentials, secrets, the audit (edge.storage.security) ------------------------------
 

@@ -16,8 +16,9 @@ from edge.core.schedule import ONCE, REBOOT, ScheduleError, plan
 from edge.core.tasks import Task
 from edge.core.triggers import Admission, EventType, ManualAdmission, SkipReason, SkippedFires, Trigger
 from edge.storage.sqlite import runs as run_sql
-from edge.storage.sqlite import triggers as trigger_sql
-from edge.storage.sqlite.db import Database, immediate, one
+from edge.storage import catalog
+from edge.storage.sqlite.sql import CATALOG
+from edge.storage.sqlite.db import Database, SqliteTx, immediate, one
 
 log = logging.getLogger("qledge.store")
 
@@ -61,12 +62,15 @@ def armed_retries(conn: apsw.Connection, project: str) -> list[tuple[int, str]]:
     return [(due, rid) for due, rid in conn.execute(SQL_ARMED_RETRIES, (project,))]
 
 
-newest_time = trigger_sql.newest_time
-SQL_NEWEST_RUN = trigger_sql.SQL_NEWEST_RUN
+def newest_time(conn: apsw.Connection, project: str) -> int:
+    return catalog.newest_time(SqliteTx(conn), CATALOG, project)
+
+
+SQL_NEWEST_RUN = CATALOG.newest_run
 
 
 def save_time(conn: apsw.Connection, now: int) -> None:
-    conn.execute(SQL_SAVE_TIME, (trigger_sql.CLOCK_KEY, now))
+    conn.execute(SQL_SAVE_TIME, (catalog.CLOCK_KEY, now))
 
 
 def _save_time_tx(conn: apsw.Connection, now: int) -> None:
@@ -175,7 +179,7 @@ def _admit_event(
     notified = 0
     if reason is not None:
         kind: EventType = "refused" if reason == "queue_full" else "skipped"
-        if trigger_sql.record_event(conn, project, trig.id, kind, reason, now, now, 1, now, last_admitted):
+        if catalog.record_event(SqliteTx(conn), CATALOG, project, trig.id, kind, reason, now, now, 1, now, last_admitted):
             notified = run_sql.queue_skip(conn, project, trig.task_id, trig.task_revision, reason, now)
         skipped.append(SkippedFires(trig.task_id, kind, reason, now, now, 1))
     elif conn.execute(SQL_BY_KEY, (key,)).fetchone() is None:
@@ -184,9 +188,9 @@ def _admit_event(
         last_admitted = now
     conn.execute(SQL_MOVE_CURSOR, (None, last_admitted, project, trig.id))
     if event == ONCE:
-        current = trigger_sql.get(conn, project, trig.id)
+        current = catalog.get_trigger(SqliteTx(conn), CATALOG, project, trig.id)
         assert current is not None
-        trigger_sql.disable_fired(conn, current, now)
+        catalog.disable_fired(SqliteTx(conn), CATALOG, current, now)
     if not admitted:  # an admitted run carries the time itself (newest_time reads it)
         save_time(conn, now)
     return Admission(runs=admitted, cancel=replacing, cursor=None, skipped=skipped, notified=notified)
@@ -199,7 +203,7 @@ def admit_fires(
     """Admit what is due of one trigger: plan, runs with their events, skipped and
     refused fires, the cursor and the clock mark, all in one transaction."""
     with immediate(conn):
-        trig = trigger_sql.get(conn, project, trigger_id)
+        trig = catalog.get_trigger(SqliteTx(conn), CATALOG, project, trigger_id)
         if trig is None:
             return Admission(gone=True)
         if not trig.enabled or trig.next_fire_at_ms is None:
@@ -207,7 +211,7 @@ def admit_fires(
         try:
             schedule = trig.spec.schedule()
         except ScheduleError:  # zone data went missing: keep the cursor, say so once, retry later
-            trigger_sql.record_event(conn, project, trig.id, "refused", "timezone_unavailable", trig.next_fire_at_ms,
+            catalog.record_event(SqliteTx(conn), CATALOG, project, trig.id, "refused", "timezone_unavailable", trig.next_fire_at_ms,
                                      trig.next_fire_at_ms, 1, now, trig.last_scheduled_at_ms)
             due = trig.next_fire_at_ms
             refused = SkippedFires(trig.task_id, "refused", "timezone_unavailable", due, due, 1)
@@ -226,7 +230,7 @@ def admit_fires(
         skipped: list[SkippedFires] = []
         if todo.missed is not None:
             m = todo.missed
-            if trigger_sql.record_event(conn, project, trig.id, "skipped", "misfire", m.first_ms, m.last_ms, m.fires,
+            if catalog.record_event(SqliteTx(conn), CATALOG, project, trig.id, "skipped", "misfire", m.first_ms, m.last_ms, m.fires,
                                         now, last_admitted):
                 notified += run_sql.queue_skip(conn, project, trig.task_id, trig.task_revision, "misfire", now)
             skipped.append(SkippedFires(trig.task_id, "skipped", "misfire", m.first_ms, m.last_ms, m.fires))
@@ -238,7 +242,7 @@ def admit_fires(
                 conn, project, trig.task_id, overlap, capacity, replacing)[0]
             if reason is not None:
                 kind: EventType = "refused" if reason == "queue_full" else "skipped"
-                if trigger_sql.record_event(conn, project, trig.id, kind, reason, fire, fire, 1, now, last_admitted):
+                if catalog.record_event(SqliteTx(conn), CATALOG, project, trig.id, kind, reason, fire, fire, 1, now, last_admitted):
                     notified += run_sql.queue_skip(conn, project, trig.task_id, trig.task_revision, reason, now)
                 skipped.append(SkippedFires(trig.task_id, kind, reason, fire, fire, 1))
                 continue
@@ -275,8 +279,8 @@ def admit_retry(conn: apsw.Connection, project: str, run_id: str, now: int, capa
         key = f"retry:{failed.id}"
         if reason is not None:
             kind = "refused" if reason == "queue_full" else "skipped"
-            if failed.trigger_id is not None and trigger_sql.get(conn, project, failed.trigger_id) is not None:
-                trigger_sql.record_event(conn, project, failed.trigger_id, kind, reason, now, now, 1, now, None)
+            if failed.trigger_id is not None and catalog.get_trigger(SqliteTx(conn), CATALOG, project, failed.trigger_id) is not None:
+                catalog.record_event(SqliteTx(conn), CATALOG, project, failed.trigger_id, kind, reason, now, now, 1, now, None)
             run_sql.append_event(conn, failed.id, f"run.retry_{kind}", "scheduler", now, reason)
             notified = run_sql.queue_skip(conn, project, failed.task_id, failed.task_revision, reason, now)
             return Admission(cursor=None, notified=notified)

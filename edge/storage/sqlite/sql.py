@@ -9,7 +9,86 @@ counts its files.)
 
 from __future__ import annotations
 
+from edge.storage.catalog import CatalogSql
 from edge.storage.security import SecuritySql
+
+# -- tasks and triggers (edge.storage.catalog) ----------------------------------------------
+
+_TASK = """
+SELECT t.project_id, t.id, t.name, r.revision, r.enabled, r.spec, r.content_digest,
+       t.created_at_ms, t.updated_at_ms, r.privileged, r.spec_schema
+FROM tasks AS t
+JOIN task_revisions AS r ON r.project_id = t.project_id AND r.task_id = t.id
+"""
+_TRIGGER = """
+SELECT h.project_id, h.id, h.revision, h.task_id, h.task_revision, h.enabled, r.spec_schema, r.spec,
+       r.content_digest, h.created_at_ms, h.updated_at_ms, h.next_fire_at_ms, h.last_scheduled_at_ms
+FROM triggers AS h
+JOIN trigger_revisions AS r ON r.project_id = h.project_id AND r.trigger_id = h.id AND r.revision = h.revision
+"""
+_EVENT = "id, trigger_id, type, reason, scheduled_for_ms, last_scheduled_for_ms, fires, created_at_ms"
+_HEAD = "SELECT revision FROM tasks WHERE project_id = ? AND id = ?"
+_TASK_EXISTS = "SELECT 1 FROM tasks WHERE project_id = ? AND id = ?"
+
+CATALOG = CatalogSql(
+    # The head's revision, or a given one (a run executes the revision it was admitted with).
+    task_get=_TASK + "WHERE t.project_id = ? AND t.id = ? AND r.revision = coalesce(?, t.revision)",
+    task_list=_TASK + "WHERE t.project_id = ? AND t.id > ? AND r.revision = t.revision ORDER BY t.id LIMIT ?",
+    task_head=_HEAD,
+    task_lock=_HEAD,  # BEGIN IMMEDIATE holds every writer off already
+    task_insert="INSERT INTO tasks (project_id, id, name, revision, enabled, created_at_ms, updated_at_ms)"
+                " VALUES (?, ?, ?, 1, ?, ?, ?) ON CONFLICT DO NOTHING",
+    task_revision_insert="INSERT INTO task_revisions (project_id, task_id, revision, spec_schema, spec, content_digest,"
+                         " enabled, created_at_ms, privileged) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    task_update="UPDATE tasks SET revision = ?, enabled = ?, name = coalesce(?, name), updated_at_ms = ?"
+                " WHERE project_id = ? AND id = ?",
+    task_exists=_TASK_EXISTS,
+    task_exists_locked=_TASK_EXISTS,
+    task_revision_exists="SELECT 1 FROM task_revisions WHERE project_id = ? AND task_id = ? AND revision = ?",
+    task_active_run="SELECT id FROM runs WHERE project_id = ? AND task_id = ? AND status IN ('queued', 'running')"
+                    " LIMIT 1",
+    task_triggers="SELECT id FROM triggers WHERE project_id = ? AND task_id = ? ORDER BY id",
+    task_runs_delete="DELETE FROM runs WHERE project_id = ? AND task_id = ? RETURNING id",
+    task_delete="DELETE FROM tasks WHERE project_id = ? AND id = ?",
+    imported="SELECT target FROM imports WHERE project_id = ? AND key = ?",
+    imports="SELECT key, kind, target, created_at_ms FROM imports WHERE project_id = ? AND key > ? ORDER BY key"
+            " LIMIT ?",
+    import_claim="INSERT INTO imports (project_id, key, kind, target, created_at_ms) VALUES (?, ?, ?, ?, ?)"
+                 " ON CONFLICT DO NOTHING",
+    import_retarget="UPDATE imports SET target = ? WHERE project_id = ? AND key = ?",
+    uid_get="SELECT uid FROM task_uids WHERE project_id = ? AND task_id = ?",
+    uids_used="SELECT uid FROM task_uids WHERE uid BETWEEN ? AND ?",
+    uid_insert="INSERT INTO task_uids (project_id, task_id, uid, created_at_ms) VALUES (?, ?, ?, ?)",
+    meta_get="SELECT value FROM meta WHERE key = ?",
+    meta_set="INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+    # An aggregate of refused calls: its last call.
+    newest_audit="SELECT max(at_ms, coalesce(last_at_ms, at_ms)) FROM security_audit ORDER BY id DESC LIMIT 1",
+    newest_run="SELECT max(created_at_ms) FROM runs WHERE project_id = ?",
+    trigger_get=_TRIGGER + "WHERE h.project_id = ? AND h.id = ?",
+    trigger_lock=_TRIGGER + "WHERE h.project_id = ? AND h.id = ?",
+    trigger_list=_TRIGGER + "WHERE h.project_id = ? AND h.id > ? ORDER BY h.id LIMIT ?",
+    trigger_exists="SELECT 1 FROM triggers WHERE project_id = ? AND id = ?",
+    trigger_insert="INSERT INTO triggers (project_id, id, revision, task_id, task_revision, enabled, created_at_ms,"
+                   " updated_at_ms, next_fire_at_ms) VALUES (?, ?, 1, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+    trigger_revision_insert="INSERT INTO trigger_revisions (project_id, trigger_id, revision, task_id, task_revision,"
+                            " enabled, spec_schema, spec, content_digest, created_at_ms)"
+                            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    trigger_update="UPDATE triggers SET revision = ?, enabled = ?, task_revision = ?, updated_at_ms = ?,"
+                   " next_fire_at_ms = ? WHERE project_id = ? AND id = ?",
+    trigger_delete="DELETE FROM triggers WHERE project_id = ? AND id = ?",
+    following="SELECT id FROM triggers WHERE project_id = ? AND task_id = ? AND task_revision = ?",
+    events_trigger=f"SELECT {_EVENT} FROM trigger_events WHERE project_id = ? AND trigger_id = ? AND id < ?"
+                   " ORDER BY id DESC LIMIT ?",
+    events_project=f"SELECT {_EVENT} FROM trigger_events WHERE project_id = ? AND id < ? ORDER BY id DESC LIMIT ?",
+    newest_event="SELECT id, type, reason, coalesce(last_scheduled_for_ms, scheduled_for_ms), fires FROM"
+                 " trigger_events WHERE project_id = ? AND trigger_id = ? ORDER BY id DESC LIMIT 1",
+    event_merge="UPDATE trigger_events SET fires = ?, last_scheduled_for_ms = ? WHERE id = ?",
+    event_insert="INSERT INTO trigger_events (project_id, trigger_id, type, reason, scheduled_for_ms,"
+                 " last_scheduled_for_ms, fires, created_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+    events_prune="DELETE FROM trigger_events WHERE id IN (SELECT id FROM trigger_events WHERE project_id = ?"
+                 " AND trigger_id = ? ORDER BY id DESC LIMIT ? OFFSET ?)",
+    drop_boot_fires=None,  # @reboot is armed per device (meta), by admission
+)
 
 # -- credentials, secrets, the audit (edge.storage.security) ------------------------------
 
