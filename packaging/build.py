@@ -34,7 +34,7 @@ OPTIONAL: dict[str, str | tuple[str, ...]] = {
     "agent": ("edge/agent/", "edge/app/agent.py", "edge/core/agent.py", "edge/core/ledger.py",
               "edge/core/ports/agent.py", "edge/storage/sqlite/evidence.py", "edge/storage/sqlite/ledger.py",
               "edge/tools/agent.py", "edge/tools/missions.py"),
-    "notify": ("edge/notify/", "edge/core/ports/notify.py", "edge/storage/sqlite/notify.py"),
+    "notify": ("edge/notify/", "edge/core/ports/notify.py", "edge/storage/notify.py", "edge/storage/sqlite/notify.py"),
     "web": "edge/web/",
 }
 # The profiles one may ask for, and the capabilities each adds to the edge core.

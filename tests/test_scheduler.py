@@ -26,12 +26,11 @@ from edge.core.runs import Run, RunUpdate
 from edge.core.tasks import ArgvCommand, TaskSpec
 from edge.core.triggers import CronSpec
 from edge.scheduler.loop import MAX_SLEEP_S, Scheduler, Triggers
-from edge.storage.sqlite import admission as admission_sql
 from edge.storage import catalog as trigger_sql
 from edge.storage.sqlite.db import SqliteTx, immediate
-from edge.storage.sqlite.sql import CATALOG
+from edge.storage.sqlite.sql import ADMISSION, CATALOG
 from edge.storage.sqlite.db import Database
-from edge.storage.sqlite.runs import SqliteRunStore
+from edge.storage.runs import SqlRunStore
 from edge.storage.sqlite.schema import migrate
 from support import ManualTimers, assert_uses_index
 
@@ -59,7 +58,7 @@ class Executor:
     """Stands in for the runner: records submissions; cancels like the runner does for
     runs it does not hold (a compare-and-set transition in the store)."""
 
-    def __init__(self, runs: SqliteRunStore, clock: FakeClock) -> None:
+    def __init__(self, runs: SqlRunStore, clock: FakeClock) -> None:
         self._runs = runs
         self._clock = clock
         self.submitted: list[Run] = []
@@ -649,13 +648,13 @@ TABLES = ("runs", "triggers", "trigger_revisions", "trigger_events", "tasks", "t
 @pytest.mark.parametrize("sql,params,index", [
     (CATALOG.trigger_get, ("default", "t"), "PRIMARY KEY"),
     (CATALOG.trigger_list, ("default", "", 10), "PRIMARY KEY"),
-    (admission_sql.SQL_ARMED, ("default",), "triggers_armed_idx"),
+    (ADMISSION.admission.armed, {"project": "default"}, "triggers_armed_idx"),
     (CATALOG.following, ("default", "t", 1), "triggers_task_idx"),
-    (admission_sql.SQL_PINNED_TASK, ("default", "t", 1), "PRIMARY KEY"),
-    (admission_sql.SQL_ACTIVE_FOR_TASK, ("default", "t"), "runs_active_idx"),
-    (admission_sql.SQL_ACTIVE_COUNT, (), "runs_active_idx"),
-    (admission_sql.SQL_BY_KEY, ("cron:t:1:0",), "sqlite_autoindex_runs_2"),
-    (admission_sql.SQL_NEWEST_RUN, ("default",), "runs_project_created_idx"),
+    (ADMISSION.admission.pinned_task, ("default", "t", 1), "PRIMARY KEY"),
+    (ADMISSION.admission.active_for_task, ("default", "t"), "runs_active_idx"),
+    (ADMISSION.admission.active_count, (), "runs_active_idx"),
+    (ADMISSION.admission.by_key, ("cron:t:1:0",), "sqlite_autoindex_runs_2"),
+    (CATALOG.newest_run, ("default",), "runs_project_created_idx"),
     (CATALOG.events_trigger, ("default", "t", 1 << 62, 10), "trigger_events_trigger_idx"),
     (CATALOG.events_project, ("default", 1 << 62, 10), "trigger_events_project_idx"),
     (CATALOG.newest_event, ("default", "t"), "trigger_events_trigger_idx"),

@@ -42,12 +42,11 @@ from edge.runner.process import DEFAULT_LANG, SystemUsers
 from edge.runner.supervisor import Runner, RunnerSettings
 from edge.scheduler.loop import Scheduler, Triggers
 from edge.storage.run_logs import LocalLogReader, RunLogs
-from edge.storage.sqlite.admission import SqliteAdmission
 from edge.storage.sqlite.db import Ballast, Database
 from edge.storage.sqlite.reads import SqliteCountsReader, sqlite_readers
-from edge.storage.sqlite.retention import Policy
-from edge.storage.sqlite.runs import SqliteRunStore
+from edge.storage.admission import SqlAdmission
 from edge.storage.catalog import SqlTaskStore, SqlTriggerStore
+from edge.storage.runs import Policy, SqlRunStore
 from edge.storage.security import SqlAuditLog, SqlAuditReader, SqlCredentialStore, SqlSecretStore
 from edge.storage.sqlite import sql
 from edge.tools.ai import log_excerpt, projections, runs, task_runs_compare
@@ -154,8 +153,9 @@ def build_stores(db: Database, config: Config, home: str) -> Stores:
     followers = Followers()
     return Stores(
         location=db.path, logs=logs, log_reader=LocalLogReader(logs),
-        tasks=SqlTaskStore(db, sql.CATALOG, logs), runs=SqliteRunStore(db, policy, logs, followers),
-        triggers=SqlTriggerStore(db, sql.CATALOG), admission=SqliteAdmission(db, capacity(config), followers),
+        tasks=SqlTaskStore(db, sql.CATALOG, logs), runs=SqlRunStore(db, sql.RUNS, policy, logs, followers),
+        triggers=SqlTriggerStore(db, sql.CATALOG),
+        admission=SqlAdmission(db, sql.ADMISSION, capacity(config), followers),
         credentials=SqlCredentialStore(db, sql.SECURITY), secrets=SqlSecretStore(db, sql.SECURITY),
         audit=SqlAuditLog(db, sql.SECURITY, audit_bounds(config), LoopTimers()),
         audit_reader=SqlAuditReader(db, sql.SECURITY),

@@ -76,5 +76,12 @@ class Db(Protocol):
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
         ...
 
-    async def write(self, fn: Callable[..., T], *args: Any) -> T:
+    async def write(self, fn: Callable[..., T], *args: Any, retry_s: float = 0.0) -> T:
+        """(`retry_s`: for how long a lost connection is retried, where it can be lost.)"""
+        ...
+
+    def before_next(self, fn: Callable[..., object], *args: Any) -> None:
+        """Run the rule `fn(tx, *args)` in a transaction of its own before anything called
+        from now on; a failure is logged, never raised (storage must change before
+        anything else is written: the clock's restamp)."""
         ...

@@ -16,15 +16,15 @@ from edge.core.notices import Notices
 from edge.core.ports.runtime import RunController
 from edge.core.ports.stores import RunLogFiles
 from edge.core.runs import Followers
-from edge.storage.postgres.admission import PgAdmission
 from edge.storage.postgres.db import PgDatabase
-from edge.storage.postgres.node import ClusterRunner, DbClock, Node, NodeSettings, PgNodes, server_ms
+from edge.storage.postgres.claims import PgClaims, PgRunLogReader
+from edge.storage.postgres.node import ClusterRunner, DbClock, Node, NodeSettings, PgAdmission, PgNodes, server_ms
 from edge.storage.postgres.notify import PgNotifyStore
 from edge.storage.postgres.reads import PgCountsReader, pg_readers
-from edge.storage.postgres.runs import Fences, PgClaims, PgRunLogReader, PgRunStore, Policy
 from edge.storage.postgres.schema import migrate
 from edge.storage.postgres.security import PgAuditLog
-from edge.storage.postgres.sql import CATALOG, SECURITY
+from edge.storage.postgres.sql import CATALOG, RUNS, SECURITY
+from edge.storage.runs import Fences, Policy, SqlRunStore
 from edge.storage.catalog import SqlTaskStore, SqlTriggerStore
 from edge.storage.security import SqlAuditReader, SqlCredentialStore, SqlSecretStore
 
@@ -51,14 +51,14 @@ class PgCluster:
     def __init__(self, db: PgDatabase, options: ClusterOptions, policy: Policy, files: RunLogFiles,
                  clock: DbClock) -> None:
         node = options.node
-        fences = Fences()
+        fences = Fences(node.node_id)
         self.followers = Followers()  # what a write set in motion: this node's scheduler and notifier
         self.db = db
         self.clock = clock
         self.settings = node
         self.location = f"postgresql {db.location}"
         self.tasks = SqlTaskStore(db, CATALOG, files)
-        self.runs = PgRunStore(db, policy, files, node.node_id, fences, options.write_retry_s, self.followers)
+        self.runs = SqlRunStore(db, RUNS, policy, files, self.followers, fences, options.write_retry_s)
         self.triggers = SqlTriggerStore(db, CATALOG)
         self.admission = PgAdmission(db, options.capacity, node.node_id, node.slots, node.lease_s, self.followers)
         self._notify: PgNotifyStore | None = None
@@ -69,7 +69,7 @@ class PgCluster:
         self.readers = pg_readers(db)
         self.counts = PgCountsReader(db)
         self.log_reader = PgRunLogReader(db, files)
-        self.claims = PgClaims(db, node.project, node.node_id, fences, node.lease_s)
+        self.claims = PgClaims(db, node.project, fences, node.lease_s)
         self.nodes = PgNodes(db, node)
 
     def notify_store(self) -> PgNotifyStore:
@@ -101,7 +101,7 @@ async def open_cluster(options: ClusterOptions, policy: Policy, files: RunLogFil
         await migrate(db)
         clock = DbClock()
         sent = time.monotonic()
-        clock.sync(await db.tx(server_ms), sent, time.monotonic())
+        clock.sync(await db.read(server_ms), sent, time.monotonic())
     except ToolError as exc:
         await db.close()
         reason = db.down_reason or exc.message

@@ -7,7 +7,9 @@ each hot statement.
 
 from __future__ import annotations
 
+from edge.storage.admission import AdmissionSql, Dialect
 from edge.storage.catalog import CatalogSql
+from edge.storage.runs import COLUMNS, FIELDS, FINISHED, RunsSql
 from edge.storage.security import SecuritySql
 
 # -- tasks and triggers (edge.storage.catalog) ----------------------------------------------
@@ -126,4 +128,125 @@ SECURITY = SecuritySql(
     audit_page="SELECT id, at_ms, project_id, principal, tool, outcome, reasons, transport, request_id, class, count,"
                " last_at_ms FROM security_audit WHERE id < %s AND project_id = %s ORDER BY id DESC LIMIT %s",
     audit_trim=0,  # a server's pages, not a router's flash: each write keeps the bound exactly
+)
+
+
+# -- runs, their events and retention (edge.storage.runs) ---------------------------------
+
+_RUN_EVENT = (
+    "INSERT INTO run_events (run_id, sequence, type, actor_type, created_at_ms, detail) VALUES (%s, %s, %s, %s, %s, %s)"
+)
+# A run for one node alone holds a lease from when it may start: lost when that node never takes it.
+_LEASE = ("CASE WHEN %(for_node)s::text IS NULL THEN NULL ELSE greatest(now(), to_timestamp(%(lease_from)s / 1000.0))"
+          " + make_interval(secs => %(lease_s)s) END")
+
+RUNS = RunsSql(
+    mark="%s",
+    get=f"SELECT {COLUMNS} FROM runs WHERE id = %s AND project_id = %s",
+    page_project=f"SELECT {COLUMNS} FROM runs WHERE project_id = %s AND (created_at_ms, id) < (%s, %s)"
+                 " ORDER BY created_at_ms DESC, id DESC LIMIT %s",
+    page_task=f"SELECT {COLUMNS} FROM runs WHERE project_id = %s AND task_id = %s AND (created_at_ms, id) < (%s, %s)"
+              " ORDER BY created_at_ms DESC, id DESC LIMIT %s",
+    lock="SELECT project_id, task_id, status, version, event_seq, node_id, fence FROM runs WHERE id = %s FOR UPDATE",
+    insert=f"INSERT INTO runs ({COLUMNS}, forbid, not_before_ms, for_node, lease_until)"
+           f" VALUES ({', '.join(f'%({f})s' for f in FIELDS)}, %(forbid)s, %(not_before_ms)s, %(for_node)s, {_LEASE})"
+           " ON CONFLICT DO NOTHING",
+    event_insert=_RUN_EVENT,
+    event_bump="UPDATE runs SET event_seq = event_seq + 1 WHERE id = %s RETURNING event_seq",
+    fence_bump="UPDATE runs SET event_seq = event_seq + 1 WHERE id = %s",
+    on_terminal=", cancel_reason = NULL",
+    # Every node can read a finished run's log: its node stores it in the transaction that finishes it.
+    log_copy="INSERT INTO run_logs (run_id, data) VALUES (%s, %s) ON CONFLICT (run_id)"
+             " DO UPDATE SET data = excluded.data",
+    retry_policy="SELECT (spec::jsonb -> 'retry')::text FROM task_revisions WHERE project_id = %s AND task_id = %s"
+                 " AND revision = %s",
+    retry_due="UPDATE runs SET retry_due_at_ms = %s WHERE id = %s",
+    task_rules="SELECT (spec::jsonb -> 'notify')::text FROM task_revisions WHERE project_id = %s AND task_id = %s"
+               " AND revision = %s",
+    failing="SELECT 1 FROM failing_tasks WHERE project_id = %s AND task_id = %s",
+    failing_set="INSERT INTO failing_tasks (project_id, task_id, since_ms) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+    failing_clear="DELETE FROM failing_tasks WHERE project_id = %s AND task_id = %s",
+    any_channel="SELECT 1 FROM notify_channels WHERE project_id = %s LIMIT 1",
+    notices_waiting="""
+SELECT EXISTS (SELECT 1 FROM notifications WHERE state = 'pending' AND project_id = %s)
+    OR EXISTS (SELECT 1 FROM notify_attempts AS a WHERE a.project_id = %s AND NOT a.ok
+               AND a.id = (SELECT max(b.id) FROM notify_attempts AS b WHERE b.project_id = a.project_id
+                           AND b.channel = a.channel))
+""",
+    excess=f"SELECT id FROM runs WHERE project_id = %s AND task_id = %s AND {FINISHED}"
+           " ORDER BY created_at_ms DESC, id DESC LIMIT %s OFFSET %s",
+    expired=f"SELECT id FROM runs WHERE project_id = %s AND created_at_ms < %s AND {FINISHED}"
+            " ORDER BY created_at_ms, id LIMIT %s",
+    logged=f"SELECT id, log_bytes FROM runs WHERE project_id = %s AND log_bytes > 0 AND log_dropped_at_ms IS NULL"
+           f" AND {FINISHED} ORDER BY created_at_ms, id LIMIT %s",
+    delete="DELETE FROM runs WHERE id = %s",
+    drop_log="UPDATE runs SET log_dropped_at_ms = %s, version = version + 1, event_seq = event_seq + 1"
+             " WHERE id = %s RETURNING event_seq",
+    drop_log_copy="DELETE FROM run_logs WHERE run_id = %s",
+    log_total="SELECT value FROM meta WHERE key = %s",
+    trim=0,
+    # The partial indexes of schema version 4 serve a search when it repeats their predicate.
+    scan="SELECT id, created_at_ms, status, origin FROM runs WHERE project_id = %s{terms}"
+         " AND (created_at_ms, id) < (%s, %s){since} ORDER BY created_at_ms DESC, id DESC LIMIT %s",
+    scan_active="SELECT id, created_at_ms, status, origin FROM runs WHERE project_id = %s{terms}"
+                " AND status IN ('queued', 'running') AND (created_at_ms, id) < (%s, %s){since}",
+    search_runs=f"SELECT {COLUMNS} FROM runs WHERE project_id = %s AND id = ANY(%s)",
+    # A range of the primary key (its C collation orders ids byte by byte, as SQLite does).
+    prefix="SELECT id FROM runs WHERE id >= %s AND id < %s AND project_id = %s ORDER BY id LIMIT %s",
+    active=f"SELECT {COLUMNS} FROM runs WHERE status IN ('queued', 'running')",
+    active_processes=f"SELECT {COLUMNS}, pid, pid_start_ticks FROM runs WHERE node_id = %(node)s"
+                     " AND status IN ('queued', 'running')",
+    events="SELECT e.run_id, e.sequence, e.type, e.actor_type, e.created_at_ms, e.detail FROM run_events AS e"
+           " JOIN runs AS r ON r.id = e.run_id"
+           " WHERE e.run_id = %s AND r.project_id = %s AND e.sequence > %s ORDER BY e.sequence LIMIT %s",
+    notify="edge.storage.postgres.notify",
+)
+
+
+# -- admission (edge.storage.admission) --------------------------------------------------
+
+ADMISSION = Dialect(
+    admission=AdmissionSql(
+        named="%({})s",
+        # The shared cursors, and the @reboot fires this node's boot armed.
+        armed="""
+SELECT next_fire_at_ms, id FROM triggers WHERE project_id = %(project)s AND next_fire_at_ms IS NOT NULL
+UNION ALL
+SELECT due_ms, trigger_id FROM boot_fires WHERE project_id = %(project)s AND node_id = %(node)s
+ORDER BY 1, 2
+""",
+        armed_retries="SELECT retry_due_at_ms, id FROM runs WHERE project_id = %s AND retry_due_at_ms IS NOT NULL"
+                      " ORDER BY retry_due_at_ms, id",
+        pinned_task="""
+SELECT t.enabled, coalesce(r.spec::jsonb ->> 'overlap', 'forbid')
+FROM tasks AS t JOIN task_revisions AS r ON r.project_id = t.project_id AND r.task_id = t.id
+WHERE t.project_id = %s AND t.id = %s AND r.revision = %s
+""",
+        active_for_task="SELECT id FROM runs WHERE project_id = %s AND task_id = %s"
+                        " AND status IN ('queued', 'running')",
+        active_count="SELECT count(*) FROM runs WHERE status IN ('queued', 'running')",
+        # Slots of the nodes alive (heartbeat within the lease), for the cluster-wide bound.
+        live_slots="SELECT coalesce(sum(slots), 0) FROM nodes WHERE heartbeat_at > now() - make_interval(secs => %s)",
+        by_key="SELECT id FROM runs WHERE idempotency_key = %s",
+        move_cursor="UPDATE triggers SET next_fire_at_ms = %s, last_scheduled_at_ms = %s WHERE project_id = %s"
+                    " AND id = %s",
+        save_time="INSERT INTO meta (key, value) VALUES (%s, %s) ON CONFLICT (key) DO UPDATE SET"
+                  " value = greatest(meta.value, excluded.value)",
+        retry_due="SELECT retry_due_at_ms FROM runs WHERE id = %s AND project_id = %s FOR UPDATE",
+        retry_clear="UPDATE runs SET retry_due_at_ms = NULL WHERE id = %s",
+        boot_get=None,  # per node: edge.storage.postgres.node.PgAdmission
+        boot_set=None,
+        reboot_triggers=None,
+        arm=None,
+        boot_fire="SELECT boot_id, due_ms FROM boot_fires WHERE project_id = %s AND node_id = %s AND trigger_id = %s"
+                  " FOR UPDATE",
+        boot_fire_drop="DELETE FROM boot_fires WHERE project_id = %s AND node_id = %s AND trigger_id = %s",
+        restamped=(
+            ("runs", ("created_at_ms", "queued_at_ms", "started_at_ms", "finished_at_ms", "log_dropped_at_ms")),
+            ("run_events", ("created_at_ms",)),
+            ("security_audit", ("at_ms",)),
+        ),
+    ),
+    catalog=CATALOG,
+    runs=RUNS,
 )

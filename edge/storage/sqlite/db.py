@@ -348,7 +348,8 @@ def _first(conn: apsw.Connection, pending: list[_Pending], fn: Callable[..., T],
     for item in pending:
         item.done = True
         try:
-            item.fn(conn, *item.args)
+            with immediate(conn):
+                item.fn(SqliteTx(conn), *item.args)
         except apsw.Error as exc:  # its own fault must not fail the call it rides on
             log.error("storage error in %s: %s", getattr(item.fn, "__qualname__", item.fn), exc)
     return fn(conn, *args)
@@ -364,9 +365,10 @@ class Database:
         self._pending: list[_Pending] = []
 
     def before_next(self, fn: Callable[..., object], *args: Any) -> None:
-        """Run `fn(conn, *args)` in the worker before whatever `run` is called next, so it
-        precedes every call made from now on (not a task that starts later); used when
-        storage must change before anything else is written."""
+        """Run the rule `fn(tx, *args)` in a transaction of its own in the worker before
+        whatever `run` is called next, so it precedes every call made from now on (not a
+        task that starts later); used when storage must change before anything else is
+        written. A failure is logged, never raised."""
         self._pending.append(_Pending(fn, args))
 
     @classmethod

@@ -9,7 +9,9 @@ counts its files.)
 
 from __future__ import annotations
 
+from edge.storage.admission import AdmissionSql, Dialect
 from edge.storage.catalog import CatalogSql
+from edge.storage.runs import COLUMNS, FIELDS, FINISHED, RunsSql
 from edge.storage.security import SecuritySql
 
 # -- tasks and triggers (edge.storage.catalog) ----------------------------------------------
@@ -132,4 +134,120 @@ SECURITY = SecuritySql(
     audit_page="SELECT id, at_ms, project_id, principal, tool, outcome, reasons, transport, request_id, class, count,"
                " last_at_ms FROM security_audit WHERE id < ? AND project_id = ? ORDER BY id DESC LIMIT ?",
     audit_trim=32,
+)
+
+
+# -- runs, their events and retention (edge.storage.runs) ---------------------------------
+
+_RUN_EVENT = (
+    "INSERT INTO run_events (run_id, sequence, type, actor_type, created_at_ms, detail) VALUES (?, ?, ?, ?, ?, ?)"
+)
+
+RUNS = RunsSql(
+    mark="?",
+    get=f"SELECT {COLUMNS} FROM runs WHERE id = ? AND project_id = ?",
+    # Keyset pages in (created_at_ms DESC, id DESC); row values let the index seek to the cursor.
+    page_project=f"SELECT {COLUMNS} FROM runs WHERE project_id = ? AND (created_at_ms, id) < (?, ?)"
+                 " ORDER BY created_at_ms DESC, id DESC LIMIT ?",
+    page_task=f"SELECT {COLUMNS} FROM runs WHERE project_id = ? AND task_id = ? AND (created_at_ms, id) < (?, ?)"
+              " ORDER BY created_at_ms DESC, id DESC LIMIT ?",
+    lock="SELECT project_id, task_id, status, version, event_seq, NULL, NULL FROM runs WHERE id = ?",
+    insert=f"INSERT INTO runs ({COLUMNS}) VALUES ({', '.join(':' + f for f in FIELDS)}) ON CONFLICT DO NOTHING",
+    event_insert=_RUN_EVENT,
+    event_bump="UPDATE runs SET event_seq = event_seq + 1 WHERE id = ? RETURNING event_seq",
+    fence_bump="UPDATE runs SET event_seq = event_seq + 1 WHERE id = ?",
+    on_terminal="",
+    log_copy=None,  # the log stays in its file, beside the database
+    retry_policy="SELECT json_extract(spec, '$.retry') FROM task_revisions WHERE project_id = ? AND task_id = ?"
+                 " AND revision = ?",
+    retry_due="UPDATE runs SET retry_due_at_ms = ? WHERE id = ?",
+    task_rules="SELECT json_extract(spec, '$.notify') FROM task_revisions WHERE project_id = ? AND task_id = ?"
+               " AND revision = ?",
+    failing="SELECT 1 FROM failing_tasks WHERE project_id = ? AND task_id = ?",
+    failing_set="INSERT INTO failing_tasks (project_id, task_id, since_ms) VALUES (?, ?, ?)",
+    failing_clear="DELETE FROM failing_tasks WHERE project_id = ? AND task_id = ?",
+    any_channel="SELECT 1 FROM notify_channels WHERE project_id = ? LIMIT 1",
+    # Work for the notifier: a message pending (or in flight), or a channel whose latest attempt failed.
+    notices_waiting="""
+SELECT EXISTS (SELECT 1 FROM notifications WHERE state = 'pending' AND project_id = ?)
+    OR EXISTS (SELECT 1 FROM notify_attempts AS a WHERE a.project_id = ? AND NOT a.ok
+               AND a.id = (SELECT max(b.id) FROM notify_attempts AS b WHERE b.project_id = a.project_id
+                           AND b.channel = a.channel))
+""",
+    # Finished runs of a task beyond the newest kept (index order, newest first).
+    excess=f"SELECT id FROM runs WHERE project_id = ? AND task_id = ? AND {FINISHED}"
+           " ORDER BY created_at_ms DESC, id DESC LIMIT ? OFFSET ?",
+    expired=f"SELECT id FROM runs WHERE project_id = ? AND created_at_ms < ? AND {FINISHED}"
+            " ORDER BY created_at_ms, id LIMIT ?",
+    # The partial index holds exactly the runs that still have a log (set when they finish).
+    logged=f"SELECT id, log_bytes FROM runs WHERE project_id = ? AND log_bytes > 0 AND log_dropped_at_ms IS NULL"
+           f" AND {FINISHED} ORDER BY created_at_ms, id LIMIT ?",
+    delete="DELETE FROM runs WHERE id = ?",
+    drop_log="UPDATE runs SET log_dropped_at_ms = ?, version = version + 1, event_seq = event_seq + 1"
+             " WHERE id = ? RETURNING event_seq",
+    drop_log_copy=None,
+    log_total="SELECT value FROM meta WHERE key = ?",
+    trim=16,
+    scan="SELECT id, created_at_ms, status, origin FROM runs WHERE project_id = ?{terms}"
+         " AND (created_at_ms, id) < (?, ?){since} ORDER BY created_at_ms DESC, id DESC LIMIT ?",
+    scan_active="SELECT id, created_at_ms, status, origin FROM runs INDEXED BY runs_active_idx"
+                " WHERE project_id = ?{terms} AND status IN ('queued', 'running') AND (created_at_ms, id) < (?, ?)"
+                "{since}",
+    search_runs=None,  # point reads, in the worker: no round trips to save
+    # `+project_id`: the primary key's range, never a walk of a project index and a sort.
+    prefix="SELECT id FROM runs WHERE id >= ? AND id < ? AND +project_id = ? ORDER BY id LIMIT ?",
+    active=f"SELECT {COLUMNS} FROM runs WHERE status IN ('queued', 'running')",
+    active_processes=f"SELECT {COLUMNS}, pid, pid_start_ticks FROM runs WHERE status IN ('queued', 'running')",
+    events="SELECT e.run_id, e.sequence, e.type, e.actor_type, e.created_at_ms, e.detail FROM run_events AS e"
+           " JOIN runs AS r ON r.id = e.run_id"
+           " WHERE e.run_id = ? AND r.project_id = ? AND e.sequence > ? ORDER BY e.sequence LIMIT ?",
+    notify="edge.storage.sqlite.notify",
+)
+
+
+# -- admission (edge.storage.admission) --------------------------------------------------
+
+ADMISSION = Dialect(
+    admission=AdmissionSql(
+        named=":{}",
+        armed="SELECT next_fire_at_ms, id FROM triggers WHERE project_id = :project AND next_fire_at_ms IS NOT NULL"
+              " ORDER BY next_fire_at_ms",
+        armed_retries="SELECT retry_due_at_ms, id FROM runs WHERE project_id = ? AND retry_due_at_ms IS NOT NULL"
+                      " ORDER BY retry_due_at_ms",
+        pinned_task="""
+SELECT t.enabled, coalesce(json_extract(r.spec, '$.overlap'), 'forbid')
+FROM tasks AS t JOIN task_revisions AS r ON r.project_id = t.project_id AND r.task_id = t.id
+WHERE t.project_id = ? AND t.id = ? AND r.revision = ?
+""",
+        active_for_task="SELECT id FROM runs WHERE project_id = ? AND task_id = ? AND status IN ('queued', 'running')",
+        active_count="SELECT count(*) FROM runs WHERE status IN ('queued', 'running')",
+        live_slots=None,
+        by_key="SELECT id FROM runs WHERE idempotency_key = ?",
+        move_cursor="UPDATE triggers SET next_fire_at_ms = ?, last_scheduled_at_ms = ? WHERE project_id = ? AND id = ?",
+        save_time="INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET"
+                  " value = max(value, excluded.value)",
+        retry_due="SELECT retry_due_at_ms FROM runs WHERE id = ? AND project_id = ?",
+        retry_clear="UPDATE runs SET retry_due_at_ms = NULL WHERE id = ?",
+        boot_get="SELECT value FROM meta WHERE key = ?",
+        boot_set="INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        reboot_triggers="""
+SELECT h.id FROM triggers AS h
+JOIN trigger_revisions AS r ON r.project_id = h.project_id AND r.trigger_id = h.id AND r.revision = h.revision
+WHERE h.project_id = ? AND h.enabled = 1 AND json_extract(r.spec, '$.expression') = ?
+""",
+        arm="UPDATE triggers SET next_fire_at_ms = ? WHERE project_id = ? AND id = ?",
+        boot_fire=None,
+        boot_fire_drop=None,
+        restamped=(
+            ("runs", ("created_at_ms", "queued_at_ms", "started_at_ms", "finished_at_ms", "log_dropped_at_ms",
+                      "retry_due_at_ms")),
+            ("run_events", ("created_at_ms",)),
+            ("security_audit", ("at_ms",)),
+            ("notifications", ("first_at_ms", "created_at_ms", "due_at_ms", "done_at_ms")),
+            ("notify_attempts", ("at_ms",)),
+            ("failing_tasks", ("since_ms",)),
+        ),
+    ),
+    catalog=CATALOG,
+    runs=RUNS,
 )
