@@ -13,8 +13,8 @@ import pytest
 from edge.core.reads import SEARCH_BUDGET
 from edge.core.runs import RunCursor, RunQuery
 from edge.storage import runs
-from edge.storage.postgres import claims, evidence, reads
-from edge.storage.postgres.sql import ADMISSION, CATALOG, RUNS, SECURITY
+from edge.storage.postgres import claims, evidence
+from edge.storage.postgres.sql import ADMISSION, CATALOG, READS, RUNS, SECURITY
 from edge.storage.postgres.db import PgDatabase
 from edge.storage.postgres.schema import migrate
 
@@ -95,13 +95,12 @@ def assert_index(dsn: str, query: str, params: tuple, index: str | tuple[str, ..
 
 
 def test_outcome_window_is_one_bounded_read_on_the_task_index(filled):
-    assert_index(filled, reads.SQL_WINDOW, ("default", "task-007", 65), "runs_task_created_idx")
+    assert_index(filled, READS.window, ("default", "task-007", 65), "runs_task_created_idx")
 
 
 def test_run_list_keyset_seeks_the_project_index(filled):
-    assert_index(filled, reads.SQL_RUN_PAGE, ("default", 1790000050000, "000000050000", 33),
+    assert_index(filled, READS.run_page, ("default", 1790000050000, "000000050000", 33),
                  "runs_project_created_idx")
-    assert_index(filled, reads.SQL_RUN_FIRST, ("default", 33), "runs_project_created_idx")
     assert_index(filled, RUNS.page_project, ("default", 1790000050000, "x", 33),
                  "runs_project_created_idx")
     assert_index(filled, RUNS.page_task,
@@ -109,7 +108,7 @@ def test_run_list_keyset_seeks_the_project_index(filled):
 
 
 def test_trigger_heads_are_a_keyset_on_the_primary_key(filled):
-    assert_index(filled, reads.SQL_TRIGGER_LIST, ("default", "g-01000", 33), "triggers_pkey")
+    assert_index(filled, READS.trigger_list, ("default", "g-01000", 33), "triggers_pkey")
 
 
 def test_admission_queries_use_their_indexes(filled):

@@ -43,9 +43,9 @@ from edge.runner.supervisor import Runner, RunnerSettings
 from edge.scheduler.loop import Scheduler, Triggers
 from edge.storage.run_logs import LocalLogReader, RunLogs
 from edge.storage.sqlite.db import Ballast, Database
-from edge.storage.sqlite.reads import SqliteCountsReader, sqlite_readers
 from edge.storage.admission import SqlAdmission
 from edge.storage.catalog import SqlTaskStore, SqlTriggerStore
+from edge.storage.reads import SqlCountsReader, readers
 from edge.storage.runs import Policy, SqlRunStore
 from edge.storage.security import SqlAuditLog, SqlAuditReader, SqlCredentialStore, SqlSecretStore
 from edge.storage.sqlite import sql
@@ -159,7 +159,7 @@ def build_stores(db: Database, config: Config, home: str) -> Stores:
         credentials=SqlCredentialStore(db, sql.SECURITY), secrets=SqlSecretStore(db, sql.SECURITY),
         audit=SqlAuditLog(db, sql.SECURITY, audit_bounds(config), LoopTimers()),
         audit_reader=SqlAuditReader(db, sql.SECURITY),
-        readers=sqlite_readers(db), counts=SqliteCountsReader(db), followers=followers,
+        readers=readers(db, sql.READS), counts=SqlCountsReader(db, sql.READS), followers=followers,
         notify=lambda: sqlite_notify_store(db),
     )
 

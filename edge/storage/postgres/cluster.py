@@ -13,6 +13,7 @@ from edge.core.auth import AuditBounds
 from edge.core.clock import LoopTimers
 from edge.core.errors import ToolError
 from edge.core.notices import Notices
+from edge.core.reads import Counts
 from edge.core.ports.runtime import RunController
 from edge.core.ports.stores import RunLogFiles
 from edge.core.runs import Followers
@@ -20,10 +21,10 @@ from edge.storage.postgres.db import PgDatabase
 from edge.storage.postgres.claims import PgClaims, PgRunLogReader
 from edge.storage.postgres.node import ClusterRunner, DbClock, Node, NodeSettings, PgAdmission, PgNodes, server_ms
 from edge.storage.postgres.notify import PgNotifyStore
-from edge.storage.postgres.reads import PgCountsReader, pg_readers
 from edge.storage.postgres.schema import migrate
 from edge.storage.postgres.security import PgAuditLog
-from edge.storage.postgres.sql import CATALOG, RUNS, SECURITY
+from edge.storage.postgres.sql import CATALOG, READS, RUNS, SECURITY
+from edge.storage.reads import SqlCountsReader, readers
 from edge.storage.runs import Fences, Policy, SqlRunStore
 from edge.storage.catalog import SqlTaskStore, SqlTriggerStore
 from edge.storage.security import SqlAuditReader, SqlCredentialStore, SqlSecretStore
@@ -43,6 +44,25 @@ class ClusterOptions(msgspec.Struct, frozen=True, kw_only=True):
     write_retry_s: float = 30.0
     audit: AuditBounds = msgspec.field(default_factory=AuditBounds)
     audit_spool: str | None = None  # where audit rows wait while PostgreSQL is unreachable
+
+
+class PgCountsReader(SqlCountsReader):
+    """Counts for `qledge status`; while PostgreSQL is unreachable, the last ones read (status
+    must still answer, to say that it is unreachable)."""
+
+    def __init__(self, db: PgDatabase) -> None:
+        super().__init__(db, READS)
+        self._pg = db
+        self._last: dict[str, Counts] = {}
+
+    async def counts(self, project: str) -> Counts:
+        try:
+            self._last[project] = await super().counts(project)
+        except ToolError:
+            if self._pg.down_since is None:
+                raise
+            return self._last.get(project) or Counts(0, 0, 0, 0, 0)
+        return self._last[project]
 
 
 class PgCluster:
@@ -66,7 +86,7 @@ class PgCluster:
         self.secrets = SqlSecretStore(db, SECURITY)
         self.audit = PgAuditLog(db, node.node_id, options.audit, options.audit_spool, LoopTimers())
         self.audit_reader = SqlAuditReader(db, SECURITY)
-        self.readers = pg_readers(db)
+        self.readers = readers(db, READS)
         self.counts = PgCountsReader(db)
         self.log_reader = PgRunLogReader(db, files)
         self.claims = PgClaims(db, node.project, fences, node.lease_s)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from edge.storage.admission import AdmissionSql, Dialect
 from edge.storage.catalog import CatalogSql
+from edge.storage.reads import ReadsSql
 from edge.storage.runs import COLUMNS, FIELDS, FINISHED, RunsSql
 from edge.storage.security import SecuritySql
 
@@ -249,4 +250,47 @@ WHERE t.project_id = %s AND t.id = %s AND r.revision = %s
     ),
     catalog=CATALOG,
     runs=RUNS,
+)
+
+
+# -- the AI read tools and `qledge status` (edge.storage.reads) ---------------------------
+
+_TASK_HEAD = """
+SELECT t.project_id, t.id, t.revision, t.name, r.spec::jsonb -> 'command' ->> 'kind', r.spec_schema,
+       t.enabled, t.updated_at_ms{extra}
+FROM tasks AS t
+LEFT JOIN task_revisions AS r ON r.project_id = t.project_id AND r.task_id = t.id AND r.revision = t.revision
+"""
+_RUN = (
+    "SELECT id, project_id, task_id, task_revision, status, origin, created_at_ms, queued_at_ms,"
+    " started_at_ms, finished_at_ms, exit_code, log_bytes, retry_of FROM runs"
+)
+
+READS = ReadsSql(
+    task_list=_TASK_HEAD.format(extra="") + "WHERE t.project_id = %s AND t.id > %s ORDER BY t.id LIMIT %s",
+    task_get=_TASK_HEAD.format(extra=", r.content_digest, t.created_at_ms") + "WHERE t.project_id = %s AND t.id = %s",
+    # The current-head keyset on the triggers primary key (seed 002).
+    trigger_list="""
+SELECT g.project_id, g.id, g.revision, g.task_id, g.task_revision, r.spec_schema, g.enabled, g.updated_at_ms
+FROM triggers AS g
+LEFT JOIN trigger_revisions AS r ON r.project_id = g.project_id AND r.trigger_id = g.id AND r.revision = g.revision
+WHERE g.project_id = %s AND g.id > %s ORDER BY g.id LIMIT %s
+""",
+    run_get=_RUN + " WHERE id = %s AND project_id = %s",
+    run_page=_RUN + " WHERE project_id = %s AND (created_at_ms, id) < (%s, %s) ORDER BY created_at_ms DESC, id DESC"
+                    " LIMIT %s",
+    run_events="""
+SELECT e.run_id, r.project_id, e.sequence, e.type, e.actor_type, e.created_at_ms
+FROM run_events AS e JOIN runs AS r ON r.id = e.run_id
+WHERE e.run_id = %s AND r.project_id = %s AND e.sequence > %s ORDER BY e.sequence LIMIT %s
+""",
+    window="SELECT id, project_id, task_id, status, created_at_ms FROM runs"
+           " WHERE project_id = %s AND task_id = %s ORDER BY created_at_ms DESC, id DESC LIMIT %s",
+    counts="""
+SELECT (SELECT count(*) FROM tasks WHERE project_id = %(p)s),
+       (SELECT count(*) FROM triggers WHERE project_id = %(p)s),
+       (SELECT count(*) FROM runs WHERE project_id = %(p)s),
+       (SELECT count(*) FROM runs WHERE project_id = %(p)s AND status IN ('queued', 'running')),
+       (SELECT count(*) FROM credentials WHERE project_id = %(p)s AND revoked_at_ms IS NULL)
+""",
 )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from edge.storage.admission import AdmissionSql, Dialect
 from edge.storage.catalog import CatalogSql
+from edge.storage.reads import ReadsSql
 from edge.storage.runs import COLUMNS, FIELDS, FINISHED, RunsSql
 from edge.storage.security import SecuritySql
 
@@ -250,4 +251,47 @@ WHERE h.project_id = ? AND h.enabled = 1 AND json_extract(r.spec, '$.expression'
     ),
     catalog=CATALOG,
     runs=RUNS,
+)
+
+
+# -- the AI read tools and `qledge status` (edge.storage.reads) ---------------------------
+
+_TASK_HEAD = """
+SELECT t.project_id, t.id, t.revision, t.name, json_extract(r.spec, '$.command.kind'), r.spec_schema,
+       t.enabled, t.updated_at_ms{extra}
+FROM tasks AS t
+LEFT JOIN task_revisions AS r ON r.project_id = t.project_id AND r.task_id = t.id AND r.revision = t.revision
+"""
+_RUN = (
+    "SELECT id, project_id, task_id, task_revision, status, origin, created_at_ms, queued_at_ms,"
+    " started_at_ms, finished_at_ms, exit_code, log_bytes, retry_of FROM runs"
+)
+
+READS = ReadsSql(
+    task_list=_TASK_HEAD.format(extra="") + "WHERE t.project_id = ? AND t.id > ? ORDER BY t.id LIMIT ?",
+    task_get=_TASK_HEAD.format(extra=", r.content_digest, t.created_at_ms") + "WHERE t.project_id = ? AND t.id = ?",
+    trigger_list="""
+SELECT g.project_id, g.id, g.revision, g.task_id, g.task_revision, r.spec_schema, g.enabled, g.updated_at_ms
+FROM triggers AS g
+LEFT JOIN trigger_revisions AS r ON r.project_id = g.project_id AND r.trigger_id = g.id AND r.revision = g.revision
+WHERE g.project_id = ? AND g.id > ? ORDER BY g.id LIMIT ?
+""",
+    run_get=_RUN + " WHERE id = ? AND project_id = ?",
+    # Row values let runs_project_created_idx seek straight to the cursor.
+    run_page=_RUN + " WHERE project_id = ? AND (created_at_ms, id) < (?, ?) ORDER BY created_at_ms DESC, id DESC"
+                    " LIMIT ?",
+    run_events="""
+SELECT e.run_id, r.project_id, e.sequence, e.type, e.actor_type, e.created_at_ms
+FROM run_events AS e JOIN runs AS r ON r.id = e.run_id
+WHERE e.run_id = ? AND r.project_id = ? AND e.sequence > ? ORDER BY e.sequence LIMIT ?
+""",
+    window="SELECT id, project_id, task_id, status, created_at_ms FROM runs"
+           " WHERE project_id = ? AND task_id = ? ORDER BY created_at_ms DESC, id DESC LIMIT ?",
+    counts="""
+SELECT (SELECT count(*) FROM tasks WHERE project_id = :p),
+       (SELECT count(*) FROM triggers WHERE project_id = :p),
+       (SELECT count(*) FROM runs WHERE project_id = :p),
+       (SELECT count(*) FROM runs WHERE project_id = :p AND status IN ('queued', 'running')),
+       (SELECT count(*) FROM credentials WHERE project_id = :p AND revoked_at_ms IS NULL)
+""",
 )
