@@ -184,8 +184,6 @@ class PgDatabase:
             while self._pending:
                 fn, args = self._pending.pop(0)  # taken: never applied twice, even if cancelled now
                 try:
-                    if asyncio.iscoroutinefunction(fn):
-                        fn, args = _legacy, (fn, args)
                     await self._once(fn, args, True)
                 except (ToolError, _Retry) as exc:
                     log.error("postgresql: %s did not run: %s", getattr(fn, "__qualname__", fn),
@@ -304,34 +302,3 @@ class PgDatabase:
                 if job is not None:
                     _deliver(job.future, None, _Retry())
 
-    # -- until every adapter's rules are synchronous ------------------------------------
-
-    async def tx(self, fn: Callable[..., Any], *args: Any, retry_s: float = 0.0) -> Any:
-        return await self.write(_legacy, fn, args, retry_s=retry_s)
-
-
-class _AsyncTx:
-    def __init__(self, tx: PgTx) -> None:
-        self._tx = tx
-
-    async def rows(self, sql: str, params: Any = ()) -> list[Row]:
-        return self._tx.rows(sql, params)
-
-    async def row(self, sql: str, params: Any = ()) -> Row | None:
-        return self._tx.row(sql, params)
-
-    async def one(self, sql: str, params: Any = ()) -> Row:
-        return self._tx.one(sql, params)
-
-    async def execute(self, sql: str, params: Any = ()) -> int:
-        return self._tx.execute(sql, params)
-
-    async def notify(self, payload: str) -> None:
-        self._tx.hint(payload)
-
-
-Tx = _AsyncTx
-
-
-def _legacy(tx: PgTx, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-    return asyncio.run(fn(_AsyncTx(tx), *args))
