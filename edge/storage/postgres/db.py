@@ -295,7 +295,8 @@ class PgDatabase:
         deadline = time.monotonic() + CLOSE_WAIT_S
         for worker in self._workers:
             await asyncio.to_thread(worker.join, max(0.0, deadline - time.monotonic()))
-        self._workers.clear()
+        # One still in a transaction past the wait stays referenced (and ends with the process).
+        self._workers = [worker for worker in self._workers if worker.is_alive()]
         with contextlib.suppress(queue.Empty):
             while True:  # behind the workers' ends: never to run
                 job = self._jobs.get_nowait()
