@@ -78,7 +78,7 @@ def profile_files(profile: str, root: str = ROOT) -> list[str]:
     for dirpath, dirnames, filenames in os.walk(os.path.join(root, PACKAGE)):
         dirnames[:] = [d for d in dirnames if d != "__pycache__"]
         for name in filenames:
-            if name.endswith((".pyc", ".pyo")):
+            if name.endswith((".pyc", ".pyo", ".sql")):  # .sql: the schema snapshots, for reading only
                 continue
             rel = os.path.relpath(os.path.join(dirpath, name), root).replace(os.sep, "/")
             if not rel.startswith(excluded):
