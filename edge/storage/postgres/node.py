@@ -22,8 +22,8 @@ import msgspec
 import psycopg
 
 from edge.core.errors import ToolError, conflict, not_found
-from edge.core.handoff import Background, shielded
-from edge.core.notices import Notices, run_finished, start_refused
+from edge.core.handoff import Background, ManualStart
+from edge.core.notices import Notices, run_finished
 from edge.core.ports.cluster import NodeRegistry, RunClaims
 from edge.core.ports.runtime import Clock, RunController
 from edge.core.ports.stores import RunAdmission, RunStore
@@ -367,32 +367,17 @@ class ClusterRunner:
         self._notices = notices
         self._agents = agents  # an AI run cancelled before any node took it still gets its record
         self._node = node
-        self._admission = admission
         self._runs = runs
         self._claims = claims
         self._clock = clock
         self._settings = settings
-        self._background = Background(log)
+        self._starts = ManualStart(self, admission, clock, notices, Background(log), log)
 
     def submit(self, run: Run) -> None:
         self._node.wake()  # queued in PostgreSQL already: whichever node has a slot claims it
 
     async def start(self, task: Task, actor: ActorType) -> Run:
-        try:
-            return await shielded(self._background, self._admit(task, actor), f"admit-{task.id}")
-        except ToolError as refusal:
-            self._notices.say(log, task.id, *start_refused(task.id, refusal), "start refused")
-            raise
-
-    async def _admit(self, task: Task, actor: ActorType) -> Run:
-        admitted = await self._admission.admit_manual(task, actor, self._clock.now_ms())
-        try:
-            for run_id in admitted.replaces:
-                with contextlib.suppress(ToolError):
-                    await self.cancel(task.project_id, run_id, "replaced")
-        finally:
-            self._node.wake()
-        return admitted.run
+        return await self._starts.start(task, actor)
 
     async def cancel(self, project: str, run_id: str, reason: str) -> Run:
         for _ in range(8):
