@@ -34,7 +34,7 @@ OPTIONAL: dict[str, str | tuple[str, ...]] = {
     "agent": ("edge/agent/", "edge/app/agent.py", "edge/core/agent.py", "edge/core/ledger.py",
               "edge/core/ports/agent.py", "edge/storage/sqlite/evidence.py", "edge/storage/sqlite/ledger.py",
               "edge/tools/agent.py", "edge/tools/missions.py"),
-    "notify": ("edge/notify/", "edge/core/ports/notify.py", "edge/storage/sqlite/notify.py"),
+    "notify": ("edge/notify/", "edge/core/ports/notify.py", "edge/storage/notify.py", "edge/storage/sqlite/notify.py"),
     "web": "edge/web/",
 }
 # The profiles one may ask for, and the capabilities each adds to the edge core.
@@ -78,7 +78,7 @@ def profile_files(profile: str, root: str = ROOT) -> list[str]:
     for dirpath, dirnames, filenames in os.walk(os.path.join(root, PACKAGE)):
         dirnames[:] = [d for d in dirnames if d != "__pycache__"]
         for name in filenames:
-            if name.endswith((".pyc", ".pyo")):
+            if name.endswith((".pyc", ".pyo", ".sql")):  # .sql: the schema snapshots, for reading only
                 continue
             rel = os.path.relpath(os.path.join(dirpath, name), root).replace(os.sep, "/")
             if not rel.startswith(excluded):

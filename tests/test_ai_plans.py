@@ -9,7 +9,7 @@ import os
 import apsw
 import pytest
 
-from edge.storage.sqlite import reads
+from edge.storage.sqlite.sql import READS as reads
 from edge.storage.sqlite.schema import migrate
 from rows import RUN_SQL, add_run, add_task, add_trigger, run_row
 from support import assert_uses_index
@@ -45,7 +45,7 @@ def conn(home, request):
 
 
 def test_task_list_seeks_the_primary_keys(conn):
-    plan = assert_uses_index(conn, reads.SQL_TASK_LIST, ("default", "task-010", 33), "PRIMARY KEY",
+    plan = assert_uses_index(conn, reads.task_list, ("default", "task-010", 33), "PRIMARY KEY",
                              big_tables=TASK_TABLES)
     assert any(d.startswith("SEARCH t USING PRIMARY KEY (project_id=? AND id>?)") for d in plan), plan
     assert any(d.startswith("SEARCH r USING PRIMARY KEY (project_id=? AND task_id=? AND revision=?)")
@@ -53,13 +53,13 @@ def test_task_list_seeks_the_primary_keys(conn):
 
 
 def test_task_get_is_a_point_read(conn):
-    plan = assert_uses_index(conn, reads.SQL_TASK_GET, ("default", "task-010"), "PRIMARY KEY",
+    plan = assert_uses_index(conn, reads.task_get, ("default", "task-010"), "PRIMARY KEY",
                              big_tables=TASK_TABLES)
     assert any(d.startswith("SEARCH t USING PRIMARY KEY (project_id=? AND id=?)") for d in plan), plan
 
 
 def test_trigger_list_seeks_the_primary_keys(conn):
-    plan = assert_uses_index(conn, reads.SQL_TRIGGER_LIST, ("default", "trig-010", 33), "PRIMARY KEY",
+    plan = assert_uses_index(conn, reads.trigger_list, ("default", "trig-010", 33), "PRIMARY KEY",
                              big_tables=TRIGGER_TABLES)
     assert any(d.startswith("SEARCH g USING PRIMARY KEY (project_id=? AND id>?)") for d in plan), plan
     assert any(d.startswith("SEARCH r USING PRIMARY KEY (project_id=? AND trigger_id=? AND revision=?)")
@@ -67,23 +67,23 @@ def test_trigger_list_seeks_the_primary_keys(conn):
 
 
 def test_run_get_is_a_point_read(conn):
-    assert_uses_index(conn, reads.SQL_RUN_GET, ("default-run-000001", "default"), "sqlite_autoindex_runs_1",
+    assert_uses_index(conn, reads.run_get, ("default-run-000001", "default"), "sqlite_autoindex_runs_1",
                       big_tables=RUN_TABLES)
 
 
 def test_run_list_uses_the_project_wide_runs_index(conn):
-    plan = assert_uses_index(conn, reads.SQL_RUN_PAGE, ("default", 12_000, "default-run-002000", 33),
+    plan = assert_uses_index(conn, reads.run_page, ("default", 12_000, "default-run-002000", 33),
                              "runs_project_created_idx", big_tables=RUN_TABLES)
     assert len(plan) == 1, plan  # one index seek; no sort step
 
 
 def test_run_events_use_the_event_key_and_the_run_key(conn):
-    plan = assert_uses_index(conn, reads.SQL_RUN_EVENTS, ("with-events", "default", 0, 33), "PRIMARY KEY",
+    plan = assert_uses_index(conn, reads.run_events, ("with-events", "default", 0, 33), "PRIMARY KEY",
                              big_tables=RUN_TABLES)
     assert any("sqlite_autoindex_runs_1" in d for d in plan), plan
 
 
 def test_task_outcome_window_uses_the_task_runs_index(conn):
-    plan = assert_uses_index(conn, reads.SQL_WINDOW, ("default", "task-007", 65), "runs_task_created_idx",
+    plan = assert_uses_index(conn, reads.window, ("default", "task-007", 65), "runs_task_created_idx",
                              big_tables=RUN_TABLES)
     assert len(plan) == 1, plan

@@ -17,7 +17,8 @@ import msgspec
 from edge.core.auth import AuditRecord
 from edge.core.auth import FLUSH_S, MINUTE_MS
 from edge.core.auth import AuditBounds as Bounds
-from edge.storage.sqlite.security import SqliteAuditLog
+from edge.storage.security import SqlAuditLog
+from edge.storage.sqlite.sql import SECURITY
 from edge.storage.sqlite.db import Database
 from edge.transports import tool_protocol as frames
 from support import ManualTimers
@@ -88,7 +89,7 @@ def test_refused_calls_of_one_minute_share_a_row_written_at_once_then_counted(ho
     async def go() -> None:
         db = await Database.open(os.path.join(home, "a.db"))
         timers = ManualTimers()
-        log = SqliteAuditLog(db, Bounds(), timers)
+        log = SqlAuditLog(db, SECURITY, Bounds(), timers)
 
         def refused(at: int, tool: str = "qledge.status", request: str = "r") -> AuditRecord:
             return AuditRecord(at_ms=at, project_id="default", principal="uid:7", tool=tool, outcome="denied",
@@ -123,7 +124,7 @@ def test_refused_calls_of_one_minute_share_a_row_written_at_once_then_counted(ho
 def test_each_class_is_trimmed_to_its_own_bound(home):
     async def go() -> None:
         db = await Database.open(os.path.join(home, "a.db"))
-        log = SqliteAuditLog(db, Bounds(calls=100, changes=100, refused=100, max_age_days=30))
+        log = SqlAuditLog(db, SECURITY, Bounds(calls=100, changes=100, refused=100, max_age_days=30))
 
         def record(at: int, outcome: str = "allowed", change: bool = False, who: str = "uid:0") -> AuditRecord:
             return AuditRecord(at_ms=at, project_id="default", principal=who, tool="t", outcome=outcome,  # type: ignore[arg-type]

@@ -315,7 +315,9 @@ async def test_refused_calls_spooled_while_postgresql_is_unreachable_are_aggrega
     from edge.core.auth import MINUTE_MS, AuditRecord
     from edge.storage.postgres.db import PgDatabase
     from edge.storage.postgres.schema import migrate
-    from edge.storage.postgres.security import PgAuditLog, PgAuditReader
+    from edge.storage.postgres.security import PgAuditLog
+    from edge.storage.postgres.sql import SECURITY
+    from edge.storage.security import SqlAuditReader
 
     spool = os.path.join(home, "audit-spool.jsonl")
     minute = 1_800_000_000_000 // MINUTE_MS * MINUTE_MS
@@ -342,7 +344,7 @@ async def test_refused_calls_spooled_while_postgresql_is_unreachable_are_aggrega
     await migrate(db)
     up = PgAuditLog(db, "n1", spool=spool)
     assert await up.move_spool() == 3 and not os.path.exists(spool)
-    entries = (await PgAuditReader(db).page("default", None, None, 10)).entries
+    entries = (await SqlAuditReader(db, SECURITY).page("default", None, None, 10)).entries
     assert [(e.tool, e.count, e.at_ms, e.last_at_ms) for e in reversed(entries)] == [
         ("qledge.run.start", 1, minute, minute), ("qledge.status", 1, minute + MINUTE_MS + 1, minute + MINUTE_MS + 1),
         ("*", 499, minute + 1, minute + 499)]

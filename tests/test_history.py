@@ -15,8 +15,10 @@ import pytest
 
 from edge.core.reads import SEARCH_BUDGET
 from edge.core.runs import ORIGINS, STATUSES, RunQuery
-from edge.storage.sqlite import security as audit_sql
-from edge.storage.sqlite import runs as run_sql
+from edge.storage import security as audit_sql
+from edge.storage.sqlite.db import SqliteTx
+from edge.storage.sqlite.sql import RUNS, SECURITY
+from edge.storage import runs as run_sql
 from edge.storage.sqlite.schema import migrate
 from support import query_plan
 
@@ -83,7 +85,7 @@ PLANS = [
 @pytest.mark.parametrize("query,index", PLANS)
 def test_every_filter_is_served_by_its_index(filled, query, index):
     conn, _ = filled
-    plan = query_plan(conn, run_sql.scan_sql(query), run_sql._scan_params("p", query, None, SEARCH_BUDGET))
+    plan = query_plan(conn, run_sql.scan_sql(RUNS, query), run_sql.scan_params("p", query, None, SEARCH_BUDGET))
     assert any(f"INDEX {index} " in d + " " for d in plan), plan
     for detail in plan:
         assert not (detail.startswith("SCAN runs") and "INDEX" not in detail), plan
@@ -93,9 +95,9 @@ def test_every_filter_is_served_by_its_index(filled, query, index):
 
 def test_prefix_and_audit_reads_are_key_ranges(filled):
     conn, _ = filled
-    plan = query_plan(conn, run_sql.SQL_PREFIX, ("r0001", "r0002", "p", 3))
+    plan = query_plan(conn, RUNS.prefix, ("r0001", "r0002", "p", 3))
     assert plan == ["SEARCH runs USING INDEX sqlite_autoindex_runs_1 (id>? AND id<?)"], plan
-    plan = query_plan(conn, audit_sql.SQL_AUDIT_PAGE, (10, "p", 64))
+    plan = query_plan(conn, SECURITY.audit_page, (10, "p", 64))
     assert plan == ["SEARCH security_audit USING INTEGER PRIMARY KEY (rowid<?)"], plan
 
 
@@ -109,7 +111,7 @@ def _expected(rows: list[tuple], q: RunQuery) -> list[str]:
 def _walk(conn, q: RunQuery, limit: int, budget: int) -> tuple[list[str], int]:
     seen, after, pages = [], None, 0
     while True:
-        page = run_sql.search(conn, "p", q, after, limit, budget)
+        page = run_sql.search(SqliteTx(conn), RUNS, "p", q, after, limit, budget)
         pages += 1
         assert len(page.runs) <= limit
         seen += [r.id for r in page.runs]
@@ -136,7 +138,7 @@ def test_pages_find_exactly_the_matching_runs_whatever_the_budget(filled):
 def test_a_rare_match_costs_a_bounded_walk_per_page(filled):
     conn, rows = filled
     q = RunQuery(task_id="a", origins=["fire_once"])  # served by the task's index, checked per entry
-    page = run_sql.search(conn, "p", q, None, 5, budget=50)
+    page = run_sql.search(SqliteTx(conn), RUNS, "p", q, None, 5, budget=50)
     # A page looks at no more than its budget of entries: it may hold fewer runs, with `next`
     # saying where the walk goes on.
     assert len(page.runs) <= 5 and page.next is not None
@@ -329,10 +331,10 @@ def test_audit_pages_walk_a_bounded_number_of_rows(home):
         conn.execute("INSERT INTO security_audit (at_ms, project_id, principal, tool, outcome, reasons, transport)"
                      " VALUES (?, 'p', 'uid:0', 't', 'allowed', '[]', 'socket')", (i if i < 5 else 10_000 + i,))
     conn.execute("COMMIT")
-    page = audit_sql.audit_page(conn, "p", 0, None, 10, budget=100)
+    page = audit_sql.audit_page(SqliteTx(conn), SECURITY, "p", 0, None, 10, 100)
     assert [e.id for e in page.entries] == list(range(1500, 1490, -1)) and page.next == 1491
-    old = audit_sql.audit_page(conn, "p", None, 10, 64, budget=100)
+    old = audit_sql.audit_page(SqliteTx(conn), SECURITY, "p", None, 10, 64, 100)
     assert [e.at_ms for e in old.entries] == [10_008, 10_007, 10_006, 10_005, 4, 3, 2, 1, 0] and old.next is None
     # Rows before `since` are skipped, within the budget: an empty page still says where to go on.
-    none = audit_sql.audit_page(conn, "p", 20_000, None, 10, budget=100)
+    none = audit_sql.audit_page(SqliteTx(conn), SECURITY, "p", 20_000, None, 10, 100)
     assert none.entries == [] and none.next == 1401

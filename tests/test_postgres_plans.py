@@ -12,7 +12,9 @@ import pytest
 
 from edge.core.reads import SEARCH_BUDGET
 from edge.core.runs import RunCursor, RunQuery
-from edge.storage.postgres import admission, catalog, evidence, reads, runs, security
+from edge.storage import runs
+from edge.storage.postgres import claims, evidence
+from edge.storage.postgres.sql import ADMISSION, CATALOG, READS, RUNS, SECURITY
 from edge.storage.postgres.db import PgDatabase
 from edge.storage.postgres.schema import migrate
 
@@ -93,48 +95,47 @@ def assert_index(dsn: str, query: str, params: tuple, index: str | tuple[str, ..
 
 
 def test_outcome_window_is_one_bounded_read_on_the_task_index(filled):
-    assert_index(filled, reads.SQL_WINDOW, ("default", "task-007", 65), "runs_task_created_idx")
+    assert_index(filled, READS.window, ("default", "task-007", 65), "runs_task_created_idx")
 
 
 def test_run_list_keyset_seeks_the_project_index(filled):
-    assert_index(filled, reads.SQL_RUN_PAGE, ("default", 1790000050000, "000000050000", 33),
+    assert_index(filled, READS.run_page, ("default", 1790000050000, "000000050000", 33),
                  "runs_project_created_idx")
-    assert_index(filled, reads.SQL_RUN_FIRST, ("default", 33), "runs_project_created_idx")
-    assert_index(filled, runs.SQL_PAGE_PROJECT.format(after=runs.AFTER), ("default", 1790000050000, "x", 33),
+    assert_index(filled, RUNS.page_project, ("default", 1790000050000, "x", 33),
                  "runs_project_created_idx")
-    assert_index(filled, runs.SQL_PAGE_TASK.format(after=runs.AFTER),
+    assert_index(filled, RUNS.page_task,
                  ("default", "task-007", 1790000050000, "x", 33), "runs_task_created_idx")
 
 
 def test_trigger_heads_are_a_keyset_on_the_primary_key(filled):
-    assert_index(filled, reads.SQL_TRIGGER_LIST, ("default", "g-01000", 33), "triggers_pkey")
+    assert_index(filled, READS.trigger_list, ("default", "g-01000", 33), "triggers_pkey")
 
 
 def test_admission_queries_use_their_indexes(filled):
     # (`armed` is not here: it returns every armed trigger, once per reload, and reading the
     # whole table is then the planner's right answer.)
-    assert_index(filled, catalog.SQL_TRIGGER_LOCK, ("default", "g-00042"), "triggers_pkey")
-    assert_index(filled, admission.SQL_BY_KEY, ("cron:g:1:500",), "runs_idempotency_key_key")
-    assert_index(filled, admission.SQL_ACTIVE_FOR_TASK, ("default", "task-000"), "runs_active_idx")
-    assert_index(filled, admission.SQL_ACTIVE_COUNT, (), "runs_active_idx")
+    assert_index(filled, CATALOG.trigger_lock, ("default", "g-00042"), "triggers_pkey")
+    assert_index(filled, ADMISSION.admission.by_key, ("cron:g:1:500",), "runs_idempotency_key_key")
+    assert_index(filled, ADMISSION.admission.active_for_task, ("default", "task-000"), "runs_active_idx")
+    assert_index(filled, ADMISSION.admission.active_count, (), "runs_active_idx")
 
 
 def test_claim_renew_and_reap_use_the_lease_indexes(filled):
-    assert_index(filled, runs.SQL_CLAIM, ("default", "n2", 2, "n2", 30.0), "runs_claimable_idx")
+    assert_index(filled, claims.SQL_CLAIM, ("default", "n2", 2, "n2", 30.0), "runs_claimable_idx")
     # Any of these reads only active runs (bounded by the queue) or the ids given.
-    assert_index(filled, runs.SQL_RENEW, (30.0, "n1", ["000000020001"]),
+    assert_index(filled, claims.SQL_RENEW, (30.0, "n1", ["000000020001"]),
                  ("runs_leased_idx", "runs_pkey", "runs_active_idx"))
-    assert_index(filled, runs.SQL_EXPIRED, (64,), "runs_leased_idx")
+    assert_index(filled, claims.SQL_EXPIRED, (64,), "runs_leased_idx")
     # a node's new boot: its queued runs it never took
-    assert_index(filled, runs.SQL_UNTAKEN, ("default", "n2"), "runs_claimable_idx")
+    assert_index(filled, claims.SQL_UNTAKEN, ("default", "n2"), "runs_claimable_idx")
 
 
 def test_boot_fires_and_import_records_are_read_by_their_keys(filled):
-    assert_index(filled, admission.SQL_BOOT_FIRE, ("default", "n1", "g-00042"), "boot_fires_pkey",
+    assert_index(filled, ADMISSION.admission.boot_fire, ("default", "n1", "g-00042"), "boot_fires_pkey",
                  big=("runs", "triggers", "boot_fires"))
-    assert_index(filled, catalog.SQL_IMPORTED, ("default", "crontab:root:1"), "imports_pkey",
+    assert_index(filled, CATALOG.imported, ("default", "crontab:root:1"), "imports_pkey",
                  big=("runs", "triggers", "imports"))
-    assert_index(filled, catalog.SQL_IMPORTS, ("default", "crontab:root:100", 33), "imports_pkey",
+    assert_index(filled, CATALOG.imports, ("default", "crontab:root:100", 33), "imports_pkey",
                  big=("runs", "triggers", "imports"))
 
 
@@ -159,13 +160,13 @@ PLANS = [
 
 @pytest.mark.parametrize("query,index", PLANS)
 def test_every_run_list_filter_is_served_by_its_index(filled, query, index):
-    assert_index(filled, runs.scan_sql(query), runs.scan_params("default", query, None, SEARCH_BUDGET), index)
+    assert_index(filled, runs.scan_sql(RUNS, query), runs.scan_params("default", query, None, SEARCH_BUDGET), index)
 
 
 def test_run_prefixes_and_audit_pages_are_key_ranges(filled):
-    assert_index(filled, runs.SQL_PREFIX, ("0000000500", "0000000501", "default", 3), "runs_pkey")
-    assert_index(filled, runs.SQL_SEARCH_RUNS, ("default", ["000000000005", "000000000006"]), "runs_pkey")
-    assert_index(filled, security.SQL_AUDIT_PAGE, (15000, "default", SEARCH_BUDGET), "security_audit_pkey",
+    assert_index(filled, RUNS.prefix, ("0000000500", "0000000501", "default", 3), "runs_pkey")
+    assert_index(filled, RUNS.search_runs, ("default", ["000000000005", "000000000006"]), "runs_pkey")
+    assert_index(filled, SECURITY.audit_page, (15000, "default", SEARCH_BUDGET), "security_audit_pkey",
                  big=("runs", "triggers", "security_audit"))
 
 
@@ -183,7 +184,7 @@ def test_search_pages_find_exactly_the_matching_runs_whatever_the_budget(filled)
         pages = 0
         try:
             while True:
-                page = await db.tx(runs._search, "default", q, after, 7, 50)
+                page = await db.read(runs.search, RUNS, "default", q, after, 7, 50)
                 pages += 1
                 assert len(page.runs) <= 7
                 seen += [r.id for r in page.runs]
@@ -224,5 +225,5 @@ def test_the_evidence_history_is_read_and_trimmed_on_its_indexes(filled):
     assert_index(filled, evidence.SQL_CUT, (500,), "agent_evidence_pkey", big=big)
     assert_index(filled, evidence.SQL_PRUNE, (16, 19500, 1790000000000), "agent_evidence_pkey", big=big)
     assert_index(filled, evidence.SQL_GET, ("ai-000042", "default"), "agent_evidence_run_id_key", big=big)
-    assert_index(filled, runs.SQL_EVIDENCE_LOST, ("lease_expired", "gone", 1, "ai-000042"),
+    assert_index(filled, claims.SQL_EVIDENCE_LOST, ("lease_expired", "gone", 1, "ai-000042"),
                  "agent_evidence_run_id_key", big=big)

@@ -59,7 +59,9 @@ def test_bad_config_on_reload_keeps_the_running_one(daemon_factory):
 
 def test_sighup_picks_up_a_trigger_added_behind_the_daemons_back(daemon_factory):
     from edge.core.triggers import CronSpec
-    from edge.storage.sqlite import triggers as store
+    from edge.storage.catalog import create_trigger
+    from edge.storage.sqlite.db import SqliteTx, immediate
+    from edge.storage.sqlite.sql import CATALOG
 
     d = daemon_factory().start()
     assert d.cli("task", "add", "t", "--", "true").returncode == 0
@@ -70,8 +72,9 @@ def test_sighup_picks_up_a_trigger_added_behind_the_daemons_back(daemon_factory)
     assert armed().startswith("0 triggers armed")
     conn = d.db()  # another writer: the daemon is not told
     try:
-        store.create(conn, "default", "late", "t", None, CronSpec(expression="0 3 1 1 *", timezone="UTC"),
-                     int(time.time() * 1000))
+        with immediate(conn):
+            create_trigger(SqliteTx(conn), CATALOG, "default", "late", "t", None,
+                           CronSpec(expression="0 3 1 1 *", timezone="UTC"), int(time.time() * 1000))
     finally:
         conn.close()
     time.sleep(0.5)

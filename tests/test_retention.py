@@ -11,17 +11,15 @@ import pytest
 from edge.core.auth import AuditBounds, AuditRecord
 from edge.core.runs import Run, RunUpdate
 from edge.core.tasks import ArgvCommand, TaskSpec
-from edge.storage.sqlite import security as audit_sql
-from edge.storage.sqlite import retention
-from edge.storage.sqlite import runs as run_sql
-from edge.storage.sqlite import tasks as task_sql
+from edge.storage import runs as retention
 from edge.storage.run_logs import RunLogs
-from edge.storage.sqlite.security import SqliteAuditLog
+from edge.storage.security import SqlAuditLog
+from edge.storage.sqlite.sql import CATALOG, RUNS, SECURITY
 from edge.storage.sqlite.db import Database
-from edge.storage.sqlite.retention import BATCH, TRIM, Policy
-from edge.storage.sqlite.runs import SqliteRunStore
+from edge.storage.runs import BATCH, TRIM, Policy, SqlRunStore
+from edge.storage.sqlite.db import SqliteTx
 from edge.storage.sqlite.schema import MIGRATIONS, migrate
-from edge.storage.sqlite.tasks import SqliteTaskStore
+from edge.storage.catalog import SqlTaskStore
 from support import assert_uses_index
 
 DAY = 86_400_000
@@ -35,10 +33,10 @@ class Store:
         self.db = db
         self.logs = logs
         files = RunLogs(logs)
-        self.tasks = SqliteTaskStore(db, files)
-        self.runs = SqliteRunStore(db, policy, files)
+        self.tasks = SqlTaskStore(db, CATALOG, files)
+        self.runs = SqlRunStore(db, RUNS, policy, files)
         keep_all = Policy(runs_per_task=1 << 40, max_age_ms=1 << 60, log_quota_bytes=1 << 60)
-        self.plain = SqliteRunStore(db, keep_all, files)  # nothing to enforce: to build a backlog
+        self.plain = SqlRunStore(db, RUNS, keep_all, files)  # nothing to enforce: to build a backlog
         self.seq = 0
 
     async def task(self, task_id: str) -> None:
@@ -51,7 +49,7 @@ class Store:
                   origin="manual", status="queued", version=1, event_seq=1, created_at_ms=at)
         return await self.runs.create(run, "user")
 
-    async def finished(self, task_id: str, at: int, log: int = 10, via: SqliteRunStore | None = None) -> Run:
+    async def finished(self, task_id: str, at: int, log: int = 10, via: SqlRunStore | None = None) -> Run:
         run = await self.queued(task_id, at)
         store = via or self.runs
         run = await store.transition(run.id, 1, "running", at, "runner", RunUpdate(started_at_ms=at))
@@ -93,7 +91,7 @@ def _check(home: str, index: int = 0) -> apsw.Connection:
 
 
 def _total_is_consistent(conn: apsw.Connection) -> None:
-    running = retention.log_total(conn, "default")
+    running = retention.log_total(SqliteTx(conn), RUNS, "default")
     on_disk = "SELECT coalesce(sum(log_bytes), 0) FROM runs WHERE log_dropped_at_ms IS NULL"
     assert running == conn.execute(on_disk).fetchone()[0]
 
@@ -182,7 +180,7 @@ async def test_log_quota_drops_the_oldest_logs_and_keeps_the_rows(make, home):
     for i in range(12):
         await s.finished("a", T0 + i, log=3000)
         conn = _check(home)
-        assert retention.log_total(conn, "default") <= 10_000
+        assert retention.log_total(SqliteTx(conn), RUNS, "default") <= 10_000
         _total_is_consistent(conn)
     rows = conn.execute("SELECT id, log_bytes, log_dropped_at_ms, event_seq FROM runs ORDER BY id").fetchall()
     assert len(rows) == 12 and all(r[1] == 3000 for r in rows)  # history stays, with the log's size
@@ -203,7 +201,7 @@ async def test_running_total_survives_task_delete_and_matches_after_migration(ma
         await s.finished("b", T0 + i, log=7)
     await s.tasks.delete("default", "a", None, True)
     conn = _check(home)
-    assert retention.log_total(conn, "default") == 21
+    assert retention.log_total(SqliteTx(conn), RUNS, "default") == 21
     _total_is_consistent(conn)
     # A store made before the running total existed gets it from its migration.
     old = apsw.Connection(os.path.join(home, "v1.db"))
@@ -215,7 +213,7 @@ async def test_running_total_survives_task_delete_and_matches_after_migration(ma
                     " created_at_ms, log_bytes) VALUES (?, 'default', 't', 1, 'manual', 'succeeded', 3, 3, ?, ?)",
                     (f"o{i}", i, size))
     migrate(old)
-    assert retention.log_total(old, "default") == 11
+    assert retention.log_total(SqliteTx(old), RUNS, "default") == 11
 
 
 def test_the_running_total_follows_every_writer(home):
@@ -228,16 +226,16 @@ def test_the_running_total_follows_every_writer(home):
               " created_at_ms, log_bytes) VALUES (?, 'p', 't', 1, 'manual', 'succeeded', 3, 3, ?, ?)")
     conn.execute(insert, ("a", 1, 100))
     conn.execute(insert, ("b", 2, 0))
-    assert retention.log_total(conn, "p") == 100
+    assert retention.log_total(SqliteTx(conn), RUNS, "p") == 100
     conn.execute("UPDATE runs SET log_bytes = 40 WHERE id = 'b'")
     conn.execute("UPDATE runs SET status = 'failed' WHERE id = 'b'")  # not a log change
-    assert retention.log_total(conn, "p") == 140
+    assert retention.log_total(SqliteTx(conn), RUNS, "p") == 140
     conn.execute("UPDATE runs SET log_dropped_at_ms = 5 WHERE id = 'a'")
-    assert retention.log_total(conn, "p") == 40
+    assert retention.log_total(SqliteTx(conn), RUNS, "p") == 40
     conn.execute("DELETE FROM runs WHERE id = 'a'")  # its log was already dropped
-    assert retention.log_total(conn, "p") == 40
+    assert retention.log_total(SqliteTx(conn), RUNS, "p") == 40
     conn.execute("DELETE FROM runs WHERE id = 'b'")
-    assert retention.log_total(conn, "p") == 0
+    assert retention.log_total(SqliteTx(conn), RUNS, "p") == 0
 
 
 @pytest.fixture
@@ -249,49 +247,49 @@ def plan_conn(home):
 
 
 def test_plan_excess_runs_of_a_task(plan_conn):
-    assert_uses_index(plan_conn, retention.SQL_EXCESS, ("default", "t", 64, 100), "runs_task_created_idx")
+    assert_uses_index(plan_conn, RUNS.excess, ("default", "t", 64, 100), "runs_task_created_idx")
 
 
 def test_plan_expired_runs(plan_conn):
-    assert_uses_index(plan_conn, retention.SQL_EXPIRED, ("default", 1, 64), "runs_project_created_idx")
+    assert_uses_index(plan_conn, RUNS.expired, ("default", 1, 64), "runs_project_created_idx")
 
 
 def test_plan_oldest_runs_with_a_log(plan_conn):
-    assert_uses_index(plan_conn, retention.SQL_LOGGED, ("default", 64), "runs_log_idx")
+    assert_uses_index(plan_conn, RUNS.logged, ("default", 64), "runs_log_idx")
 
 
 def test_plan_delete_and_drop_log_by_id(plan_conn):
-    assert_uses_index(plan_conn, retention.SQL_DELETE, ("r",), "sqlite_autoindex_runs_1")
-    assert_uses_index(plan_conn, retention.SQL_DROP_LOG, (1, "r"), "sqlite_autoindex_runs_1")
+    assert_uses_index(plan_conn, RUNS.delete, ("r",), "sqlite_autoindex_runs_1")
+    assert_uses_index(plan_conn, RUNS.drop_log, (1, "r"), "sqlite_autoindex_runs_1")
 
 
 def test_plan_transition_state_and_task_delete(plan_conn):
-    assert_uses_index(plan_conn, run_sql.SQL_STATE, ("r",), "sqlite_autoindex_runs_1")
-    assert_uses_index(plan_conn, task_sql.SQL_DELETE_TASK_RUNS, ("default", "t"), "runs_task_created_idx")
-    assert_uses_index(plan_conn, task_sql.SQL_TASK_ACTIVE, ("default", "t"), "runs_active_idx")
+    assert_uses_index(plan_conn, RUNS.lock, ("r",), "sqlite_autoindex_runs_1")
+    assert_uses_index(plan_conn, CATALOG.task_runs_delete, ("default", "t"), "runs_task_created_idx")
+    assert_uses_index(plan_conn, CATALOG.task_active_run, ("default", "t"), "runs_active_idx")
 
 
 def test_plan_active_processes(plan_conn):
-    assert_uses_index(plan_conn, run_sql.SQL_ACTIVE_PROCESSES, (), "runs_active_idx")
+    assert_uses_index(plan_conn, RUNS.active_processes, (), "runs_active_idx")
 
 
 def test_plan_audit_prune(plan_conn):
     # Deletes by rowid. Allowed calls: the inner walk is in rowid order under LIMIT (no
     # sort), passing over only the rows of the small classes, so the one SCAN is that walk.
-    plan = assert_uses_index(plan_conn, audit_sql.SQL_PRUNE_CALLS, (64, 0, 0), "INTEGER PRIMARY KEY", big_tables=())
+    plan = assert_uses_index(plan_conn, SECURITY.audit_prune_calls, (64, 0, 0), "INTEGER PRIMARY KEY", big_tables=())
     assert [d for d in plan if d.startswith("SCAN security_audit")] == ["SCAN security_audit"]
     # The small classes: counted and walked through their own partial indexes.
     for cls in ("change", "refused"):
         index = f"security_audit_{cls}_idx"
-        assert_uses_index(plan_conn, audit_sql.SQL_COUNT.format(cls=cls), (), index, big_tables=("security_audit",))
-        assert_uses_index(plan_conn, audit_sql.SQL_PRUNE.format(cls=cls), (64, 0, 0), index,
+        assert_uses_index(plan_conn, SECURITY.audit_count.format(cls=cls), (), index, big_tables=("security_audit",))
+        assert_uses_index(plan_conn, SECURITY.audit_prune.format(cls=cls), (64, 0, 0), index,
                           big_tables=("security_audit",))
-    assert_uses_index(plan_conn, audit_sql.SQL_ADD, (1, 1, 0, 0, "[]", 1), "INTEGER PRIMARY KEY")
+    assert_uses_index(plan_conn, SECURITY.audit_add, (1, 1, 0, 0, "[]", 1), "INTEGER PRIMARY KEY")
 
 
 async def test_audit_keeps_at_most_max_rows_and_max_age(home):
     db = await Database.open(os.path.join(home, "audit.db"))
-    log = SqliteAuditLog(db, AuditBounds(calls=100, max_age_days=30))
+    log = SqlAuditLog(db, SECURITY, AuditBounds(calls=100, max_age_days=30))
 
     def record(at: int) -> AuditRecord:
         return AuditRecord(at_ms=at, project_id="default", principal="uid:0", tool="qledge.status",

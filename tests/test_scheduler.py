@@ -26,10 +26,11 @@ from edge.core.runs import Run, RunUpdate
 from edge.core.tasks import ArgvCommand, TaskSpec
 from edge.core.triggers import CronSpec
 from edge.scheduler.loop import MAX_SLEEP_S, Scheduler, Triggers
-from edge.storage.sqlite import admission as admission_sql
-from edge.storage.sqlite import triggers as trigger_sql
+from edge.storage import catalog as trigger_sql
+from edge.storage.sqlite.db import SqliteTx, immediate
+from edge.storage.sqlite.sql import ADMISSION, CATALOG
 from edge.storage.sqlite.db import Database
-from edge.storage.sqlite.runs import SqliteRunStore
+from edge.storage.runs import SqlRunStore
 from edge.storage.sqlite.schema import migrate
 from support import ManualTimers, assert_uses_index
 
@@ -57,7 +58,7 @@ class Executor:
     """Stands in for the runner: records submissions; cancels like the runner does for
     runs it does not hold (a compare-and-set transition in the store)."""
 
-    def __init__(self, runs: SqliteRunStore, clock: FakeClock) -> None:
+    def __init__(self, runs: SqlRunStore, clock: FakeClock) -> None:
         self._runs = runs
         self._clock = clock
         self.submitted: list[Run] = []
@@ -599,9 +600,9 @@ async def test_events_are_bounded_per_trigger(env):
 
     def spam(conn: apsw.Connection) -> int:
         for i in range(300):  # alternate reasons: nothing merges
-            with trigger_sql.immediate(conn):
-                trigger_sql.record_event(conn, "default", trig.id, "skipped", ("overlap", "task_disabled")[i % 2],
-                                    i, i, 1, i, None)
+            with immediate(conn):
+                trigger_sql.record_event(SqliteTx(conn), CATALOG, "default", trig.id, "skipped",
+                                         ("overlap", "task_disabled")[i % 2], i, i, 1, i, None)
         return conn.execute("SELECT count(*) FROM trigger_events").fetchone()[0]
 
     assert await env.db.run(spam) == trigger_sql.EVENTS_PER_TRIGGER
@@ -645,19 +646,19 @@ TABLES = ("runs", "triggers", "trigger_revisions", "trigger_events", "tasks", "t
 
 
 @pytest.mark.parametrize("sql,params,index", [
-    (trigger_sql.SQL_GET, ("default", "t"), "PRIMARY KEY"),
-    (trigger_sql.SQL_LIST, ("default", "", 10), "PRIMARY KEY"),
-    (admission_sql.SQL_ARMED, ("default",), "triggers_armed_idx"),
-    (trigger_sql.SQL_FOLLOWING, ("default", "t", 1), "triggers_task_idx"),
-    (admission_sql.SQL_PINNED_TASK, ("default", "t", 1), "PRIMARY KEY"),
-    (admission_sql.SQL_ACTIVE_FOR_TASK, ("default", "t"), "runs_active_idx"),
-    (admission_sql.SQL_ACTIVE_COUNT, (), "runs_active_idx"),
-    (admission_sql.SQL_BY_KEY, ("cron:t:1:0",), "sqlite_autoindex_runs_2"),
-    (admission_sql.SQL_NEWEST_RUN, ("default",), "runs_project_created_idx"),
-    (trigger_sql.SQL_EVENTS_TRIGGER, ("default", "t", 1 << 62, 10), "trigger_events_trigger_idx"),
-    (trigger_sql.SQL_EVENTS_PROJECT, ("default", 1 << 62, 10), "trigger_events_project_idx"),
-    (trigger_sql.SQL_NEWEST_EVENT, ("default", "t"), "trigger_events_trigger_idx"),
-    (trigger_sql.SQL_PRUNE_EVENTS, ("default", "t", 64, 100), "trigger_events_trigger_idx"),
+    (CATALOG.trigger_get, ("default", "t"), "PRIMARY KEY"),
+    (CATALOG.trigger_list, ("default", "", 10), "PRIMARY KEY"),
+    (ADMISSION.admission.armed, {"project": "default"}, "triggers_armed_idx"),
+    (CATALOG.following, ("default", "t", 1), "triggers_task_idx"),
+    (ADMISSION.admission.pinned_task, ("default", "t", 1), "PRIMARY KEY"),
+    (ADMISSION.admission.active_for_task, ("default", "t"), "runs_active_idx"),
+    (ADMISSION.admission.active_count, (), "runs_active_idx"),
+    (ADMISSION.admission.by_key, ("cron:t:1:0",), "sqlite_autoindex_runs_2"),
+    (CATALOG.newest_run, ("default",), "runs_project_created_idx"),
+    (CATALOG.events_trigger, ("default", "t", 1 << 62, 10), "trigger_events_trigger_idx"),
+    (CATALOG.events_project, ("default", 1 << 62, 10), "trigger_events_project_idx"),
+    (CATALOG.newest_event, ("default", "t"), "trigger_events_trigger_idx"),
+    (CATALOG.events_prune, ("default", "t", 64, 100), "trigger_events_trigger_idx"),
 ])
 def test_query_plans(conn, sql, params, index):
     assert_uses_index(conn, sql, params, index, big_tables=TABLES)

@@ -13,8 +13,7 @@ from edge.app.config import Config
 from edge.app.graph import build_stores
 from edge.core.runs import Run, RunCursor, RunUpdate
 from edge.core.tasks import ArgvCommand, TaskSpec
-from edge.storage.sqlite import runs as run_sql
-from edge.storage.sqlite import tasks as task_sql
+from edge.storage.sqlite.sql import CATALOG, RUNS
 from edge.storage.sqlite.db import PAGE_SIZE, WAL_CHECKPOINT_BYTES, Database
 from edge.storage.sqlite.schema import MIGRATIONS, migrate
 from support import assert_uses_index
@@ -138,30 +137,30 @@ async def test_run_transitions_are_compare_and_set_with_events(home):
 
 
 def test_plan_run_get(conn):
-    assert_uses_index(conn, run_sql.SQL_GET, ("r", "default"), "sqlite_autoindex_runs_1")
+    assert_uses_index(conn, RUNS.get, ("r", "default"), "sqlite_autoindex_runs_1")
 
 
 def test_plan_run_list_project(conn):
-    assert_uses_index(conn, run_sql.SQL_LIST_PROJECT, ("default", 1, "z", 10), "runs_project_created_idx")
+    assert_uses_index(conn, RUNS.page_project, ("default", 1, "z", 10), "runs_project_created_idx")
 
 
 def test_plan_run_list_task(conn):
-    assert_uses_index(conn, run_sql.SQL_LIST_TASK, ("default", "t", 1, "z", 10), "runs_task_created_idx")
+    assert_uses_index(conn, RUNS.page_task, ("default", "t", 1, "z", 10), "runs_task_created_idx")
 
 
 def test_plan_active_runs(conn):
-    assert_uses_index(conn, run_sql.SQL_ACTIVE, (), "runs_active_idx")
+    assert_uses_index(conn, RUNS.active, (), "runs_active_idx")
 
 
 def test_plan_run_events(conn):
-    plan = assert_uses_index(conn, run_sql.SQL_EVENTS, ("r", "default", 0, 10), "PRIMARY KEY")
+    plan = assert_uses_index(conn, RUNS.events, ("r", "default", 0, 10), "PRIMARY KEY")
     assert any("sqlite_autoindex_runs_1" in d for d in plan), plan
 
 
 def test_plan_task_get_and_list(conn):
-    assert_uses_index(conn, task_sql.SQL_GET, ("default", "t", None), "PRIMARY KEY",
+    assert_uses_index(conn, CATALOG.task_get, ("default", "t", None), "PRIMARY KEY",
                       big_tables=("tasks", "task_revisions"))
-    assert_uses_index(conn, task_sql.SQL_LIST, ("default", "", 10), "PRIMARY KEY",
+    assert_uses_index(conn, CATALOG.task_list, ("default", "", 10), "PRIMARY KEY",
                       big_tables=("tasks", "task_revisions"))
 
 

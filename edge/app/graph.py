@@ -42,14 +42,13 @@ from edge.runner.process import DEFAULT_LANG, SystemUsers
 from edge.runner.supervisor import Runner, RunnerSettings
 from edge.scheduler.loop import Scheduler, Triggers
 from edge.storage.run_logs import LocalLogReader, RunLogs
-from edge.storage.sqlite.admission import SqliteAdmission
 from edge.storage.sqlite.db import Ballast, Database
-from edge.storage.sqlite.reads import SqliteCountsReader, sqlite_readers
-from edge.storage.sqlite.retention import Policy
-from edge.storage.sqlite.runs import SqliteRunStore
-from edge.storage.sqlite.security import SqliteAuditLog, SqliteAuditReader, SqliteCredentialStore, SqliteSecretStore
-from edge.storage.sqlite.tasks import SqliteTaskStore
-from edge.storage.sqlite.triggers import SqliteTriggerStore
+from edge.storage.admission import SqlAdmission
+from edge.storage.catalog import SqlTaskStore, SqlTriggerStore
+from edge.storage.reads import SqlCountsReader, readers
+from edge.storage.runs import Policy, SqlRunStore
+from edge.storage.security import SqlAuditLog, SqlAuditReader, SqlCredentialStore, SqlSecretStore
+from edge.storage.sqlite import sql
 from edge.tools.ai import log_excerpt, projections, runs, task_runs_compare
 from edge.tools.builtin import status, tasks, triggers
 from edge.tools.builtin import runs as run_tools
@@ -154,11 +153,13 @@ def build_stores(db: Database, config: Config, home: str) -> Stores:
     followers = Followers()
     return Stores(
         location=db.path, logs=logs, log_reader=LocalLogReader(logs),
-        tasks=SqliteTaskStore(db, logs), runs=SqliteRunStore(db, policy, logs, followers),
-        triggers=SqliteTriggerStore(db), admission=SqliteAdmission(db, capacity(config), followers),
-        credentials=SqliteCredentialStore(db), secrets=SqliteSecretStore(db),
-        audit=SqliteAuditLog(db, audit_bounds(config), LoopTimers()), audit_reader=SqliteAuditReader(db),
-        readers=sqlite_readers(db), counts=SqliteCountsReader(db), followers=followers,
+        tasks=SqlTaskStore(db, sql.CATALOG, logs), runs=SqlRunStore(db, sql.RUNS, policy, logs, followers),
+        triggers=SqlTriggerStore(db, sql.CATALOG),
+        admission=SqlAdmission(db, sql.ADMISSION, capacity(config), followers),
+        credentials=SqlCredentialStore(db, sql.SECURITY), secrets=SqlSecretStore(db, sql.SECURITY),
+        audit=SqlAuditLog(db, sql.SECURITY, audit_bounds(config), LoopTimers()),
+        audit_reader=SqlAuditReader(db, sql.SECURITY),
+        readers=readers(db, sql.READS), counts=SqlCountsReader(db, sql.READS), followers=followers,
         notify=lambda: sqlite_notify_store(db),
     )
 

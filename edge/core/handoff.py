@@ -11,10 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import contextlib
 from collections.abc import Coroutine, Iterable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from edge.core.errors import ToolError
+from edge.core.notices import Notices, start_refused
+
+if TYPE_CHECKING:
+    from edge.core.ports.runtime import Clock, RunExecutor
+    from edge.core.ports.stores import RunAdmission
+    from edge.core.runs import ActorType, Run
+    from edge.core.tasks import Task
 
 T = TypeVar("T")
 
@@ -87,6 +95,40 @@ async def shielded(background: Background, coro: Coroutine[Any, Any, T], name: s
     except asyncio.CancelledError:
         background.abandoned(task)
         raise
+
+
+class ManualStart:
+    """RunController.start, one rule for the local runner and a cluster node's: admit a
+    manual run (RunAdmission.admit_manual), cancel the runs it replaces, then hand it to the
+    executor (RunExecutor.submit: the local queue, or the cluster's claim loop). The hand-off
+    is shielded: once admission has committed it completes even when the caller is cancelled
+    (its client hung up, its deadline passed). A refusal is said once (Notices) and raised."""
+
+    def __init__(self, executor: RunExecutor, admission: RunAdmission, clock: Clock, notices: Notices,
+                 background: Background, log: logging.Logger) -> None:
+        self._executor = executor
+        self._admission = admission
+        self._clock = clock
+        self._notices = notices
+        self._background = background
+        self._log = log
+
+    async def start(self, task: Task, actor: ActorType) -> Run:
+        try:
+            return await shielded(self._background, self._admit(task, actor), f"admit-{task.id}")
+        except ToolError as refusal:
+            self._notices.say(self._log, task.id, *start_refused(task.id, refusal), "start refused")
+            raise
+
+    async def _admit(self, task: Task, actor: ActorType) -> Run:
+        admitted = await self._admission.admit_manual(task, actor, self._clock.now_ms())
+        try:
+            for run_id in admitted.replaces:
+                with contextlib.suppress(ToolError):  # it may have finished meanwhile
+                    await self._executor.cancel(task.project_id, run_id, "replaced")
+        finally:
+            self._executor.submit(admitted.run)
+        return admitted.run
 
 
 async def wait_within(tasks: Iterable[asyncio.Task[Any]], timeout_s: float, interrupt: asyncio.Event) -> None:

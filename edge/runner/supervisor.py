@@ -17,8 +17,8 @@ import msgspec
 
 from edge.core.clock import LoopTimers
 from edge.core.errors import ToolError, conflict, not_found
-from edge.core.handoff import Background, shielded
-from edge.core.notices import Notices, run_finished, start_refused
+from edge.core.handoff import Background, ManualStart, shielded
+from edge.core.notices import Notices, run_finished
 from edge.core.ports.runtime import Clock, TaskUsers, TimerHandle, Timers
 from edge.core.ports.stores import LogWriter, RunAdmission, RunLogFiles, RunStore, SecretStore, TaskStore
 from edge.core.runs import ActorType, Run, RunProcess, RunStatus, RunUpdate, exit_text, summary
@@ -105,7 +105,6 @@ class Runner:
     ) -> None:
         self._runs = runs
         self._tasks = tasks
-        self._admission = admission
         self._secrets = secrets
         self._logs = logs
         self._clock = clock
@@ -119,29 +118,14 @@ class Runner:
         self._agent_slots = asyncio.Semaphore(agents.concurrency if agents is not None else 1)
         self._jobs: dict[str, _Job] = {}
         self._background = Background(log)  # hand-offs and process-group stops
+        self._starts = ManualStart(self, admission, clock, self._notices, self._background, log)
         self._closing = False  # shutting down: what is submitted now is cancelled, not run
         self._forced = False  # a second stop signal: no more grace periods
 
     # -- what tools see -----------------------------------------------------------
 
     async def start(self, task: Task, actor: ActorType) -> Run:
-        # Once admission commits, the run must reach the executor even if this call is
-        # cancelled (its client hung up, its deadline passed): the hand-off is shielded.
-        try:
-            return await shielded(self._background, self._admit(task, actor), f"admit-{task.id}")
-        except ToolError as refusal:
-            self._notices.say(log, task.id, *start_refused(task.id, refusal), "start refused")
-            raise
-
-    async def _admit(self, task: Task, actor: ActorType) -> Run:
-        admitted = await self._admission.admit_manual(task, actor, self._clock.now_ms())
-        try:
-            for run_id in admitted.replaces:
-                with contextlib.suppress(ToolError):  # it may have finished meanwhile
-                    await self.cancel(task.project_id, run_id, "replaced")
-        finally:
-            self.submit(admitted.run)
-        return admitted.run
+        return await self._starts.start(task, actor)
 
     async def cancel(self, project: str, run_id: str, reason: str) -> Run:
         job = self._jobs.get(run_id)

@@ -13,18 +13,21 @@ from edge.core.auth import AuditBounds
 from edge.core.clock import LoopTimers
 from edge.core.errors import ToolError
 from edge.core.notices import Notices
+from edge.core.reads import Counts
 from edge.core.ports.runtime import RunController
 from edge.core.ports.stores import RunLogFiles
 from edge.core.runs import Followers
-from edge.storage.postgres.admission import PgAdmission
-from edge.storage.postgres.catalog import PgTaskStore, PgTriggerStore
 from edge.storage.postgres.db import PgDatabase
-from edge.storage.postgres.node import ClusterRunner, DbClock, Node, NodeSettings, PgNodes, server_ms
+from edge.storage.postgres.claims import PgClaims, PgRunLogReader
+from edge.storage.postgres.node import ClusterRunner, DbClock, Node, NodeSettings, PgAdmission, PgNodes, server_ms
 from edge.storage.postgres.notify import PgNotifyStore
-from edge.storage.postgres.reads import PgCountsReader, pg_readers
-from edge.storage.postgres.runs import Fences, PgClaims, PgRunLogReader, PgRunStore, Policy
 from edge.storage.postgres.schema import migrate
-from edge.storage.postgres.security import PgAuditLog, PgAuditReader, PgCredentialStore, PgSecretStore
+from edge.storage.postgres.security import PgAuditLog
+from edge.storage.postgres.sql import CATALOG, READS, RUNS, SECURITY
+from edge.storage.reads import SqlCountsReader, readers
+from edge.storage.runs import Fences, Policy, SqlRunStore
+from edge.storage.catalog import SqlTaskStore, SqlTriggerStore
+from edge.storage.security import SqlAuditReader, SqlCredentialStore, SqlSecretStore
 
 if TYPE_CHECKING:
     from edge.core.ports.agent import AgentRuns
@@ -43,31 +46,50 @@ class ClusterOptions(msgspec.Struct, frozen=True, kw_only=True):
     audit_spool: str | None = None  # where audit rows wait while PostgreSQL is unreachable
 
 
+class PgCountsReader(SqlCountsReader):
+    """Counts for `qledge status`; while PostgreSQL is unreachable, the last ones read (status
+    must still answer, to say that it is unreachable)."""
+
+    def __init__(self, db: PgDatabase) -> None:
+        super().__init__(db, READS)
+        self._pg = db
+        self._last: dict[str, Counts] = {}
+
+    async def counts(self, project: str) -> Counts:
+        try:
+            self._last[project] = await super().counts(project)
+        except ToolError:
+            if self._pg.down_since is None:
+                raise
+            return self._last.get(project) or Counts(0, 0, 0, 0, 0)
+        return self._last[project]
+
+
 class PgCluster:
     """Every PostgreSQL adapter of one node, on one pool."""
 
     def __init__(self, db: PgDatabase, options: ClusterOptions, policy: Policy, files: RunLogFiles,
                  clock: DbClock) -> None:
         node = options.node
-        fences = Fences()
+        fences = Fences(node.node_id)
         self.followers = Followers()  # what a write set in motion: this node's scheduler and notifier
         self.db = db
         self.clock = clock
         self.settings = node
         self.location = f"postgresql {db.location}"
-        self.tasks = PgTaskStore(db, files)
-        self.runs = PgRunStore(db, policy, files, node.node_id, fences, options.write_retry_s, self.followers)
-        self.triggers = PgTriggerStore(db)
+        self.tasks = SqlTaskStore(db, CATALOG, files)
+        self.runs = SqlRunStore(db, RUNS, policy, files, self.followers, fences, options.write_retry_s)
+        self.triggers = SqlTriggerStore(db, CATALOG)
         self.admission = PgAdmission(db, options.capacity, node.node_id, node.slots, node.lease_s, self.followers)
         self._notify: PgNotifyStore | None = None
-        self.credentials = PgCredentialStore(db)
-        self.secrets = PgSecretStore(db)
+        self.credentials = SqlCredentialStore(db, SECURITY)
+        self.secrets = SqlSecretStore(db, SECURITY)
         self.audit = PgAuditLog(db, node.node_id, options.audit, options.audit_spool, LoopTimers())
-        self.audit_reader = PgAuditReader(db)
-        self.readers = pg_readers(db)
+        self.audit_reader = SqlAuditReader(db, SECURITY)
+        self.readers = readers(db, READS)
         self.counts = PgCountsReader(db)
         self.log_reader = PgRunLogReader(db, files)
-        self.claims = PgClaims(db, node.project, node.node_id, fences, node.lease_s)
+        self.claims = PgClaims(db, node.project, fences, node.lease_s)
         self.nodes = PgNodes(db, node)
 
     def notify_store(self) -> PgNotifyStore:
@@ -99,7 +121,7 @@ async def open_cluster(options: ClusterOptions, policy: Policy, files: RunLogFil
         await migrate(db)
         clock = DbClock()
         sent = time.monotonic()
-        clock.sync(await db.tx(server_ms), sent, time.monotonic())
+        clock.sync(await db.read(server_ms), sent, time.monotonic())
     except ToolError as exc:
         await db.close()
         reason = db.down_reason or exc.message

@@ -1,5 +1,7 @@
-"""The cluster's connection to PostgreSQL: a small pool of psycopg 3 async connections,
-one transaction per unit of work, and every driver error turned into `unavailable`.
+"""The cluster's connection to PostgreSQL: the storage rules run as transactions on psycopg
+3's blocking connections, one worker thread per connection of a small pool; every driver
+error becomes `unavailable`. (The hint listener has an asyncio connection of its own,
+`connect`: it waits for notifications on the event loop.)
 
 The DSN goes to libpq untouched (so TLS and every other libpq option pass through) and is
 never logged: `describe` gives the host and database name only. Each session gets timeouts
@@ -11,18 +13,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import queue
+import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql as pgsql
 
 from edge.core.errors import ToolError, unavailable
+from edge.storage.tx import Params, Row
 
 log = logging.getLogger("qledge.cluster")
 T = TypeVar("T")
-Row = tuple[Any, ...]
 
 # Held by a stopped node's session for at most this long, then PostgreSQL ends it.
 SESSION_SETTINGS = (
@@ -32,6 +36,7 @@ SESSION_SETTINGS = (
     ("timezone", "UTC"),
 )
 RETRY_PAUSE_S = (0.1, 0.25, 0.5, 1.0, 2.0)
+CLOSE_WAIT_S = 5.0  # at close, how long the workers get to end their transactions
 
 
 def describe(dsn: str) -> str:
@@ -46,109 +51,128 @@ def describe(dsn: str) -> str:
     return f"{host}/{info.get('dbname') or info.get('user') or 'postgres'}"
 
 
-class Tx:
-    """One transaction on one connection: the only thing adapter code touches."""
+class PgTx:
+    """edge.storage.tx.Tx on one connection, in its worker thread."""
 
-    __slots__ = ("conn",)
+    __slots__ = ("conn", "after")
 
-    def __init__(self, conn: psycopg.AsyncConnection[Row]) -> None:
+    def __init__(self, conn: psycopg.Connection[Row]) -> None:
         self.conn = conn
+        self.after: list[Callable[[], None]] = []
 
-    async def rows(self, query: str, params: Sequence[Any] = ()) -> list[Row]:
-        cur = await self.conn.execute(query, params)
-        return await cur.fetchall() if cur.description else []
+    def rows(self, sql: str, params: Params = ()) -> list[Row]:
+        cur = self.conn.execute(sql, params)
+        return cur.fetchall() if cur.description else []
 
-    async def row(self, query: str, params: Sequence[Any] = ()) -> Row | None:
-        cur = await self.conn.execute(query, params)
-        return await cur.fetchone()
+    def each(self, sql: str, params: Params = ()) -> list[Row]:
+        return self.rows(sql, params)
 
-    async def one(self, query: str, params: Sequence[Any] = ()) -> Row:
-        found = await self.row(query, params)
+    def row(self, sql: str, params: Params = ()) -> Row | None:
+        return self.conn.execute(sql, params).fetchone()
+
+    def one(self, sql: str, params: Params = ()) -> Row:
+        found = self.row(sql, params)
         if found is None:
             raise unavailable("storage returned no row where one was certain")
         return found
 
-    async def execute(self, query: str, params: Sequence[Any] = ()) -> int:
-        cur = await self.conn.execute(query, params)
-        return cur.rowcount
+    def execute(self, sql: str, params: Params = ()) -> int:
+        return self.conn.execute(sql, params).rowcount
 
-    async def notify(self, payload: str) -> None:
-        """A wake-up hint, delivered when (and only if) this transaction commits."""
-        await self.conn.execute("SELECT pg_notify('qledge', %s)", (payload,))
+    def lock(self, key: int) -> None:
+        self.conn.execute("SELECT pg_advisory_xact_lock(%s)", (key,))
+
+    def hint(self, topic: str) -> None:
+        self.conn.execute("SELECT pg_notify('qledge', %s)", (topic,))
+
+    def after_commit(self, fn: Callable[[], None]) -> None:
+        self.after.append(fn)
 
 
 def _connection_lost(exc: BaseException) -> bool:
     return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
 
 
+class _Retry(Exception):
+    """The connection failed: the transaction did not happen (or its outcome is unknown)."""
+
+
+class _Job:
+    """One transaction for a worker. `state`: waiting, taken (a worker runs it) or dropped
+    (its caller went away before any worker took it: it never runs)."""
+
+    __slots__ = ("fn", "args", "write", "loop", "future", "state")
+
+    def __init__(self, fn: Callable[..., object], args: tuple[Any, ...], write: bool,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.fn, self.args, self.write, self.loop = fn, args, write, loop
+        self.future: asyncio.Future[tuple[object, list[Callable[[], None]]]] = loop.create_future()
+        self.state = "waiting"
+
+
+def _deliver(future: asyncio.Future[Any], result: object, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
 class PgDatabase:
-    """Up to `size` pooled connections. `tx` runs one function in one transaction; a
-    connection that failed is dropped and a new one made on the next use."""
+    """Up to `size` connections, each in its worker thread. `read` and `write` run one rule
+    in one transaction; a connection that failed is dropped and a new one made on the next
+    use. A call cancelled before a worker took its transaction leaves it undone; once
+    taken, it runs to its end (as on SQLite: what was committed stays committed)."""
 
     def __init__(self, dsn: str, size: int = 4, connect_timeout_s: int = 5, application: str = "qledge") -> None:
         self._dsn = dsn
+        self._size = size
         self._connect_timeout_s = connect_timeout_s
         self._application = application
-        self._idle: list[psycopg.AsyncConnection[Row]] = []
-        self._slots = asyncio.Semaphore(size)
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._state = threading.Lock()  # guards the jobs' states and the workers' count
+        self._workers: list[threading.Thread] = []
+        self._idle = 0  # workers waiting for a job
+        self._waiting = 0  # jobs no worker took yet
         self._closed = False
         self.location = describe(dsn)
         self.down_since: float | None = None  # wall time of the first failure since the last success
         self.down_reason = ""
-        self._pending: list[tuple[Callable[..., Awaitable[object]], tuple[Any, ...]]] = []
+        self._pending: list[tuple[Callable[..., object], tuple[Any, ...]]] = []
         self._ahead = asyncio.Lock()  # held while the pending work runs: later calls wait behind it
 
-    def before_next(self, fn: Callable[..., Awaitable[object]], *args: Any) -> None:
-        """Run `fn(Tx, *args)` in a transaction of its own before any `tx` called from now on
-        begins (calls already under way are not waited for); used when storage must change
-        before anything else is written. A failure is logged, never raised."""
+    def before_next(self, fn: Callable[..., object], *args: Any) -> None:
+        """Run `fn(tx, *args)` in a transaction of its own before any `read` or `write` called
+        from now on begins (calls already under way are not waited for); used when storage
+        must change before anything else is written. A failure is logged, never raised."""
         self._pending.append((fn, args))
 
-    async def connect(self, autocommit: bool = True) -> psycopg.AsyncConnection[Row]:
+    async def connect(self) -> psycopg.AsyncConnection[Row]:
+        """An asyncio connection of its own, with the session settings (the hint listener's)."""
         conn = await psycopg.AsyncConnection.connect(
-            self._dsn, autocommit=autocommit, connect_timeout=self._connect_timeout_s,
-            application_name=self._application,
-        )
+            self._dsn, autocommit=True, connect_timeout=self._connect_timeout_s, application_name=self._application)
         for name, value in SESSION_SETTINGS:
             await conn.execute(pgsql.SQL("SET {} = {}").format(pgsql.Identifier(name), pgsql.Literal(value)))
         return conn
 
-    async def _acquire(self) -> psycopg.AsyncConnection[Row]:
-        await self._slots.acquire()
-        try:
-            while self._idle:
-                conn = self._idle.pop()
-                if not conn.closed and not conn.broken:
-                    return conn
-            return await self.connect()
-        except BaseException:
-            self._slots.release()
-            raise
+    async def read(self, fn: Callable[..., T], *args: Any) -> T:
+        return await self._call(fn, args, False, 0.0)
 
-    def _release(self, conn: psycopg.AsyncConnection[Row], keep: bool) -> None:
-        self._slots.release()
-        if keep and not self._closed and not conn.closed and not conn.broken:
-            self._idle.append(conn)
-        else:
-            asyncio.get_running_loop().create_task(_close_quietly(conn))
+    async def write(self, fn: Callable[..., T], *args: Any, retry_s: float = 0.0) -> T:
+        """Run `fn(tx, *args)` in one transaction. With `retry_s`, a lost connection is retried
+        (a new connection, a new transaction) for that long: callers whose writes are
+        compare-and-set can safely repeat them."""
+        return await self._call(fn, args, True, retry_s)
 
-    def _failed(self, exc: BaseException, what: str) -> None:
-        if self.down_since is None:
-            self.down_since = time.time()
-            log.error("postgresql (%s) unavailable in %s: %s", self.location, what, type(exc).__name__)
-        self.down_reason = type(exc).__name__
-
-    async def tx(self, fn: Callable[..., Awaitable[T]], *args: Any, retry_s: float = 0.0) -> T:
-        """Run `fn(Tx, *args)` in one transaction. Driver errors become `unavailable`; with
-        `retry_s`, a lost connection is retried (a new connection, a new transaction) for
-        that long: callers whose writes are compare-and-set can safely repeat them."""
+    async def _call(self, fn: Callable[..., T], args: tuple[Any, ...], write: bool, retry_s: float) -> T:
         if self._pending or self._ahead.locked():
             await self._run_pending()
         deadline = time.monotonic() + retry_s
         attempt = 0
         while True:
             try:
-                return await self._once(fn, args)
+                return await self._once(fn, args, write)
             except _Retry as again:
                 if time.monotonic() >= deadline or self._closed:
                     raise unavailable() from again.__cause__
@@ -160,51 +184,122 @@ class PgDatabase:
             while self._pending:
                 fn, args = self._pending.pop(0)  # taken: never applied twice, even if cancelled now
                 try:
-                    await self._once(fn, args)
+                    await self._once(fn, args, True)
                 except (ToolError, _Retry) as exc:
                     log.error("postgresql: %s did not run: %s", getattr(fn, "__qualname__", fn),
                               type(exc.__cause__ or exc).__name__)
 
-    async def _once(self, fn: Callable[..., Awaitable[T]], args: tuple[Any, ...]) -> T:
-        what = getattr(fn, "__qualname__", "a transaction")
+    async def _once(self, fn: Callable[..., T], args: tuple[Any, ...], write: bool) -> T:
+        if self._closed:
+            raise _Retry()
+        job = _Job(fn, args, write, asyncio.get_running_loop())
+        with self._state:
+            self._waiting += 1
+            if self._waiting > self._idle and len(self._workers) < self._size:
+                worker = threading.Thread(target=self._work, name=f"qledge-pg-{len(self._workers)}", daemon=True)
+                self._workers.append(worker)
+                self._idle += 1
+                worker.start()
+        self._jobs.put(job)
         try:
-            conn = await self._acquire()
-        except (psycopg.Error, OSError) as exc:
-            self._failed(exc, what)
-            raise _Retry() from exc
-        keep = False
-        try:
-            async with conn.transaction():
-                result = await fn(Tx(conn), *args)
-            keep = True
-        except ToolError:
-            keep = not conn.broken
+            result, after = await job.future
+        except asyncio.CancelledError:
+            with self._state:
+                if job.state == "waiting":
+                    job.state = "dropped"
             raise
-        except psycopg.Error as exc:
-            if _connection_lost(exc) or conn.broken:
-                self._failed(exc, what)
-                raise _Retry() from exc
-            keep = not conn.broken
-            log.error("postgresql error in %s: %s", what, type(exc).__name__)
-            raise unavailable() from exc
-        finally:
-            self._release(conn, keep)
+        except _Retry as exc:
+            self._failed(exc.__cause__ or exc, getattr(fn, "__qualname__", "a transaction"))
+            raise
         if self.down_since is not None:
             log.info("postgresql (%s) reachable again", self.location)
             self.down_since = None
-        return result
+        for follow in after:
+            follow()
+        return result  # type: ignore[return-value]
+
+    def _failed(self, exc: BaseException, what: str) -> None:
+        if self.down_since is None:
+            self.down_since = time.time()
+            log.error("postgresql (%s) unavailable in %s: %s", self.location, what, type(exc).__name__)
+        self.down_reason = type(exc).__name__
+
+    # -- the workers (threads) ------------------------------------------------------
+
+    def _work(self) -> None:
+        conn: psycopg.Connection[Row] | None = None
+        try:
+            while (job := self._jobs.get()) is not None:
+                with self._state:
+                    self._idle -= 1
+                    self._waiting -= 1
+                    taken = job.state == "waiting"
+                    job.state = "taken"
+                if taken:
+                    conn = self._transaction(conn, job)
+                with self._state:
+                    self._idle += 1
+        finally:
+            if conn is not None:
+                with contextlib.suppress(psycopg.Error, OSError):
+                    conn.close()
+
+    def _transaction(self, conn: psycopg.Connection[Row] | None, job: _Job) -> psycopg.Connection[Row] | None:
+        """Run the job on `conn` (connecting first when there is none); the connection to
+        keep for the next job."""
+        result: object = None
+        error: BaseException | None = None
+        try:
+            if conn is None or conn.closed or conn.broken:
+                conn = self._connect()
+            tx = PgTx(conn)
+            with conn.transaction():
+                value = job.fn(tx, *job.args)
+            result = (value, tx.after)
+        except ToolError as exc:
+            error = exc
+        except (psycopg.Error, OSError) as exc:
+            if conn is None or _connection_lost(exc) or conn.broken:
+                error = _Retry()
+                error.__cause__ = exc
+            else:
+                log.error("postgresql error in %s: %s", getattr(job.fn, "__qualname__", job.fn), type(exc).__name__)
+                error = unavailable()
+                error.__cause__ = exc
+        except BaseException as exc:  # a bug in a rule: its caller gets the traceback
+            error = exc
+        if conn is not None and (conn.closed or conn.broken):
+            with contextlib.suppress(psycopg.Error, OSError):
+                conn.close()
+            conn = None
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
+            job.loop.call_soon_threadsafe(_deliver, job.future, result, error)
+        return conn
+
+    def _connect(self) -> psycopg.Connection[Row]:
+        conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=self._connect_timeout_s,
+                               application_name=self._application)
+        try:
+            for name, value in SESSION_SETTINGS:
+                conn.execute(pgsql.SQL("SET {} = {}").format(pgsql.Identifier(name), pgsql.Literal(value)))
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     async def close(self) -> None:
+        """Let the workers end what they run, close their connections, and stop them."""
         self._closed = True
-        idle, self._idle = self._idle, []
-        for conn in idle:
-            await _close_quietly(conn)
+        for _ in self._workers:
+            self._jobs.put(None)
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        for worker in self._workers:
+            await asyncio.to_thread(worker.join, max(0.0, deadline - time.monotonic()))
+        # One still in a transaction past the wait stays referenced (and ends with the process).
+        self._workers = [worker for worker in self._workers if worker.is_alive()]
+        with contextlib.suppress(queue.Empty):
+            while True:  # behind the workers' ends: never to run
+                job = self._jobs.get_nowait()
+                if job is not None:
+                    _deliver(job.future, None, _Retry())
 
-
-class _Retry(Exception):
-    """The connection failed: the transaction did not happen (or its outcome is unknown)."""
-
-
-async def _close_quietly(conn: psycopg.AsyncConnection[Row]) -> None:
-    with contextlib.suppress(psycopg.Error, OSError):
-        await conn.close()

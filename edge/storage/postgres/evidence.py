@@ -11,7 +11,7 @@ may leave a record more for a moment, which the next insert removes. The rule co
 whole table, as a cluster serves one project.
 
 A record is inserted `running` when its run starts, so that the reaping of a run whose node
-died can end it in its own transaction (edge.storage.postgres.runs.SQL_EVIDENCE_LOST), and
+died can end it in its own transaction (edge.storage.postgres.claims.SQL_EVIDENCE_LOST), and
 written whole once more at the terminal state: the rounds the running node held in memory,
 the totals and the outcome (seed 001's discipline, less the flash it saves on a router).
 
@@ -19,7 +19,7 @@ The store's change position costs no write: PostgreSQL's next transaction id
 (`pg_current_snapshot`), which every writing transaction of the cluster moves, so a
 record's positions before and after bracket every change made while its run went on.
 A record of a run that a node lost (its lease expired) is ended `lost` by the reaping
-transaction itself (edge.storage.postgres.runs.SQL_EVIDENCE_LOST).
+transaction itself (edge.storage.postgres.claims.SQL_EVIDENCE_LOST).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ import msgspec
 
 from edge.core.agent import EvidenceCursor, EvidenceDetail, EvidenceOpen, EvidenceRecord, EvidenceSummary, RoundMeta
 from edge.core.errors import unavailable
-from edge.storage.postgres.db import PgDatabase, Row, Tx
+from edge.storage.postgres.db import PgDatabase
+from edge.storage.tx import Row, Tx
 
 MAX_RECORDS = 500
 MAX_AGE_MS = 90 * 86_400_000
@@ -70,35 +71,35 @@ SQL_GET = (
 _AHEAD_OF_ALL = EvidenceCursor(created_at_ms=1 << 62, run_id="\U0010ffff")
 
 
-async def _insert(tx: Tx, record: EvidenceOpen, now: int) -> None:
-    await tx.execute(SQL_INSERT, (
+def _insert(tx: Tx, record: EvidenceOpen, now: int) -> None:
+    tx.execute(SQL_INSERT, (
         record.run_id, record.project_id, record.task_id, record.task_revision, record.instruction,
         record.provider, record.model, 0.0 if record.cost_known else None, now,
     ))
-    cut = await tx.row(SQL_CUT, (MAX_RECORDS,))
-    await tx.execute(SQL_PRUNE, (PRUNE_BATCH, cut[0] if cut else 0, now - MAX_AGE_MS))
+    cut = tx.row(SQL_CUT, (MAX_RECORDS,))
+    tx.execute(SQL_PRUNE, (PRUNE_BATCH, cut[0] if cut else 0, now - MAX_AGE_MS))
 
 
-async def _start(tx: Tx, record: EvidenceOpen, now: int) -> int:
-    await _insert(tx, record, now)
-    row = await tx.row("SELECT position_before FROM agent_evidence WHERE run_id = %s", (record.run_id,))
+def _start(tx: Tx, record: EvidenceOpen, now: int) -> int:
+    _insert(tx, record, now)
+    row = tx.row("SELECT position_before FROM agent_evidence WHERE run_id = %s", (record.run_id,))
     return int(row[0]) if row else 0
 
 
-async def _finish(tx: Tx, record: EvidenceRecord, now: int) -> None:
+def _finish(tx: Tx, record: EvidenceRecord, now: int) -> None:
     started = record.started
-    found = await tx.row("SELECT 1 FROM agent_evidence WHERE run_id = %s AND project_id = %s FOR UPDATE",
+    found = tx.row("SELECT 1 FROM agent_evidence WHERE run_id = %s AND project_id = %s FOR UPDATE",
                          (started.run_id, started.project_id))
     if found is None:  # its start was not recorded (or it never started)
-        await _insert(tx, started, now if record.created_at_ms is None else record.created_at_ms)
-    await tx.execute(SQL_FINISH, (
+        _insert(tx, started, now if record.created_at_ms is None else record.created_at_ms)
+    tx.execute(SQL_FINISH, (
         record.state, record.error_code, record.budget, record.error, record.answer_summary,
         _round.encode(record.rounds).decode(), len(record.rounds), record.input_tokens, record.output_tokens,
         record.usage_estimated, record.cost_usd, now, started.run_id, started.project_id))
 
 
-async def _page(tx: Tx, project: str, after: EvidenceCursor, limit: int) -> list[EvidenceSummary]:
-    rows = await tx.rows(SQL_PAGE, (project, after.created_at_ms, after.run_id, limit))
+def _page(tx: Tx, project: str, after: EvidenceCursor, limit: int) -> list[EvidenceSummary]:
+    rows = tx.rows(SQL_PAGE, (project, after.created_at_ms, after.run_id, limit))
     return [EvidenceSummary(*row) for row in rows]
 
 
@@ -111,8 +112,8 @@ def _detail(row: Row) -> EvidenceDetail:
     return EvidenceDetail(*[*row[:16], instruction, meta, error, answer, before, after])
 
 
-async def _get(tx: Tx, project: str, run_id: str) -> EvidenceDetail | None:
-    row = await tx.row(SQL_GET, (run_id, project))
+def _get(tx: Tx, project: str, run_id: str) -> EvidenceDetail | None:
+    row = tx.row(SQL_GET, (run_id, project))
     return _detail(row) if row is not None else None
 
 
@@ -123,13 +124,13 @@ class PgEvidenceStore:
         self._db = db
 
     async def start(self, record: EvidenceOpen, now_ms: int) -> int:
-        return await self._db.tx(_start, record, now_ms)
+        return await self._db.write(_start, record, now_ms)
 
     async def finish(self, record: EvidenceRecord, now_ms: int) -> None:
-        await self._db.tx(_finish, record, now_ms)
+        await self._db.write(_finish, record, now_ms)
 
     async def page(self, project: str, after: EvidenceCursor | None, limit: int) -> list[EvidenceSummary]:
-        return await self._db.tx(_page, project, after or _AHEAD_OF_ALL, limit)
+        return await self._db.read(_page, project, after or _AHEAD_OF_ALL, limit)
 
     async def get(self, project: str, run_id: str) -> EvidenceDetail | None:
-        return await self._db.tx(_get, project, run_id)
+        return await self._db.read(_get, project, run_id)

@@ -1,6 +1,6 @@
-"""A cluster node: the clock it takes from PostgreSQL, its row in `nodes`, the heartbeat
-that renews its leases and reaps expired ones, the claim loop that feeds the local runner,
-the listener for wake-up hints, and the runner as tools and the scheduler see it.
+"""A cluster node: the clock it takes from PostgreSQL, its row in `nodes`, its boots, the
+heartbeat that renews its leases and reaps expired ones, the claim loop that feeds the local
+runner, the listener for wake-up hints, and the runner as tools and the scheduler see it.
 
 Hints (LISTEN/NOTIFY, sent in the writing transaction) only shorten waits: every loop also
 polls (`poll_s`, bounded), and re-polls after every reconnect, so a lost notification
@@ -22,15 +22,19 @@ import msgspec
 import psycopg
 
 from edge.core.errors import ToolError, conflict, not_found
-from edge.core.handoff import Background, shielded
-from edge.core.notices import Notices, run_finished, start_refused
+from edge.core.handoff import Background, ManualStart
+from edge.core.notices import Notices, run_finished
 from edge.core.ports.cluster import NodeRegistry, RunClaims
 from edge.core.ports.runtime import Clock, RunController
 from edge.core.ports.stores import RunAdmission, RunStore
-from edge.core.runs import ActorType, Run, RunUpdate
+from edge.core.runs import ActorType, Followers, Run, RunUpdate
+from edge.core.schedule import REBOOT
 from edge.core.tasks import Task
-from edge.storage.postgres.db import PgDatabase, Tx
-from edge.storage.postgres.runs import NOW_MS
+from edge.storage.admission import NodeLease, SqlAdmission
+from edge.storage.postgres.claims import NOW_MS, lose_untaken
+from edge.storage.postgres.db import PgDatabase
+from edge.storage.postgres.sql import ADMISSION
+from edge.storage.tx import Tx
 
 if TYPE_CHECKING:
     from edge.core.ports.agent import AgentRuns
@@ -83,8 +87,8 @@ class DbClock:
         return time.monotonic()
 
 
-async def _heartbeat(tx: Tx, node: str, project: str, slots: int, host: str, pid: int) -> int:
-    (now,) = await tx.one(
+def _heartbeat(tx: Tx, node: str, project: str, slots: int, host: str, pid: int) -> int:
+    (now,) = tx.one(
         "INSERT INTO nodes (id, project_id, slots, host, pid, started_at, heartbeat_at)"
         " VALUES (%s, %s, %s, %s, %s, now(), now())"
         " ON CONFLICT (id) DO UPDATE SET slots = excluded.slots, host = excluded.host, pid = excluded.pid,"
@@ -92,18 +96,18 @@ async def _heartbeat(tx: Tx, node: str, project: str, slots: int, host: str, pid
     return int(now)
 
 
-async def _alive(tx: Tx, lease_s: float) -> int:
-    (count,) = await tx.one("SELECT count(*) FROM nodes WHERE heartbeat_at > now() - make_interval(secs => %s)",
+def _alive(tx: Tx, lease_s: float) -> int:
+    (count,) = tx.one("SELECT count(*) FROM nodes WHERE heartbeat_at > now() - make_interval(secs => %s)",
                             (lease_s,))
     return int(count)
 
 
-async def _leave(tx: Tx, node: str) -> None:
-    await tx.execute("DELETE FROM nodes WHERE id = %s", (node,))
+def _leave(tx: Tx, node: str) -> None:
+    tx.execute("DELETE FROM nodes WHERE id = %s", (node,))
 
 
-async def server_ms(tx: Tx) -> int:
-    (now,) = await tx.one(f"SELECT {NOW_MS}")
+def server_ms(tx: Tx) -> int:
+    (now,) = tx.one(f"SELECT {NOW_MS}")
     return int(now)
 
 
@@ -117,13 +121,61 @@ class PgNodes:
 
     async def heartbeat(self, slots: int) -> int:
         s = self._settings
-        return await self._db.tx(_heartbeat, s.node_id, s.project, slots, self._host, os.getpid())
+        return await self._db.write(_heartbeat, s.node_id, s.project, slots, self._host, os.getpid())
 
     async def alive(self) -> int:
-        return await self._db.tx(_alive, self._settings.lease_s)
+        return await self._db.read(_alive, self._settings.lease_s)
 
     async def leave(self) -> None:
-        await self._db.tx(_leave, self._settings.node_id)
+        await self._db.write(_leave, self._settings.node_id)
+
+
+SQL_NEW_BOOT = """
+INSERT INTO node_boots (project_id, node_id, boot_id, booted_at_ms) VALUES (%s, %s, %s, %s)
+ON CONFLICT (project_id, node_id) DO UPDATE SET boot_id = excluded.boot_id, booted_at_ms = excluded.booted_at_ms
+    WHERE node_boots.boot_id <> excluded.boot_id
+RETURNING 1
+"""
+SQL_ARM_REBOOTS = """
+INSERT INTO boot_fires (project_id, trigger_id, node_id, boot_id, due_ms)
+SELECT h.project_id, h.id, %s, %s, %s FROM triggers AS h
+JOIN trigger_revisions AS r ON r.project_id = h.project_id AND r.trigger_id = h.id AND r.revision = h.revision
+WHERE h.project_id = %s AND h.enabled AND r.spec::jsonb ->> 'expression' = %s
+ON CONFLICT (project_id, node_id, trigger_id) DO UPDATE SET boot_id = excluded.boot_id, due_ms = excluded.due_ms
+"""
+
+
+def _arm_boot(tx: Tx, project: str, node: str, boot_id: str, at: int) -> tuple[int, list[Run]]:
+    if not tx.rows(SQL_NEW_BOOT, (project, node, boot_id, at)):
+        return 0, []  # a restart of this node within the same boot
+    # Arming first: it waits (on the triggers' rows) only for admissions, before this
+    # transaction holds any run an admission could wait for.
+    armed = tx.execute(SQL_ARM_REBOOTS, (node, boot_id, at, project, REBOOT))
+    lost = lose_untaken(tx, project, node)
+    if lost:
+        tx.hint("run")
+    return armed, lost
+
+
+class PgAdmission(SqlAdmission):
+    """RunAdmission (edge.core.ports.stores) of cluster node `node_id`: the queue bound
+    counts the slots of every live node (`own_slots` > 0), and `@reboot` is per node."""
+
+    def __init__(self, db: PgDatabase, capacity: int, node_id: str, own_slots: int = 0, lease_s: float = 30.0,
+                 followers: Followers | None = None) -> None:
+        super().__init__(db, ADMISSION, capacity, followers, NodeLease(node_id, lease_s), own_slots)
+        self._pg = db
+        self._node_id = node_id
+
+    async def arm_boot(self, project: str, boot_id: str, at_ms: int) -> int:
+        """The boot on record is this node's (`node_boots`), and so are the fires it arms
+        (`boot_fires`). The runs of the boot before that this node never took are lost,
+        each with its line (at most one per `@reboot` trigger)."""
+        armed, lost = await self._pg.write(_arm_boot, project, self._node_id, boot_id, at_ms)
+        for run in lost:
+            level, line = run_finished(run)
+            log.log(level, "%s", line)
+        return armed
 
 
 class Node:
@@ -315,32 +367,17 @@ class ClusterRunner:
         self._notices = notices
         self._agents = agents  # an AI run cancelled before any node took it still gets its record
         self._node = node
-        self._admission = admission
         self._runs = runs
         self._claims = claims
         self._clock = clock
         self._settings = settings
-        self._background = Background(log)
+        self._starts = ManualStart(self, admission, clock, notices, Background(log), log)
 
     def submit(self, run: Run) -> None:
         self._node.wake()  # queued in PostgreSQL already: whichever node has a slot claims it
 
     async def start(self, task: Task, actor: ActorType) -> Run:
-        try:
-            return await shielded(self._background, self._admit(task, actor), f"admit-{task.id}")
-        except ToolError as refusal:
-            self._notices.say(log, task.id, *start_refused(task.id, refusal), "start refused")
-            raise
-
-    async def _admit(self, task: Task, actor: ActorType) -> Run:
-        admitted = await self._admission.admit_manual(task, actor, self._clock.now_ms())
-        try:
-            for run_id in admitted.replaces:
-                with contextlib.suppress(ToolError):
-                    await self.cancel(task.project_id, run_id, "replaced")
-        finally:
-            self._node.wake()
-        return admitted.run
+        return await self._starts.start(task, actor)
 
     async def cancel(self, project: str, run_id: str, reason: str) -> Run:
         for _ in range(8):

@@ -7,7 +7,8 @@ SQLite, whatever the database's locale.
 from __future__ import annotations
 
 from edge.core.errors import ToolError
-from edge.storage.postgres.db import PgDatabase, Tx
+from edge.storage.postgres.db import PgDatabase
+from edge.storage.tx import Tx
 
 MIGRATE_LOCK = 0x71_6C_65_64  # "qled": one key per database, held only while migrating
 
@@ -455,16 +456,16 @@ SQL_VERSION_TABLE = (
 )
 
 
-async def _migrate(tx: Tx) -> int:
-    await tx.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK,))
-    await tx.execute(SQL_VERSION_TABLE)
-    (version,) = await tx.one("SELECT coalesce(max(version), 0) FROM qledge_schema")
+def _migrate(tx: Tx) -> int:
+    tx.lock(MIGRATE_LOCK)
+    tx.execute(SQL_VERSION_TABLE)
+    (version,) = tx.one("SELECT coalesce(max(version), 0) FROM qledge_schema")
     if version > len(MIGRATIONS):
         raise ToolError("unavailable", f"database schema version {version} is newer than this qledge "
                                        f"({len(MIGRATIONS)})")
     if version < len(MIGRATIONS):
-        await tx.execute(MIGRATIONS[version])
-        await tx.execute("INSERT INTO qledge_schema (version, applied_at) VALUES (%s, now())", (version + 1,))
+        tx.execute(MIGRATIONS[version])
+        tx.execute("INSERT INTO qledge_schema (version, applied_at) VALUES (%s, now())", (version + 1,))
     return version + (version < len(MIGRATIONS))
 
 
@@ -472,6 +473,6 @@ async def migrate(db: PgDatabase) -> int:
     """Bring the schema to the newest version, one migration per transaction."""
     while True:
         before = len(MIGRATIONS)
-        version = await db.tx(_migrate)
+        version = await db.write(_migrate)
         if version >= before:
             return version

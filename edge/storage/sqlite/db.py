@@ -1,5 +1,6 @@
-"""The one SQLite connection: opening, pragmas, running work in its worker thread, and the
-ballast that keeps it writable when the disk fills up."""
+"""The one SQLite connection: opening, pragmas, running work (and the storage rules, in
+`BEGIN IMMEDIATE` transactions) in its worker thread, and the ballast that keeps it
+writable when the disk fills up."""
 
 from __future__ import annotations
 
@@ -17,18 +18,15 @@ import apsw.aio
 
 from edge.core.errors import ToolError, unavailable
 from edge.storage.sqlite.schema import NotOurs, SchemaTooNew, check_owned, migrate
+from edge.storage.tx import Params, Row
 
 log = logging.getLogger("qledge.store")
 T = TypeVar("T")
 
 SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 
-# A row as SQLite returns it. Its column types are those of the query that read it: each
-# adapter knows its own queries, and every shape that leaves an adapter is a typed Struct.
-Row = tuple[Any, ...]
 
-
-def one(conn: apsw.Connection, sql: str, params: tuple[Any, ...] = ()) -> Row:
+def one(conn: apsw.Connection, sql: str, params: Params = ()) -> Row:
     """The row of a query that always returns one (an aggregate, RETURNING, a row the
     transaction knows exists); its absence is a storage fault."""
     row = conn.execute(sql, params).fetchone()
@@ -37,7 +35,7 @@ def one(conn: apsw.Connection, sql: str, params: tuple[Any, ...] = ()) -> Row:
     return row
 
 
-def rows(conn: apsw.Connection, sql: str, params: tuple[Any, ...] = ()) -> list[Row]:
+def rows(conn: apsw.Connection, sql: str, params: Params = ()) -> list[Row]:
     return conn.execute(sql, params).fetchall()
 
 
@@ -140,6 +138,58 @@ def immediate(conn: apsw.Connection) -> Iterator[None]:
         conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
+
+
+class SqliteTx:
+    """edge.storage.tx.Tx on the connection, in its worker thread. `lock` and `hint` do
+    nothing: `BEGIN IMMEDIATE` already holds the database's one write lock, and one daemon
+    owns the database, so there is no other node to wake."""
+
+    __slots__ = ("conn", "after")
+
+    def __init__(self, conn: apsw.Connection) -> None:
+        self.conn = conn
+        self.after: list[Callable[[], None]] = []
+
+    def rows(self, sql: str, params: Params = ()) -> list[Row]:
+        return self.conn.execute(sql, params).fetchall()
+
+    def each(self, sql: str, params: Params = ()) -> Iterator[Row]:
+        cursor = self.conn.execute(sql, params)
+        try:
+            yield from cursor
+        finally:
+            cursor.close()
+
+    def row(self, sql: str, params: Params = ()) -> Row | None:
+        return self.conn.execute(sql, params).fetchone()
+
+    def one(self, sql: str, params: Params = ()) -> Row:
+        return one(self.conn, sql, params)
+
+    def execute(self, sql: str, params: Params = ()) -> int:
+        self.conn.execute(sql, params)
+        return self.conn.changes()
+
+    def lock(self, key: int) -> None:
+        pass
+
+    def hint(self, topic: str) -> None:
+        pass
+
+    def after_commit(self, fn: Callable[[], None]) -> None:
+        self.after.append(fn)
+
+
+def _read(conn: apsw.Connection, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    return fn(SqliteTx(conn), *args)
+
+
+def _write(conn: apsw.Connection, fn: Callable[..., T], args: tuple[Any, ...]) -> tuple[T, list[Callable[[], None]]]:
+    tx = SqliteTx(conn)
+    with immediate(conn):
+        result = fn(tx, *args)
+    return result, tx.after
 
 
 def free_bytes(directory: str) -> int:
@@ -298,7 +348,8 @@ def _first(conn: apsw.Connection, pending: list[_Pending], fn: Callable[..., T],
     for item in pending:
         item.done = True
         try:
-            item.fn(conn, *item.args)
+            with immediate(conn):
+                item.fn(SqliteTx(conn), *item.args)
         except apsw.Error as exc:  # its own fault must not fail the call it rides on
             log.error("storage error in %s: %s", getattr(item.fn, "__qualname__", item.fn), exc)
     return fn(conn, *args)
@@ -314,9 +365,10 @@ class Database:
         self._pending: list[_Pending] = []
 
     def before_next(self, fn: Callable[..., object], *args: Any) -> None:
-        """Run `fn(conn, *args)` in the worker before whatever `run` is called next, so it
-        precedes every call made from now on (not a task that starts later); used when
-        storage must change before anything else is written."""
+        """Run the rule `fn(tx, *args)` in a transaction of its own in the worker before
+        whatever `run` is called next, so it precedes every call made from now on (not a
+        task that starts later); used when storage must change before anything else is
+        written. A failure is logged, never raised."""
         self._pending.append(_Pending(fn, args))
 
     @classmethod
@@ -381,6 +433,19 @@ class Database:
             raise
         if self.ballast is not None:
             self.ballast.poll()
+        return result
+
+    async def read(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run the rule `fn(tx, *args)` in the worker, outside a transaction: a read."""
+        return await self.run(_read, fn, args)
+
+    async def write(self, fn: Callable[..., T], *args: Any, retry_s: float = 0.0) -> T:
+        """Run the rule `fn(tx, *args)` in the worker in one `BEGIN IMMEDIATE` transaction,
+        then what it asked to follow the commit. (`retry_s` is for a database across a
+        network; this one is never out of reach.)"""
+        result, after = await self.run(_write, fn, args)
+        for follow in after:
+            follow()
         return result
 
     async def _after_full(self, fn: Callable[..., T], args: tuple[Any, ...], exc: apsw.Error) -> T:
