@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import pwd
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
+import termios
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +30,29 @@ READY_TIMEOUT_S = 20.0
 # CI, where a task naming no user runs as nobody).
 OWN_USER = pwd.getpwuid(os.geteuid()).pw_name
 IS_ROOT = os.geteuid() == 0
+
+
+def until(predicate: Callable[[], Any], what: str, timeout_s: float = 20.0, every_s: float = 0.02) -> Any:
+    """Poll `predicate` until it returns something true (returned) or `timeout_s` passes."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}")
+        time.sleep(every_s)
+    return value
+
+
+def unread(sock: socket.socket) -> int:
+    """Bytes sent on this Unix stream socket that its peer has not read yet (SIOCOUTQ)."""
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+
+
+def read_by(daemon: DaemonProcess, *socks: socket.socket) -> None:
+    """Once this returns, the daemon has read everything sent on `socks` and acted on it: the
+    kernel holds none of it any more, and a call after that (a full turn of the daemon's
+    event loop, and then some) has been answered."""
+    until(lambda: all(unread(s) == 0 for s in socks), "the daemon to read what was sent")
+    daemon.call("qledge.status")
 
 
 def short_tmpdir() -> str:
@@ -210,19 +236,16 @@ class Notifications:
         threading.Thread(target=self._read, daemon=True, name=f"notify {path}").start()
 
     def _read(self) -> None:
-        try:
+        with contextlib.suppress(OSError):  # closed
             while not self._closed:
                 try:
                     data = self._sock.recv(4096)
                 except TimeoutError:
                     continue
                 with self._changed:
-                    self.messages.append(data.decode(errors="replace"))
+                    if data:
+                        self.messages.append(data.decode(errors="replace"))
                     self._changed.notify_all()
-        except OSError:
-            pass  # closed
-        finally:
-            self._sock.close()
 
     def wait(self, line: str, timeout: float, while_: Callable[[], bool] = lambda: True) -> bool:
         """Whether a message holding `line` (e.g. "READY=1") came within `timeout`; gives up
@@ -237,7 +260,11 @@ class Notifications:
         return True
 
     def close(self) -> None:
+        """Stop reading; the descriptor is given back now, not when the thread next wakes."""
         self._closed = True
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
 
 
 class RawConnection:
