@@ -70,4 +70,13 @@ def daemon_factory():
         d.cleanup()
 
 
-from pg_support import pg_dsn, pg_server  # noqa: E402, F401  (a real PostgreSQL, for the cluster tests)
+from pg_support import drop_test_databases, pg_dsn, pg_server  # noqa: E402, F401  (a real PostgreSQL, for the cluster tests)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    """After every fixture of the test is torn down (its daemons stopped), its databases go."""
+    try:
+        return (yield)
+    finally:
+        drop_test_databases()

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import pwd
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
+import termios
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +30,29 @@ READY_TIMEOUT_S = 20.0
 # CI, where a task naming no user runs as nobody).
 OWN_USER = pwd.getpwuid(os.geteuid()).pw_name
 IS_ROOT = os.geteuid() == 0
+
+
+def until(predicate: Callable[[], Any], what: str, timeout_s: float = 20.0, every_s: float = 0.02) -> Any:
+    """Poll `predicate` until it returns something true (returned) or `timeout_s` passes."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}")
+        time.sleep(every_s)
+    return value
+
+
+def unread(sock: socket.socket) -> int:
+    """Bytes sent on this Unix stream socket that its peer has not read yet (SIOCOUTQ)."""
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+
+
+def read_by(daemon: DaemonProcess, *socks: socket.socket) -> None:
+    """Once this returns, the daemon has read everything sent on `socks` and acted on it: the
+    kernel holds none of it any more, and a call after that (a full turn of the daemon's
+    event loop, and then some) has been answered."""
+    until(lambda: all(unread(s) == 0 for s in socks), "the daemon to read what was sent")
+    daemon.call("qledge.status")
 
 
 def short_tmpdir() -> str:
@@ -61,6 +89,7 @@ class DaemonProcess:
         self.env.pop("QLEDGE_TOKEN", None)
         self.env.pop("QLEDGE_SOCKET", None)
         self.proc: subprocess.Popen | None = None
+        self.notifications: Notifications | None = None  # what the daemon said via sd_notify
         self.stderr_path = os.path.join(self.home, "daemon.stderr")
         self._scratch: str | None = None
         self.user = user  # run the daemon as this user (the test must be root); its home becomes its own
@@ -77,13 +106,9 @@ class DaemonProcess:
 
     def start(self, extra_args: list[str] | None = None) -> DaemonProcess:
         notify_path = os.path.join(self.home, "notify.sock")
-        if os.path.exists(notify_path):
-            os.unlink(notify_path)
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        listener.bind(notify_path)
-        if self.user is not None:
-            os.chmod(notify_path, 0o777)
-        listener.settimeout(READY_TIMEOUT_S)
+        if self.notifications is not None:
+            self.notifications.close()
+        self.notifications = Notifications(notify_path, world_writable=self.user is not None)
         args = [*self.argv, "serve"]
         if self.config_path:
             args += ["--config", self.config_path]
@@ -96,16 +121,12 @@ class DaemonProcess:
                 args, env={**self.env, "NOTIFY_SOCKET": notify_path},
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, **as_user,
             )
-        try:
-            while True:
-                message = listener.recv(4096).decode()
-                if "READY=1" in message:
-                    break
-        except TimeoutError:
+        proc = self.proc
+        if not self.notifications.wait("READY=1", READY_TIMEOUT_S, while_=lambda: proc.poll() is None):
+            code = proc.poll()
             self.stop()
-            raise RuntimeError(f"daemon did not become ready: {self.stderr()}") from None
-        finally:
-            listener.close()
+            why = "timed out" if code is None else f"it exited with status {code}"
+            raise RuntimeError(f"daemon did not become ready ({why}): {self.stderr()}")
         self.ready_s = time.perf_counter() - started
         return self
 
@@ -117,20 +138,43 @@ class DaemonProcess:
             return ""
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int | None:
+        """Signal the daemon (a graceful stop by default) and wait for it to exit; killed
+        after `timeout`."""
         if self.proc is None:
             return None
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
+        return self._reap(timeout)
+
+    def _reap(self, timeout: float) -> int:
+        assert self.proc is not None
         try:
             code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             code = self.proc.wait()
         self.proc = None
+        if self.notifications is not None:
+            self.notifications.close()
         return code
 
+    def halt(self, timeout: float = 20.0) -> int | None:
+        """Stop for good, as fast as the daemon can: SIGTERM, then, once it says it is
+        stopping (STOPPING=1), a second SIGTERM, which stops it at once (no grace for calls
+        in flight or for runs). What a test that is over needs: nothing waits out a grace."""
+        if self.proc is None:
+            return None
+        proc = self.proc
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            assert self.notifications is not None
+            if self.notifications.wait("STOPPING=1", timeout, while_=lambda: proc.poll() is None):
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)
+        return self._reap(timeout)
+
     def cleanup(self) -> None:
-        self.stop()
+        self.halt()
         if self._own_home:
             shutil.rmtree(os.path.realpath(self.home) + "-tasks", ignore_errors=True)  # the tasks' data directories
             shutil.rmtree(self.home, ignore_errors=True)
@@ -171,6 +215,56 @@ class DaemonProcess:
             args["permissions"] = permissions
         created = self.call("qledge.credential.create", args)
         return created["credential"]["id"], created["token"]
+
+
+class Notifications:
+    """The sd_notify datagrams a daemon sends (READY=1, RELOADING=1, STOPPING=1, …), read by
+    a thread as they come (the daemon's send would block on a full queue), for a test to
+    wait on."""
+
+    def __init__(self, path: str, world_writable: bool = False) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._sock.bind(path)
+        if world_writable:
+            os.chmod(path, 0o777)
+        self._sock.settimeout(0.2)
+        self.messages: list[str] = []
+        self._changed = threading.Condition()
+        self._closed = False
+        threading.Thread(target=self._read, daemon=True, name=f"notify {path}").start()
+
+    def _read(self) -> None:
+        with contextlib.suppress(OSError):  # closed
+            while not self._closed:
+                try:
+                    data = self._sock.recv(4096)
+                except TimeoutError:
+                    continue
+                with self._changed:
+                    if data:
+                        self.messages.append(data.decode(errors="replace"))
+                    self._changed.notify_all()
+
+    def wait(self, line: str, timeout: float, while_: Callable[[], bool] = lambda: True) -> bool:
+        """Whether a message holding `line` (e.g. "READY=1") came within `timeout`; gives up
+        at once when `while_()` turns false (the daemon exited)."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while not any(line in m.splitlines() for m in self.messages):
+                left = deadline - time.monotonic()
+                if left <= 0 or not while_():
+                    return False
+                self._changed.wait(min(left, 0.05))
+        return True
+
+    def close(self) -> None:
+        """Stop reading; the descriptor is given back now, not when the thread next wakes."""
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
 
 
 class RawConnection:

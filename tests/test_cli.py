@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -216,8 +217,11 @@ class OneReplyPeer:
                               capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
 
     def close(self) -> None:
+        with contextlib.suppress(OSError):  # wakes the accept() the thread is blocked in
+            self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
         self.thread.join(5)
+        assert not self.thread.is_alive()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

@@ -28,7 +28,7 @@ from edge.tools.definition import Registry
 from edge.transports import tool_protocol as frames
 from edge.transports.unix import Connection, UnixListener
 from mcp_support import LineClient
-from support import RawConnection
+from support import RawConnection, read_by, until
 
 LIMITS = "[connections]\nmax_per_socket = 4\n"
 
@@ -57,8 +57,7 @@ def _no_tracebacks(daemon) -> None:
 
 def test_at_the_cap_the_longest_silent_unauthenticated_connection_makes_room(daemon_factory):
     daemon = daemon_factory(config=LIMITS).start()
-    silent = [RawConnection(daemon.socket) for _ in range(4)]
-    time.sleep(0.2)  # accepted, in this order
+    silent = [RawConnection(daemon.socket) for _ in range(4)]  # accepted in this order (the backlog is FIFO)
     newcomer = RawConnection(daemon.socket)
     assert _status(newcomer)["ok"] is True
     _refused_and_closed(silent[0], "resource_exhausted", "too many connections")
@@ -156,18 +155,23 @@ def test_partial_frames_draw_on_one_budget_and_the_one_that_does_not_fit_is_refu
     daemon = daemon_factory(config="max_frame_bytes = 65536\n[connections]\npartial_bytes = 65536\n").start()
     first = RawConnection(daemon.socket)
     first.send_raw((60_000).to_bytes(4, "big") + b"\x00" * 30_000)  # holds 60,000 - 16 KiB of the budget
-    time.sleep(0.2)
+    read_by(daemon, first.sock)
     second = RawConnection(daemon.socket)
     second.send_raw((60_000).to_bytes(4, "big"))
     _refused_and_closed(second, "resource_exhausted", "partly received")
     # Small requests need nothing from the budget: served while it is spent.
     assert daemon.call("qledge.status")["counts"] is not None
     first.close()
-    time.sleep(0.2)  # the first connection's share is given back when it goes
-    third = RawConnection(daemon.socket)
     request = frames.frame(msgspec.msgpack.encode({"id": 7, "tool": "qledge.status", "args": {"pad": "x" * 50_000}}))
-    third.send_raw(request)
-    answer = third.recv()
+
+    def served() -> dict | None:  # the first connection's share is given back once the daemon has seen it go
+        third = RawConnection(daemon.socket)
+        third.send_raw(request)
+        answer = third.recv()
+        third.close()
+        return None if answer is not None and answer["error"]["code"] == "resource_exhausted" else answer
+
+    answer = until(served, "the first connection's share to be given back")
     assert answer is not None and answer["id"] == 7 and answer["error"]["code"] == "invalid_argument", answer
 
 
@@ -177,7 +181,7 @@ def test_an_mcp_line_larger_than_the_budget_allows_is_refused(daemon_factory):
     path = os.path.join(daemon.home, "mcp.sock")
     first = LineClient(path)
     first.send(b"x" * 60_000)
-    time.sleep(0.3)
+    read_by(daemon, first.sock)
     second = LineClient(path)
     second.send(b"y" * 40_000)
     answer = second.recv()
@@ -308,6 +312,16 @@ class _Echo(UnixListener):
 
 async def test_out_of_descriptors_the_accept_loop_pauses_with_one_line(home, caplog, monkeypatch):
     monkeypatch.setattr("edge.transports.unix.ACCEPT_PAUSE_S", 0.05)
+    loop = asyncio.get_running_loop()
+    attempts = 0
+    accept = loop.sock_accept
+
+    async def counted(sock: socket.socket):  # the listener's accepts, counted
+        nonlocal attempts
+        attempts += 1
+        return await accept(sock)
+
+    monkeypatch.setattr(loop, "sock_accept", counted)
     listener = _Echo(os.path.join(home, "echo.sock"))
     await listener.start()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -318,6 +332,10 @@ async def test_out_of_descriptors_the_accept_loop_pauses_with_one_line(home, cap
             c.connect(listener.path)
             c.setblocking(False)
             clients.append(c)
+        # Sockets an earlier test left to the cycle collector would give back descriptors
+        # mid-way (an accept that succeeds, a second episode): collected now, and not meanwhile.
+        gc.collect()
+        gc.disable()
         resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, hard))
         with caplog.at_level(logging.WARNING, logger="qledge.server"):
             try:
@@ -325,7 +343,10 @@ async def test_out_of_descriptors_the_accept_loop_pauses_with_one_line(home, cap
                     filler.append(os.open("/dev/null", os.O_RDONLY))
             except OSError as exc:
                 assert exc.errno == errno.EMFILE
-            await asyncio.sleep(0.5)  # ~10 attempts to accept, all out of descriptors
+            tried = attempts
+            async with asyncio.timeout(20):
+                while attempts < tried + 10:  # 10 more attempts to accept, all out of descriptors
+                    await asyncio.sleep(0.01)
             paused = [r for r in caplog.records if "cannot accept" in r.getMessage()]
             assert len(paused) == 1 and paused[0].exc_info is None
             for fd in filler:
@@ -340,6 +361,7 @@ async def test_out_of_descriptors_the_accept_loop_pauses_with_one_line(home, cap
         for fd in filler:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        gc.enable()
         for c in clients:
             c.close()
         await listener.stop()
@@ -485,13 +507,15 @@ async def test_a_childs_attached_connection_is_outside_the_cap_and_never_idles_o
             break
     child = await asyncio.open_unix_connection(sock=theirs)
     silent = [await asyncio.open_unix_connection(tool.path) for _ in range(2)]  # the cap: both admitted
-    await asyncio.sleep(0.01)
+    async with asyncio.timeout(20):
+        while len(tool._connections) < 3:
+            await asyncio.sleep(0.01)
     assert len(tool._connections) == 3
     third = await asyncio.open_unix_connection(tool.path)  # at the cap: the longest silent one goes
     answer = await asyncio.wait_for(silent[0][0].read(4096), 5)
     assert b"too many connections: closing the one idle the longest" in answer
-    await asyncio.sleep(0.6)  # past the idle timeout: the socket's silent connections are closed
-    assert await asyncio.wait_for(third[0].read(4096), 5) != b""  # told why, then closed
+    # Past the idle timeout the socket's silent connections are closed (the child's, older, stays).
+    assert await asyncio.wait_for(third[0].read(4096), 20) != b""  # told why, then closed
     reader, writer = child
     writer.write(frames.frame(msgspec.msgpack.encode({"id": 1, "tool": "qledge.status"})))
     await writer.drain()

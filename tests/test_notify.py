@@ -303,7 +303,11 @@ def test_a_failing_task_on_a_real_daemon(daemon, server):
     assert daemon.cli("run", "start", "flaky", "--wait").returncode == 1
     assert daemon.cli("run", "start", "plain", "--wait").returncode == 1
     got = _wait(lambda: len(server.requests) >= 2 and server.requests)
-    time.sleep(0.5)  # nothing more comes
+    # Nothing more comes: the runs' transactions queued two messages, and both are done.
+    records = _wait(lambda: (r := daemon.call("qledge.notify.log")["records"]) and all(
+        x["state"] != "pending" for x in r) and r)
+    assert [(x["state"], x["attempts"]) for x in records] == [("sent", 1), ("sent", 1)]
+    assert len(server.requests) == 2
     assert sorted(r.path for r in got) == ["/first", "/second"]  # each task: its one rule's message
     assert all(r.headers["Authorization"] == "Bearer tok-123456" for r in got)
     flaky = next(r.json() for r in got if r.path == "/second")

@@ -501,17 +501,22 @@ async def test_missing_zone_data_refuses_once_and_keeps_the_cursor(env):
 
 
 async def test_loop_wakes_when_triggers_change(env, utc_here):
+    """The loop sleeps up to a minute at a time: only the wake-up a change sends lets it see
+    the change within the 20 s each step waits here."""
     await env.scheduler.start()
-    await asyncio.sleep(0.05)
-    assert env.scheduler.status()["scheduler"] == "0 triggers armed"
+    await _status_becomes(env, "0 triggers armed")
     facade = Triggers(env.store, env.scheduler, "UTC")
     spec = CronSpec(expression="0 12 * * *", timezone="UTC")
     await facade.create("default", "noon", "t", None, spec, env.clock.ms)
-    await asyncio.sleep(0.05)  # well under the minute the loop would otherwise sleep
-    assert env.scheduler.status()["scheduler"] == "1 triggers armed, next fire 2024-05-01 12:00:00 UTC"
+    await _status_becomes(env, "1 triggers armed, next fire 2024-05-01 12:00:00 UTC")
     await facade.delete("default", "noon", None)
-    await asyncio.sleep(0.05)
-    assert env.scheduler.status()["scheduler"] == "0 triggers armed"
+    await _status_becomes(env, "0 triggers armed")
+
+
+async def _status_becomes(env, line: str, timeout_s: float = 20.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while env.scheduler.status()["scheduler"] != line:
+            await asyncio.sleep(0.005)
 
 
 async def test_replace_and_manual_starts_with_the_real_runner(home):
@@ -673,9 +678,9 @@ async def test_stop_during_an_admission_still_hands_its_runs_over(env, home):
     other.execute("BEGIN IMMEDIATE")  # the admission's BEGIN IMMEDIATE waits behind this
     try:
         await env.scheduler.start()
-        await asyncio.sleep(0.1)  # the tick is now waiting for its admission
+        await _until_task(lambda names: any(n.startswith("admit-") for n in names))  # the tick awaits its admission
         stopping = asyncio.create_task(env.scheduler.stop())
-        await asyncio.sleep(0.1)  # the loop has been cancelled meanwhile
+        await _until_task(lambda names: "scheduler" not in names)  # the loop has been cancelled meanwhile
     finally:
         other.execute("COMMIT")
         other.close()
@@ -683,6 +688,13 @@ async def test_stop_during_an_admission_still_hands_its_runs_over(env, home):
     admitted = await env.all_runs()
     assert len(admitted) == 1
     assert [r.id for r in env.executor.submitted] == [admitted[0].id]
+
+
+async def _until_task(seen, timeout_s: float = 20.0) -> None:
+    """Until `seen` holds of the names of the tasks alive on the loop."""
+    async with asyncio.timeout(timeout_s):
+        while not seen({t.get_name() for t in asyncio.all_tasks()}):
+            await asyncio.sleep(0.005)
 
 
 # -- @reboot and @once --------------------------------------------------------------

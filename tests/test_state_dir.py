@@ -29,6 +29,16 @@ def _serve(home: str, *extra: str, timeout: float = 20.0) -> tuple[int, str, flo
     return done.returncode, done.stderr, time.perf_counter() - started
 
 
+def fail_fast_bound() -> float:
+    """How long a start-up failure may take: FAIL_FAST_S beyond three times what starting the
+    interpreter and the CLI takes on this machine now (`qledge --version`), which a loaded
+    machine makes slower too. A wait on the database's 5 s busy timeout is well beyond it."""
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "edge", "--version"], capture_output=True, timeout=60,
+                   stdin=subprocess.DEVNULL, check=True)
+    return FAIL_FAST_S + 3 * (time.perf_counter() - started)
+
+
 def _one_line(stderr: str) -> str:
     lines = stderr.splitlines()
     assert len(lines) == 1 and "Traceback" not in stderr, stderr
@@ -59,7 +69,7 @@ def test_random_bytes_as_the_database_exit_at_once_with_one_line(home):
     line = _one_line(err)
     assert code == 2 and line.startswith(
         "qledge: unavailable: qledge.db is not a SQLite database: file is not a database")
-    assert took < FAIL_FAST_S + 1.0, took  # the interpreter's own start-up is ~0.1 s of it
+    assert took < fail_fast_bound(), took
 
 
 def test_a_newer_schema_exits_at_once_naming_both_versions(started):
@@ -70,7 +80,7 @@ def test_a_newer_schema_exits_at_once_naming_both_versions(started):
     assert code == 2 and _one_line(err) == (
         f"qledge: unavailable: database schema version 99 is newer than this qledge ({len(MIGRATIONS)}):"
         " upgrade qledge or restore a backup")
-    assert took < FAIL_FAST_S + 1.0, took
+    assert took < fail_fast_bound(), took
 
 
 # -- a database qledge refuses is never written -------------------------------------
@@ -148,7 +158,7 @@ def test_a_refused_database_keeps_every_byte_and_its_mtime(home, tmp_path, case)
     code, err, took = _serve(home, *extra)
     assert code == 2 and expected in _one_line(err), err
     assert _fingerprint(home) == before
-    assert took < FAIL_FAST_S + 1.0, took
+    assert took < fail_fast_bound(), took
 
 
 def test_an_own_database_is_converted_to_small_pages_and_marked(home):
@@ -179,7 +189,7 @@ def test_an_uncreatable_home_and_a_dangling_logs_link_are_one_line(home, tmp_pat
     assert code == 2 and _one_line(err) == (
         f"qledge: permission_denied: {home}/logs is a symbolic link; the state directory's files must be its own:"
         " remove the link")
-    assert took < FAIL_FAST_S + 1.0
+    assert took < fail_fast_bound(), took
 
 
 def test_a_sighup_while_starting_is_remembered_not_fatal(home):
@@ -206,17 +216,27 @@ def test_a_sighup_while_starting_is_remembered_not_fatal(home):
                 time.sleep(0.002)
         assert proc.poll() is None, f"the daemon died (exit {proc.returncode})"
         assert ready and sent >= 1, (ready, sent)
-        time.sleep(0.5)
-        with open(os.path.join(home, "daemon.stderr")) as f:
-            log = f.read()
-        assert "reloaded" in log and "Traceback" not in log
+        log = _log_with(home, "reloaded", 1)
+        assert "Traceback" not in log
         os.kill(proc.pid, signal.SIGHUP)  # after start-up, a HUP is an ordinary reload
-        time.sleep(0.3)
-        assert proc.poll() is None
+        log = _log_with(home, "reloaded", log.count("reloaded") + 1)
+        assert proc.poll() is None and "Traceback" not in log
     finally:
         proc.terminate()
         assert proc.wait(20) == 0
         listener.close()
+
+
+def _log_with(home: str, line: str, times: int, timeout_s: float = 20.0) -> str:
+    """The daemon's stderr once it holds `line` `times` times."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with open(os.path.join(home, "daemon.stderr")) as f:
+            log = f.read()
+        if log.count(line) >= times:
+            return log
+        assert time.monotonic() < deadline, log
+        time.sleep(0.02)
 
 
 def _catches_hup(pid: int) -> bool:
@@ -262,7 +282,7 @@ def test_a_home_writable_by_others_is_refused(started, mode):
     code, err, took = _serve(started)
     assert code == 2 and _one_line(err) == (
         f"qledge: permission_denied: {started} is writable by group or others (mode {mode:04o}): chmod go-w {started}")
-    assert took < FAIL_FAST_S + 1.0
+    assert took < fail_fast_bound(), took
 
 
 @pytest.mark.parametrize("name", ["qledge.db", "pepper", "logs"])

@@ -192,8 +192,10 @@ def test_status_shows_the_bytes_written_since_start_and_a_rate_per_day(daemon):
     for _ in range(20):
         run = daemon.call("qledge.run.start", {"taskId": "t"})
         daemon.call("qledge.run.wait", {"runId": run["id"], "timeoutMs": 20_000})
-    time.sleep(1.1)  # a rate needs at least a second of uptime
-    then = daemon.call("qledge.status")
+    deadline = time.monotonic() + 20
+    while (then := daemon.call("qledge.status"))["uptimeS"] < 1:  # a rate needs at least a second of uptime
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
     with open(f"/proc/{daemon.pid}/io") as f:
         kernel = int(next(line for line in f if line.startswith("write_bytes")).split()[1])
     assert 0 < first["writtenBytes"] < then["writtenBytes"] <= kernel  # what the kernel counts for it

@@ -175,21 +175,36 @@ def test_clock_behind_the_store_holds_then_resumes(daemon_factory):
     d.cli("task", "add", "hello", "--", "echo", "hi")
     d.cli("trigger", "add", "hello", "--cron", "* * * * * *")
     d.stop()
-    ahead = time.time_ns() // 1_000_000 + 4000  # as if an earlier boot had seen a later time
+    # As if an earlier boot had seen a later time: far enough ahead that the restart and the
+    # checks below are done before the wall clock gets there, however slow this machine is.
+    lead_ms = 4000 + 4 * int((d.ready_s or 0) * 1000)
+    ahead = time.time_ns() // 1_000_000 + lead_ms
     with d.db() as db:
         db.execute("INSERT INTO meta (key, value) VALUES ('clock.newest_ms', ?)"
                    " ON CONFLICT (key) DO UPDATE SET value = excluded.value", (ahead,))
         db.execute("DELETE FROM runs")
     d.start()
+    ready_at = time.time()
     status = d.call("qledge.status", {})
     assert status["extra"]["clock"].startswith("waiting for sync (wall clock ")
     assert re.search(r"^clock: +waiting for sync", d.cli("status").stdout, re.M)
-    time.sleep(2)
+    # The trigger is due every second: two seconds of fires (or as many as the lead leaves)
+    # are held while the clock is behind.
+    time.sleep(max(0.0, min(ready_at + 2, ahead / 1000 - 1) - time.time()))
     assert d.call("qledge.run.list", {})["runs"] == []  # held
-    time.sleep(3.5)
-    assert "clock" not in d.call("qledge.status", {})["extra"]
-    runs = d.call("qledge.run.list", {})["runs"]
-    assert runs and min(r["createdAtMs"] for r in runs) >= ahead  # nothing admitted before the clock caught up
+    assert time.time_ns() // 1_000_000 < ahead, "asked after the clock caught up: the hold was not seen"
+    _poll(lambda: "clock" not in d.call("qledge.status", {})["extra"], "the clock to catch up", ahead)
+    runs = _poll(lambda: d.call("qledge.run.list", {})["runs"], "a fire after the clock caught up", ahead)
+    assert min(r["createdAtMs"] for r in runs) >= ahead  # nothing admitted before the clock caught up
+
+
+def _poll(read, what: str, after_ms: int, within_s: float = 60.0):
+    """`read()`'s first true value, polled until `within_s` after the wall time `after_ms`."""
+    deadline = after_ms / 1000 + within_s
+    while not (value := read()):
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+    return value
 
 
 @pytest.mark.e2e
