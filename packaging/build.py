@@ -31,12 +31,15 @@ PACKAGE = "edge"
 OPTIONAL: dict[str, str | tuple[str, ...]] = {
     "mcp": "edge/mcp/",
     "postgres": "edge/storage/postgres/",
-    "agent": ("edge/agent/", "edge/app/agent.py", "edge/core/agent.py", "edge/core/ledger.py",
+    "agent": ("edge/agent/", "edge/app/agent.py", "edge/cli/agent.py", "edge/core/agent.py", "edge/core/ledger.py",
               "edge/core/ports/agent.py", "edge/storage/sqlite/evidence.py", "edge/storage/sqlite/ledger.py",
               "edge/tools/agent.py", "edge/tools/missions.py"),
-    "notify": ("edge/notify/", "edge/core/ports/notify.py", "edge/storage/sqlite/notify.py"),
+    "notify": ("edge/notify/", "edge/cli/notify.py", "edge/cli/notify_import.py", "edge/core/ports/notify.py",
+               "edge/storage/sqlite/notify.py"),
     "web": "edge/web/",
 }
+# Kept in the source tree for callers of an older import path; no build ships it.
+NOT_SHIPPED = ("edge/cli/client.py",)
 # The profiles one may ask for, and the capabilities each adds to the edge core.
 WANTED: dict[str, tuple[str, ...]] = {
     "edge": (),
@@ -81,7 +84,7 @@ def profile_files(profile: str, root: str = ROOT) -> list[str]:
             if name.endswith((".pyc", ".pyo")):
                 continue
             rel = os.path.relpath(os.path.join(dirpath, name), root).replace(os.sep, "/")
-            if not rel.startswith(excluded):
+            if not rel.startswith(excluded) and rel not in NOT_SHIPPED:
                 found.append(rel)
     return sorted(found)
 

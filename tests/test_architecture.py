@@ -20,9 +20,9 @@ ALLOWED = {
     "transports": {"core", "tools"},
     "mcp": {"core", "tools", "transports"},
     # The child of an AI run: core shapes and the blocking socket client, nothing of the daemon.
-    "agent": {"core", "transports", "cli"},
-    # Notifications: the notifier and its tools in the daemon, the sender child, their commands.
-    "notify": {"core", "tools", "cli"},
+    "agent": {"core", "transports"},
+    # Notifications: the notifier and its tools in the daemon, the sender child.
+    "notify": {"core", "tools"},
     # The web panel: its own process, a client of the tool socket; nothing of the daemon.
     "web": set(),
     "app": {"core", "storage", "runner", "scheduler", "tools", "transports", "mcp", "notify"},
@@ -69,7 +69,9 @@ def test_optional_capabilities_are_imported_only_by_composition():
     importers = {rel for rel, _, module in _imports() if module.startswith("edge.storage.postgres")}
     assert importers <= {"app/graph.py"} | {r for r in importers if r.startswith(cluster)}
     importers = {rel for rel, _, module in _imports() if module.startswith("edge.notify")}
-    assert importers <= {"app/graph.py", "cli/main.py"} | {r for r in importers if r.startswith("notify" + os.sep)}
+    # Its commands (edge/cli/notify*.py) ship with it too (packaging/build.py).
+    assert importers <= {"app/graph.py", "cli/notify.py", "cli/notify_import.py"} | {
+        r for r in importers if r.startswith("notify" + os.sep)}
     # The notifier's side of the SQLite queue ships with edge/notify/ (packaging/build.py).
     importers = {rel for rel, _, module in _imports() if module == "edge.storage.sqlite.notify"}
     assert importers <= {"app/graph.py"}
@@ -139,7 +141,7 @@ def test_nothing_the_default_daemon_loads_imports_the_agent_side_eagerly():
     assert wrong == []
     lazy = {rel for rel, _, module in _imports() if module in agent} - AGENT_SIDE
     assert {r for r in lazy if not r.startswith("agent" + os.sep)} == {
-        "app/graph.py", "cli/commands.py", "runner/supervisor.py", "tools/chain.py", "storage/postgres/cluster.py",
+        "app/graph.py", "cli/agent.py", "runner/supervisor.py", "tools/chain.py", "storage/postgres/cluster.py",
         "storage/postgres/node.py"}
 
 
