@@ -88,11 +88,19 @@ def _load(module: str) -> ModuleType | None:
 
 
 def _shipped(module: str) -> bool:
-    """Whether the build has `module`, without importing it (its package is imported)."""
+    """Whether the build (or the installation) has `module`, without importing it (its
+    package is imported)."""
     parent = module.rpartition(".")[0]
-    path = getattr(sys.modules[parent], "__path__", None)
+    path = getattr(sys.modules[parent], "__path__", None) if parent else None
     return any(getattr(finder, "find_spec", None) and finder.find_spec(module, path) is not None
                for finder in sys.meta_path)
+
+
+def _require(module: str) -> None:
+    """Raise what importing `module` would (a missing dependency: one line naming its package)
+    for a command that may not import it at all, without importing it."""
+    if module not in sys.modules and not _shipped(module):
+        raise ModuleNotFoundError(f"No module named {module!r}", name=module)
 
 
 def _without_openssl_hashes() -> None:
@@ -389,6 +397,9 @@ def _dispatch(argv: list[str], plain: SimpleNamespace | None) -> int:
             owner = next(n.module for n in NOUNS if n.name == args.verb)
             setattr(sys.modules[owner or ""], "NOTIFY", _load(HOOKS[args.verb]))  # noqa: B010 (a module's)
         handler = args.handler
+    # Every verb reads its reply with msgspec (status falls back on it): a Python without it
+    # is told so before anything is asked of the daemon.
+    _require("msgspec")
     path = _client_socket_for(args)
     with Client(path, token=os.environ.get("QLEDGE_TOKEN") or None) as client:
         # The handlers read attributes only: status takes the plain parse as well as argparse's.
