@@ -22,6 +22,9 @@ import os
 import sys
 import time
 
+from edge import EXIT_OK, EXIT_TOOL, EXIT_USAGE
+from edge import EXIT_UNREACHABLE as EXIT_UNREACHABLE  # for the commands that end with it
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
@@ -39,7 +42,7 @@ if TYPE_CHECKING:
 
 # -- how a command ends ----------------------------------------------------------------
 
-EXIT_OK, EXIT_TOOL, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+# The exit codes (EXIT_OK, EXIT_TOOL, EXIT_USAGE, EXIT_UNREACHABLE) are edge/__init__.py's.
 
 
 def exit_code(code: str) -> int:
