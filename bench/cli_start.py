@@ -7,9 +7,13 @@ loaded machine disturbs far less than wall time. The sides are interleaved (pass
 version, pass, …) and each command's ratio is taken pair by pair against the `pass` of its
 own round, so a burst of load shifts both sides of a ratio alike.
 
-    python bench/cli_start.py [--python PY] [--pyz PYZ] [--rounds N]
+    python bench/cli_start.py [--python PY] [--rounds N]
 
-starts a daemon of its own for `status` and prints the figures as JSON.
+starts a daemon of its own for `status`, measures the launcher pip installs (`bin/qledge`),
+`python -m edge` (how the CLI started on OpenWrt before its launcher ran it with -c) and the
+`edge` and `full` zipapps run by the same interpreter, records the figures in
+bench/results/latest.json (section `cli_start`) and prints them as JSON.
+bench/test_budgets.py holds the ratios to their goals.
 """
 
 from __future__ import annotations
@@ -62,35 +66,64 @@ def measure(commands: dict[str, list[str]], env: dict[str, str], rounds: int = 1
             "ratio_to_" + floor: {k: _spread(v) for k, v in ratios.items()}}
 
 
+MAIN = "from edge.cli.main import main; raise SystemExit(main())"  # the OpenWrt launcher's -c
+
+
+def _zipapp(profile: str, python: str, out: str) -> str:
+    """Build the profile's zipapp with bytecode for `python` where the profile carries any."""
+    import subprocess
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    build = os.path.join(os.path.dirname(here), "packaging", "build.py")
+    subprocess.run([sys.executable, build, "--profile", profile, "--out", out, "--python", python],
+                   check=True, capture_output=True, timeout=300)
+    return os.path.join(out, f"qledge-{profile}.pyz")
+
+
+def measure_install(python: str, rounds: int = 15, zipapps: bool = True) -> dict[str, Any]:
+    """The figures for a qledge installed in `python`'s environment, against a daemon of its own."""
+    import shutil
+    import tempfile
+
+    from daemons import BenchDaemon
+
+    qledge = os.path.join(os.path.dirname(python), "qledge")
+    out = tempfile.mkdtemp(prefix="qlcli")
+    daemon = BenchDaemon(python).start()
+    try:
+        # -P: with -c or -m the current directory (maybe this checkout) would come before the install.
+        commands = {"pass": [python, "-c", "pass"], "status": [qledge, "status"], "version": [qledge, "--version"],
+                    "help": [qledge, "--help"], "run_help": [qledge, "run", "--help"],
+                    "c_status": [python, "-P", "-c", MAIN, "status"],
+                    "c_version": [python, "-P", "-c", MAIN, "--version"],
+                    "m_status": [python, "-P", "-m", "edge", "status"],
+                    "m_version": [python, "-P", "-m", "edge", "--version"]}
+        if zipapps:
+            for profile in ("edge", "full"):
+                pyz = _zipapp(profile, python, out)
+                commands[f"pyz_{profile}_status"] = [python, pyz, "status"]
+                commands[f"pyz_{profile}_version"] = [python, pyz, "--version"]
+        return measure(commands, daemon.env, rounds)
+    finally:
+        daemon.cleanup()
+        shutil.rmtree(out, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
     import json
 
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:0] = [here, os.path.join(os.path.dirname(here), "tests")]
-    from daemons import install_venv
-    from support import DaemonProcess
+    from daemons import install_venv, record
 
     parser = argparse.ArgumentParser(description="qledge status / --version CPU against python3 -c pass")
     parser.add_argument("--python", help="the interpreter of a qledge install (default: a fresh install of this tree)")
-    parser.add_argument("--pyz", help="a zipapp to measure too, run by that interpreter")
     parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args(argv)
-    python = args.python or install_venv()
-    qledge = os.path.join(os.path.dirname(python), "qledge")
-    daemon = DaemonProcess(argv=[python, "-P", "-m", "edge"])
-    daemon.env = {k: v for k, v in daemon.env.items() if not k.startswith(("QLEDGE_", "PYTHON"))}
-    daemon.env["QLEDGE_HOME"] = daemon.home
-    daemon.start()
-    try:
-        commands = {"pass": [python, "-c", "pass"], "status": [qledge, "status"], "version": [qledge, "--version"],
-                    "help": [qledge, "--help"], "run_help": [qledge, "run", "--help"]}
-        if args.pyz:
-            commands.update({"pyz_status": [python, args.pyz, "status"],
-                             "pyz_version": [python, args.pyz, "--version"]})
-        print(json.dumps(measure(commands, daemon.env, args.rounds), indent=2))
-    finally:
-        daemon.cleanup()
+    figures = measure_install(args.python or install_venv(), args.rounds)
+    record("cli_start", figures)
+    print(json.dumps(figures, indent=2))
     return 0
 
 
