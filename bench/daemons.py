@@ -31,7 +31,8 @@ MiB = 1 << 20
 def source_digest() -> str:
     digest = hashlib.sha256()
     for path in sorted(glob.glob(os.path.join(ROOT, "edge", "**", "*.py"), recursive=True)) + sorted(
-        glob.glob(os.path.join(ROOT, "edge", "web", "static", "*"))) + [os.path.join(ROOT, "pyproject.toml")]:
+        glob.glob(os.path.join(ROOT, "edge", "web", "static", "*"))) + [os.path.join(ROOT, "pyproject.toml"),
+                                                                  os.path.join(ROOT, "packaging", "qledge")]:
         digest.update(os.path.relpath(path, ROOT).encode())
         with open(path, "rb") as f:
             digest.update(f.read())

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+import cli_start
 from daemons import ROOT, BenchDaemon, context_switches, install_venv, io_counters, memory, record, uvloop_path
 from edge.cli.client import Client
 
@@ -44,6 +45,11 @@ BUDGET = {
     # filter), about 1.8 KB a run that a scheduled one does not write.
     "flash_per_manual_run_bytes": 16 * 1024 + 2 * 1536,
     "flash_per_audited_read_call_bytes": 1536,
+    # Whole-process CPU of a command against `python -c pass` of the same interpreter, the
+    # least of the pair-by-pair ratios over interleaved rounds (bench/cli_start.py): a command
+    # starts like a shell tool.
+    "cli_status_cpu_ratio": 3.0,
+    "cli_version_cpu_ratio": 1.5,
 }
 REPORT: dict[str, Any] = {"budget": BUDGET}
 # The AI operator on, pointed at nothing: idle, it must cost the daemon (almost) nothing.
@@ -198,6 +204,16 @@ def test_edge_artifact_size():
     REPORT["edge_pyz"] = {k: manifest[k] for k in ("bytes", "files", "source_bytes", "sha256")}
     assert manifest["bytes"] <= BUDGET["edge_pyz_bytes"], manifest["bytes"]
     assert manifest["files"] <= BUDGET["edge_pyz_files"], manifest["files"]
+
+
+def test_cli_start_cpu():
+    """`qledge status` (against an idle daemon) and `qledge --version`, as pip installs the
+    launcher; the zipapps and `python -m edge` are recorded beside them."""
+    figures = cli_start.measure_install(install_venv(), rounds=15)
+    record("cli_start", figures)
+    ratios = figures["ratio_to_pass"]
+    assert ratios["status"]["min"] <= BUDGET["cli_status_cpu_ratio"], ratios
+    assert ratios["version"]["min"] <= BUDGET["cli_version_cpu_ratio"], ratios
 
 
 INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {

@@ -4,6 +4,11 @@ import os
 
 __version__ = "0.1.0"
 
+# How every `qledge` command ends, here so that the commands that load none of the CLI (the web
+# panel, the MCP bridge) share them: done; the daemon or the work refused or failed; the command
+# line is wrong; no daemon to ask.
+EXIT_OK, EXIT_TOOL, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+
 
 def default_home() -> str:
     """The state directory when nothing says otherwise. Here, not in edge.app.config, because

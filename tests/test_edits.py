@@ -13,9 +13,10 @@ import sys
 import msgspec
 import pytest
 
-from edge.cli import edit
 from edge.cli.client import CallFailed, Client
 from edge.cli.main import build_parser
+from edge.cli.task import task_update
+from edge.cli.trigger import trigger_update
 from support import OWN_USER
 
 
@@ -94,7 +95,7 @@ def test_task_update_retries_once_on_a_concurrent_change(daemon, capsys):
                                        "spec": {**msgspec.to_builtins(head.spec), "timeoutMs": 45_000}})
 
     with RacingClient(daemon.socket, [bump], races=1) as c:
-        assert edit.task_update(c, _update_args("task", "update", "t", "--", "echo", "two")) == 0
+        assert task_update(c, _update_args("task", "update", "t", "--", "echo", "two")) == 0
     task = daemon.call("qledge.task.get", {"taskId": "t"})
     # Both changes hold: the other writer's timeout and this update's command.
     assert task["revision"] == 3 and task["spec"]["timeoutMs"] == 45_000
@@ -102,7 +103,7 @@ def test_task_update_retries_once_on_a_concurrent_change(daemon, capsys):
     assert "updated to revision 3" in capsys.readouterr().out
 
     with RacingClient(daemon.socket, [bump], races=2) as c, pytest.raises(CallFailed) as lost:
-        edit.task_update(c, _update_args("task", "update", "t", "--", "echo", "three"))
+        task_update(c, _update_args("task", "update", "t", "--", "echo", "three"))
     assert lost.value.code == "conflict"
     assert "changed by another writer while this update was made, twice: it is now at revision 5" in (
         lost.value.message)
@@ -150,12 +151,12 @@ def test_trigger_update_retries_once_then_says_who_won(daemon, capsys):
         return ("qledge.trigger.disable" if head.enabled else "qledge.trigger.enable", {"triggerId": "t-1"})
 
     with RacingClient(daemon.socket, [toggle], races=1) as c:
-        assert edit.trigger_update(c, _update_args("trigger", "update", "t-1", "--cron", "0 4 * * *")) == 0
+        assert trigger_update(c, _update_args("trigger", "update", "t-1", "--cron", "0 4 * * *")) == 0
     trigger = daemon.call("qledge.trigger.get", {"triggerId": "t-1"})
     assert trigger["revision"] == 3 and trigger["enabled"] is False and trigger["spec"]["expression"] == "0 4 * * *"
     capsys.readouterr()
     with RacingClient(daemon.socket, [toggle], races=2) as c, pytest.raises(CallFailed) as lost:
-        edit.trigger_update(c, _update_args("trigger", "update", "t-1", "--cron", "0 5 * * *"))
+        trigger_update(c, _update_args("trigger", "update", "t-1", "--cron", "0 5 * * *"))
     assert lost.value.code == "conflict" and "it is now at revision 5" in lost.value.message
     assert daemon.call("qledge.trigger.get", {"triggerId": "t-1"})["spec"]["expression"] == "0 4 * * *"
 

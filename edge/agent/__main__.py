@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     from edge.agent.provider import ChatClient
     from edge.agent.specialists import Specialists
     from edge.agent.tools import DaemonTools
-    from edge.cli.client import Client
+    from edge.transports.client import Client
 
     with Client(f"descriptor {fds[1]}", token=job.token, timeout_s=30.0, connected=connection) as client:
         tools = DaemonTools(client, job.tools)

@@ -13,7 +13,7 @@ from typing import Any, Protocol, TypeVar
 
 import msgspec
 
-from edge.cli.client import BadReply, CallFailed, Client, Unreachable
+from edge.transports.client import BadReply, CallFailed, Client, Unreachable
 from edge.core.agent import OfferedTool, OutcomeReport, RoundMeta
 
 T = TypeVar("T")

@@ -1,6 +1,8 @@
-"""`qledge import crontab [FILE|-]` and `qledge import qinglong PATH`: read the source,
-plan with edge.core.imports, and create through the daemon's import tools (one
-transaction and one audit row per task; a second run creates nothing new).
+"""`qledge import FILE|crontab|qinglong` and `qledge export FILE`: the export file both ways
+(tasks, triggers, secrets, the notification channels and the copied scripts that travel with
+it), a crontab, and a qinglong install: read the source, plan with edge.core.imports, and
+create through the daemon's import tools (one transaction and one audit row per task; a
+second run creates nothing new).
 
 Everything that reads files lives here; the meaning of each entry is edge.core.imports.
 """
@@ -18,13 +20,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import msgspec
 
-from edge.cli import render
-from edge.cli.client import CallFailed, Client
-from edge.cli.commands import UsageError, all_pages, write_private
+from edge.cli import shared
+from edge.cli.shared import EXIT_OK, UsageError, Verb, show
 from edge.core.imports import (
     MAX_CRONTAB_BYTES,
     CrontabUser,
@@ -57,15 +58,14 @@ from edge.tools.builtin import backup as backup_tools
 from edge.tools.builtin import credentials as secret_tools
 from edge.tools.builtin import status as status_tools
 from edge.tools.builtin import tasks as task_tools
+from edge.transports.client import CallFailed, Client, all_pages
 
 if TYPE_CHECKING:
     import argparse
     import pwd
     import tarfile
 
-    from edge.cli.main import Subcommands, Verb
-
-OK = 0
+T = TypeVar("T")
 DEFAULT_CRONTAB = "/etc/crontabs/root"  # busybox crond's, on OpenWrt
 DISK_RESERVE = 8 * 1024 * 1024  # what the runner keeps free: a copy must leave it
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,126}$")
@@ -109,7 +109,7 @@ class Report(msgspec.Struct, rename="camel", omit_defaults=True):
 
 
 def _command(entry: Entry) -> str:
-    return "; ".join(render.command_text(entry.task.spec).splitlines())
+    return "; ".join(shared.command_text(entry.task.spec).splitlines())
 
 
 def _records(c: Client) -> dict[str, ImportRecord]:
@@ -299,10 +299,10 @@ def _summary(report: Report) -> str:
 
 def _done(a: argparse.Namespace, report: Report) -> int:
     if a.json:
-        render.json_out(report)
+        shared.json_out(report)
     else:
         _print(report)
-    return OK
+    return EXIT_OK
 
 
 def _timeout_ms(a: argparse.Namespace) -> int:
@@ -711,7 +711,7 @@ def _store_secrets(c: Client, report: Report, wanted: dict[str, str], records: d
 
 
 class NotifyImports(Protocol):
-    """What a build with notifications adds to imports (edge.notify.imports)."""
+    """What a build with notifications adds to imports (edge.cli.notify_import)."""
 
     def ql_channels(self, c: Client, report: Report, data: QlData, wanted: dict[str, str], usable: dict[str, str],
                     records: dict[str, ImportRecord], dry_run: bool) -> None: ...
@@ -725,7 +725,7 @@ class NotifyImports(Protocol):
     def apply(self, c: Client, doc: backup_tools.Document, replace: bool, dry_run: bool) -> list[str]: ...
 
 
-NOTIFY: NotifyImports | None = None  # set by edge.cli.main when the build has notifications
+NOTIFY: NotifyImports | None = None  # edge.cli.notify_import, set by edge.cli.main when the build ships it
 
 
 QL_USER = "root"  # qinglong runs every script as root
@@ -1065,29 +1065,27 @@ def import_qinglong(c: Client, a: argparse.Namespace) -> int:
 # -- argparse -------------------------------------------------------------------------
 
 
-def add_import_sources(imports: Subcommands, verb: Verb) -> None:
-    """`qledge import crontab …` and `qledge import qinglong …`, beside `qledge import FILE`."""
-    cron = verb(imports, "crontab", import_crontab,
-                "import a crontab: each entry becomes a shell task with a trigger (run it again: nothing new)")
-    cron.add_argument("file", nargs="?", metavar="FILE|-", help=f"the crontab (default {DEFAULT_CRONTAB}; - for stdin)")
-    cron.add_argument("--disable-source", action="store_true",
-                      help="comment the imported lines out of the crontab (after a backup), so nothing runs twice")
-    cron.add_argument("--timeout", type=float, metavar="S", help="kill a run after S seconds (default 3600)")
-    cron.add_argument("--user", metavar="USER",
-                      help="run the entries as USER (default: the crontab's user, its file name, e.g. root)")
-    ql = verb(imports, "qinglong", import_qinglong,
-              "import a qinglong install: its crons, environment (as secrets) and scripts")
-    ql.add_argument("path", metavar="PATH", help="qinglong's data directory, its db/database.sqlite, or a data.tgz")
-    ql.add_argument("--user", metavar="USER", help=f"run the tasks as USER (default {QL_USER}, as qinglong does)")
-    ql.add_argument("--scripts-dir", metavar="DIR",
-                    help=f"copy the scripts to DIR (default <state dir>{SCRIPTS_BESIDE}/qinglong, beside the"
-                         " state directory)")
-    ql.add_argument("--scripts-in-place", action="store_true",
-                    help="run the scripts where they are instead of copying them")
-    ql.add_argument("--with-notifications", action="store_true",
-                    help="also import notification keys (BARK_PUSH, TG_BOT_TOKEN, …) as secrets")
-    for parser in (cron, ql):
-        parser.add_argument("--dry-run", action="store_true", help="print the plan; change nothing")
+def _crontab_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", nargs="?", metavar="FILE|-", help=f"the crontab (default {DEFAULT_CRONTAB}; - for stdin)")
+    p.add_argument("--disable-source", action="store_true",
+                   help="comment the imported lines out of the crontab (after a backup), so nothing runs twice")
+    p.add_argument("--timeout", type=float, metavar="S", help="kill a run after S seconds (default 3600)")
+    p.add_argument("--user", metavar="USER",
+                   help="run the entries as USER (default: the crontab's user, its file name, e.g. root)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan; change nothing")
+
+
+def _qinglong_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", metavar="PATH", help="qinglong's data directory, its db/database.sqlite, or a data.tgz")
+    p.add_argument("--user", metavar="USER", help=f"run the tasks as USER (default {QL_USER}, as qinglong does)")
+    p.add_argument("--scripts-dir", metavar="DIR",
+                   help=f"copy the scripts to DIR (default <state dir>{SCRIPTS_BESIDE}/qinglong, beside the"
+                        " state directory)")
+    p.add_argument("--scripts-in-place", action="store_true",
+                   help="run the scripts where they are instead of copying them")
+    p.add_argument("--with-notifications", action="store_true",
+                   help="also import notification keys (BARK_PUSH, TG_BOT_TOKEN, …) as secrets")
+    p.add_argument("--dry-run", action="store_true", help="print the plan; change nothing")
 
 
 # -- moving a device: the copied scripts and the notifications travel with an export ---------
@@ -1213,3 +1211,204 @@ def import_notify(c: Client, doc: backup_tools.Document, replace: bool, dry_run:
     if NOTIFY is None:
         return ["notification channels and rules: not imported (this qledge has no notifications)"]
     return NOTIFY.apply(c, doc, replace, dry_run)
+
+
+# -- the export file: qledge export FILE, qledge import FILE ------------------------------------
+
+MAX_EXPORT_FILE = 64 << 20  # far beyond any router's tasks; a bound on what import reads
+_RESTORE_BYTES = 128 << 10  # each import call stays well inside the 256 KiB frame cap
+
+
+class Exported(msgspec.Struct, rename="camel"):
+    file: str
+    tasks: int
+    triggers: int
+    secrets: int | None = None
+    channels: int = 0
+    scripts: int = 0
+    scripts_archive: str | None = None
+    not_exported: list[str] = []
+
+
+def _export_pages(c: Client) -> tuple[list[backup_tools.ExportedTask], list[backup_tools.ExportedTrigger]]:
+    tasks: list[backup_tools.ExportedTask] = []
+    triggers: list[backup_tools.ExportedTrigger] = []
+    cursor: backup_tools.ExportCursor | None = None
+    while True:
+        page = c.typed("qledge.export", backup_tools.ExportArgs(cursor=cursor), backup_tools.ExportPage)
+        tasks += page.tasks
+        triggers += page.triggers
+        if page.next is None:
+            return tasks, triggers
+        cursor = page.next
+
+
+def _secret_page(c: Client, after: str | None) -> tuple[list[backup_tools.SecretValue], str | None]:
+    page = c.typed("qledge.secret.export", backup_tools.SecretExportArgs(after=after), backup_tools.SecretPage)
+    return page.secrets, page.next
+
+
+def write_private(path: str, data: bytes) -> None:
+    """Replace `path` with a new 0600 file holding `data`, all or nothing."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def export_state(c: Client, a: argparse.Namespace) -> int:
+    import edge
+
+    tasks, triggers = _export_pages(c)
+    secrets = all_pages(lambda after: _secret_page(c, after)) if a.with_secrets else None
+    notify, not_exported = export_notify(c, a.with_secrets)
+    scripts, more = export_scripts(c, a.file)
+    doc = backup_tools.Document(
+        format=backup_tools.FORMAT, version=backup_tools.FORMAT_VERSION, qledge_version=edge.__version__,
+        exported_at_ms=int(time.time() * 1000), tasks=tasks, triggers=triggers, secrets=secrets, notify=notify,
+        scripts=scripts, not_exported=not_exported + more,
+    )
+    write_private(a.file, msgspec.json.format(msgspec.json.encode(doc), indent=2) + b"\n")
+    done = Exported(file=a.file, tasks=len(tasks), triggers=len(triggers),
+                    secrets=None if secrets is None else len(secrets),
+                    channels=len(notify.channels) if notify else 0, scripts=scripts.files if scripts else 0,
+                    scripts_archive=scripts.archive if scripts else None, not_exported=doc.not_exported)
+
+    def human(e: Exported) -> None:
+        what = f"{e.tasks} tasks, {e.triggers} triggers" + ("" if e.secrets is None else f", {e.secrets} secrets")
+        what += f", {e.channels} notification channels" if e.channels else ""
+        print(f"exported {what} to {e.file} (mode 0600)")
+        if e.scripts_archive:
+            print(f"exported {e.scripts} scripts to {e.scripts_archive} beside it (mode 0600): keep the two together")
+        for note in e.not_exported:
+            print(f"note: {note}")
+
+    return show(a, done, human)
+
+
+_document = msgspec.json.Decoder(backup_tools.Document)
+
+
+def read_document(path: str) -> backup_tools.Document:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_EXPORT_FILE + 1)
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_EXPORT_FILE:
+        raise UsageError(f"{path} is larger than {MAX_EXPORT_FILE} bytes; not a qledge export")
+    try:
+        return _document.decode(raw)
+    except msgspec.DecodeError as exc:  # ValidationError included
+        raise UsageError(f"{path} is not a qledge export file (format {backup_tools.FORMAT!r}, version"
+                         f" {backup_tools.FORMAT_VERSION}): {' '.join(str(exc).split())}") from None
+
+
+def batches(items: list[T]) -> list[list[T]]:
+    """Consecutive runs of at most BATCH items and about _RESTORE_BYTES each."""
+    out: list[list[T]] = []
+    size = 0
+    for item in items:
+        n = len(msgspec.msgpack.encode(item))
+        if not out or len(out[-1]) >= backup_tools.BATCH or size + n > _RESTORE_BYTES:
+            out.append([])
+            size = 0
+        out[-1].append(item)
+        size += n
+    return out
+
+
+def _restore_calls(doc: backup_tools.Document, replace: bool, dry: bool) -> list[tuple[str, msgspec.Struct]]:
+    """Tasks and triggers as the parts of one session (checked together and written in one
+    transaction by its last part), then secrets."""
+    parts: list[tuple[list[backup_tools.ExportedTask], list[backup_tools.ExportedTrigger]]] = [
+        (b, []) for b in batches(doc.tasks)] + [([], b) for b in batches(doc.triggers)]
+    session = os.urandom(12).hex()
+    calls: list[tuple[str, msgspec.Struct]] = [
+        ("qledge.import", backup_tools.ImportArgs(tasks=tasks, triggers=triggers, replace=replace, dry_run=dry,
+                                                  session=backup_tools.ImportSession(id=session, part=n,
+                                                                                     last=n == len(parts) - 1)))
+        for n, (tasks, triggers) in enumerate(parts)]
+    calls += [("qledge.secret.import", backup_tools.SecretImportArgs(secrets=b, replace=replace, dry_run=dry))
+              for b in batches(doc.secrets or [])]
+    return calls
+
+
+def import_state(c: Client, a: argparse.Namespace) -> int:
+    with tempfile.TemporaryDirectory(prefix="qledge-move-") as tmp:
+        return _import_state(c, a, read_document(a.file), tmp)
+
+
+def _import_state(c: Client, a: argparse.Namespace, doc: backup_tools.Document, tmp: str) -> int:
+    move = prepare_move(c, doc, a.file, tmp)  # the scripts unpacked, their tasks' paths moved here
+    doc = msgspec.structs.replace(doc, tasks=move.tasks)
+    # A dry pass over everything first: every entry that would be refused (a permission, a
+    # user, a secret, a schedule, a changed spec, a channel's secret) or that differs is
+    # found before anything is written, and all of them are named.
+    report = backup_tools.ImportReport(refused=list(move.refused), refused_count=len(move.refused),
+                                       refused_code="invalid_argument" if move.refused else None)
+    for tool_name, args in _restore_calls(doc, a.replace, dry=True):
+        report.add(c.typed(tool_name, args, backup_tools.ImportReport))
+    if report.refused_count or report.conflicts:
+        if a.json:
+            shared.json_out(report)
+        if report.refused_count:
+            line = backup_tools.refused_line(report.refused, report.refused_count)
+            if report.conflicts:
+                line += f"; {len(report.conflicts)} more differ from what this daemon has (--replace overwrites them)"
+            raise CallFailed(report.refused_code or "invalid_argument", line)
+        raise CallFailed("conflict", backup_tools.refusal(report.conflicts) + " (qledge import --replace overwrites)")
+    notes = import_scripts(move, a.dry_run)
+    if not a.dry_run:
+        # The scripts and secrets first (their own transactions), then every task and trigger in one.
+        calls = _restore_calls(doc, a.replace, dry=False)
+        report = backup_tools.ImportReport()
+        for tool_name, args in [*(x for x in calls if x[0] != "qledge.import"),
+                                *(x for x in calls if x[0] == "qledge.import")]:
+            report.add(c.typed(tool_name, args, backup_tools.ImportReport))
+    report.notes += notes + import_notify(c, doc, a.replace, a.dry_run)
+
+    def human(r: backup_tools.ImportReport) -> None:
+        would = "would be " if a.dry_run else ""
+        for verb, items in (("created", r.created), ("updated", r.updated), ("skipped (identical)", r.skipped)):
+            if items:
+                print(f"{would}{verb}: {', '.join(items)}")
+        for note in r.notes:
+            print(f"note: {note}")
+        print(f"{a.file}: {len(r.created)} {would}created, {len(r.updated)} {would}updated,"
+              f" {len(r.skipped)} skipped")
+
+    return show(a, report, human)
+
+
+def _export_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--with-secrets", action="store_true", help="include secret values (needs secret.export)")
+
+
+def _file_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--replace", action="store_true", help="overwrite tasks, triggers and secrets that differ")
+    p.add_argument("--dry-run", action="store_true", help="say what would change; change nothing")
+
+
+VERBS = {
+    "export": Verb("export", export_state, options=_export_options),
+    "import": (
+        Verb("file", import_state,
+             "import an export made by `qledge export`: create what is missing, skip what is identical", _file_options),
+        Verb("crontab", import_crontab,
+             "import a crontab: each entry becomes a shell task with a trigger (run it again: nothing new)",
+             _crontab_options),
+        Verb("qinglong", import_qinglong,
+             "import a qinglong install: its crons, environment (as secrets) and scripts", _qinglong_options),
+    ),
+}

@@ -21,8 +21,12 @@ import stat
 import sys
 
 from edge import default_home, home_socket
+from edge.cli.shared import EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, Verb, report
+from edge.cli.shared import EXIT_TOOL as EXIT_REFUSED
 
-EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
 USAGE = "usage: qledge mcp [--token-file FILE] [--home DIR] [--socket PATH] [--mcp-socket PATH] [--config FILE]"
 HELP = f"""{USAGE}
 
@@ -65,7 +69,7 @@ def main(argv: list[str]) -> int | None:
             return EXIT_OK
         return _bridge(options)
     except _Fail as exc:
-        print(f"qledge: {exc.code}: {exc}", file=sys.stderr)
+        report(exc.code, str(exc), as_json=False)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
@@ -335,3 +339,13 @@ def _pump(sock: _socket.socket, pending: bytes) -> int:
         raise _Fail(f"lost the connection to the daemon: {exc.strerror or exc}", EXIT_REFUSED) from None
     except OSError as exc:  # stdin or stdout failed under us
         raise _Fail(f"i/o error: {exc.strerror or exc}", EXIT_REFUSED) from None
+
+
+def _options(p: argparse.ArgumentParser) -> None:
+    """What `qledge --help` and the tests' full parser say of `qledge mcp`; the bridge parses
+    its own command line (above), so argparse never runs for it."""
+    p.add_argument("--token-file", metavar="FILE", help="read the API token from FILE ($QLEDGE_TOKEN)")
+    p.add_argument("--mcp-socket", metavar="PATH", help="MCP socket (default <home>/mcp.sock)")
+
+
+VERBS = {"mcp": Verb("mcp", None, options=_options)}

@@ -13,13 +13,13 @@ import signal
 import socket
 import sys
 
-from edge import default_home, home_socket
+from edge import EXIT_OK, EXIT_USAGE, default_home, home_socket
+from edge import EXIT_TOOL as EXIT_FAILED
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import ssl
 
-EXIT_OK, EXIT_USAGE, EXIT_FAILED = 0, 2, 1
 DEFAULT_LISTEN = "127.0.0.1:5700"  # qinglong's port, so people moving from it find the panel
 USAGE = ("usage: qledge web [--listen ADDR:PORT] [--tls-cert FILE --tls-key FILE] [--origin URL]"
          " [--luci-origin URL] [--allow-host NAME]... [--session-idle MIN] [--session-max H]"

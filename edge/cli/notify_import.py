@@ -1,8 +1,8 @@
 """qinglong's notification settings as qledge channels, for `qledge import qinglong
 --with-notifications`: what its environment's keys (what its notify.js and notify.py read)
-and the panel's own failure notification map to, and their import. Ships with the
-notification capability (a build without it imports those keys as secrets only);
-edge.cli.main hands it to edge.cli.import_commands.
+and the panel's own failure notification map to, and their import; and the channels and
+rules an export carries. Ships with the notification capability (a build without it
+imports those keys as secrets only); edge.cli.main hands it to edge.cli.import_commands.
 """
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from edge.cli.client import CallFailed
 from edge.cli.import_commands import ImportedChannel, PlannedSecret, QlData, Report, json_obj
 from edge.core.imports import NOTIFY_NAMES, import_key, is_notification_key
 from edge.core.tasks import ImportRecord, NotifyRule
 from edge.tools.builtin import backup as backup_tools
 from edge.tools.builtin import credentials as secret_tools
+from edge.transports.client import CallFailed
 
 if TYPE_CHECKING:
-    from edge.cli.client import Client
+    from edge.transports.client import Client
 
 
 def maps(info: Mapping[str, object]) -> bool:

@@ -1,5 +1,5 @@
-"""Browsing what ran and what will run: `run list` (filters, pages), `run get`, `run log`
-(and `--follow`, through the daemon), `run cancel`, `qledge next` and `qledge audit`.
+"""`qledge run …`: start a run (and wait for it, or follow its output), list runs (filters,
+pages), get one, print its log (and `--follow`, through the daemon), cancel one.
 
 Wherever a run is named, the daemon takes an id, a unique prefix of it (8 characters or
 more), `TASK:latest` or `TASK:latest-failed` (edge.tools.builtin.runs).
@@ -7,26 +7,20 @@ more), `TASK:latest` or `TASK:latest-failed` (edge.tools.builtin.runs).
 
 from __future__ import annotations
 
-import re
 import sys
 import time
-from collections.abc import Callable
-from datetime import datetime
-from typing import TYPE_CHECKING, cast
 
-from edge.cli import render
-from edge.cli.client import CallFailed, Client, UsageError
-from edge.cli.commands import OK, show
-from edge.cli.edit import bounded_int
-from edge.core.auth import AuditEntry
-from edge.core.runs import LOG_CAP_MARKER, LOG_HEAD_MAX, ORIGINS, STATUSES, Origin, Run, RunCursor, RunStatus
-from edge.tools.builtin import credentials as credential_tools
-from edge.tools.builtin import runs as run_tools
-from edge.tools.builtin import triggers as trigger_tools
+from edge.cli import shared
+from edge.cli.shared import EXIT_OK, EXIT_TOOL, UsageError, Verb, show
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
     from typing import BinaryIO
+
+    from edge.core.runs import Run, RunCursor
+    from edge.tools.builtin.runs import LogChunk
+    from edge.transports.client import Client
 
 RUN_HELP = "a run id, its first 8 or more characters, TASK:latest or TASK:latest-failed"
 RUN_EPILOG = ("RUN: a run id (qledge run list shows them), a unique prefix of it (8 characters or more; the\n"
@@ -34,41 +28,64 @@ RUN_EPILOG = ("RUN: a run id (qledge run list shows them), a unique prefix of it
               "run) or TASK:latest-failed (its newest run that failed, timed out or was lost).")
 PAGE = 64  # runs per call: the tools' page limit
 FOLLOW_WAIT_MS = 20_000  # one log read waits this long for more output (the tool allows 30 s)
-_DURATION = re.compile(r"^([0-9]+)([smhdw])$")
-_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
-# -- argparse types -----------------------------------------------------------------------
+# -- run start ----------------------------------------------------------------------------
 
 
-def time_arg(flag: str) -> Callable[[str], int]:
-    """A moment as ms: a duration back from now (`30m`, `12h`, `7d`, `2w`) or a local date
-    or time (`2026-11-30`, `2026-11-30 08:00`, any ISO 8601, with or without an offset)."""
+def waited(c: Client, run_id: str) -> Run:
+    """The run once it has ended (asking the daemon to wait, 30 s at a time)."""
+    from edge.tools.builtin import runs as run_tools
 
-    def parse(text: str) -> int:
-        match = _DURATION.match(text.strip().lower())
-        if match:
-            return int(time.time() * 1000) - int(match.group(1)) * _SECONDS[match.group(2)] * 1000
-        try:
-            when = datetime.fromisoformat(text.strip())
-        except ValueError:
-            raise UsageError(f"{flag} {text!r} is neither a duration (30m, 12h, 7d, 2w) nor a date or time"
-                             " (2026-11-30, 2026-11-30 08:00)") from None
-        return int((when if when.tzinfo else when.astimezone()).timestamp() * 1000)
+    while True:
+        done = c.typed("qledge.run.wait", run_tools.WaitArgs(run_id=run_id, timeout_ms=30_000), run_tools.WaitResult)
+        if done.done:
+            return done.run
 
-    return parse
+
+def run_start(c: Client, a: argparse.Namespace) -> int:
+    from edge.core.runs import Run
+    from edge.tools.builtin import runs as run_tools
+
+    run = c.typed("qledge.run.start", run_tools.StartArgs(task_id=a.task), Run)
+    if not a.wait and not a.follow:
+        return show(a, run, lambda r: print(f"run {r.id} {r.status}"))
+    # Following: the output goes to stdout, the run's own lines to stderr.
+    status_out = sys.stderr if a.follow else sys.stdout
+    if not a.json:
+        print(f"run {run.id} {run.status}", file=status_out, flush=True)
+    if a.follow:
+        follow(c, run.id)
+    final = waited(c, run.id)
+    if a.json:
+        shared.json_out(final)
+    else:
+        print(shared.run_line(final), file=status_out)
+    return EXIT_OK if final.status == "succeeded" else EXIT_TOOL
+
+
+def _start_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("task", metavar="TASK")
+    p.add_argument("--wait", action="store_true", help="wait until it finishes; exit 1 unless it succeeded")
+    p.add_argument("--follow", action="store_true",
+                   help="print the run's output as it comes, until it ends (implies --wait)")
+
+
+# -- run list ---------------------------------------------------------------------------
 
 
 def list_options(p: argparse.ArgumentParser) -> None:
+    from edge.core.runs import ORIGINS, STATUSES
+
     p.add_argument("--task", metavar="TASK", help="only this task's runs")
     p.add_argument("--status", action="append", default=[], metavar="STATUS",
                    help=f"only runs in this status (repeatable, or comma-separated): {', '.join(STATUSES)}")
     p.add_argument("--origin", action="append", default=[], metavar="ORIGIN",
                    help=f"only runs started this way (repeatable, or comma-separated): {', '.join(ORIGINS)}")
-    p.add_argument("--since", type=time_arg("--since"), metavar="WHEN",
+    p.add_argument("--since", type=shared.time_arg("--since"), metavar="WHEN",
                    help="created then or later: a duration back from now (30m, 12h, 7d) or a date/time")
-    p.add_argument("--until", type=time_arg("--until"), metavar="WHEN", help="created before then (as --since)")
-    p.add_argument("--limit", type=bounded_int("--limit", 1, 1000), default=20, metavar="N",
+    p.add_argument("--until", type=shared.time_arg("--until"), metavar="WHEN", help="created before then (as --since)")
+    p.add_argument("--limit", type=shared.bounded_int("--limit", 1, 1000), default=20, metavar="N",
                    help="show at most N runs (1..1000, default 20)")
     p.add_argument("--all", action="store_true", help="every matching run, however many (ignores --limit)")
     p.add_argument("--after", metavar="CURSOR",
@@ -85,14 +102,14 @@ def _choices(flag: str, given: list[str], valid: tuple[str, ...]) -> list[str]:
     return sorted(set(found), key=valid.index)
 
 
-# -- run list ---------------------------------------------------------------------------
-
-
 def cursor_text(c: RunCursor) -> str:
     return f"{c.created_at_ms}.{c.run_id}"
 
 
 def _after(c: Client, text: str | None) -> RunCursor | None:
+    from edge.core.runs import Run, RunCursor
+    from edge.tools.builtin import runs as run_tools
+
     if text is None:
         return None
     ms, dot, rid = text.partition(".")
@@ -103,6 +120,11 @@ def _after(c: Client, text: str | None) -> RunCursor | None:
 
 
 def run_list(c: Client, a: argparse.Namespace) -> int:
+    from typing import cast
+
+    from edge.core.runs import ORIGINS, STATUSES, Origin, RunStatus
+    from edge.tools.builtin import runs as run_tools
+
     statuses = _choices("--status", a.status, STATUSES)
     origins = _choices("--origin", a.origin, ORIGINS)
     after = _after(c, a.after)
@@ -120,19 +142,19 @@ def run_list(c: Client, a: argparse.Namespace) -> int:
             break
     more = f"more: qledge run list{_repeat(a)} --after {cursor_text(after)}" if after is not None else None
     if a.json:  # a list of runs, nothing else: --all, or qledge.run.list itself, pages for programs
-        render.json_out(runs)
-        return OK
+        shared.json_out(runs)
+        return EXIT_OK
     if not runs:
         print("no runs match" if statuses or origins or a.since or a.until else "no runs")
     else:
-        render.table(
-            [[r.id, r.task_id, r.status, r.origin, render.when(r.created_at_ms),
-              render.duration(r.started_at_ms, r.finished_at_ms), render.exit_status(r.exit_code)] for r in runs],
+        shared.table(
+            [[r.id, r.task_id, r.status, r.origin, shared.when(r.created_at_ms),
+              shared.duration(r.started_at_ms, r.finished_at_ms), shared.exit_status(r.exit_code)] for r in runs],
             ["RUN", "TASK", "STATUS", "ORIGIN", "CREATED", "TOOK", "EXIT"],
         )
     if more:
         print(more)
-    return OK
+    return EXIT_OK
 
 
 def _repeat(a: argparse.Namespace) -> str:
@@ -150,42 +172,60 @@ def _repeat(a: argparse.Namespace) -> str:
 
 
 def _run_fields(r: Run) -> None:
-    render.fields([
+    shared.fields([
         ("run", r.id), ("task", f"{r.task_id} (revision {r.task_revision})"), ("status", r.status),
         ("origin", r.origin), ("trigger", f"{r.trigger_id} (revision {r.trigger_revision})" if r.trigger_id else None),
         ("retry of", f"{r.retry_of} (attempt {r.attempt})" if r.retry_of else None),
-        ("retry due", render.when(r.retry_due_at_ms) if r.retry_due_at_ms else None),
-        ("scheduled for", render.when(r.scheduled_for_ms) if r.scheduled_for_ms is not None else None),
-        ("jitter", render.span(r.jitter_ms / 1000) if r.jitter_ms else None),
-        ("created", render.when(r.created_at_ms)), ("started", render.when(r.started_at_ms)),
-        ("finished", render.when(r.finished_at_ms)),
-        ("took", render.duration(r.started_at_ms, r.finished_at_ms)),
-        ("exit", None if r.exit_code is None else render.exit_status(r.exit_code) if r.exit_code < 0
+        ("retry due", shared.when(r.retry_due_at_ms) if r.retry_due_at_ms else None),
+        ("scheduled for", shared.when(r.scheduled_for_ms) if r.scheduled_for_ms is not None else None),
+        ("jitter", shared.span(r.jitter_ms / 1000) if r.jitter_ms else None),
+        ("created", shared.when(r.created_at_ms)), ("started", shared.when(r.started_at_ms)),
+        ("finished", shared.when(r.finished_at_ms)),
+        ("took", shared.duration(r.started_at_ms, r.finished_at_ms)),
+        ("exit", None if r.exit_code is None else shared.exit_status(r.exit_code) if r.exit_code < 0
          else r.exit_code),
         ("error", r.error_code), ("summary", r.error_summary),
-        ("log", render.size(r.log_bytes) + (" (truncated at its cap)" if r.log_truncated else "")
-         + (f", dropped {render.when(r.log_dropped_at_ms)} (log quota)" if r.log_dropped_at_ms else "")),
+        ("log", shared.size(r.log_bytes) + (" (truncated at its cap)" if r.log_truncated else "")
+         + (f", dropped {shared.when(r.log_dropped_at_ms)} (log quota)" if r.log_dropped_at_ms else "")),
     ])
 
 
 def run_get(c: Client, a: argparse.Namespace) -> int:
+    from edge.core.runs import Run
+    from edge.tools.builtin import runs as run_tools
+
     return show(a, c.typed("qledge.run.get", run_tools.RunId(run_id=a.run), Run), _run_fields)
 
 
 def run_cancel(c: Client, a: argparse.Namespace) -> int:
+    from edge.core.runs import Run
+    from edge.tools.builtin import runs as run_tools
+
     cancelled = c.typed("qledge.run.cancel", run_tools.RunId(run_id=a.run), Run)
-    return show(a, cancelled, lambda r: print(render.run_line(r)))
+    return show(a, cancelled, lambda r: print(shared.run_line(r)))
 
 
-def _read(c: Client, run: str, offset: int, wait_ms: int = 0) -> run_tools.LogChunk:
+def _read(c: Client, run: str, offset: int, wait_ms: int = 0) -> LogChunk:
+    from edge.tools.builtin import runs as run_tools
+
     return c.typed("qledge.run.log.read", run_tools.LogArgs(run_id=run, offset=offset, wait_ms=wait_ms),
                    run_tools.LogChunk)
+
+
+def log_bytes(c: Client, run_id: str) -> bytes:
+    """A run's whole log, as it is now."""
+    data = bytearray()
+    while True:
+        chunk = _read(c, run_id, len(data))
+        data += chunk.data
+        if chunk.eof:
+            return bytes(data)
 
 
 def run_log(c: Client, a: argparse.Namespace) -> int:
     if a.follow:
         follow(c, a.run)
-        return OK
+        return EXIT_OK
     offset = 0
     out = sys.stdout.buffer
     while True:
@@ -195,7 +235,7 @@ def run_log(c: Client, a: argparse.Namespace) -> int:
         if chunk.eof:
             break
     out.flush()
-    return OK
+    return EXIT_OK
 
 
 def follow(c: Client, reference: str, out: BinaryIO | None = None) -> None:
@@ -229,6 +269,8 @@ def follow(c: Client, reference: str, out: BinaryIO | None = None) -> None:
 def _skip_to_marker(c: Client, run: str, offset: int) -> int:
     """Where to go on in a capped log that was rewritten as head + marker + tail: at the
     marker, when the part already printed reaches past it (else where it was)."""
+    from edge.core.runs import LOG_CAP_MARKER, LOG_HEAD_MAX
+
     window = b""
     while len(window) < LOG_HEAD_MAX + 128:
         part = _read(c, run, len(window))
@@ -239,66 +281,21 @@ def _skip_to_marker(c: Client, run: str, offset: int) -> int:
     return found.start() if found and found.start() < offset else offset
 
 
-# -- qledge next ------------------------------------------------------------------------
+def _named(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run", metavar="RUN", help=RUN_HELP)
+    p.epilog = RUN_EPILOG
 
 
-def _in(ms: int, now: int) -> str:
-    seconds = round((ms - now) / 1000)
-    return "due now" if seconds <= 0 else "in " + render.span(seconds, units=2)
+def _log_options(p: argparse.ArgumentParser) -> None:
+    _named(p)
+    p.add_argument("--follow", "-f", action="store_true",
+                   help="keep printing the output of a running run until it ends")
 
 
-def upcoming(c: Client, a: argparse.Namespace) -> int:
-    found = c.typed("qledge.trigger.upcoming", trigger_tools.UpcomingArgs(count=a.count), trigger_tools.Upcoming)
-    if a.json:
-        render.json_out(found.fires)
-        return OK
-    if not found.fires:
-        print("nothing is scheduled: no enabled trigger fires (qledge trigger list)")
-        return OK
-    now = int(time.time() * 1000)
-    render.table(
-        [[render.when(f.at_ms), _in(f.at_ms, now), f.trigger_id, f.task_id, f.timezone,
-          render.span(f.jitter_s) if f.jitter_s else "-"] for f in found.fires],
-        ["WHEN", "", "TRIGGER", "TASK", "TIMEZONE", "JITTER"],
-    )
-    return OK
-
-
-# -- qledge audit -----------------------------------------------------------------------
-
-
-def audit(c: Client, a: argparse.Namespace) -> int:
-    entries: list[AuditEntry] = []
-    before: int | None = None
-    while len(entries) < a.limit:
-        args = credential_tools.AuditArgs(since_ms=a.since, before=before, limit=min(64, a.limit - len(entries)))
-        try:
-            page = c.typed("qledge.audit.list", args, credential_tools.AuditList)
-        except CallFailed as exc:
-            if exc.code == "permission_denied":
-                raise CallFailed(exc.code, exc.message + " (the audit is for owners)") from None
-            raise
-        entries += page.entries
-        before = page.next
-        if before is None:
-            break
-    if a.json:
-        render.json_out(entries)
-        return OK
-    if not entries:
-        print("no audit rows" + (" since then" if a.since else ""))
-        return OK
-    render.table(
-        [[render.when(e.at_ms), e.principal, e.tool, e.outcome,
-          ", ".join(r for r in e.reasons if not r.startswith("tool_")) or "-", e.transport, _calls(e)]
-         for e in entries],
-        ["TIME", "WHO", "TOOL", "OUTCOME", "WHY", "VIA", "CALLS"],
-    )
-    return OK
-
-
-def _calls(e: AuditEntry) -> str:
-    """1, or for an aggregate of refused calls how many and until when (TIME is the first)."""
-    if e.count <= 1 or e.last_at_ms is None:
-        return str(e.count)
-    return f"{e.count} until {render.when(e.last_at_ms)}"
+VERBS = {"run": (
+    Verb("start", run_start, "start a run of a task now", _start_options),
+    Verb("list", run_list, "list runs, newest first (a page at a time, or --all)", list_options),
+    Verb("get", run_get, "show a run", _named),
+    Verb("log", run_log, "print a run's log", _log_options),
+    Verb("cancel", run_cancel, "cancel a run", _named),
+)}

@@ -1,4 +1,6 @@
-"""`qledge notify …`: channels, the default rules, test messages and the delivery log."""
+"""`qledge notify …`: channels, the default rules, test messages and the delivery log. Ships
+with the notification capability (packaging/build.py `OPTIONAL["notify"]`): a build without
+it has no `qledge notify`."""
 
 from __future__ import annotations
 
@@ -7,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from edge.cli import render
-from edge.cli.commands import OK, TOOL_ERROR, UsageError, show, show_list
+from edge.cli import shared
+from edge.cli.shared import EXIT_OK, EXIT_TOOL, UsageError, Verb, show, show_list
 from edge.core.tasks import DEFAULT_NOTIFY_ON, NotifyRule
 from edge.notify.channels import KINDS, ChannelSpec
 from edge.tools.definition import Empty
@@ -16,8 +18,8 @@ from edge.tools.definition import Empty
 if TYPE_CHECKING:
     import argparse
 
-    from edge.cli.client import Client
     from edge.notify.tools import ChannelInfo
+    from edge.transports.client import Client
 
 # The tools' Structs are loaded by the verbs that use them: every other command only builds
 # this parser.
@@ -95,7 +97,7 @@ def notify_channels(c: Client, a: argparse.Namespace) -> int:
     from edge.notify.tools import ChannelList
 
     channels = c.typed("qledge.notify.channel.list", Empty(), ChannelList).channels
-    return show_list(a, channels, "no channels", lambda i: [i.name, i.kind, render.when(i.updated_at_ms), _health(i)],
+    return show_list(a, channels, "no channels", lambda i: [i.name, i.kind, shared.when(i.updated_at_ms), _health(i)],
                      ["CHANNEL", "KIND", "UPDATED", "LAST ATTEMPTS"])
 
 
@@ -140,7 +142,7 @@ def notify_test(c: Client, a: argparse.Namespace) -> int:
 
     outcome = c.typed("qledge.notify.test", TestArgs(channel=a.channel), TestOutcome)
     show(a, outcome, lambda o: print(f"sent through {a.channel}" if o.ok else f"not sent: {o.detail}"))
-    return OK if outcome.ok else TOOL_ERROR
+    return EXIT_OK if outcome.ok else EXIT_TOOL
 
 
 def notify_log(c: Client, a: argparse.Namespace) -> int:
@@ -160,26 +162,41 @@ def notify_log(c: Client, a: argparse.Namespace) -> int:
                      ["ID", "QUEUED", "CHANNEL", "EVENT", "TASK", "STATE", "TRIES", "NOTE"])
 
 
-def add_notify_verbs(verbs: Any, verb: Any) -> None:
-    notify = verbs.add_parser("notify", help="notifications: channels, rules, tests, the delivery log").add_subparsers(
-        dest="action", metavar="ACTION", required=True)
-    add = verb(notify, "add", notify_add, "create or replace a channel: qledge notify add NAME KIND --set K=V"
-               " --secret K=SECRET")
-    add.add_argument("name", metavar="NAME")
-    add.add_argument("kind", choices=KINDS, metavar="KIND", help=", ".join(KINDS))
-    add.add_argument("--set", action="append", default=[], metavar="K=V",
-                     help='a setting: text for a text field, else JSON (42, true, ["a"])')
-    add.add_argument("--secret", action="append", default=[], metavar="K=SECRET",
-                     help="a setting taken from a stored secret (tokens, keys, passwords)")
-    add.add_argument("--language", choices=("en", "zh"), help="the message language (default [notify] language)")
-    verb(notify, "channels", notify_channels, "list channels and how their last attempts went")
-    verb(notify, "rm", notify_rm, "delete a channel").add_argument("name", metavar="NAME")
-    rules = verb(notify, "rules", notify_rules, "show or set the default rules (tasks without --notify use them)")
-    rules.add_argument("--channel", action="append", metavar="CHANNEL[,…]")
-    rules.add_argument("--on", metavar="EVENT[,…]",
-                       help="failure, recovery, success, lost, skipped, every (default failure,recovery)")
-    rules.add_argument("--clear", action="store_true", help="no default rules")
-    verb(notify, "test", notify_test, "send a test message through a channel").add_argument("channel",
-                                                                                            metavar="CHANNEL")
-    log = verb(notify, "log", notify_log, "recent notifications and their delivery, newest first")
-    log.add_argument("--limit", type=int, default=20, choices=range(1, 65), metavar="N", help="1..64 (default 20)")
+def _add_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("kind", choices=KINDS, metavar="KIND", help=", ".join(KINDS))
+    p.add_argument("--set", action="append", default=[], metavar="K=V",
+                   help='a setting: text for a text field, else JSON (42, true, ["a"])')
+    p.add_argument("--secret", action="append", default=[], metavar="K=SECRET",
+                   help="a setting taken from a stored secret (tokens, keys, passwords)")
+    p.add_argument("--language", choices=("en", "zh"), help="the message language (default [notify] language)")
+
+
+def _rm_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", metavar="NAME")
+
+
+def _rules_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--channel", action="append", metavar="CHANNEL[,…]")
+    p.add_argument("--on", metavar="EVENT[,…]",
+                   help="failure, recovery, success, lost, skipped, every (default failure,recovery)")
+    p.add_argument("--clear", action="store_true", help="no default rules")
+
+
+def _test_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("channel", metavar="CHANNEL")
+
+
+def _log_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--limit", type=int, default=20, choices=range(1, 65), metavar="N", help="1..64 (default 20)")
+
+
+VERBS = {"notify": (
+    Verb("add", notify_add, "create or replace a channel: qledge notify add NAME KIND --set K=V --secret K=SECRET",
+         _add_options),
+    Verb("channels", notify_channels, "list channels and how their last attempts went"),
+    Verb("rm", notify_rm, "delete a channel", _rm_options),
+    Verb("rules", notify_rules, "show or set the default rules (tasks without --notify use them)", _rules_options),
+    Verb("test", notify_test, "send a test message through a channel", _test_options),
+    Verb("log", notify_log, "recent notifications and their delivery, newest first", _log_options),
+)}
