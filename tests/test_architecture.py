@@ -226,8 +226,7 @@ def _circles(graph: dict[str, set[str]]) -> list[set[str]]:
 
 # Circles that remain outside the command line, each a pair of modules of one feature; no new
 # one may form, and none may reach the command line or the transports.
-KNOWN_CIRCLES = {"edge.core.auth", "edge.core.ports.runtime", "edge.core.ports.stores", "edge.notify.dispatch",
-                 "edge.notify.handle", "edge.notify.tools", "edge.tools.agent", "edge.tools.missions",
+KNOWN_CIRCLES = {"edge.notify.dispatch", "edge.notify.handle", "edge.notify.tools", "edge.tools.agent", "edge.tools.missions",
                  "edge.app.agent", "edge.app.graph"}
 
 

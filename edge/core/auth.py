@@ -3,17 +3,35 @@ Permission checks fail closed."""
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from typing import Any, Literal, Protocol
 
 import msgspec
 
 from edge.core.errors import ToolError
 from edge.core.ids import digests_equal, hmac_sha256
 
-if TYPE_CHECKING:
-    from edge.core.ports.runtime import Timers
+
+
+class Later(Protocol):
+    """What the tallies need of the loop's timers (edge.core.ports.runtime.Timers has it);
+    spelled here so that this module, which the ports import, imports no port."""
+
+    def call_later(self, delay_s: float, callback: Callable[[], None]) -> object:
+        """Run `callback` once, on the loop, after at least `delay_s` seconds."""
+        ...
+
+
+class Spawner(Protocol):
+    """What the tallies need of edge.core.handoff.Background: tasks kept alive until done."""
+
+    def spawn(self, coro: Coroutine[Any, Any, None], name: str | None = None) -> object:
+        """Run `coro` as a task that is referenced until it finishes; its failure is logged."""
+        ...
+
+    async def wait(self) -> None:
+        """Until every task has finished."""
+        ...
 
 Role = Literal["owner", "operator", "viewer"]
 Outcome = Literal["allowed", "denied", "unauthenticated"]
@@ -286,16 +304,14 @@ class RefusalTallies:
 
     def __init__(
         self, insert: Callable[[AuditRecord, int, int], Awaitable[int | None]],
-        add: Callable[[list[TallyUpdate]], Awaitable[None]], timers: Timers | None, log: logging.Logger,
+        add: Callable[[list[TallyUpdate]], Awaitable[None]], timers: Later | None, background: Spawner,
     ) -> None:
-        from edge.core.handoff import Background  # asyncio: the daemon's, not the CLI's (auth is both)
-
         self._insert = insert
         self._add = add
         self._timers = timers
         self._tallies: dict[_TallyKey, _Tally] = {}
         self._armed = False
-        self._background = Background(log)
+        self._background = background
 
     async def append(self, record: AuditRecord) -> None:
         cause = record.reasons[0] if record.reasons else ""

@@ -28,6 +28,7 @@ from edge.core.auth import (
     audit_class,
 )
 from edge.core.errors import conflict
+from edge.core.handoff import Background
 from edge.core.ports.stores import AuditPage
 from edge.core.reads import SEARCH_BUDGET
 from edge.core.tasks import SecretImport
@@ -251,7 +252,7 @@ class SqlAuditLog:
         self._q = q
         self._node = node
         self._bounds = bounds or AuditBounds()
-        self._tallies = RefusalTallies(self._write, self._add, timers, log)
+        self._tallies = RefusalTallies(self._write, self._add, timers, Background(log))
 
     async def append(self, record: AuditRecord) -> None:
         if audit_class(record) == "refused":
