@@ -500,7 +500,7 @@ def test_the_daemon_loads_nothing_of_the_child_even_after_ai_runs(agent, provide
     offered = {t["function"]["name"] for t in provider.requests[0].body["tools"]}
     assert offered == {wire(n) for n in READ_TOOLS - {"qinglong.run.log.excerpt"} | SPECIALIST_TOOLS}  # read_logs off
     modules = d.call("qledge.status", {"includeModules": True})["modules"]
-    assert "edge.tools.agent" in modules and "edge.storage.sqlite.evidence" in modules
+    assert "edge.operator.runs" in modules and "edge.storage.sqlite.evidence" in modules
     for absent in ("edge.agent", "ssl", "_ssl", "http"):  # (urllib: the editable install loads it)
         assert not [m for m in modules if m == absent or m.startswith(absent + ".")], absent
     assert re.search(rf"^agent: +{re.escape(provider.model)} at http", d.cli("status").stdout, re.M)
@@ -508,8 +508,8 @@ def test_the_daemon_loads_nothing_of_the_child_even_after_ai_runs(agent, provide
 
 def test_the_default_daemon_loads_nothing_of_the_operator(daemon):
     modules = daemon.call("qledge.status", {"includeModules": True})["modules"]
-    for absent in ("edge.agent", "edge.core.agent", "edge.tools.agent", "edge.storage.sqlite.evidence",
-                   "edge.app.agent", "ssl", "http"):
+    for absent in ("edge.agent", "edge.operator", "edge.core.agent", "edge.tools.agent",
+                   "edge.storage.sqlite.evidence", "edge.app.operator", "ssl", "http"):
         assert not [m for m in modules if m == absent or m.startswith(absent + ".")], absent
 
 

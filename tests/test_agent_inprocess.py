@@ -18,11 +18,12 @@ from edge.app.config import Config
 from edge.app.graph import (
     Cluster,
     DaemonFacts,
-    agent_service,
+    Host,
     build_chain,
     build_services,
     build_stores,
     build_workers,
+    operator_side,
     task_users,
 )
 from edge.cli.client import CallFailed, Client
@@ -31,7 +32,7 @@ from edge.core.errors import ToolError
 from edge.core.tasks import AgentInstruction, TaskSpec
 from edge.storage.sqlite.db import Database
 from edge.app.graph import ai_tools, builtin_tools
-from edge.tools.agent import RunCredentialRegistry
+from edge.operator.credentials import RunCredentialRegistry
 from edge.tools.context import Caller
 from edge.tools.definition import Registry
 from edge.transports.tool_socket import ToolServer
@@ -75,28 +76,34 @@ class Daemon:
         if self.dsn is None:
             self.db = await Database.open(os.path.join(self.home, "qledge.db"))
             stores = build_stores(self.db, config, self.home)
-            agent = agent_service(config, stores, clock, pepper, users, credentials=self.credentials, db=self.db)
         else:
             self.cluster = cluster = Cluster(config, self.home)
             await cluster.open()
             assert cluster.stores is not None and cluster.clock is not None
             stores, clock = cluster.stores, cluster.clock
-            agent = agent_service(config, stores, clock, pepper, users, cluster.evidence, self.credentials)
-            distribute = functools.partial(cluster.distribute, agents=agent)
-        workers = build_workers(config, self.home, stores, clock, distribute, agents=agent, users=users)
-        self.registry = Registry([*builtin_tools(), *ai_tools(), *agent.tools()])
-        agent.offer(self.registry.tools())
+        own = [*builtin_tools(), *ai_tools()]
+        host = Host(config=config, home=self.home, stores=stores, clock=clock, pepper=pepper, users=users, tools=own,
+                    start_run=lambda task, actor: self.local.start(task, actor), connect=self._connect,
+                    cluster=self.cluster)
+        # The daemon's own builder of the operator's side, with the recording credentials.
+        agent = operator_side(host, self.credentials)
+        if self.cluster is not None:
+            distribute = functools.partial(self.cluster.distribute, agents=agent.agents)
+        workers = build_workers(config, self.home, stores, clock, distribute, agents=agent.agents, users=users)
+        self.registry = Registry([*own, *agent.tools], agent.deferred)
         facts = DaemonFacts(stores.location, "asyncio", clock, stores.counts, workers.settings, "/")
         self.services = build_services(config, stores, workers, facts, self.registry, pepper, clock)
-        self.chain = build_chain(config, self.services, self.registry, self.credentials)
+        self.chain = build_chain(config, self.services, self.registry, agent.credentials)
         self.local = workers.runner
         self.runner = workers.controller  # on a cluster node, the cluster's runner
         self.server = ToolServer(self.chain, self.socket, config.max_frame_bytes)
-        agent.serve_with(self.server.attach)
         if self.cluster is not None and self.cluster.node is not None:
             await self.cluster.node.start(workers.scheduler.changed)
         await self.server.start()
         return self
+
+    def _connect(self, sock) -> None:
+        self.server.attach(sock)
 
     async def close(self) -> None:
         await self.server.stop()

@@ -78,8 +78,8 @@ def pyz_dir():
 
 
 def test_profiles_ship_only_their_capabilities(tmp_path):
-    agent = ["edge/agent/__main__.py", "edge/app/agent.py", "edge/core/agent.py", "edge/storage/sqlite/evidence.py",
-             "edge/tools/agent.py"]
+    agent = ["edge/agent/__main__.py", "edge/app/operator.py", "edge/core/agent.py", "edge/operator/runs.py",
+             "edge/storage/sqlite/evidence.py", "edge/tools/agent.py"]
     for rel in ("edge/__init__.py", "edge/app/daemon.py", "edge/mcp/server.py", "edge/storage/sqlite/db.py",
                 "edge/storage/sqlite/notify.py", "edge/notify/send.py", "edge/app/__pycache__/x.pyc", *agent):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -90,11 +90,11 @@ class Daemon:
         await g.hold_clock()
         # Before anything is served: nothing a dead daemon left may stay `running`.
         await g.runner.recover()
-        if g.notifier is not None:  # what is queued (a lost run's message too) goes out now
-            await g.notifier.start()
+        for service in g.services:  # what the notifier has queued (a lost run's message too) goes out now
+            await service.start()
         node = cluster.node if cluster is not None else None
         if node is not None:
-            await node.start(g.scheduler.changed, g.notifier.wake if g.notifier is not None else None)
+            await node.start(g.scheduler.changed, g.wake)
         await g.scheduler.start()
         started: list[UnixListener] = []
         try:
@@ -109,8 +109,8 @@ class Daemon:
                 await node.stop()
                 await g.runner.shutdown()
                 await node.close()
-            if g.notifier is not None:
-                await g.notifier.stop()
+            for service in reversed(g.services):
+                await service.stop()
             raise
         self._install_signals()
         log.info("qledge serving on %s (loop %s, pid %d)", self.socket_path, self.loop_name, os.getpid())
@@ -129,8 +129,8 @@ class Daemon:
             log.info("qledge stopping: answering the calls in flight (a second signal stops at once)")
             # Listeners first: no new calls; those in flight are answered within the grace.
             await asyncio.gather(*(listener.stop(forced=self._forced) for listener in g.listeners))
-            if g.notifier is not None:  # a batch in flight is finished; what is queued goes after the next start
-                await g.notifier.stop()
+            for service in reversed(g.services):  # the notifier's batch in flight is finished; the rest waits
+                await service.stop()
             await g.scheduler.stop()
             if node is not None:
                 await node.stop()  # claim nothing more; what this node holds is recorded below

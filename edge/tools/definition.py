@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import msgspec
 
@@ -108,6 +108,23 @@ class Deferred(msgspec.Struct, frozen=True):
 
     infos: tuple[ToolInfo, ...]
     load: Callable[[], list[Tool]]
+
+
+T = TypeVar("T")
+
+
+def first_use(make: Callable[[], T]) -> Callable[[], T]:
+    """`make`, called once, at the first call of what is returned: the one way a part that an
+    idle daemon never needs (a store, a writer, the notifier's queue) is made when first
+    needed. Tools have Deferred for the same."""
+    made: list[T] = []
+
+    def get() -> T:
+        if not made:
+            made.append(make())
+        return made[0]
+
+    return get
 
 
 class Registry:

@@ -1,61 +1,44 @@
 """Composition of the AI operator's side of the daemon, imported by edge.app.graph only when
 `[agent]` is enabled: the configuration checked (one clear line for each problem), the
-specialists (the defaults with `[agent.specialists.NAME]` over them), the evidence store,
-the missions' ledger, the run credentials and the service the runner and the tools share."""
+specialists (the defaults with `[agent.specialists.NAME]` over them), and the parts
+(edge.operator) wired through their constructors, returned for the graph."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import msgspec
 
 from edge.app.config import AgentConfig, AgentProfile, Config, SpecialistConfig
-from edge.app.graph import StartupError, Stores
+from edge.app.home import StartupError
 from edge.core.agent import PROFILES, Limits, ProviderSettings, SpecialistSpec, detect_provider, endpoint
-from edge.core.agent import EvidenceCursor, EvidenceDetail, EvidenceOpen, EvidenceRecord, EvidenceSummary
 from edge.core.errors import ToolError
 from edge.core.ports.runtime import Clock, TaskUsers
-from edge.storage.sqlite.db import Database
-from edge.tools.agent import AgentService, AgentSettings, RunCredentialRegistry, child_user
+from edge.core.ports.stores import SecretStore, TaskStore
+from edge.core.runs import ActorType, Run
+from edge.core.tasks import Task
+from edge.operator.credentials import RunCredentialRegistry
+from edge.operator.offer import Offer
+from edge.operator.roster import Roster
+from edge.operator.runs import AiRuns, child_user
+from edge.operator.settings import OperatorSettings
+from edge.operator.tools import deferred_tools, loaded_tools
+from edge.tools.definition import Deferred, Tool, first_use
 
 if TYPE_CHECKING:
+    import socket
+
     from edge.core.ports.agent import AgentEvidenceStore, MissionLedger, RunCredentials
+    from edge.operator.evidence import Evidence
+    from edge.operator.missions import Missions
 
 SPECIALISTS_MAX = 8
 SPECIALIST_OUTPUT_TOKENS = 1024  # a specialist's reply reserve unless configured (never above [agent]'s)
 # Built in; their descriptions and system texts are the child's (edge.agent.specialists), so
 # the daemon never holds them.
 DEFAULT_SPECIALISTS = ("log-analyst", "schedule-advisor")
-
-
-class EvidenceOnFirstUse:
-    """AgentEvidenceStore: the SQLite adapter, imported at the first record or history read
-    (an idle daemon never needs it)."""
-
-    def __init__(self, db: Database) -> None:
-        self._db = db
-        self._store: AgentEvidenceStore | None = None
-
-    def _real(self) -> AgentEvidenceStore:
-        if self._store is None:
-            from edge.storage.sqlite.evidence import SqliteEvidenceStore
-
-            self._store = SqliteEvidenceStore(self._db)
-        return self._store
-
-    async def start(self, record: EvidenceOpen, now_ms: int) -> int:
-        return await self._real().start(record, now_ms)
-
-    async def finish(self, record: EvidenceRecord, now_ms: int) -> None:
-        await self._real().finish(record, now_ms)
-
-    async def page(self, project: str, after: EvidenceCursor | None, limit: int) -> list[EvidenceSummary]:
-        return await self._real().page(project, after, limit)
-
-    async def get(self, project: str, run_id: str) -> EvidenceDetail | None:
-        return await self._real().get(project, run_id)
 
 
 BAD = "invalid_argument"  # a configuration problem: the start fails with exit code 2
@@ -122,13 +105,10 @@ def _overlay(provider: ProviderSettings, profile: AgentProfile, param: str | Non
     return _resolved(merged, named, profile.max_tokens_param or param)
 
 
-def build_agent(
-    config: Config, stores: Stores, clock: Clock, pepper: bytes, users: TaskUsers, evidence: AgentEvidenceStore,
-    ledger: Callable[[], MissionLedger] | None, credentials: RunCredentials | None = None,
-) -> AgentService:
-    """The AI operator's side of the daemon, its configuration checked. Without a `ledger`
-    (a cluster node: there is no mission ledger in PostgreSQL) its runs are attempts of no
-    mission: no specialists are offered, and retries and [agent] attempts are refused."""
+def settings(config: Config, users: TaskUsers, missions: bool) -> OperatorSettings:
+    """The [agent] section, checked. Without `missions` (a cluster node: there is no mission
+    ledger in PostgreSQL) its runs are attempts of no mission: no specialists are offered,
+    and [agent] attempts are refused."""
     a: AgentConfig = config.agent
     provider = _checked(_resolved(ProviderSettings(
         base_url=a.base_url or "", model=a.model or "", api_key_file=a.api_key_file, ca_file=a.ca_file, proxy=a.proxy,
@@ -147,24 +127,59 @@ def build_agent(
                     cost_usd=a.budget_cost_usd, wall_clock_s=a.budget_wall_clock_s,
                     tool_calls_per_round=a.tool_calls_per_round)
     roles = specialists(a.specialists, a.max_output_tokens)  # checked even where none is offered
-    if ledger is None and a.attempts > 1:
+    if not missions and a.attempts > 1:
         raise StartupError(f"[agent] attempts = {a.attempts}: a cluster node keeps no mission ledger, so its AI runs"
                            " are never attempts of a mission; set it to 1", BAD)
-    settings = AgentSettings(provider=provider, profiles=profiles, limits=limits, read_logs=a.read_logs,
-                             concurrency=a.concurrency, user=a.user, attempts=a.attempts,
-                             specialists=roles if ledger is not None else [])
-    return AgentService(settings=settings, credentials=credentials or RunCredentialRegistry(pepper),
-                        evidence=evidence, ledger=ledger, tasks=stores.tasks, secrets=stores.secrets, clock=clock,
-                        users=users)
+    return OperatorSettings(provider=provider, profiles=profiles, limits=limits, read_logs=a.read_logs,
+                            concurrency=a.concurrency, user=a.user, attempts=a.attempts,
+                            specialists=roles if missions else [])
 
 
-def sqlite_ledger(db: Database) -> Callable[[], MissionLedger]:
-    """The missions' ledger on the daemon's database, made at the first AI run (an idle
-    daemon never loads it)."""
+class Operator(msgspec.Struct, frozen=True, kw_only=True):
+    """The daemon's side of the AI operator, as the graph plugs it in."""
 
-    def make() -> MissionLedger:
-        from edge.storage.sqlite.ledger import SqliteMissionLedger
+    runs: AiRuns  # for the runner
+    credentials: RunCredentials  # for the chain's authentication
+    tools: list[Tool]
+    deferred: list[Deferred]
+    status: Callable[[], dict[str, str]]
 
-        return SqliteMissionLedger(db)
 
-    return make
+def build_operator(
+    config: Config, *, tasks: TaskStore, secrets: SecretStore, clock: Clock, pepper: bytes, users: TaskUsers,
+    evidence: Callable[[], AgentEvidenceStore], ledger: Callable[[], MissionLedger] | None, tools: list[Tool],
+    start_run: Callable[[Task, ActorType], Awaitable[Run]], connect: Callable[[socket.socket], None],
+    credentials: RunCredentials | None = None,
+) -> Operator:
+    """The AI operator's side of the daemon, its configuration checked. `evidence` and
+    `ledger` (None: none is kept) are made at their first use; `tools` are the daemon's own,
+    whose AI read tools (and the operator's) its runs are offered; `start_run` starts the
+    next attempt of a mission; `connect` serves a child's own tool connection."""
+    s = settings(config, users, ledger is not None)
+    roster = Roster()
+    credentials = credentials or RunCredentialRegistry(pepper)
+
+    def make_evidence() -> Evidence:
+        from edge.operator.evidence import Evidence
+
+        return Evidence(evidence, secrets, clock)
+
+    def make_missions() -> Missions:
+        from edge.operator.missions import Missions
+
+        return Missions(ledger=ledger, roster=roster, tasks=tasks, clock=clock, start_run=start_run,
+                        attempts=s.attempts, specialists=frozenset(spec.name for spec in s.specialists))
+
+    writer, missions = first_use(make_evidence), first_use(make_missions)
+    history = loaded_tools(evidence)
+    try:
+        offer = Offer([*tools, *history], s.read_logs, s.specialists)
+    except ValueError as exc:  # two tools that would share one name on the wire
+        raise StartupError(f"[agent] {exc}", BAD) from None
+    deferred = deferred_tools(settings=s, offer=offer, roster=roster, evidence=writer, missions=missions)
+    runs = AiRuns(settings=s, credentials=credentials, offer=offer, roster=roster, evidence=writer,
+                  missions=missions if ledger is not None else None, tasks=tasks, users=users, clock=clock,
+                  connect=connect)
+    who = f"its runs are {s.user}" if users.can_switch else "its runs are the daemon's user"
+    line = {"agent": f"{s.provider.model} at {s.provider.base_url}; {who}"}
+    return Operator(runs=runs, credentials=credentials, tools=history, deferred=deferred, status=lambda: line)
