@@ -46,6 +46,9 @@ BUDGET = {
     "flash_per_audited_read_call_bytes": 1536,
 }
 REPORT: dict[str, Any] = {"budget": BUDGET}
+IDLE_OPERATOR = {"edge.app.operator", "edge.core.agent_settings", "edge.operator", "edge.operator.credentials",
+                 "edge.operator.offer", "edge.operator.roster", "edge.operator.runs", "edge.operator.settings",
+                 "edge.operator.tools"}
 # The AI operator on, pointed at nothing: idle, it must cost the daemon (almost) nothing.
 AGENT_ON = '[agent]\nenabled = true\nbase_url = "https://api.openai.com/v1"\nmodel = "gpt-4o-mini"\n'
 
@@ -150,8 +153,10 @@ def test_agent_enabled_daemon_idle_memory(idle):
     REPORT["agent"] = {**_summary(r), "over_agent_off_mib": delta, "agent_off": _summary(base),
                        "over_default_mib": {k: round(r["memory_mib"][k] - idle["default"]["memory_mib"][k], 2)
                                             for k in ("VmHWM", "RssAnon", "Pss")}}
-    # Idle, the daemon's side of the operator is three modules (the evidence store waits for its first use).
-    assert set(r["modules"]) - set(base["modules"]) == {"edge.app.agent", "edge.core.agent", "edge.tools.agent"}
+    # Idle, the daemon's side of the operator is what an AI run's start and the history tools need;
+    # the evidence writer and store, the missions and ledger, the reporting, ask and retry tools
+    # wait for their first use.
+    assert set(r["modules"]) - set(base["modules"]) == IDLE_OPERATOR
     modules = r["modules"]
     for absent in ("edge.agent", "ssl", "_ssl", "http", "urllib", "_hashlib"):
         assert not [m for m in modules if m == absent or m.startswith(absent + ".")], absent
@@ -173,6 +178,7 @@ def test_default_daemon_modules(idle):
     for absent in ("edge.mcp", "edge.storage.postgres", "edge.core.ports.cluster", "psycopg", "ssl", "_ssl",
                    "_hashlib", "argparse", "edge.core.imports", "hashlib", "hmac", "secrets", "random", "base64",
                    "edge.core.excerpt", "edge.core.redaction", "edge.agent", "edge.tools.agent", "edge.core.agent",
+                   "edge.core.agent_settings", "edge.operator", "edge.app.operator",
                    "http", "smtplib",
                    "email", "edge.notify.send", "edge.notify.dispatch", "edge.notify.channels", "edge.notify.tools",
                    "edge.core.ports.notify", "edge.storage.sqlite.notify"):

@@ -83,6 +83,7 @@ class Daemon:
             stores, clock = cluster.stores, cluster.clock
         own = [*builtin_tools(), *ai_tools()]
         host = Host(config=config, home=self.home, stores=stores, clock=clock, pepper=pepper, users=users, tools=own,
+                    ai_tools=lambda: self.registry.ai_tools(),
                     start_run=lambda task, actor: self.local.start(task, actor), connect=self._connect,
                     cluster=self.cluster)
         # The daemon's own builder of the operator's side, with the recording credentials.
@@ -201,8 +202,8 @@ LEDGER = {f"qledge.agent.specialist.{op}" for op in ("delegate", "correct", "rev
 async def test_the_run_credential_is_refused_every_write_tool_and_dead_after_the_run(daemon):
     OWN = REPORTS | (LEDGER if daemon.db is not None else set())  # noqa: N806
     seen: dict[str, str] = {}
-    qinglong = sorted(t.name for t in daemon.registry.tools() if t.name.startswith("qinglong."))
-    others = sorted(t.name for t in daemon.registry.tools() if not t.name.startswith("qinglong.") and t.name not in OWN)
+    qinglong = sorted(t.name for t in daemon.registry.infos() if t.name.startswith("qinglong."))
+    others = sorted(t.name for t in daemon.registry.infos() if not t.name.startswith("qinglong.") and t.name not in OWN)
 
     def while_running(request):  # in the provider's thread, while the child waits for this reply
         (run_id, token), = daemon.credentials.minted.items()
@@ -214,7 +215,7 @@ async def test_the_run_credential_is_refused_every_write_tool_and_dead_after_the
     run_id = await daemon.ai_run("probe")
     final = await daemon.runner.wait("default", run_id, 60)
     assert final is not None and final.status == "succeeded", final
-    writes = {t.name for t in daemon.registry.tools() if t.effect == "write"} - OWN
+    writes = {t.name for t in daemon.registry.infos() if t.effect == "write"} - OWN
     assert writes and all(seen[name] == "permission_denied" for name in writes), seen
     assert all(seen[name] == "permission_denied" for name in others), seen  # qledge.* reads too
     assert all(seen[name] != "permission_denied" for name in qinglong), seen  # exactly the qinglong.* reads
@@ -334,7 +335,7 @@ async def test_a_cluster_node_keeps_no_missions(cluster_daemon):
     offered = {t["function"]["name"] for t in first["tools"]}
     assert offered and not any(name.startswith("specialist.") for name in offered), offered
     assert "unknown_tool" in json.dumps(second["messages"][-1]), second["messages"][-1]  # answered, never run
-    assert not any(t.name.startswith("qledge.agent.specialist.") for t in daemon.registry.tools())
+    assert not any(t.name.startswith("qledge.agent.specialist.") for t in daemon.registry.infos())
     for tool in ("qledge.agent.retry", "qledge.agent.mission"):
         with pytest.raises(ToolError) as err:
             await daemon.owner(tool, {"runId": run_id})

@@ -70,7 +70,7 @@ def test_a_clash_among_the_daemons_tools_is_a_start_up_error():
     tools = [tool(name, handler, Args, Args, effect="read", risk="low", permission="run.read", title=name, ai=True)
              for name in ("qinglong.run.list", "qinglong_run.list")]
     with pytest.raises(ValueError, match="would both be offered to the model as 'qinglong_run_list'"):
-        Offer(tools, read_logs=True, specialists=[])
+        Offer([t.info() for t in tools], read_logs=True, specialists=[], tools=lambda: tools)
 
 
 def test_a_returned_name_maps_back_or_stays_unknown():

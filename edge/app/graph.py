@@ -337,8 +337,9 @@ class Contribution(msgspec.Struct, frozen=True, kw_only=True):
 
 class Host(msgspec.Struct, frozen=True, kw_only=True):
     """What the daemon offers a capability's daemon side while the graph is built. The
-    runner and the tool server are made after the capabilities (they take what these add),
-    so those two are reached through `start_run` and `connect`, called only once they exist."""
+    runner, the registry and the tool server are made after the capabilities (they take what
+    these add), so those are reached through `start_run`, `ai_tools` and `connect`, called
+    only once they exist."""
 
     config: Config
     home: str
@@ -347,6 +348,7 @@ class Host(msgspec.Struct, frozen=True, kw_only=True):
     pepper: bytes
     users: SystemUsers
     tools: list[Tool]  # the daemon's own (management and AI read tools)
+    ai_tools: Callable[[], list[Tool]]  # every AI tool with its types, once the registry exists
     start_run: Callable[[Task, ActorType], Awaitable[Run]]  # the local runner's start
     connect: Callable[[socket.socket], None]  # the tool server serves this end, trusting its token only
     cluster: Cluster | None = None
@@ -394,9 +396,10 @@ def operator_side(host: Host, credentials: RunCredentials | None = None) -> Cont
     stores = host.stores
     assert stores.evidence is not None  # every storage keeps the evidence (a cluster in PostgreSQL)
     op = build_operator(host.config, tasks=stores.tasks, secrets=stores.secrets, clock=host.clock, pepper=host.pepper,
-                        users=host.users, evidence=stores.evidence, ledger=stores.ledger, tools=host.tools,
-                        start_run=host.start_run, connect=host.connect, credentials=credentials)
-    return Contribution(tools=op.tools, deferred=op.deferred, status=[op.status], agents=op.runs,
+                        users=host.users, evidence=stores.evidence, ledger=stores.ledger,
+                        infos=[t.info() for t in host.tools], ai_tools=host.ai_tools, start_run=host.start_run,
+                        connect=host.connect, credentials=credentials)
+    return Contribution(deferred=op.deferred, status=[op.status], agents=op.runs,
                         credentials=op.credentials)
 
 
@@ -643,7 +646,8 @@ class Graph:
         users = task_users(config, home)
         own_tools = [*builtin_tools(), *ai_tools()]
         host = Host(config=config, home=home, stores=self.stores, clock=self.stamps, pepper=pepper, users=users,
-                    tools=own_tools, start_run=self._start_run, connect=self._connect, cluster=cluster)
+                    tools=own_tools, ai_tools=self._ai_tools, start_run=self._start_run, connect=self._connect,
+                    cluster=cluster)
         parts = contributions(host)
         agents = _one([p.agents for p in parts])
         credentials = _one([p.credentials for p in parts])
@@ -666,6 +670,9 @@ class Graph:
         services = build_services(config, self.stores, self.workers, self.facts, registry, pepper, self.stamps)
         self.chain = build_chain(config, services, registry, credentials)
         self.listeners = build_listeners(config, socket_path, self.chain, [f for p in parts for f in p.listeners])
+
+    def _ai_tools(self) -> list[Tool]:
+        return self.chain.registry.ai_tools()
 
     async def _start_run(self, task: Task, actor: ActorType) -> Run:
         return await self.workers.runner.start(task, actor)

@@ -13,7 +13,7 @@ import msgspec
 
 from edge.app.config import AgentConfig, AgentProfile, Config, SpecialistConfig
 from edge.app.home import StartupError
-from edge.core.agent import PROFILES, Limits, ProviderSettings, SpecialistSpec, detect_provider, endpoint
+from edge.core.agent_settings import PROFILES, Limits, ProviderSettings, SpecialistSpec, detect_provider, endpoint
 from edge.core.errors import ToolError
 from edge.core.ports.runtime import Clock, TaskUsers
 from edge.core.ports.stores import SecretStore, TaskStore
@@ -24,7 +24,8 @@ from edge.operator.offer import Offer
 from edge.operator.roster import Roster
 from edge.operator.runs import AiRuns, child_user
 from edge.operator.settings import OperatorSettings
-from edge.operator.tools import deferred_tools, loaded_tools
+from edge.operator.tools import HISTORY_INFOS, deferred_tools
+from edge.tools.context import ToolInfo
 from edge.tools.definition import Deferred, Tool, first_use
 
 if TYPE_CHECKING:
@@ -140,20 +141,20 @@ class Operator(msgspec.Struct, frozen=True, kw_only=True):
 
     runs: AiRuns  # for the runner
     credentials: RunCredentials  # for the chain's authentication
-    tools: list[Tool]
-    deferred: list[Deferred]
+    deferred: list[Deferred]  # its tools
     status: Callable[[], dict[str, str]]
 
 
 def build_operator(
     config: Config, *, tasks: TaskStore, secrets: SecretStore, clock: Clock, pepper: bytes, users: TaskUsers,
-    evidence: Callable[[], AgentEvidenceStore], ledger: Callable[[], MissionLedger] | None, tools: list[Tool],
-    start_run: Callable[[Task, ActorType], Awaitable[Run]], connect: Callable[[socket.socket], None],
-    credentials: RunCredentials | None = None,
+    evidence: Callable[[], AgentEvidenceStore], ledger: Callable[[], MissionLedger] | None, infos: list[ToolInfo],
+    ai_tools: Callable[[], list[Tool]], start_run: Callable[[Task, ActorType], Awaitable[Run]],
+    connect: Callable[[socket.socket], None], credentials: RunCredentials | None = None,
 ) -> Operator:
     """The AI operator's side of the daemon, its configuration checked. `evidence` and
-    `ledger` (None: none is kept) are made at their first use; `tools` are the daemon's own,
-    whose AI read tools (and the operator's) its runs are offered; `start_run` starts the
+    `ledger` (None: none is kept) are made at their first use; `infos` are the daemon's own
+    tools, whose AI read tools (and the operator's) its runs are offered, and `ai_tools`
+    all the AI tools with their types, asked for at the first launch; `start_run` starts the
     next attempt of a mission; `connect` serves a child's own tool connection."""
     s = settings(config, users, ledger is not None)
     roster = Roster()
@@ -171,15 +172,15 @@ def build_operator(
                         attempts=s.attempts, specialists=frozenset(spec.name for spec in s.specialists))
 
     writer, missions = first_use(make_evidence), first_use(make_missions)
-    history = loaded_tools(evidence)
     try:
-        offer = Offer([*tools, *history], s.read_logs, s.specialists)
+        offer = Offer([*infos, *HISTORY_INFOS], s.read_logs, s.specialists, ai_tools)
     except ValueError as exc:  # two tools that would share one name on the wire
         raise StartupError(f"[agent] {exc}", BAD) from None
-    deferred = deferred_tools(settings=s, offer=offer, roster=roster, evidence=writer, missions=missions)
+    deferred = deferred_tools(settings=s, offer=offer, roster=roster, store=evidence, evidence=writer,
+                              missions=missions)
     runs = AiRuns(settings=s, credentials=credentials, offer=offer, roster=roster, evidence=writer,
                   missions=missions if ledger is not None else None, tasks=tasks, users=users, clock=clock,
                   connect=connect)
     who = f"its runs are {s.user}" if users.can_switch else "its runs are the daemon's user"
     line = {"agent": f"{s.provider.model} at {s.provider.base_url}; {who}"}
-    return Operator(runs=runs, credentials=credentials, tools=history, deferred=deferred, status=lambda: line)
+    return Operator(runs=runs, credentials=credentials, deferred=deferred, status=lambda: line)

@@ -5,12 +5,17 @@ tools the child calls for them."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import msgspec
 
-from edge.core.agent import PARENT_TOOLS, OfferedTool, SpecialistSpec, wire_names
+from edge.core.agent_settings import PARENT_TOOLS, SpecialistSpec, wire_names
+from edge.tools.context import ToolInfo
 from edge.tools.definition import Tool, object_schema
+
+if TYPE_CHECKING:  # the job's shapes load with the first AI run
+    from edge.core.agent import OfferedTool
 
 LOG_EXCERPT = "qinglong.run.log.excerpt"
 REPORT_TOOLS = ("qledge.agent.round", "qledge.agent.outcome")
@@ -22,15 +27,19 @@ LEDGER_PERMISSION = "agent.ledger"  # like REPORT_PERMISSION: run credentials on
 
 class Offer:
     """The tools the model of every AI run may call, and its credential's permissions,
-    settled once at start. Raises ValueError (a start-up error) for two tools whose wire
-    names would be one."""
+    settled once at start from what the daemon's tools are (`infos`); `tools` gives them
+    with their types when the first run is offered them. Raises ValueError (a start-up
+    error) for two tools whose wire names would be one."""
 
-    def __init__(self, tools: Iterable[Tool], read_logs: bool, specialists: list[SpecialistSpec]) -> None:
-        self._tools = sorted((t for t in tools if t.ai and t.effect == "read" and (read_logs or t.name != LOG_EXCERPT)),
-                             key=lambda t: t.name)
-        names = {t.name for t in self._tools}
+    def __init__(self, infos: Iterable[ToolInfo], read_logs: bool, specialists: list[SpecialistSpec],
+                 tools: Callable[[], list[Tool]]) -> None:
+        chosen = sorted((i for i in infos if i.ai and i.effect == "read" and (read_logs or i.name != LOG_EXCERPT)),
+                        key=lambda i: i.name)
+        self._offered = [i.name for i in chosen]
+        self._tools = tools
+        names = set(self._offered)
         granted = {f"tool.call:{name}" for name in (*names, *REPORT_TOOLS)}
-        granted |= {p for t in self._tools for p in t.permissions} | {REPORT_PERMISSION}
+        granted |= {p for i in chosen for p in i.permissions} | {REPORT_PERMISSION}
         if specialists:  # the child's own tools, and the ledger's it calls for them
             names |= set(PARENT_TOOLS)
             granted |= {f"tool.call:{name}" for name in LEDGER_TOOLS} | {LEDGER_PERMISSION}
@@ -43,9 +52,12 @@ class Offer:
     def specs(self) -> list[OfferedTool]:
         """The offered tools as the child describes them to the model (made at the first launch)."""
         if self._specs is None:
+            from edge.core.agent import OfferedTool
+
+            tools = {t.name: t for t in self._tools()}
             self._specs = [
                 OfferedTool(name=t.name, description=t.description or t.title,
                             parameters=msgspec.Raw(msgspec.json.encode(object_schema(t.args_type))))
-                for t in self._tools
+                for t in (tools[name] for name in self._offered)
             ]
         return self._specs

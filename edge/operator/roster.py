@@ -7,10 +7,11 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from edge.core.agent import EvidenceOpen, Limits, OutcomeReport, RoundMeta
+from edge.core.agent_settings import Limits
 from edge.core.errors import ToolError, conflict
 
-if TYPE_CHECKING:  # the ledger's shapes load with the missions
+if TYPE_CHECKING:  # the shapes of runs load with the first AI run, the ledger's with the missions
+    from edge.core.agent import EvidenceOpen, OutcomeReport, RoundMeta
     from edge.core.ledger import Attempt
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 import edge
-from edge.core.agent import AgentJob, AgentLaunch, ChildUser, Limits, MissionJob
+from edge.core.agent_settings import ChildUser, Limits
 from edge.core.errors import ToolError, invalid
 from edge.core.ports.runtime import Clock, TaskUsers
 from edge.core.ports.stores import TaskStore
@@ -27,7 +27,8 @@ from edge.operator.offer import Offer
 from edge.operator.roster import ActiveRun, Roster
 from edge.operator.settings import OperatorSettings
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the job's shapes load with the first AI run
+    from edge.core.agent import AgentLaunch
     from edge.core.ports.agent import RunCredentials
     from edge.operator.evidence import Evidence
     from edge.operator.missions import Missions
@@ -99,6 +100,8 @@ class AiRuns:
         return self._settings.concurrency
 
     async def launch(self, task: Task, run: Run) -> AgentLaunch:
+        from edge.core.agent import AgentJob, AgentLaunch, MissionJob
+
         spec = task.spec.command
         if not isinstance(spec, AgentInstruction):
             raise invalid(f"task {task.id} is not an AI task")

@@ -7,7 +7,7 @@ import sys
 
 import msgspec
 
-from edge.core.agent import Limits, ProviderSettings, SpecialistSpec
+from edge.core.agent_settings import Limits, ProviderSettings, SpecialistSpec
 from edge.core.errors import invalid
 
 

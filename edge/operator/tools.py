@@ -1,14 +1,13 @@
-"""Every tool the AI operator adds to the daemon: the evidence history's read tools, loaded
-with it (AI tools are listed with their schemas), and the rest declared here and loaded by
-their first call (edge.tools.definition.Deferred): the reporting tools, ask and check, retry
-and the mission view, and with specialists one narrow tool per ledger operation."""
+"""Every tool the AI operator adds to the daemon, declared here and loaded by its first call
+(edge.tools.definition.Deferred): the evidence history's read tools (AI tools: loaded too
+when their schemas are asked for), the reporting tools, ask and check, retry and the mission
+view, and with specialists one narrow tool per ledger operation."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from edge.operator.history import history_tools
 from edge.operator.offer import LEDGER_OPS, LEDGER_PERMISSION, LEDGER_TOOLS, REPORT_PERMISSION, Offer
 from edge.operator.roster import Roster
 from edge.operator.settings import OperatorSettings
@@ -20,6 +19,12 @@ if TYPE_CHECKING:
     from edge.operator.evidence import Evidence
     from edge.operator.missions import Missions
 
+HISTORY_INFOS: tuple[ToolInfo, ...] = (
+    info("qinglong.agent.history.list", effect="read", risk="low", permission="run.read", ai=True,
+         title="List the AI operator's past runs, newest first"),
+    info("qinglong.agent.history.get", effect="read", risk="low", permission="run.read", ai=True,
+         title="Get one AI run's evidence record"),
+)
 REPORT_INFOS: tuple[ToolInfo, ...] = (
     info("qledge.agent.round", effect="write", risk="low", permission=REPORT_PERMISSION,
          title="An AI run reports one model round (its own credential only)"),
@@ -44,16 +49,16 @@ LEDGER_INFOS: tuple[ToolInfo, ...] = tuple(
     for op, name in zip(LEDGER_OPS, LEDGER_TOOLS, strict=True))
 
 
-def loaded_tools(store: Callable[[], AgentEvidenceStore]) -> list[Tool]:
-    """The operator's tools loaded with it: the history's (AI read tools, listed with their schemas)."""
-    return history_tools(store)
-
-
 def deferred_tools(
-    *, settings: OperatorSettings, offer: Offer, roster: Roster, evidence: Callable[[], Evidence],
-    missions: Callable[[], Missions],
+    *, settings: OperatorSettings, offer: Offer, roster: Roster, store: Callable[[], AgentEvidenceStore],
+    evidence: Callable[[], Evidence], missions: Callable[[], Missions],
 ) -> list[Deferred]:
-    """The operator's other tools, each group loaded by its first call."""
+    """The operator's tools, each group loaded by its first call."""
+
+    def history() -> list[Tool]:
+        from edge.operator.history import DESCRIPTIONS, history_handlers
+
+        return declared(HISTORY_INFOS, history_handlers(store), DESCRIPTIONS)
 
     def reports() -> list[Tool]:
         from edge.operator.reports import Reports
@@ -72,8 +77,8 @@ def deferred_tools(
         handlers = missions().ledger_handlers()
         return declared(LEDGER_INFOS, {name: handlers[op] for op, name in zip(LEDGER_OPS, LEDGER_TOOLS, strict=True)})
 
-    deferred = [Deferred(infos=REPORT_INFOS, load=reports), Deferred(infos=ASK_INFOS, load=ask),
-                Deferred(infos=MISSION_INFOS, load=mission_tools)]
+    deferred = [Deferred(infos=HISTORY_INFOS, load=history), Deferred(infos=REPORT_INFOS, load=reports),
+                Deferred(infos=ASK_INFOS, load=ask), Deferred(infos=MISSION_INFOS, load=mission_tools)]
     if settings.specialists:
         deferred.append(Deferred(infos=LEDGER_INFOS, load=ledger_tools))
     return deferred
