@@ -46,9 +46,8 @@ BUDGET = {
     "flash_per_audited_read_call_bytes": 1536,
 }
 REPORT: dict[str, Any] = {"budget": BUDGET}
-IDLE_OPERATOR = {"edge.app.operator", "edge.core.agent_settings", "edge.operator", "edge.operator.credentials",
-                 "edge.operator.offer", "edge.operator.roster", "edge.operator.runs", "edge.operator.settings",
-                 "edge.operator.tools"}
+IDLE_OPERATOR = {"edge.app.operator", "edge.core.agent_settings", "edge.operator",
+                 "edge.operator.offer", "edge.operator.settings", "edge.operator.tools"}
 # The AI operator on, pointed at nothing: idle, it must cost the daemon (almost) nothing.
 AGENT_ON = '[agent]\nenabled = true\nbase_url = "https://api.openai.com/v1"\nmodel = "gpt-4o-mini"\n'
 
@@ -153,9 +152,9 @@ def test_agent_enabled_daemon_idle_memory(idle):
     REPORT["agent"] = {**_summary(r), "over_agent_off_mib": delta, "agent_off": _summary(base),
                        "over_default_mib": {k: round(r["memory_mib"][k] - idle["default"]["memory_mib"][k], 2)
                                             for k in ("VmHWM", "RssAnon", "Pss")}}
-    # Idle, the daemon's side of the operator is what an AI run's start and the history tools need;
-    # the evidence writer and store, the missions and ledger, the reporting, ask and retry tools
-    # wait for their first use.
+    # Idle, the daemon's side of the operator is its checked settings, what its runs are offered
+    # and its tools' listings; how AI runs start and end, their credentials, the evidence writer
+    # and store, the missions and ledger and every one of its tools wait for their first use.
     assert set(r["modules"]) - set(base["modules"]) == IDLE_OPERATOR
     modules = r["modules"]
     for absent in ("edge.agent", "ssl", "_ssl", "http", "urllib", "_hashlib"):

@@ -110,9 +110,14 @@ def test_optional_capabilities_are_imported_only_by_composition():
                 continue
             wrong.append(f"{rel} imports {module} ({capability.name})")
     assert wrong == []
-    # What only composition may reach: a capability's daemon side is built in one place.
-    importers = {rel for rel, _, module in _imports() if module.startswith(("edge.mcp", "edge.app.operator"))}
-    assert {r for r in importers if not _optional(r)} == {COMPOSITION}
+    # What only composition may reach: each capability's daemon side is built in one place,
+    # from its entry, whatever else of it the command line or other capabilities use.
+    sides = [c for c in CAPABILITIES if c.entry is not None]
+    assert sides and all(_reaches(c, c.entry) for c in sides)  # an entry is one of its parts
+    for capability in sides:
+        entry = capability.entry
+        importers = {rel for rel, _, module in _imports() if module == entry or module.startswith(f"{entry}.")}
+        assert {r for r in importers if not _of(capability, r)} == {COMPOSITION}, capability.name
     cluster = os.path.join("storage", "postgres") + os.sep
     importers = {rel for rel, _, module in _imports() if module == "edge.core.ports.cluster"}
     assert importers <= {COMPOSITION} | {r for r in importers if r.startswith(cluster)}

@@ -19,16 +19,17 @@ if TYPE_CHECKING:
 
 
 class Capability:
-    """One optional capability. `daemon`: whether it has a daemon side (the web panel is a
-    process of its own: a command and a profile, nothing in the daemon). `missing`: the
-    error code and line of a start that asks for it where it is not available; None: a
-    build without it runs without it (it needs no asking: on wherever it is shipped)."""
+    """One optional capability. `entry`: the module composition builds its daemon side
+    from, reached from nowhere else; None: it has none (the web panel is a process of its
+    own: a command and a profile, nothing in the daemon). `missing`: the error code and
+    line of a start that asks for it where it is not available; None: a build without it
+    runs without it (it needs no asking: on wherever it is shipped)."""
 
-    __slots__ = ("name", "section", "enabled", "probe", "missing", "parts", "cli_nouns", "daemon")
+    __slots__ = ("name", "section", "enabled", "probe", "missing", "parts", "cli_nouns", "entry")
 
     def __init__(
         self, name: str, *, section: str | None, enabled: Callable[[Config], bool], probe: tuple[str, ...],
-        missing: tuple[str, str] | None, parts: tuple[str, ...], cli_nouns: tuple[str, ...] = (), daemon: bool = True,
+        missing: tuple[str, str] | None, parts: tuple[str, ...], cli_nouns: tuple[str, ...] = (), entry: str | None,
     ) -> None:
         self.name = name
         self.section = section  # its configuration section, [name]
@@ -37,7 +38,12 @@ class Capability:
         self.missing = missing
         self.parts = parts  # path prefixes under the source root: a directory ("edge/mcp/") or a file
         self.cli_nouns = cli_nouns  # `qledge NOUN ...` that only this capability serves
-        self.daemon = daemon
+        self.entry = entry
+
+    @property
+    def daemon(self) -> bool:
+        """Whether it has a daemon side (the web panel is a process of its own)."""
+        return self.entry is not None
 
     def available(self) -> bool:
         """Whether this build, on this system, has it: every probe module can be found
@@ -70,28 +76,30 @@ CLUSTER = Capability(
     probe=("edge.storage.postgres", "psycopg"),
     missing=("unavailable",
              "cluster mode needs psycopg 3 and a build that includes it (pip install 'qledge[cluster]')"),
-    parts=("edge/storage/postgres/",))
+    parts=("edge/storage/postgres/",), entry="edge.storage.postgres.cluster")
 # Notifications need no section to be on: a build that ships them keeps a queue wherever a
 # channel exists; one without them keeps the failing marks and queues nothing.
 NOTIFY = Capability(
     "notify", section="notify", enabled=_always, probe=("edge.notify",), missing=None,
-    parts=("edge/notify/", "edge/core/ports/notify.py", "edge/storage/sqlite/notify.py"), cli_nouns=("notify",))
+    parts=("edge/notify/", "edge/core/ports/notify.py", "edge/storage/sqlite/notify.py"), cli_nouns=("notify",),
+    entry="edge.notify.handle")
 # The AI operator: the daemon's side (edge/operator/, composed by edge/app/operator.py) and the
 # child of each AI run (edge/agent/), with the shapes, ports and stores they share.
 AGENT = Capability(
     "agent", section="agent", enabled=lambda c: c.agent.enabled, probe=("edge.operator", "edge.agent"),
     missing=("invalid_argument", "the AI operator is not included in this build"),
-    parts=("edge/agent/", "edge/operator/", "edge/app/operator.py", "edge/core/agent.py", "edge/core/ledger.py",
-           "edge/core/ports/agent.py", "edge/storage/sqlite/evidence.py", "edge/storage/sqlite/ledger.py",
-           "edge/tools/agent.py", "edge/tools/missions.py"),
-    cli_nouns=("agent", "ask"))
+    parts=("edge/agent/", "edge/operator/", "edge/app/operator.py", "edge/core/agent.py", "edge/core/agent_settings.py",
+           "edge/core/ledger.py", "edge/core/ports/agent.py", "edge/storage/sqlite/evidence.py",
+           "edge/storage/sqlite/ledger.py", "edge/tools/agent.py", "edge/tools/missions.py"),
+    cli_nouns=("agent", "ask"), entry="edge.app.operator")
 MCP = Capability(
     "mcp", section="mcp", enabled=lambda c: c.mcp.enabled, probe=("edge.mcp",),
-    missing=("invalid_argument", "MCP is not included in this build"), parts=("edge/mcp/",))
+    missing=("invalid_argument", "MCP is not included in this build"), parts=("edge/mcp/",),
+    entry="edge.mcp.server")
 WEB = Capability(
     "web", section=None, enabled=_never, probe=("edge.web",),
     missing=("invalid_argument", "the web panel is not included in this build"), parts=("edge/web/",),
-    cli_nouns=("web",), daemon=False)
+    cli_nouns=("web",), entry=None)
 
 # In the order the daemon builds them: the storage a node keeps first, then what the others use.
 CAPABILITIES: tuple[Capability, ...] = (CLUSTER, NOTIFY, AGENT, MCP, WEB)

@@ -17,13 +17,10 @@ from edge.core.agent_settings import PROFILES, Limits, ProviderSettings, Special
 from edge.core.errors import ToolError
 from edge.core.ports.runtime import Clock, TaskUsers
 from edge.core.ports.stores import SecretStore, TaskStore
-from edge.core.runs import ActorType, Run
+from edge.core.runs import ActorType, Run, RunStatus, RunUpdate
 from edge.core.tasks import Task
-from edge.operator.credentials import RunCredentialRegistry
 from edge.operator.offer import Offer
-from edge.operator.roster import Roster
-from edge.operator.runs import AiRuns, child_user
-from edge.operator.settings import OperatorSettings
+from edge.operator.settings import OperatorSettings, child_user
 from edge.operator.tools import HISTORY_INFOS, deferred_tools
 from edge.tools.context import ToolInfo
 from edge.tools.definition import Deferred, Tool, first_use
@@ -31,9 +28,12 @@ from edge.tools.definition import Deferred, Tool, first_use
 if TYPE_CHECKING:
     import socket
 
-    from edge.core.ports.agent import AgentEvidenceStore, MissionLedger, RunCredentials
+    from edge.core.agent import AgentLaunch
+    from edge.core.auth import Principal
+    from edge.core.ports.agent import AgentEvidenceStore, AgentRuns, MissionLedger, RunCredentials
     from edge.operator.evidence import Evidence
     from edge.operator.missions import Missions
+    from edge.operator.roster import Roster
 
 SPECIALISTS_MAX = 8
 SPECIALIST_OUTPUT_TOKENS = 1024  # a specialist's reply reserve unless configured (never above [agent]'s)
@@ -136,10 +136,55 @@ def settings(config: Config, users: TaskUsers, missions: bool) -> OperatorSettin
                             specialists=roles if missions else [])
 
 
+class FirstUseRuns:
+    """AgentRuns, made by `make` at the first AI run (or the first run recovered as lost):
+    an idle daemon keeps how AI runs start and end unloaded, and answers only how many may
+    run at once."""
+
+    def __init__(self, concurrency: int, make: Callable[[], AgentRuns]) -> None:
+        self._concurrency = concurrency
+        self._runs = first_use(make)
+
+    @property
+    def concurrency(self) -> int:
+        return self._concurrency
+
+    async def launch(self, task: Task, run: Run) -> AgentLaunch:
+        return await self._runs().launch(task, run)
+
+    def exited(self, run_id: str, status: RunStatus, update: RunUpdate) -> RunStatus:
+        return self._runs().exited(run_id, status, update)
+
+    async def ended(self, run: Run, task: Task | None) -> None:
+        await self._runs().ended(run, task)
+
+
+class FirstUseCredentials:
+    """RunCredentials, made at the first AI run's launch: until then none is live, so an
+    idle daemon answers every look-up with None without loading them."""
+
+    def __init__(self, pepper: bytes) -> None:
+        self._pepper = pepper
+        self._made: RunCredentials | None = None
+
+    def mint(self, run_id: str, permissions: frozenset[str]) -> str:
+        if self._made is None:
+            from edge.operator.credentials import RunCredentialRegistry
+
+            self._made = RunCredentialRegistry(self._pepper)
+        return self._made.mint(run_id, permissions)
+
+    def revoke(self, run_id: str) -> bool:
+        return self._made is not None and self._made.revoke(run_id)
+
+    def lookup(self, credential_id: str) -> tuple[bytes, Principal] | None:
+        return self._made.lookup(credential_id) if self._made is not None else None
+
+
 class Operator(msgspec.Struct, frozen=True, kw_only=True):
     """The daemon's side of the AI operator, as the graph plugs it in."""
 
-    runs: AiRuns  # for the runner
+    runs: AgentRuns  # for the runner
     credentials: RunCredentials  # for the chain's authentication
     deferred: list[Deferred]  # its tools
     status: Callable[[], dict[str, str]]
@@ -157,8 +202,12 @@ def build_operator(
     all the AI tools with their types, asked for at the first launch; `start_run` starts the
     next attempt of a mission; `connect` serves a child's own tool connection."""
     s = settings(config, users, ledger is not None)
-    roster = Roster()
-    credentials = credentials or RunCredentialRegistry(pepper)
+    credentials = credentials or FirstUseCredentials(pepper)
+
+    def make_roster() -> Roster:
+        from edge.operator.roster import Roster
+
+        return Roster()
 
     def make_evidence() -> Evidence:
         from edge.operator.evidence import Evidence
@@ -168,19 +217,24 @@ def build_operator(
     def make_missions() -> Missions:
         from edge.operator.missions import Missions
 
-        return Missions(ledger=ledger, roster=roster, tasks=tasks, clock=clock, start_run=start_run,
+        return Missions(ledger=ledger, roster=roster(), tasks=tasks, clock=clock, start_run=start_run,
                         attempts=s.attempts, specialists=frozenset(spec.name for spec in s.specialists))
 
-    writer, missions = first_use(make_evidence), first_use(make_missions)
+    roster, writer, missions = first_use(make_roster), first_use(make_evidence), first_use(make_missions)
     try:
         offer = Offer([*infos, *HISTORY_INFOS], s.read_logs, s.specialists, ai_tools)
     except ValueError as exc:  # two tools that would share one name on the wire
         raise StartupError(f"[agent] {exc}", BAD) from None
     deferred = deferred_tools(settings=s, offer=offer, roster=roster, store=evidence, evidence=writer,
                               missions=missions)
-    runs = AiRuns(settings=s, credentials=credentials, offer=offer, roster=roster, evidence=writer,
-                  missions=missions if ledger is not None else None, tasks=tasks, users=users, clock=clock,
-                  connect=connect)
+    def make_runs() -> AgentRuns:
+        from edge.operator.runs import AiRuns
+
+        return AiRuns(settings=s, credentials=credentials, offer=offer, roster=roster(), evidence=writer,
+                      missions=missions if ledger is not None else None, tasks=tasks, users=users, clock=clock,
+                      connect=connect)
+
+    runs = FirstUseRuns(s.concurrency, make_runs)
     who = f"its runs are {s.user}" if users.can_switch else "its runs are the daemon's user"
     line = {"agent": f"{s.provider.model} at {s.provider.base_url}; {who}"}
     return Operator(runs=runs, credentials=credentials, deferred=deferred, status=lambda: line)

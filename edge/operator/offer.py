@@ -5,6 +5,7 @@ tools the child calls for them."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
@@ -33,21 +34,31 @@ class Offer:
 
     def __init__(self, infos: Iterable[ToolInfo], read_logs: bool, specialists: list[SpecialistSpec],
                  tools: Callable[[], list[Tool]]) -> None:
-        chosen = sorted((i for i in infos if i.ai and i.effect == "read" and (read_logs or i.name != LOG_EXCERPT)),
-                        key=lambda i: i.name)
-        self._offered = [i.name for i in chosen]
+        offered = (i for i in infos if i.ai and i.effect == "read" and (read_logs or i.name != LOG_EXCERPT))
+        self._chosen = sorted(offered, key=lambda i: i.name)
         self._tools = tools
-        names = set(self._offered)
-        granted = {f"tool.call:{name}" for name in (*names, *REPORT_TOOLS)}
-        granted |= {p for i in chosen for p in i.permissions} | {REPORT_PERMISSION}
-        if specialists:  # the child's own tools, and the ledger's it calls for them
-            names |= set(PARENT_TOOLS)
-            granted |= {f"tool.call:{name}" for name in LEDGER_TOOLS} | {LEDGER_PERMISSION}
-        wire_names(sorted(names))  # ValueError: two tools would share a name on the wire
-        self.names = frozenset(names)  # what a round may report it asked for
-        self.permissions = frozenset(granted)
+        self._ledger = bool(specialists)  # the child's own tools, and the ledger's it calls for them
         self.specialists = frozenset(spec.name for spec in specialists)
         self._specs: list[OfferedTool] | None = None
+        wire_names(sorted(self._names()))  # ValueError: two tools would share a name on the wire
+
+    def _names(self) -> frozenset[str]:
+        return frozenset([*(i.name for i in self._chosen), *(PARENT_TOOLS if self._ledger else ())])
+
+    # Made at the first AI run: an idle daemon holds neither set.
+    @functools.cached_property
+    def names(self) -> frozenset[str]:
+        """What a round may report it asked for."""
+        return self._names()
+
+    @functools.cached_property
+    def permissions(self) -> frozenset[str]:
+        """What the credential of every AI run is granted."""
+        granted = {f"tool.call:{name}" for name in (*(i.name for i in self._chosen), *REPORT_TOOLS)}
+        granted |= {p for i in self._chosen for p in i.permissions} | {REPORT_PERMISSION}
+        if self._ledger:
+            granted |= {f"tool.call:{name}" for name in LEDGER_TOOLS} | {LEDGER_PERMISSION}
+        return frozenset(granted)
 
     def specs(self) -> list[OfferedTool]:
         """The offered tools as the child describes them to the model (made at the first launch)."""
@@ -58,6 +69,6 @@ class Offer:
             self._specs = [
                 OfferedTool(name=t.name, description=t.description or t.title,
                             parameters=msgspec.Raw(msgspec.json.encode(object_schema(t.args_type))))
-                for t in (tools[name] for name in self._offered)
+                for t in (tools[i.name] for i in self._chosen)
             ]
         return self._specs

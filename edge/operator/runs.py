@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 import edge
-from edge.core.agent_settings import ChildUser, Limits
+from edge.core.agent_settings import Limits
 from edge.core.errors import ToolError, invalid
 from edge.core.ports.runtime import Clock, TaskUsers
 from edge.core.ports.stores import TaskStore
@@ -25,7 +25,7 @@ from edge.core.runs import Run, RunStatus, RunUpdate, summary
 from edge.core.tasks import AgentBudget, AgentInstruction, Task
 from edge.operator.offer import Offer
 from edge.operator.roster import ActiveRun, Roster
-from edge.operator.settings import OperatorSettings
+from edge.operator.settings import OperatorSettings, child_user
 
 if TYPE_CHECKING:  # the job's shapes load with the first AI run
     from edge.core.agent import AgentLaunch
@@ -57,20 +57,6 @@ def lowered(limits: Limits, budget: AgentBudget | None) -> Limits:
         wall_clock_s=int(low(limits.wall_clock_s, budget.wall_clock_s)),
         tool_calls_per_round=limits.tool_calls_per_round,
     )
-
-
-def child_user(users: TaskUsers, name: str) -> ChildUser | None:
-    """Whom an AI run's child becomes: `name`, where this daemon can switch users (None: it
-    cannot, and the child stays the daemon's user). Raises invalid_argument for a user that
-    does not exist, or that could read the state directory (root, the daemon's own user,
-    or a member of their groups)."""
-    if not users.can_switch:
-        return None
-    run_as = users.resolve(name, None)
-    if run_as.uid in (0, os.geteuid()) or {run_as.gid, *run_as.groups} & {0, os.getegid()}:
-        raise invalid(f"[agent] user {name} could read the state directory (root, the daemon's user or one of"
-                      " their groups): name an unprivileged user, e.g. nobody")
-    return ChildUser(uid=run_as.uid, gid=run_as.gid, groups=sorted(set(run_as.groups)))
 
 
 class AiRuns:

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from edge.operator.offer import LEDGER_OPS, LEDGER_PERMISSION, LEDGER_TOOLS, REPORT_PERMISSION, Offer
-from edge.operator.roster import Roster
 from edge.operator.settings import OperatorSettings
 from edge.tools.context import ToolInfo
 from edge.tools.definition import Deferred, Tool, declared, info
@@ -18,6 +17,7 @@ if TYPE_CHECKING:
     from edge.core.ports.agent import AgentEvidenceStore
     from edge.operator.evidence import Evidence
     from edge.operator.missions import Missions
+    from edge.operator.roster import Roster
 
 HISTORY_INFOS: tuple[ToolInfo, ...] = (
     info("qinglong.agent.history.list", effect="read", risk="low", permission="run.read", ai=True,
@@ -50,10 +50,10 @@ LEDGER_INFOS: tuple[ToolInfo, ...] = tuple(
 
 
 def deferred_tools(
-    *, settings: OperatorSettings, offer: Offer, roster: Roster, store: Callable[[], AgentEvidenceStore],
+    *, settings: OperatorSettings, offer: Offer, roster: Callable[[], Roster], store: Callable[[], AgentEvidenceStore],
     evidence: Callable[[], Evidence], missions: Callable[[], Missions],
 ) -> list[Deferred]:
-    """The operator's tools, each group loaded by its first call."""
+    """The operator's tools, each group loaded by its first call (`roster` too is made at its first use)."""
 
     def history() -> list[Tool]:
         from edge.operator.history import DESCRIPTIONS, history_handlers
@@ -63,12 +63,12 @@ def deferred_tools(
     def reports() -> list[Tool]:
         from edge.operator.reports import Reports
 
-        return declared(REPORT_INFOS, Reports(roster, offer, evidence).handlers())
+        return declared(REPORT_INFOS, Reports(roster(), offer, evidence).handlers())
 
     def ask() -> list[Tool]:
         from edge.operator.ask import Ask
 
-        return declared(ASK_INFOS, Ask(settings, roster, evidence).handlers())
+        return declared(ASK_INFOS, Ask(settings, roster(), evidence).handlers())
 
     def mission_tools() -> list[Tool]:
         return declared(MISSION_INFOS, missions().mission_handlers())
