@@ -145,7 +145,7 @@ def test_mcp_daemon_idle_memory(idle):
 
 def test_agent_enabled_daemon_idle_memory(idle):
     """[agent] enabled against the same config file with it off (reading a file costs tomllib,
-    whatever it says): the daemon's side of the operator is loaded; the child (edge.agent), its
+    whatever it says): the daemon's side of the operator is loaded; the child (edge.airun), its
     HTTP client and ssl are not."""
     r, base = idle["agent"], idle["agent_off"]
     delta = {k: round(r["memory_mib"][k] - base["memory_mib"][k], 2) for k in ("VmHWM", "RssAnon", "Pss")}
@@ -157,7 +157,7 @@ def test_agent_enabled_daemon_idle_memory(idle):
     # and store, the missions and ledger and every one of its tools wait for their first use.
     assert set(r["modules"]) - set(base["modules"]) == IDLE_OPERATOR
     modules = r["modules"]
-    for absent in ("edge.agent", "ssl", "_ssl", "http", "urllib", "_hashlib"):
+    for absent in ("edge.airun", "ssl", "_ssl", "http", "urllib", "_hashlib"):
         assert not [m for m in modules if m == absent or m.startswith(absent + ".")], absent
     # Judged on RssAnon, what the operator's side allocates: the file-backed rest of VmHWM (the
     # shared-library pages a daemon happened to touch) differs by 0.1-0.2 MiB between two
@@ -176,7 +176,7 @@ def test_default_daemon_modules(idle):
     # the rest of the notify capability waits for a channel (only its dormant handle is loaded)
     for absent in ("edge.mcp", "edge.storage.postgres", "edge.core.ports.cluster", "psycopg", "ssl", "_ssl",
                    "_hashlib", "argparse", "edge.core.imports", "hashlib", "hmac", "secrets", "random", "base64",
-                   "edge.core.excerpt", "edge.core.redaction", "edge.agent", "edge.tools.agent", "edge.core.agent",
+                   "edge.core.excerpt", "edge.core.redaction", "edge.airun", "edge.tools.agent", "edge.core.agent",
                    "edge.core.agent_settings", "edge.operator", "edge.app.operator",
                    "http", "smtplib",
                    "email", "edge.notify.send", "edge.notify.dispatch", "edge.notify.channels", "edge.notify.tools",

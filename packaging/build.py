@@ -34,7 +34,7 @@ def _capabilities() -> dict[str, tuple[str, ...]]:
 
 
 # Optional capabilities, shipped only by the profiles that include them: path prefixes. The AI
-# operator is its child (edge/agent/) and the daemon's side of it (edge/operator/ and what it
+# operator is its child (edge/airun/) and the daemon's side of it (edge/operator/ and what it
 # shares with the child and the stores), which the daemon loads only when [agent] is enabled.
 # Notifications: the notifier, its tools, the sender child (the one part that loads HTTP, TLS
 # and SMTP), their port and the SQLite queue's adapter; without them the daemon keeps the

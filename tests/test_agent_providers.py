@@ -12,10 +12,10 @@ import time
 import msgspec
 import pytest
 
-from edge.agent.budget import Budget, estimate_tokens
-from edge.agent.operator import Operator
-from edge.agent.prompt import Conversation, ToolResult
-from edge.agent.provider import ChatClient, ProviderError, error_text, hint, parse
+from edge.airun.budget import Budget, estimate_tokens
+from edge.airun.operator import Operator
+from edge.airun.prompt import Conversation, ToolResult
+from edge.airun.provider import ChatClient, ProviderError, error_text, hint, parse
 from edge.core.agent import (
     PARENT_TOOLS,
     PROFILES,
@@ -246,8 +246,8 @@ def test_each_error_says_what_to_change(status, message, fix):
 
 
 def test_every_line_of_what_to_change_survives_the_logs_masking():
-    from edge.agent import provider
-    from edge.agent.check import _FIX
+    from edge.airun import provider
+    from edge.airun.check import _FIX
     from edge.core.excerpt import redact
 
     lines = [line for _, line in provider._HINTS] + list(_FIX.values())

@@ -26,7 +26,7 @@ ALLOWED = {
     # The AI operator's side of the daemon: it serves the child's tool calls, never imports the child.
     "operator": {"core", "tools"},
     # The child of an AI run: core shapes and the blocking socket client, nothing of the daemon.
-    "agent": {"core", "transports", "cli"},
+    "airun": {"core", "transports", "cli"},
     # Notifications: the notifier and its tools in the daemon, the sender child, their commands.
     "notify": {"core", "tools", "cli"},
     # The web panel: its own process, a client of the tool socket; nothing of the daemon.
@@ -158,8 +158,8 @@ def test_the_web_panel_is_reached_only_from_the_cli_entry_and_loads_nothing_heav
 
 
 def test_the_agent_child_is_imported_by_nothing_outside_it():
-    importers = {rel for rel, _, module in _imports() if module == "edge.agent" or module.startswith("edge.agent.")}
-    assert {r for r in importers if not r.startswith("agent" + os.sep)} == set()
+    importers = {rel for rel, _, module in _imports() if module == "edge.airun" or module.startswith("edge.airun.")}
+    assert {r for r in importers if not r.startswith("airun" + os.sep)} == set()
 
 
 def _eager_imports(tree: ast.Module) -> set[str]:

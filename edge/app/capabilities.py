@@ -84,11 +84,11 @@ NOTIFY = Capability(
     parts=("edge/notify/", "edge/core/ports/notify.py", "edge/storage/sqlite/notify.py"), cli_nouns=("notify",),
     entry="edge.notify.handle")
 # The AI operator: the daemon's side (edge/operator/, composed by edge/app/operator.py) and the
-# child of each AI run (edge/agent/), with the shapes, ports and stores they share.
+# child of each AI run (edge/airun/), with the shapes, ports and stores they share.
 AGENT = Capability(
-    "agent", section="agent", enabled=lambda c: c.agent.enabled, probe=("edge.operator", "edge.agent"),
+    "agent", section="agent", enabled=lambda c: c.agent.enabled, probe=("edge.operator", "edge.airun"),
     missing=("invalid_argument", "the AI operator is not included in this build"),
-    parts=("edge/agent/", "edge/operator/", "edge/app/operator.py", "edge/core/agent.py", "edge/core/agent_settings.py",
+    parts=("edge/airun/", "edge/operator/", "edge/app/operator.py", "edge/core/agent.py", "edge/core/agent_settings.py",
            "edge/core/ledger.py", "edge/core/ports/agent.py", "edge/storage/sqlite/evidence.py",
            "edge/storage/sqlite/ledger.py", "edge/tools/agent.py", "edge/tools/missions.py"),
     cli_nouns=("agent", "ask"), entry="edge.app.operator")

@@ -388,7 +388,7 @@ def notify_side(config: Config, stores: Stores, clock: Clock) -> Contribution:
 
 
 def operator_side(host: Host, credentials: RunCredentials | None = None) -> Contribution:
-    """The AI operator's side of the daemon (edge.app.operator; its child, edge.agent, is
+    """The AI operator's side of the daemon (edge.app.operator; its child, edge.airun, is
     never imported: the runner starts it as a process). `credentials`: the run credentials'
     registry (default: a new one)."""
     from edge.app.operator import build_operator
@@ -638,11 +638,9 @@ class Graph:
         self.cluster = cluster
         # Records are stamped on the steady clock; the scheduler alone reads the wall clock
         # (on a cluster node, PostgreSQL's).
-        self.stamps = SteadyClock(wall)
-        if cluster is None:
-            # Not on a cluster node: every node holds on its own, from the newest time it
-            # saw, so the ranges they would move overlap; their stamps keep their order.
-            self.stamps.on_jump = self._clock_jumped
+        # Not on a cluster node: every node holds on its own, from the newest time it saw,
+        # so the ranges they would move overlap; their stamps keep their order.
+        self.stamps = SteadyClock(wall, self._clock_jumped if cluster is None else None)
         users = task_users(config, home)
         own_tools = [*builtin_tools(), *ai_tools()]
         host = Host(config=config, home=home, stores=self.stores, clock=self.stamps, pepper=pepper, users=users,

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 SPECIALISTS_MAX = 8
 SPECIALIST_OUTPUT_TOKENS = 1024  # a specialist's reply reserve unless configured (never above [agent]'s)
-# Built in; their descriptions and system texts are the child's (edge.agent.specialists), so
+# Built in; their descriptions and system texts are the child's (edge.airun.specialists), so
 # the daemon never holds them.
 DEFAULT_SPECIALISTS = ("log-analyst", "schedule-advisor")
 

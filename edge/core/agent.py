@@ -1,6 +1,6 @@
 """What the AI operator's parts share about runs: the job the runner hands an AI run's child,
 and the shapes of the evidence history (seed 001). Loaded only where the operator is: by
-its child (edge.agent) and by the daemon's side of it at the first AI run, report or history
+its child (edge.airun) and by the daemon's side of it at the first AI run, report or history
 read (edge.operator, edge.storage.sqlite.evidence); the default daemon never imports it.
 What both agree on before any run (settings, profiles, wire names) is
 edge.core.agent_settings'."""
@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-# Named here too, for the child (edge.agent imports them from this module).
+# Named here too, for the child (edge.airun imports them from this module).
 from edge.core.agent_settings import (  # noqa: F401
     PARENT_TOOLS,
     PROFILES,

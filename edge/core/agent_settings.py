@@ -161,5 +161,5 @@ class SpecialistSpec(msgspec.Struct, kw_only=True):
 
     name: str
     description: str | None  # one line for the operator's tool descriptions; None: the default's
-    system: str | None  # its system text; None: the default's (edge.agent.specialists holds them)
+    system: str | None  # its system text; None: the default's (edge.airun.specialists holds them)
     max_output_tokens: int  # the reply reserved in its context window and budgets

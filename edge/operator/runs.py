@@ -4,7 +4,7 @@ record opened then and written once, whole, at its terminal state (edge.operator
 loaded by the first AI run); the run bound as an attempt of its mission
 (edge.operator.missions, likewise); and the child's argv, job and own tool connection.
 
-The child itself (edge.agent) is never imported here: it is started as a process."""
+The child itself (edge.airun) is never imported here: it is started as a process."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ log = logging.getLogger("qledge.agent")
 
 # The child is started like this, not with `python -m`: -I keeps the environment and the
 # working directory (where tasks may write) out of its import path.
-_BOOT = "import sys; sys.path.insert(0, {root!r}); from edge.agent.__main__ import main; sys.exit(main())"
+_BOOT = "import sys; sys.path.insert(0, {root!r}); from edge.airun.__main__ import main; sys.exit(main())"
 _job = msgspec.json.Encoder()
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(edge.__file__)))  # a directory, or a .pyz
 
