@@ -82,7 +82,8 @@ class Daemon:
             assert cluster.stores is not None and cluster.clock is not None
             stores, clock = cluster.stores, cluster.clock
         own = [*builtin_tools(), *ai_tools()]
-        host = Host(config=config, home=self.home, stores=stores, clock=clock, pepper=pepper, users=users, tools=own,
+        host = Host(config=config, home=self.home, stores=stores, clock=clock, pepper=pepper, users=users,
+                    infos=[t.info() for t in own],
                     ai_tools=lambda: self.registry.ai_tools(),
                     start_run=lambda task, actor: self.local.start(task, actor), connect=self._connect,
                     cluster=self.cluster)

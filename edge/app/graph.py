@@ -52,7 +52,6 @@ from edge.storage.sqlite.runs import SqliteRunStore
 from edge.storage.sqlite.security import SqliteAuditLog, SqliteAuditReader, SqliteCredentialStore, SqliteSecretStore
 from edge.storage.sqlite.tasks import SqliteTaskStore
 from edge.storage.sqlite.triggers import SqliteTriggerStore
-from edge.tools.ai import log_excerpt, projections, runs, task_runs_compare
 from edge.tools.builtin import status, tasks, triggers
 from edge.tools.builtin import runs as run_tools
 from edge.tools.chain import Authenticator, Chain
@@ -244,8 +243,27 @@ def builtin_tools() -> list[Tool]:
     return [*tasks.TOOLS, *triggers.TOOLS, *run_tools.TOOLS, *status.TOOLS]
 
 
+# The `qinglong.*` read tools offered to AI clients: declared here, their modules loaded by
+# their first call or when their schemas are asked for (MCP's listing, an AI run's offer), so
+# a daemon that no AI client talks to never builds their projections.
+AI_TOOLS: tuple[ToolInfo, ...] = (
+    *(info(name, effect="read", risk="low", permission="task.read", title=title, ai=True)
+      for name, title in (("qinglong.task.list", "List tasks"), ("qinglong.task.get", "Get a task"))),
+    info("qinglong.trigger.list", effect="read", risk="low", permission="trigger.read", title="List triggers", ai=True),
+    *(info(name, effect="read", risk="low", permission="run.read", title=title, ai=True)
+      for name, title in (("qinglong.run.list", "List runs, newest first"), ("qinglong.run.get", "Get a run"),
+                          ("qinglong.run.events.list", "List a run's events"),
+                          ("qinglong.run.compare", "Compare two runs"),
+                          ("qinglong.task.runs.compare", "Compare a task's latest success with its latest failure"))),
+    info("qinglong.run.log.excerpt", effect="read", risk="medium", permission="artifact.read",
+         title="Read the end of a run's log (redacted)", ai=True),
+)
+
+
 def ai_tools() -> list[Tool]:
-    """The `qinglong.*` read tools offered to AI clients."""
+    """The `qinglong.*` read tools offered to AI clients (AI_TOOLS), loaded."""
+    from edge.tools.ai import log_excerpt, projections, runs, task_runs_compare
+
     return [*projections.TOOLS, *runs.TOOLS, *task_runs_compare.TOOLS, *log_excerpt.TOOLS]
 
 
@@ -297,9 +315,10 @@ def _credential_tools() -> list[Tool]:
 
 
 def deferred_tools() -> list[Deferred]:
-    """The management tools loaded by their first call."""
+    """The daemon's own tools loaded by their first call: the AI read tools and the rarely used
+    management tools."""
     # The secret tools share the credential tools' module.
-    return [Deferred(infos=BACKUP_TOOLS, load=_backup_tools),
+    return [Deferred(infos=AI_TOOLS, load=ai_tools), Deferred(infos=BACKUP_TOOLS, load=_backup_tools),
             Deferred(infos=CREDENTIAL_TOOLS + SECRET_TOOLS, load=_credential_tools)]
 
 
@@ -347,7 +366,7 @@ class Host(msgspec.Struct, frozen=True, kw_only=True):
     clock: Clock
     pepper: bytes
     users: SystemUsers
-    tools: list[Tool]  # the daemon's own (management and AI read tools)
+    infos: list[ToolInfo]  # what the daemon's own tools are (management and AI read tools, loaded or not)
     ai_tools: Callable[[], list[Tool]]  # every AI tool with its types, once the registry exists
     start_run: Callable[[Task, ActorType], Awaitable[Run]]  # the local runner's start
     connect: Callable[[socket.socket], None]  # the tool server serves this end, trusting its token only
@@ -397,7 +416,7 @@ def operator_side(host: Host, credentials: RunCredentials | None = None) -> Cont
     assert stores.evidence is not None  # every storage keeps the evidence (a cluster in PostgreSQL)
     op = build_operator(host.config, tasks=stores.tasks, secrets=stores.secrets, clock=host.clock, pepper=host.pepper,
                         users=host.users, evidence=stores.evidence, ledger=stores.ledger,
-                        infos=[t.info() for t in host.tools], ai_tools=host.ai_tools, start_run=host.start_run,
+                        infos=host.infos, ai_tools=host.ai_tools, start_run=host.start_run,
                         connect=host.connect, credentials=credentials)
     return Contribution(deferred=op.deferred, status=[op.status], agents=op.runs,
                         credentials=op.credentials)
@@ -642,9 +661,10 @@ class Graph:
         # so the ranges they would move overlap; their stamps keep their order.
         self.stamps = SteadyClock(wall, self._clock_jumped if cluster is None else None)
         users = task_users(config, home)
-        own_tools = [*builtin_tools(), *ai_tools()]
+        own_tools, own_deferred = builtin_tools(), deferred_tools()
         host = Host(config=config, home=home, stores=self.stores, clock=self.stamps, pepper=pepper, users=users,
-                    tools=own_tools, ai_tools=self._ai_tools, start_run=self._start_run, connect=self._connect,
+                    infos=[*(t.info() for t in own_tools), *(i for d in own_deferred for i in d.infos)],
+                    ai_tools=self._ai_tools, start_run=self._start_run, connect=self._connect,
                     cluster=cluster)
         parts = contributions(host)
         agents = _one([p.agents for p in parts])
@@ -664,7 +684,7 @@ class Graph:
         self.facts = DaemonFacts(self.stores.location, loop, self.stamps, self.stores.counts, self.workers.settings,
                                  config.runner.work_dir, [*status, *(line for p in parts for line in p.status)])
         registry = Registry([*own_tools, *(t for p in parts for t in p.tools)],
-                            [*deferred_tools(), *(d for p in parts for d in p.deferred)])
+                            [*own_deferred, *(d for p in parts for d in p.deferred)])
         services = build_services(config, self.stores, self.workers, self.facts, registry, pepper, self.stamps)
         self.chain = build_chain(config, services, registry, credentials)
         self.listeners = build_listeners(config, socket_path, self.chain, [f for p in parts for f in p.listeners])
