@@ -172,12 +172,13 @@ def test_default_daemon_modules(idle):
     # hashlib, hmac, secrets, random: SHA-256 and the kernel's random bytes suffice (edge.core.ids);
     # those would map their other hash modules, base64 and zlib (about 0.4 MiB).
     # edge.core.redaction and edge.core.excerpt: loaded with the first run's log or excerpt, not while idle.
+    # edge.tools.ai: the AI read tools load when an AI client first calls or lists them.
     # http, smtplib, email, edge.notify.send: notifications are delivered by a child process;
     # the rest of the notify capability waits for a channel (only its dormant handle is loaded)
     for absent in ("edge.mcp", "edge.storage.postgres", "edge.core.ports.cluster", "psycopg", "ssl", "_ssl",
                    "_hashlib", "argparse", "edge.core.imports", "hashlib", "hmac", "secrets", "random", "base64",
                    "edge.core.excerpt", "edge.core.redaction", "edge.airun", "edge.tools.agent", "edge.core.agent",
-                   "edge.core.agent_settings", "edge.operator", "edge.app.operator",
+                   "edge.core.agent_settings", "edge.operator", "edge.app.operator", "edge.tools.ai",
                    "http", "smtplib",
                    "email", "edge.notify.send", "edge.notify.dispatch", "edge.notify.channels", "edge.notify.tools",
                    "edge.core.ports.notify", "edge.storage.sqlite.notify"):
