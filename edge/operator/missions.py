@@ -49,6 +49,7 @@ from edge.tools.missions import MissionArgs, Retried, RetryArgs
 
 log = logging.getLogger("qledge.agent")
 
+_OWN_ONLY = "only an AI run's own credential may use its mission's ledger"
 NO_MISSIONS = ("a cluster node keeps no mission ledger: its AI runs have no specialists and cannot be retried"
                " as attempts of a mission")
 
@@ -124,9 +125,14 @@ class Missions:
 
     # -- the ledger's tools --------------------------------------------------------------
 
+    def ledger_caller(self, ctx: ToolContext) -> None:
+        """Refuses (permission_denied) every principal but an active AI run's own credential,
+        before a ledger tool's arguments are read."""
+        self._roster.own(ctx.principal.run_id, _OWN_ONLY)
+
     def _caller(self, ctx: ToolContext, round_: int, child: str | None) -> Attempt:
         """The attempt an active AI run's own call acts as, its round and child checked."""
-        state = self._roster.own(ctx.principal.run_id, "only an AI run's own credential may use its mission's ledger")
+        state = self._roster.own(ctx.principal.run_id, _OWN_ONLY)
         if state.attempt is None:
             raise unavailable(f"run {state.record.run_id} has no mission ledger (it could not be recorded)")
         if child is not None and child not in self._specialists:

@@ -75,7 +75,8 @@ def deferred_tools(
 
     def ledger_tools() -> list[Tool]:
         handlers = missions().ledger_handlers()
-        return declared(LEDGER_INFOS, {name: handlers[op] for op, name in zip(LEDGER_OPS, LEDGER_TOOLS, strict=True)})
+        return declared(LEDGER_INFOS, {name: handlers[op] for op, name in zip(LEDGER_OPS, LEDGER_TOOLS, strict=True)},
+                        caller=missions().ledger_caller)
 
     deferred = [Deferred(infos=HISTORY_INFOS, load=history), Deferred(infos=REPORT_INFOS, load=reports),
                 Deferred(infos=ASK_INFOS, load=ask), Deferred(infos=MISSION_INFOS, load=mission_tools)]

@@ -33,6 +33,9 @@ class Tool(msgspec.Struct, frozen=True, kw_only=True):
     title: str = ""
     description: str = ""
     ai: bool = False  # offered to AI clients (read-only, low-sensitivity projection)
+    # Who may call it beyond its permissions, checked before its arguments are read: raises
+    # ToolError (e.g. permission_denied for any principal but an AI run's own credential).
+    caller: Callable[[ToolContext], None] | None = None
 
     def info(self) -> ToolInfo:
         return ToolInfo(name=self.name, version=self.version, effect=self.effect, risk=self.risk,
@@ -71,11 +74,11 @@ def info(
 
 def declared(
     infos: Iterable[ToolInfo], handlers: dict[str, tuple[Handler, type, type]],
-    descriptions: dict[str, str] | None = None,
+    descriptions: dict[str, str] | None = None, caller: Callable[[ToolContext], None] | None = None,
 ) -> list[Tool]:
     """The tools `infos` declare (see Deferred), each with its (handler, args type, result
-    type) from `handlers`, which must name exactly those tools, and its description (what
-    an AI tool is offered with) from `descriptions`."""
+    type) from `handlers`, which must name exactly those tools, its description (what an AI
+    tool is offered with) from `descriptions`, and `caller` (see Tool)."""
     found = list(infos)
     if sorted(i.name for i in found) != sorted(handlers):
         raise ValueError("declared tools and their handlers differ")
@@ -83,7 +86,7 @@ def declared(
     return [Tool(name=i.name, version=i.version, effect=i.effect, risk=i.risk,  # type: ignore[arg-type]
                  permissions=tuple(i.permissions), args_type=handlers[i.name][1], result_type=handlers[i.name][2],
                  handler=handlers[i.name][0], deadline_s=i.deadline_s, title=i.title,
-                 description=told.get(i.name, ""), ai=i.ai) for i in found]
+                 description=told.get(i.name, ""), ai=i.ai, caller=caller) for i in found]
 
 
 class Entry:
