@@ -29,7 +29,8 @@ from edge.cli.client import Client
 from edge.core.agent import EvidenceOpen, EvidenceRecord, RoundMeta
 from edge.storage.sqlite.db import Database
 from edge.storage.sqlite.evidence import SqliteEvidenceStore
-from edge.tools.agent import ROUND_PAGE, detail_view
+from edge.operator.history import detail_view
+from edge.tools.agent import ROUND_PAGE
 from fake_provider import FakeProvider, Step, answer, self_signed, tool_call, usage
 
 MiB = 1 << 20

@@ -52,6 +52,8 @@ BUDGET = {
     "cli_version_cpu_ratio": 1.5,
 }
 REPORT: dict[str, Any] = {"budget": BUDGET}
+IDLE_OPERATOR = {"edge.app.operator", "edge.core.agent_settings", "edge.operator",
+                 "edge.operator.offer", "edge.operator.settings", "edge.operator.tools"}
 # The AI operator on, pointed at nothing: idle, it must cost the daemon (almost) nothing.
 AGENT_ON = '[agent]\nenabled = true\nbase_url = "https://api.openai.com/v1"\nmodel = "gpt-4o-mini"\n'
 
@@ -149,17 +151,19 @@ def test_mcp_daemon_idle_memory(idle):
 
 def test_agent_enabled_daemon_idle_memory(idle):
     """[agent] enabled against the same config file with it off (reading a file costs tomllib,
-    whatever it says): the daemon's side of the operator is loaded; the child (edge.agent), its
+    whatever it says): the daemon's side of the operator is loaded; the child (edge.airun), its
     HTTP client and ssl are not."""
     r, base = idle["agent"], idle["agent_off"]
     delta = {k: round(r["memory_mib"][k] - base["memory_mib"][k], 2) for k in ("VmHWM", "RssAnon", "Pss")}
     REPORT["agent"] = {**_summary(r), "over_agent_off_mib": delta, "agent_off": _summary(base),
                        "over_default_mib": {k: round(r["memory_mib"][k] - idle["default"]["memory_mib"][k], 2)
                                             for k in ("VmHWM", "RssAnon", "Pss")}}
-    # Idle, the daemon's side of the operator is three modules (the evidence store waits for its first use).
-    assert set(r["modules"]) - set(base["modules"]) == {"edge.app.agent", "edge.core.agent", "edge.tools.agent"}
+    # Idle, the daemon's side of the operator is its checked settings, what its runs are offered
+    # and its tools' listings; how AI runs start and end, their credentials, the evidence writer
+    # and store, the missions and ledger and every one of its tools wait for their first use.
+    assert set(r["modules"]) - set(base["modules"]) == IDLE_OPERATOR
     modules = r["modules"]
-    for absent in ("edge.agent", "ssl", "_ssl", "http", "urllib", "_hashlib"):
+    for absent in ("edge.airun", "ssl", "_ssl", "http", "urllib", "_hashlib"):
         assert not [m for m in modules if m == absent or m.startswith(absent + ".")], absent
     # Judged on RssAnon, what the operator's side allocates: the file-backed rest of VmHWM (the
     # shared-library pages a daemon happened to touch) differs by 0.1-0.2 MiB between two
@@ -174,11 +178,13 @@ def test_default_daemon_modules(idle):
     # hashlib, hmac, secrets, random: SHA-256 and the kernel's random bytes suffice (edge.core.ids);
     # those would map their other hash modules, base64 and zlib (about 0.4 MiB).
     # edge.core.redaction and edge.core.excerpt: loaded with the first run's log or excerpt, not while idle.
+    # edge.tools.ai: the AI read tools load when an AI client first calls or lists them.
     # http, smtplib, email, edge.notify.send: notifications are delivered by a child process;
     # the rest of the notify capability waits for a channel (only its dormant handle is loaded)
     for absent in ("edge.mcp", "edge.storage.postgres", "edge.core.ports.cluster", "psycopg", "ssl", "_ssl",
                    "_hashlib", "argparse", "edge.core.imports", "hashlib", "hmac", "secrets", "random", "base64",
-                   "edge.core.excerpt", "edge.core.redaction", "edge.agent", "edge.tools.agent", "edge.core.agent",
+                   "edge.core.excerpt", "edge.core.redaction", "edge.airun", "edge.tools.agent", "edge.core.agent",
+                   "edge.core.agent_settings", "edge.operator", "edge.app.operator", "edge.tools.ai",
                    "http", "smtplib",
                    "email", "edge.notify.send", "edge.notify.dispatch", "edge.notify.channels", "edge.notify.tools",
                    "edge.core.ports.notify", "edge.storage.sqlite.notify"):

@@ -20,7 +20,7 @@ import pytest
 
 from agent_support import agent_config, tool_messages
 from daemons import BenchDaemon, install_venv, record
-from edge.agent.specialists import build_request
+from edge.airun.specialists import build_request
 from edge.cli.client import Client
 from edge.core.agent import ProviderSettings, SpecialistSpec
 from edge.core.ledger import AttemptStart, CorrectArgs, DelegateArgs, HistoryEntry, PrepareArgs

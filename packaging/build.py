@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -29,24 +30,28 @@ import zipfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = "edge"
 
-# Optional capabilities, shipped only by the profiles that include them: a path prefix, or
-# several. The AI operator is its child (edge/agent/) and the daemon's side of it, which the
-# daemon loads only when [agent] is enabled. Notifications: the notifier, its tools, the
-# sender child (the one part that loads HTTP, TLS and SMTP), their port and the SQLite
-# queue's adapter; without them the daemon keeps the failing marks and queues nothing
-# (edge/storage/sqlite/runs.py). Cluster mode's notification adapter needs the notify port:
-# a profile with postgres has notify too. The web panel is a process of its own (`qledge web`),
-# with its static files; the daemon never loads it.
-OPTIONAL: dict[str, str | tuple[str, ...]] = {
-    "mcp": "edge/mcp/",
-    "postgres": "edge/storage/postgres/",
-    "agent": ("edge/agent/", "edge/app/agent.py", "edge/cli/agent.py", "edge/core/agent.py", "edge/core/ledger.py",
-              "edge/core/ports/agent.py", "edge/storage/sqlite/evidence.py", "edge/storage/sqlite/ledger.py",
-              "edge/tools/agent.py", "edge/tools/missions.py"),
-    "notify": ("edge/notify/", "edge/cli/notify.py", "edge/cli/notify_import.py", "edge/core/ports/notify.py",
-               "edge/storage/notify.py", "edge/storage/sqlite/notify.py"),
-    "web": "edge/web/",
-}
+
+def _capabilities() -> dict[str, tuple[str, ...]]:
+    """Each optional capability's files (edge/app/capabilities.py, the one list of them, which
+    imports nothing: it is read from its file, whatever this interpreter could import)."""
+    path = os.path.join(ROOT, PACKAGE, "app", "capabilities.py")
+    spec = importlib.util.spec_from_file_location("qledge_capabilities", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return {c.name: c.parts for c in module.CAPABILITIES}
+
+
+# Optional capabilities, shipped only by the profiles that include them: path prefixes. The AI
+# operator is its child (edge/airun/) and the daemon's side of it (edge/operator/ and what it
+# shares with the child and the stores), which the daemon loads only when [agent] is enabled.
+# Notifications: the notifier, its tools, the sender child (the one part that loads HTTP, TLS
+# and SMTP), their port and the SQLite queue's adapter; without them the daemon keeps the
+# failing marks and queues nothing (edge/storage/sqlite/runs.py). Cluster mode's notification
+# adapter needs the notify port: a profile with the cluster has notify too. The web panel is a
+# process of its own (`qledge web`), with its static files; the daemon never loads it.
+OPTIONAL: dict[str, str | tuple[str, ...]] = dict(_capabilities())
+
 # Kept in the source tree for callers of an older import path; no build ships it.
 NOT_SHIPPED = ("edge/cli/client.py",)
 # The profiles one may ask for, and the capabilities each adds to the edge core.

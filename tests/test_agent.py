@@ -31,7 +31,7 @@ from agent_support import (
     wait,
     wire,
 )
-from edge.agent.budget import estimate_tokens
+from edge.airun.budget import estimate_tokens
 from edge.runner.process import alive
 from fake_provider import FAMILIES, FakeProvider, Step, answer, tool_call, usage
 
@@ -485,7 +485,7 @@ def test_a_build_without_the_agent_refuses_to_start_with_one_line(home, provider
     config = os.path.join(home, "qledge.toml")
     with open(config, "w") as f:
         f.write(agent_config(provider))
-    code = "import sys; sys.modules['edge.agent'] = None; from edge.cli.main import main; raise SystemExit(main())"
+    code = "import sys; sys.modules['edge.airun'] = None; from edge.cli.main import main; raise SystemExit(main())"
     result = subprocess.run([sys.executable, "-c", code, "serve", "--config", config],
                             env={**os.environ, "QLEDGE_HOME": home}, capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
@@ -500,16 +500,16 @@ def test_the_daemon_loads_nothing_of_the_child_even_after_ai_runs(agent, provide
     offered = {t["function"]["name"] for t in provider.requests[0].body["tools"]}
     assert offered == {wire(n) for n in READ_TOOLS - {"qinglong.run.log.excerpt"} | SPECIALIST_TOOLS}  # read_logs off
     modules = d.call("qledge.status", {"includeModules": True})["modules"]
-    assert "edge.tools.agent" in modules and "edge.storage.sqlite.evidence" in modules
-    for absent in ("edge.agent", "ssl", "_ssl", "http"):  # (urllib: the editable install loads it)
+    assert "edge.operator.runs" in modules and "edge.storage.sqlite.evidence" in modules
+    for absent in ("edge.airun", "ssl", "_ssl", "http"):  # (urllib: the editable install loads it)
         assert not [m for m in modules if m == absent or m.startswith(absent + ".")], absent
     assert re.search(rf"^agent: +{re.escape(provider.model)} at http", d.cli("status").stdout, re.M)
 
 
 def test_the_default_daemon_loads_nothing_of_the_operator(daemon):
     modules = daemon.call("qledge.status", {"includeModules": True})["modules"]
-    for absent in ("edge.agent", "edge.core.agent", "edge.tools.agent", "edge.storage.sqlite.evidence",
-                   "edge.app.agent", "ssl", "http"):
+    for absent in ("edge.airun", "edge.operator", "edge.core.agent", "edge.tools.agent",
+                   "edge.storage.sqlite.evidence", "edge.app.operator", "ssl", "http"):
         assert not [m for m in modules if m == absent or m.startswith(absent + ".")], absent
 
 

@@ -231,13 +231,14 @@ def test_a_tool_name_clash_stops_the_daemon_at_start(home, daemon_factory):
         f.write(agent_config(None, provider="generic") + "[agent.specialists.log-analyst]\nenabled = true\n")
     code = (
         "import sys\n"
-        "import edge.tools.agent as a\n"
-        "real = a.AgentService.offer\n"
-        "def offer(self, tools):\n"
+        "import edge.operator.offer as a\n"
+        "real = a.Offer.__init__\n"
+        "def offer(self, infos, *rest):\n"
         "    import msgspec\n"
-        "    twin = [t for t in tools if t.name == 'qinglong.run.list'][0]\n"
-        "    real(self, [*tools, msgspec.structs.replace(twin, name='qinglong_run.list')])\n"
-        "a.AgentService.offer = offer\n"
+        "    infos = list(infos)\n"
+        "    twin = [i for i in infos if i.name == 'qinglong.run.list'][0]\n"
+        "    real(self, [*infos, msgspec.structs.replace(twin, name='qinglong_run.list')], *rest)\n"
+        "a.Offer.__init__ = offer\n"
         "from edge.cli.main import main\n"
         "raise SystemExit(main())\n"
     )

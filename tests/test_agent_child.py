@@ -13,9 +13,9 @@ import threading
 import msgspec
 import pytest
 
-from edge.agent.budget import Budget, estimate_tokens
-from edge.agent.prompt import RESULT_MAX_BYTES, Conversation, ToolResult, new_marker
-from edge.agent.provider import ChatClient, ProviderError, parse
+from edge.airun.budget import Budget, estimate_tokens
+from edge.airun.prompt import RESULT_MAX_BYTES, Conversation, ToolResult, new_marker
+from edge.airun.provider import ChatClient, ProviderError, parse
 from edge.core.agent import PROFILES, Limits, OfferedTool, ProviderSettings
 from fake_provider import FakeProvider, Step, answer, self_signed, tool_call
 

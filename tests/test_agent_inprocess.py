@@ -18,11 +18,12 @@ from edge.app.config import Config
 from edge.app.graph import (
     Cluster,
     DaemonFacts,
-    agent_service,
+    Host,
     build_chain,
     build_services,
     build_stores,
     build_workers,
+    operator_side,
     task_users,
 )
 from edge.cli.client import CallFailed, Client
@@ -31,7 +32,7 @@ from edge.core.errors import ToolError
 from edge.core.tasks import AgentInstruction, TaskSpec
 from edge.storage.sqlite.db import Database
 from edge.app.graph import ai_tools, builtin_tools
-from edge.tools.agent import RunCredentialRegistry
+from edge.operator.credentials import RunCredentialRegistry
 from edge.tools.context import Caller
 from edge.tools.definition import Registry
 from edge.transports.tool_socket import ToolServer
@@ -75,28 +76,36 @@ class Daemon:
         if self.dsn is None:
             self.db = await Database.open(os.path.join(self.home, "qledge.db"))
             stores = build_stores(self.db, config, self.home)
-            agent = agent_service(config, stores, clock, pepper, users, credentials=self.credentials, db=self.db)
         else:
             self.cluster = cluster = Cluster(config, self.home)
             await cluster.open()
             assert cluster.stores is not None and cluster.clock is not None
             stores, clock = cluster.stores, cluster.clock
-            agent = agent_service(config, stores, clock, pepper, users, cluster.evidence, self.credentials)
-            distribute = functools.partial(cluster.distribute, agents=agent)
-        workers = build_workers(config, self.home, stores, clock, distribute, agents=agent, users=users)
-        self.registry = Registry([*builtin_tools(), *ai_tools(), *agent.tools()])
-        agent.offer(self.registry.tools())
+        own = [*builtin_tools(), *ai_tools()]
+        host = Host(config=config, home=self.home, stores=stores, clock=clock, pepper=pepper, users=users,
+                    infos=[t.info() for t in own],
+                    ai_tools=lambda: self.registry.ai_tools(),
+                    start_run=lambda task, actor: self.local.start(task, actor), connect=self._connect,
+                    cluster=self.cluster)
+        # The daemon's own builder of the operator's side, with the recording credentials.
+        agent = operator_side(host, self.credentials)
+        if self.cluster is not None:
+            distribute = functools.partial(self.cluster.distribute, agents=agent.agents)
+        workers = build_workers(config, self.home, stores, clock, distribute, agents=agent.agents, users=users)
+        self.registry = Registry([*own, *agent.tools], agent.deferred)
         facts = DaemonFacts(stores.location, "asyncio", clock, stores.counts, workers.settings, "/")
         self.services = build_services(config, stores, workers, facts, self.registry, pepper, clock)
-        self.chain = build_chain(config, self.services, self.registry, self.credentials)
+        self.chain = build_chain(config, self.services, self.registry, agent.credentials)
         self.local = workers.runner
         self.runner = workers.controller  # on a cluster node, the cluster's runner
         self.server = ToolServer(self.chain, self.socket, config.max_frame_bytes)
-        agent.serve_with(self.server.attach)
         if self.cluster is not None and self.cluster.node is not None:
             await self.cluster.node.start(workers.scheduler.changed)
         await self.server.start()
         return self
+
+    def _connect(self, sock) -> None:
+        self.server.attach(sock)
 
     async def close(self) -> None:
         await self.server.stop()
@@ -194,8 +203,8 @@ LEDGER = {f"qledge.agent.specialist.{op}" for op in ("delegate", "correct", "rev
 async def test_the_run_credential_is_refused_every_write_tool_and_dead_after_the_run(daemon):
     OWN = REPORTS | (LEDGER if daemon.db is not None else set())  # noqa: N806
     seen: dict[str, str] = {}
-    qinglong = sorted(t.name for t in daemon.registry.tools() if t.name.startswith("qinglong."))
-    others = sorted(t.name for t in daemon.registry.tools() if not t.name.startswith("qinglong.") and t.name not in OWN)
+    qinglong = sorted(t.name for t in daemon.registry.infos() if t.name.startswith("qinglong."))
+    others = sorted(t.name for t in daemon.registry.infos() if not t.name.startswith("qinglong.") and t.name not in OWN)
 
     def while_running(request):  # in the provider's thread, while the child waits for this reply
         (run_id, token), = daemon.credentials.minted.items()
@@ -207,7 +216,7 @@ async def test_the_run_credential_is_refused_every_write_tool_and_dead_after_the
     run_id = await daemon.ai_run("probe")
     final = await daemon.runner.wait("default", run_id, 60)
     assert final is not None and final.status == "succeeded", final
-    writes = {t.name for t in daemon.registry.tools() if t.effect == "write"} - OWN
+    writes = {t.name for t in daemon.registry.infos() if t.effect == "write"} - OWN
     assert writes and all(seen[name] == "permission_denied" for name in writes), seen
     assert all(seen[name] == "permission_denied" for name in others), seen  # qledge.* reads too
     assert all(seen[name] != "permission_denied" for name in qinglong), seen  # exactly the qinglong.* reads
@@ -327,7 +336,7 @@ async def test_a_cluster_node_keeps_no_missions(cluster_daemon):
     offered = {t["function"]["name"] for t in first["tools"]}
     assert offered and not any(name.startswith("specialist.") for name in offered), offered
     assert "unknown_tool" in json.dumps(second["messages"][-1]), second["messages"][-1]  # answered, never run
-    assert not any(t.name.startswith("qledge.agent.specialist.") for t in daemon.registry.tools())
+    assert not any(t.name.startswith("qledge.agent.specialist.") for t in daemon.registry.infos())
     for tool in ("qledge.agent.retry", "qledge.agent.mission"):
         with pytest.raises(ToolError) as err:
             await daemon.owner(tool, {"runId": run_id})

@@ -12,10 +12,10 @@ import time
 import msgspec
 import pytest
 
-from edge.agent.budget import Budget, estimate_tokens
-from edge.agent.operator import Operator
-from edge.agent.prompt import Conversation, ToolResult
-from edge.agent.provider import ChatClient, ProviderError, error_text, hint, parse
+from edge.airun.budget import Budget, estimate_tokens
+from edge.airun.operator import Operator
+from edge.airun.prompt import Conversation, ToolResult
+from edge.airun.provider import ChatClient, ProviderError, error_text, hint, parse
 from edge.core.agent import (
     PARENT_TOOLS,
     PROFILES,
@@ -58,7 +58,7 @@ def test_two_tools_that_would_share_a_wire_name_are_refused():
 
 
 def test_a_clash_among_the_daemons_tools_is_a_start_up_error():
-    from edge.tools.agent import AgentService, AgentSettings
+    from edge.operator.offer import Offer
     from edge.tools.definition import tool
 
     class Args(msgspec.Struct):
@@ -69,12 +69,8 @@ def test_a_clash_among_the_daemons_tools_is_a_start_up_error():
 
     tools = [tool(name, handler, Args, Args, effect="read", risk="low", permission="run.read", title=name, ai=True)
              for name in ("qinglong.run.list", "qinglong_run.list")]
-    settings = AgentSettings(provider=ProviderSettings(base_url="http://127.0.0.1:9/v1", model="m"), profiles={},
-                             limits=LIMITS, read_logs=True, concurrency=1, user="nobody")
-    service = AgentService(settings=settings, credentials=None, evidence=None, ledger=None, tasks=None,  # type: ignore[arg-type]
-                           secrets=None, clock=None, users=None)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="would both be offered to the model as 'qinglong_run_list'"):
-        service.offer(tools)
+        Offer([t.info() for t in tools], read_logs=True, specialists=[], tools=lambda: tools)
 
 
 def test_a_returned_name_maps_back_or_stays_unknown():
@@ -105,7 +101,7 @@ def test_base_urls_host_names_the_profile_where_it_is_unambiguous(url, name):
 
 
 def test_the_configuration_resolves_the_profile_and_the_reply_parameter(tmp_path):
-    from edge.app.agent import _overlay, _resolved
+    from edge.app.operator import _overlay, _resolved
     from edge.app.config import AgentProfile
 
     base = ProviderSettings(base_url="https://api.openai.com/v1", model="gpt-5-mini")
@@ -250,8 +246,8 @@ def test_each_error_says_what_to_change(status, message, fix):
 
 
 def test_every_line_of_what_to_change_survives_the_logs_masking():
-    from edge.agent import provider
-    from edge.agent.check import _FIX
+    from edge.airun import provider
+    from edge.airun.check import _FIX
     from edge.core.excerpt import redact
 
     lines = [line for _, line in provider._HINTS] + list(_FIX.values())

@@ -6,6 +6,10 @@ from __future__ import annotations
 import ast
 import os
 import re
+import subprocess
+import sys
+
+from edge.app.capabilities import AGENT, CAPABILITIES, Capability
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EDGE = os.path.join(ROOT, "edge")
@@ -19,37 +23,44 @@ ALLOWED = {
     "tools": {"core"},
     "transports": {"core", "tools"},
     "mcp": {"core", "tools", "transports"},
+    # The AI operator's side of the daemon: it serves the child's tool calls, never imports the child.
+    "operator": {"core", "tools"},
     # The child of an AI run: core shapes and the blocking socket client, nothing of the daemon.
-    "agent": {"core", "transports"},
+    "airun": {"core", "transports"},
     # Notifications: the notifier and its tools in the daemon, the sender child.
     "notify": {"core", "tools"},
     # The web panel: its own process, a client of the tool socket; nothing of the daemon.
     "web": set(),
-    "app": {"core", "storage", "runner", "scheduler", "tools", "transports", "mcp", "notify"},
+    "app": {"core", "storage", "runner", "scheduler", "tools", "transports", "mcp", "notify", "operator"},
     "cli": {"core", "tools", "transports", "app", "notify", "web"},
 }
+
+
+def _sources() -> list[tuple[str, ast.Module]]:
+    """(path relative to edge/, its syntax tree) for every module."""
+    found = []
+    for dirpath, _, files in os.walk(EDGE):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(dirpath, name)
+                with open(path) as f:
+                    found.append((os.path.relpath(path, EDGE), ast.parse(f.read())))
+    return found
 
 
 def _imports() -> list[tuple[str, str, str]]:
     """(importing module path, its layer, imported edge module) for every edge import."""
     found = []
-    for dirpath, _, files in os.walk(EDGE):
-        for name in files:
-            if not name.endswith(".py"):
-                continue
-            path = os.path.join(dirpath, name)
-            rel = os.path.relpath(path, EDGE)
-            layer = rel.split(os.sep)[0] if os.sep in rel else ""
-            with open(path) as f:
-                tree = ast.parse(f.read())
-            for node in ast.walk(tree):
-                if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("edge"):
-                    found.append((rel, layer, node.module))
-                    # `from edge.tools import agent` imports edge.tools.agent too
-                    if "." in node.module:
-                        found += [(rel, layer, f"{node.module}.{a.name}") for a in node.names]
-                elif isinstance(node, ast.Import):
-                    found += [(rel, layer, a.name) for a in node.names if a.name.startswith("edge")]
+    for rel, tree in _sources():
+        layer = rel.split(os.sep)[0] if os.sep in rel else ""
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("edge"):
+                found.append((rel, layer, node.module))
+                # `from edge.tools import agent` imports edge.tools.agent too
+                if "." in node.module:
+                    found += [(rel, layer, f"{node.module}.{a.name}") for a in node.names]
+            elif isinstance(node, ast.Import):
+                found += [(rel, layer, a.name) for a in node.names if a.name.startswith("edge")]
     return found
 
 
@@ -62,21 +73,75 @@ def test_layers_import_only_inward():
     assert wrong == []
 
 
+# Composition: the one module that builds every capability's daemon side (edge.app.graph.SIDES).
+COMPOSITION = "app/graph.py"
+
+
+def _of(capability: Capability, rel: str) -> bool:
+    """Whether a file (relative to edge/) is one of the capability's parts."""
+    return any(("edge/" + rel.replace(os.sep, "/")).startswith(part) for part in capability.parts)
+
+
+def _reaches(capability: Capability, module: str) -> bool:
+    return any(module == m or (m.endswith(".") and module.startswith(m)) or module.startswith(m + ".")
+               for m in capability.modules())
+
+
+def _optional(rel: str) -> bool:
+    return any(_of(c, rel) for c in CAPABILITIES)
+
+
 def test_optional_capabilities_are_imported_only_by_composition():
-    importers = {rel for rel, _, module in _imports() if module.startswith("edge.mcp")}
-    assert importers <= {"app/graph.py"} | {r for r in importers if r.startswith("mcp" + os.sep)}
+    """Each capability's modules (edge.app.capabilities: its parts) are imported by its own
+    parts, by composition, by the command line where it serves nouns, by the adapters of an
+    optional store (a cluster's, which stores what every capability keeps) and, for its
+    shapes and ports in edge/core, under TYPE_CHECKING by the parts they describe."""
+    typing_only = _typing_only_imports()
+    wrong = []
+    for rel, _, module in _imports():
+        for capability in CAPABILITIES:
+            if not _reaches(capability, module) or _of(capability, rel) or rel == COMPOSITION:
+                continue
+            if capability.cli_nouns and rel.startswith("cli" + os.sep):
+                continue
+            if rel.startswith("storage" + os.sep) and _optional(rel):
+                continue
+            if module.startswith("edge.core.") and (rel, module) in typing_only:
+                continue
+            wrong.append(f"{rel} imports {module} ({capability.name})")
+    assert wrong == []
+    # What only composition may reach: each capability's daemon side is built in one place,
+    # from its entry, whatever else of it the command line or other capabilities use.
+    sides = [c for c in CAPABILITIES if c.entry is not None]
+    assert sides and all(_reaches(c, c.entry) for c in sides)  # an entry is one of its parts
+    for capability in sides:
+        entry = capability.entry
+        importers = {rel for rel, _, module in _imports() if module == entry or module.startswith(f"{entry}.")}
+        assert {r for r in importers if not _of(capability, r)} == {COMPOSITION}, capability.name
     cluster = os.path.join("storage", "postgres") + os.sep
-    importers = {rel for rel, _, module in _imports() if module.startswith("edge.storage.postgres")}
-    assert importers <= {"app/graph.py"} | {r for r in importers if r.startswith(cluster)}
-    importers = {rel for rel, _, module in _imports() if module.startswith("edge.notify")}
-    # Its commands (edge/cli/notify*.py) ship with it too (packaging/build.py).
-    assert importers <= {"app/graph.py", "cli/notify.py", "cli/notify_import.py"} | {
-        r for r in importers if r.startswith("notify" + os.sep)}
-    # The notifier's side of the SQLite queue ships with edge/notify/ (packaging/build.py).
-    importers = {rel for rel, _, module in _imports() if module == "edge.storage.sqlite.notify"}
-    assert importers <= {"app/graph.py"}
     importers = {rel for rel, _, module in _imports() if module == "edge.core.ports.cluster"}
-    assert importers <= {"app/graph.py"} | {r for r in importers if r.startswith(cluster)}
+    assert importers <= {COMPOSITION} | {r for r in importers if r.startswith(cluster)}
+
+
+def test_every_capability_with_a_daemon_side_is_built_by_composition():
+    from edge.app.graph import SIDES
+
+    assert set(SIDES) == {c.name for c in CAPABILITIES if c.daemon}
+    for capability in CAPABILITIES:
+        for part in capability.parts:  # each part exists, and each probe names a shipped part or a dependency
+            assert os.path.exists(os.path.join(ROOT, part)), part
+        shipped = [p for p in capability.probe if p.startswith("edge.")]
+        assert all(p + "." in capability.modules() for p in shipped), capability.name
+
+
+def test_the_capabilities_are_read_without_loading_anything():
+    """The command line reads them on every call, packaging/build.py on the build host."""
+    code = ("import sys; before = set(sys.modules); import edge.app.capabilities as c;"
+            " print(sorted(set(sys.modules) - before - {'edge', 'edge.app', 'edge.app.capabilities'}));"
+            " print([x.available() for x in c.CAPABILITIES])")
+    result = subprocess.run([sys.executable, "-I", "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0] == "[]"
 
 
 def test_the_web_panel_is_reached_only_from_the_cli_entry_and_loads_nothing_heavy():
@@ -93,14 +158,8 @@ def test_the_web_panel_is_reached_only_from_the_cli_entry_and_loads_nothing_heav
 
 
 def test_the_agent_child_is_imported_by_nothing_outside_it():
-    importers = {rel for rel, _, module in _imports() if module == "edge.agent" or module.startswith("edge.agent.")}
-    assert {r for r in importers if not r.startswith("agent" + os.sep)} == set()
-
-
-# The AI operator's modules outside edge/agent: shipped by the profiles that include it, loaded
-# by the daemon only when [agent] is enabled.
-AGENT_SIDE = {"app/agent.py", "core/agent.py", "core/ledger.py", "core/ports/agent.py", "storage/sqlite/evidence.py",
-              "storage/sqlite/ledger.py", "storage/postgres/evidence.py", "tools/agent.py", "tools/missions.py"}
+    importers = {rel for rel, _, module in _imports() if module == "edge.airun" or module.startswith("edge.airun.")}
+    assert {r for r in importers if not r.startswith("airun" + os.sep)} == set()
 
 
 def _eager_imports(tree: ast.Module) -> set[str]:
@@ -109,7 +168,8 @@ def _eager_imports(tree: ast.Module) -> set[str]:
 
     def visit(nodes: list[ast.stmt]) -> None:
         for node in nodes:
-            if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            if _type_checking(node):
+                assert isinstance(node, ast.If)
                 visit(node.orelse)
             elif isinstance(node, (ast.If, ast.Try)):
                 visit(node.body)
@@ -127,22 +187,47 @@ def _eager_imports(tree: ast.Module) -> set[str]:
     return found
 
 
-def test_nothing_the_default_daemon_loads_imports_the_agent_side_eagerly():
-    agent = {"edge." + rel[:-3].replace(os.sep, ".") for rel in AGENT_SIDE}
+def _type_checking(node: ast.stmt) -> bool:
+    return isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+
+
+def _typing_only_imports() -> set[tuple[str, str]]:
+    """(module path, edge module) imported only under a module-level TYPE_CHECKING."""
+    found: set[tuple[str, str]] = set()
+    for rel, tree in _sources():
+        for node in tree.body:
+            if _type_checking(node):
+                assert isinstance(node, ast.If)
+                for sub in ast.walk(node):
+                    if isinstance(sub, ast.ImportFrom) and sub.module and sub.module.startswith("edge"):
+                        found.add((rel, sub.module))
+                        found.update((rel, f"{sub.module}.{a.name}") for a in sub.names)
+    everything = {(rel, module) for rel, _, module in _imports()}
+    eager_or_lazy = [(rel, m) for rel, tree in _sources() for m in _eager_imports(tree)]
+    return {pair for pair in found if pair in everything} - set(eager_or_lazy)
+
+
+def test_nothing_the_default_daemon_loads_imports_an_optional_capability_eagerly():
+    """Outside the capabilities' own parts, their modules are imported only where they are
+    used (inside functions) or for type checking: a daemon without them loads none."""
     wrong = []
-    for dirpath, _, files in os.walk(EDGE):
-        for name in files:
-            rel = os.path.relpath(os.path.join(dirpath, name), EDGE)
-            if not name.endswith(".py") or rel in AGENT_SIDE or rel.startswith("agent" + os.sep):
-                continue
-            with open(os.path.join(dirpath, name)) as f:
-                eager = _eager_imports(ast.parse(f.read()))
-            wrong += [f"{rel} imports {m}" for m in sorted(eager & agent)]
+    for rel, tree in _sources():
+        if _optional(rel):
+            continue
+        for module in sorted(_eager_imports(tree)):
+            wrong += [f"{rel} imports {module} ({c.name})" for c in CAPABILITIES if _reaches(c, module)]
     assert wrong == []
-    lazy = {rel for rel, _, module in _imports() if module in agent} - AGENT_SIDE
-    assert {r for r in lazy if not r.startswith("agent" + os.sep)} == {
-        "app/graph.py", "cli/agent.py", "runner/supervisor.py", "tools/chain.py", "storage/postgres/cluster.py",
-        "storage/postgres/node.py"}
+
+
+def test_the_ai_operators_shapes_and_ports_are_for_type_checking_elsewhere():
+    """Outside the AI operator's parts, composition, the command line and a cluster's store
+    adapters, its modules are imported under TYPE_CHECKING only: the runner, the chain and
+    the cluster's node refer to its ports without loading them."""
+    typing_only = _typing_only_imports()
+    lazy = {(rel, module) for rel, _, module in _imports() if _reaches(AGENT, module) and not _optional(rel)
+            and rel != COMPOSITION and not rel.startswith("cli" + os.sep)}
+    assert {rel for rel, _ in lazy} >= {"runner/supervisor.py", "tools/chain.py"}  # the test sees them
+    assert lazy - typing_only == set()
 
 
 def test_every_port_is_in_the_architecture_document():
@@ -224,10 +309,8 @@ def _circles(graph: dict[str, set[str]]) -> list[set[str]]:
     return found
 
 
-# Circles that remain outside the command line, each a pair of modules of one feature; no new
-# one may form, and none may reach the command line or the transports.
-KNOWN_CIRCLES = {"edge.notify.dispatch", "edge.notify.handle", "edge.notify.tools", "edge.tools.agent", "edge.tools.missions",
-                 "edge.app.agent", "edge.app.graph"}
+# No module imports itself through others, type-only imports included.
+KNOWN_CIRCLES: set[str] = set()
 
 
 def test_no_import_circle_reaches_the_command_line_and_nothing_below_it_imports_it():

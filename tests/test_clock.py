@@ -38,9 +38,8 @@ class FakeClock:
 
 def test_behind_the_record_it_counts_on_from_it_then_reports_the_jump():
     wall = FakeClock(5_000)  # 1970
-    steady = SteadyClock(wall)
     jumps: list[tuple[int, int, int]] = []
-    steady.on_jump = lambda *jump: jumps.append(jump)
+    steady = SteadyClock(wall, lambda *jump: jumps.append(jump))
     floor = SYNCED - 10 * DAY  # the newest time on record
     steady.hold_from(floor)
     first = steady.now_ms()
@@ -58,8 +57,7 @@ def test_behind_the_record_it_counts_on_from_it_then_reports_the_jump():
 
 def test_a_clock_that_catches_up_by_itself_never_goes_backwards():
     wall = FakeClock(SYNCED - 3000)  # 3 s behind the record (a clock set from a file date)
-    steady = SteadyClock(wall)
-    steady.on_jump = lambda *jump: pytest.fail("no jump")
+    steady = SteadyClock(wall, lambda *jump: pytest.fail("no jump"))
     steady.hold_from(SYNCED)
     stamps = []
     for _ in range(6):

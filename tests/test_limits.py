@@ -20,7 +20,15 @@ import msgspec
 import pytest
 
 from edge.app.config import Config
-from edge.app.graph import DaemonFacts, build_chain, build_listeners, build_services, build_stores, build_workers
+from edge.app.graph import (
+    DaemonFacts,
+    build_chain,
+    build_listeners,
+    build_services,
+    build_stores,
+    build_workers,
+    mcp_side,
+)
 from edge.core.clock import SystemClock
 from edge.storage.sqlite.db import Database
 from edge.app.graph import ai_tools, builtin_tools
@@ -383,7 +391,7 @@ async def served(request, home):
     facts = DaemonFacts(db.path, "asyncio", clock, stores.counts, workers.settings, "/")
     services = build_services(config, stores, workers, facts, registry, b"p" * 32, clock)
     chain = build_chain(config, services, registry)
-    listeners = build_listeners(config, home, os.path.join(home, "qledge.sock"), chain, facts)
+    listeners = build_listeners(config, os.path.join(home, "qledge.sock"), chain, mcp_side(config, home).listeners)
     for listener in listeners:
         await listener.start()
     try:

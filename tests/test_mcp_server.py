@@ -124,7 +124,9 @@ async def graph():
     config, clock = Config(), SystemClock()
     stores = build_stores(db, config, home)
     workers = build_workers(config, home, stores, clock)
-    registry = Registry([*builtin_tools(), *_tools(seen)], deferred_tools())
+    # The daemon's deferred management tools; the AI tools listed are this test's own.
+    management = [d for d in deferred_tools() if not any(i.ai for i in d.infos)]
+    registry = Registry([*builtin_tools(), *_tools(seen)], management)
     facts = DaemonFacts(db.path, "asyncio", clock, stores.counts, workers.settings, "/")
     services = build_services(config, stores, workers, facts, registry, b"p" * 32, clock)
     server = McpServer(build_chain(config, services, registry), os.path.join(home, "mcp.sock"), 64 * 1024)

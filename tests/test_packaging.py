@@ -78,8 +78,8 @@ def pyz_dir():
 
 
 def test_profiles_ship_only_their_capabilities(tmp_path):
-    agent = ["edge/agent/__main__.py", "edge/app/agent.py", "edge/core/agent.py", "edge/storage/sqlite/evidence.py",
-             "edge/tools/agent.py"]
+    agent = ["edge/airun/__main__.py", "edge/app/operator.py", "edge/core/agent.py", "edge/operator/runs.py",
+             "edge/storage/sqlite/evidence.py", "edge/tools/agent.py"]
     for rel in ("edge/__init__.py", "edge/app/daemon.py", "edge/mcp/server.py", "edge/storage/sqlite/db.py",
                 "edge/storage/sqlite/notify.py", "edge/notify/send.py", "edge/app/__pycache__/x.pyc", *agent):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -98,7 +98,7 @@ def test_profiles_ship_only_their_capabilities(tmp_path):
 def test_a_profile_exists_only_when_its_contents_differ(pyz_dir):
     # `full` is every optional capability: today that is MCP alone, the same as edge-mcp.
     assert build.distinct(build.WANTED, {"mcp": ("edge/mcp/",)}) == {"edge": (), "edge-mcp": ("mcp",)}
-    more = {"mcp": ("edge/mcp/",), "agent": ("edge/agent/",)}
+    more = {"mcp": ("edge/mcp/",), "agent": ("edge/airun/",)}
     assert build.distinct({**build.WANTED, "full": tuple(more)}, more) == {
         "edge": (), "edge-mcp": ("mcp",), "full": ("mcp", "agent")}
     digests = {}
@@ -286,7 +286,7 @@ def test_both_builds_ship_the_same_files_notifications_included(ipk, tmp_path):
     compiled = sorted(n[len(site):-1] for n in data if n.startswith(site) and data[n].isfile())
     assert compiled == sources
     assert "edge/notify/send.py" in sources and "edge/storage/sqlite/notify.py" in sources
-    assert not [s for s in sources if s.startswith(("edge/mcp/", "edge/agent/", "edge/storage/postgres/"))]
+    assert not [s for s in sources if s.startswith(("edge/mcp/", "edge/airun/", "edge/storage/postgres/"))]
     with open(os.path.join(ROOT, "openwrt", "qledge", "Makefile")) as f:
         makefile = f.read()
     assert "build_openwrt.py --sources" in makefile and "$(QLEDGE_SOURCES) qledge-mcp" in makefile

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from edge.app.sdnotify import Notifier, Watchdog, start_watchdog
+from edge.app.daemon import Notifier, Watchdog, start_watchdog
 from support import ManualTimers, short_tmpdir
 
 

@@ -12,8 +12,8 @@ import os
 import msgspec
 import pytest
 
-from edge.agent.budget import estimate_tokens
-from edge.agent.specialists import Overflow, build_request
+from edge.airun.budget import estimate_tokens
+from edge.airun.specialists import Overflow, build_request
 from edge.core.agent import ProviderSettings, SpecialistSpec
 from edge.core.errors import ToolError
 from edge.core.ledger import (
@@ -300,7 +300,7 @@ def test_the_shapes_refuse_what_the_bounds_refuse():
 
 
 def test_the_child_fills_in_the_built_in_texts_and_refuses_a_specialist_without_any():
-    from edge.agent.specialists import DEFAULTS, resolved
+    from edge.airun.specialists import DEFAULTS, resolved
 
     built_in = resolved(SpecialistSpec(name="schedule-advisor", description=None, system=None, max_output_tokens=9))
     assert (built_in.description, built_in.system) == DEFAULTS["schedule-advisor"]

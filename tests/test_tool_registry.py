@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from edge.notify.handle import TOOL_INFOS
-from edge.app.graph import ai_tools, builtin_tools, deferred_tools
+from edge.app.graph import builtin_tools, deferred_tools
 from edge.tools.context import ToolContext
 from edge.tools.definition import Deferred, Empty, Registry, Tool, declared, info
 
@@ -56,7 +56,7 @@ def test_a_module_that_differs_from_its_declaration_is_refused():
 def test_every_deferred_group_loads_as_declared():
     """The groups composition declares and the notify tools: each module builds exactly
     what was declared (what the daemon listed before loading it)."""
-    registry = Registry([*builtin_tools(), *ai_tools()], deferred_tools())
+    registry = Registry(builtin_tools(), deferred_tools())
     for group in deferred_tools():
         for declared_info in group.infos:
             entry = registry.get(declared_info.name)
@@ -68,9 +68,10 @@ def test_every_deferred_group_loads_as_declared():
 
 
 def test_rarely_used_tool_modules_stay_unloaded():
-    code = ("import sys; from edge.app.graph import builtin_tools, ai_tools, deferred_tools;"
+    code = ("import sys; from edge.app.graph import builtin_tools, deferred_tools;"
             " from edge.tools.definition import Registry;"
-            " Registry([*builtin_tools(), *ai_tools()], deferred_tools());"
-            " print(sorted(m for m in sys.modules if m.startswith('edge.tools.builtin')))")
+            " r = Registry(builtin_tools(), deferred_tools()); r.infos();"
+            " print(sorted(m for m in sys.modules if m.startswith(('edge.tools.builtin', 'edge.tools.ai'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "backup" not in out and "credentials" not in out and "secrets" not in out and "tasks" in out
+    assert "edge.tools.ai" not in out  # the AI read tools: until an AI client calls or lists them

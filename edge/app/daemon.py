@@ -1,4 +1,6 @@
-"""`qledge serve`: the daemon's lifecycle: lock, store, start and stop order, signals, reload."""
+"""`qledge serve`: the daemon's lifecycle: lock, store, start and stop order, signals, reload,
+and what it tells the service manager (sd_notify without libsystemd: datagrams to
+$NOTIFY_SOCKET, a path or an abstract `@name`; the watchdog)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -17,9 +20,9 @@ from edge.app.config import Config
 from edge.app.graph import LIVE_KEYS, Cluster, Graph, task_users
 from edge.app.home import StartupError
 from edge.app.lean import defer_hangups, hangups_deferred
-from edge.app.sdnotify import Notifier, start_watchdog
+from edge.core.clock import LoopTimers
 from edge.core.errors import ToolError
-from edge.core.ports.runtime import Clock
+from edge.core.ports.runtime import Clock, TimerHandle, Timers
 from edge.storage.sqlite.db import Ballast, Database, OpenError
 from edge.transports.unix import UnixListener
 
@@ -90,11 +93,11 @@ class Daemon:
         await g.hold_clock()
         # Before anything is served: nothing a dead daemon left may stay `running`.
         await g.runner.recover()
-        if g.notifier is not None:  # what is queued (a lost run's message too) goes out now
-            await g.notifier.start()
+        for service in g.services:  # what the notifier has queued (a lost run's message too) goes out now
+            await service.start()
         node = cluster.node if cluster is not None else None
         if node is not None:
-            await node.start(g.scheduler.changed, g.notifier.wake if g.notifier is not None else None)
+            await node.start(g.scheduler.changed, g.wake)
         await g.scheduler.start()
         started: list[UnixListener] = []
         try:
@@ -109,8 +112,8 @@ class Daemon:
                 await node.stop()
                 await g.runner.shutdown()
                 await node.close()
-            if g.notifier is not None:
-                await g.notifier.stop()
+            for service in reversed(g.services):
+                await service.stop()
             raise
         self._install_signals()
         log.info("qledge serving on %s (loop %s, pid %d)", self.socket_path, self.loop_name, os.getpid())
@@ -129,8 +132,8 @@ class Daemon:
             log.info("qledge stopping: answering the calls in flight (a second signal stops at once)")
             # Listeners first: no new calls; those in flight are answered within the grace.
             await asyncio.gather(*(listener.stop(forced=self._forced) for listener in g.listeners))
-            if g.notifier is not None:  # a batch in flight is finished; what is queued goes after the next start
-                await g.notifier.stop()
+            for service in reversed(g.services):  # the notifier's batch in flight is finished; the rest waits
+                await service.stop()
             await g.scheduler.stop()
             if node is not None:
                 await node.stop()  # claim nothing more; what this node holds is recorded below
@@ -237,3 +240,83 @@ def run_daemon(
     except KeyboardInterrupt:
         pass
     return 0
+
+
+# -- the service manager: sd_notify without libsystemd ---------------------------------
+
+
+class Notifier:
+    def __init__(self, address: str | None = None) -> None:
+        address = address if address is not None else os.environ.get("NOTIFY_SOCKET")
+        self._address: str | None = None
+        if address:
+            self._address = "\0" + address[1:] if address.startswith("@") else address
+
+    @property
+    def enabled(self) -> bool:
+        return self._address is not None
+
+    def notify(self, message: str) -> bool:
+        if self._address is None:
+            return False
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+                sock.sendto(message.encode(), self._address)
+            return True
+        except OSError:
+            return False
+
+    def watchdog_interval_s(self) -> float | None:
+        """Half of $WATCHDOG_USEC when the watchdog is meant for us, else None."""
+        usec = os.environ.get("WATCHDOG_USEC")
+        pid = os.environ.get("WATCHDOG_PID")
+        if not usec or (pid and pid != str(os.getpid())):
+            return None
+        try:
+            interval = int(usec) / 2_000_000
+        except ValueError:
+            return None
+        return interval if interval > 0 else None
+
+
+class Watchdog:
+    """Sends WATCHDOG=1 from a timer on the event loop.
+
+    A timer rather than a thread: if the loop is stuck, nothing pets the watchdog and
+    the service manager restarts us, which is the point.
+    """
+
+    def __init__(self, notifier: Notifier, interval_s: float, timers: Timers | None = None) -> None:
+        self._notifier = notifier
+        self._interval_s = interval_s
+        self._timers = timers or LoopTimers()
+        self._handle: TimerHandle | None = None
+
+    def start(self) -> None:
+        self.pet()
+
+    def pet(self) -> None:
+        """Send WATCHDOG=1 and push the fallback timer back.
+
+        The scheduler calls this on its own wake-ups (at least once a minute), so an
+        idle daemon wakes once per minute, not once for each timer.
+        """
+        self._notifier.notify("WATCHDOG=1")
+        if self._handle is not None:
+            self._handle.cancel()
+        self._handle = self._timers.call_later(self._interval_s, self.pet)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
+def start_watchdog(notifier: Notifier) -> Watchdog | None:
+    """A running Watchdog when the service manager asked for one, else None."""
+    interval = notifier.watchdog_interval_s() if notifier.enabled else None
+    if interval is None:
+        return None
+    watchdog = Watchdog(notifier, interval)
+    watchdog.start()
+    return watchdog

@@ -11,11 +11,12 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import msgspec
 
+from edge.app.capabilities import CAPABILITIES, CLUSTER, Capability
 from edge.app.config import Config, default_zone, run_timezone
 from edge.app.home import StartupError, private_dir
 from edge.core.auth import AuditBounds
@@ -36,8 +37,9 @@ from edge.core.ports.stores import (
     TriggerStore,
 )
 from edge.core.reads import Counts
-from edge.core.runs import Followers, RunDefaults
+from edge.core.runs import ActorType, Followers, Run, RunDefaults
 from edge.core.schedule import ScheduleError, load_zone
+from edge.core.tasks import Task
 from edge.runner.process import DEFAULT_LANG, SystemUsers
 from edge.runner.supervisor import Runner, RunnerSettings
 from edge.scheduler.loop import Scheduler, Triggers
@@ -49,22 +51,21 @@ from edge.storage.reads import SqlCountsReader, readers
 from edge.storage.runs import Policy, SqlRunStore
 from edge.storage.security import SqlAuditLog, SqlAuditReader, SqlCredentialStore, SqlSecretStore
 from edge.storage.sqlite import sql
-from edge.tools.ai import log_excerpt, projections, runs, task_runs_compare
 from edge.tools.builtin import status, tasks, triggers
 from edge.tools.builtin import runs as run_tools
 from edge.tools.chain import Authenticator, Chain
 from edge.tools.context import Services, ToolInfo
-from edge.tools.definition import WRITE_DEADLINE_S, Deferred, Registry, Tool, info
+from edge.tools.definition import WRITE_DEADLINE_S, Deferred, Registry, Tool, first_use, info
 from edge.transports.tool_socket import ToolServer
 from edge.transports.unix import Limits, Shared, UnixListener, descriptor_allowance
 
 if TYPE_CHECKING:  # cluster, agent and notify ports are loaded only where they are used
-    from edge.core.ports.agent import AgentEvidenceStore, AgentRuns, RunCredentials
+    import socket
+
+    from edge.core.ports.agent import AgentEvidenceStore, AgentRuns, MissionLedger, RunCredentials
     from edge.core.ports.cluster import ClusterNode
     from edge.core.ports.notify import NotifyStore
     from edge.notify.dispatch import Notifier
-    from edge.notify.handle import NotifierHandle
-    from edge.tools.agent import AgentService
 
 log = logging.getLogger("qledge")
 
@@ -74,11 +75,16 @@ LIVE_KEYS = frozenset({
 })
 
 
+StatusLines = Callable[[], dict[str, str]]  # a part's lines in `qledge status`
+
+
 class DaemonFacts:
-    """StatusFacts (edge.core.ports.runtime): what `qledge.status` reports about the daemon."""
+    """StatusFacts (edge.core.ports.runtime): what `qledge.status` reports about the daemon,
+    the lines of its parts (`extra`) included."""
 
     def __init__(
         self, db_path: str, loop: str, clock: Clock, counts: CountsReader, settings: RunnerSettings, work_dir: str,
+        extra: Sequence[StatusLines] = (),
     ) -> None:
         self.loop = loop
         self.db_path = db_path
@@ -86,16 +92,13 @@ class DaemonFacts:
         self._counts = counts
         self._settings = settings  # the runner's, changed in place on reload
         self._work_dir = work_dir  # [runner] work_dir: where a run starts when its task names no directory
-        self._extra: list[Callable[[], dict[str, str]]] = []  # lines added by capabilities
+        self._extra = tuple(extra)
 
     async def counts(self, project: str) -> Counts:
         return await self._counts.counts(project)
 
     def run_defaults(self) -> RunDefaults:
         return RunDefaults(work_dir=self._work_dir, log_cap_bytes=self._settings.log_cap_bytes)
-
-    def add_extra(self, provider: Callable[[], dict[str, str]]) -> None:
-        self._extra.append(provider)
 
     def extra(self) -> dict[str, str]:
         lines: dict[str, str] = {}
@@ -125,9 +128,12 @@ class Stores(msgspec.Struct, frozen=True, kw_only=True):
     readers: Readers
     counts: CountsReader
     followers: Followers = msgspec.field(default_factory=Followers)  # told what a finished run set in motion
-    # The notify store, made when first needed (its adapter ships with edge/notify/); None:
-    # this build has no notifications.
+    # The stores of optional capabilities, each made at its first use (their adapters ship
+    # with the capability): the notify queue; the AI runs' evidence; the missions' ledger
+    # (None: this storage keeps none, as a cluster's).
     notify: Callable[[], NotifyStore] | None = None
+    evidence: Callable[[], AgentEvidenceStore] | None = None
+    ledger: Callable[[], MissionLedger] | None = None
 
 
 def capacity(config: Config) -> int:
@@ -160,16 +166,28 @@ def build_stores(db: Database, config: Config, home: str) -> Stores:
         audit=SqlAuditLog(db, sql.SECURITY, audit_bounds(config), LoopTimers()),
         audit_reader=SqlAuditReader(db, sql.SECURITY),
         readers=readers(db, sql.READS), counts=SqlCountsReader(db, sql.READS), followers=followers,
-        notify=lambda: sqlite_notify_store(db),
+        notify=first_use(lambda: sqlite_notify_store(db)), evidence=first_use(lambda: sqlite_evidence_store(db)),
+        ledger=first_use(lambda: sqlite_ledger(db)),
     )
 
 
+# The adapters of optional stores, asked for only where their capability is available.
 def sqlite_notify_store(db: Database) -> NotifyStore:
-    """The notify store on the daemon's database (its adapter ships with edge/notify/, so
-    it is asked for only where edge.notify was found)."""
     from edge.storage.sqlite.notify import SqliteNotifyStore
 
     return SqliteNotifyStore(db)
+
+
+def sqlite_evidence_store(db: Database) -> AgentEvidenceStore:
+    from edge.storage.sqlite.evidence import SqliteEvidenceStore
+
+    return SqliteEvidenceStore(db)
+
+
+def sqlite_ledger(db: Database) -> MissionLedger:
+    from edge.storage.sqlite.ledger import SqliteMissionLedger
+
+    return SqliteMissionLedger(db)
 
 
 def runner_settings(config: Config, home: str) -> RunnerSettings:
@@ -226,8 +244,27 @@ def builtin_tools() -> list[Tool]:
     return [*tasks.TOOLS, *triggers.TOOLS, *run_tools.TOOLS, *status.TOOLS]
 
 
+# The `qinglong.*` read tools offered to AI clients: declared here, their modules loaded by
+# their first call or when their schemas are asked for (MCP's listing, an AI run's offer), so
+# a daemon that no AI client talks to never builds their projections.
+AI_TOOLS: tuple[ToolInfo, ...] = (
+    *(info(name, effect="read", risk="low", permission="task.read", title=title, ai=True)
+      for name, title in (("qinglong.task.list", "List tasks"), ("qinglong.task.get", "Get a task"))),
+    info("qinglong.trigger.list", effect="read", risk="low", permission="trigger.read", title="List triggers", ai=True),
+    *(info(name, effect="read", risk="low", permission="run.read", title=title, ai=True)
+      for name, title in (("qinglong.run.list", "List runs, newest first"), ("qinglong.run.get", "Get a run"),
+                          ("qinglong.run.events.list", "List a run's events"),
+                          ("qinglong.run.compare", "Compare two runs"),
+                          ("qinglong.task.runs.compare", "Compare a task's latest success with its latest failure"))),
+    info("qinglong.run.log.excerpt", effect="read", risk="medium", permission="artifact.read",
+         title="Read the end of a run's log (redacted)", ai=True),
+)
+
+
 def ai_tools() -> list[Tool]:
-    """The `qinglong.*` read tools offered to AI clients."""
+    """The `qinglong.*` read tools offered to AI clients (AI_TOOLS), loaded."""
+    from edge.tools.ai import log_excerpt, projections, runs, task_runs_compare
+
     return [*projections.TOOLS, *runs.TOOLS, *task_runs_compare.TOOLS, *log_excerpt.TOOLS]
 
 
@@ -279,32 +316,71 @@ def _credential_tools() -> list[Tool]:
 
 
 def deferred_tools() -> list[Deferred]:
-    """The management tools loaded by their first call."""
+    """The daemon's own tools loaded by their first call: the AI read tools and the rarely used
+    management tools."""
     # The secret tools share the credential tools' module.
-    return [Deferred(infos=BACKUP_TOOLS, load=_backup_tools),
+    return [Deferred(infos=AI_TOOLS, load=ai_tools), Deferred(infos=BACKUP_TOOLS, load=_backup_tools),
             Deferred(infos=CREDENTIAL_TOOLS + SECRET_TOOLS, load=_credential_tools)]
 
 
-def build_notifier(config: Config, stores: Stores, clock: Clock) -> tuple[NotifierHandle | None, list[Deferred]]:
-    """The notifier (dormant until needed) and its tools (loaded by their first call), when
-    this build ships them (edge.notify is imported here and only here) and the storage
-    keeps a queue."""
-    make_store = stores.notify
-    if make_store is None:
-        return None, []
-    try:
-        from edge.notify.handle import TOOL_INFOS, NotifierHandle
-    except ImportError as exc:
-        if exc.name is not None and (exc.name == "edge.notify" or exc.name.startswith("edge.notify.")):
-            log.debug("notifications are not included in this build")
-            return None, []
-        raise
-    made: list[NotifyStore] = []
+# -- the optional capabilities (edge.app.capabilities): what each adds to the daemon ----------
 
-    def store() -> NotifyStore:
-        if not made:
-            made.append(make_store())
-        return made[0]
+
+class Service(Protocol):
+    """A part with a life of its own: started after the runner's recovery, before the
+    scheduler; stopped once the listeners have stopped, before the scheduler."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+ListenerFactory = Callable[[Chain, Limits, Shared], UnixListener]  # a listener, once the chain exists
+
+
+class Contribution(msgspec.Struct, frozen=True, kw_only=True):
+    """What an enabled capability adds to the daemon, returned to the graph, which plugs each
+    part in where it belongs: tools into the registry, listeners beside the tool socket, status
+    lines into `qledge status`, services into the start and stop order, `wake` into the
+    stores' Followers (messages were queued), the AI runs into the runner and their
+    credentials into the chain's authentication."""
+
+    tools: list[Tool] = []
+    deferred: list[Deferred] = []
+    listeners: list[ListenerFactory] = []
+    status: list[StatusLines] = []
+    services: list[Service] = []
+    wake: Callable[[], None] | None = None
+    agents: AgentRuns | None = None
+    credentials: RunCredentials | None = None
+
+
+class Host(msgspec.Struct, frozen=True, kw_only=True):
+    """What the daemon offers a capability's daemon side while the graph is built. The
+    runner, the registry and the tool server are made after the capabilities (they take what
+    these add), so those are reached through `start_run`, `ai_tools` and `connect`, called
+    only once they exist."""
+
+    config: Config
+    home: str
+    stores: Stores
+    clock: Clock
+    pepper: bytes
+    users: SystemUsers
+    infos: list[ToolInfo]  # what the daemon's own tools are (management and AI read tools, loaded or not)
+    ai_tools: Callable[[], list[Tool]]  # every AI tool with its types, once the registry exists
+    start_run: Callable[[Task, ActorType], Awaitable[Run]]  # the local runner's start
+    connect: Callable[[socket.socket], None]  # the tool server serves this end, trusting its token only
+    cluster: Cluster | None = None
+
+
+def notify_side(config: Config, stores: Stores, clock: Clock) -> Contribution:
+    """The notifier, dormant until needed, and its tools, loaded by their first call, where
+    the storage keeps a queue."""
+    store = stores.notify
+    if store is None:
+        return Contribution()
+    from edge.notify.handle import TOOL_INFOS, NotifierHandle
 
     def build() -> Notifier:
         import sys
@@ -321,14 +397,90 @@ def build_notifier(config: Config, stores: Stores, clock: Clock) -> tuple[Notifi
                         project=config.project, settings=settings)
 
     handle = NotifierHandle(build, store, lambda: stores.runs.notices_waiting(config.project), config.project)
-    stores.followers.notify = handle.wake
 
     def tools() -> list[Tool]:
         from edge.notify.tools import notify_tools
 
         return notify_tools(handle, store(), stores.secrets)
 
-    return handle, [Deferred(infos=TOOL_INFOS, load=tools)]
+    return Contribution(deferred=[Deferred(infos=TOOL_INFOS, load=tools)], status=[handle.status], services=[handle],
+                        wake=handle.wake)
+
+
+def operator_side(host: Host, credentials: RunCredentials | None = None) -> Contribution:
+    """The AI operator's side of the daemon (edge.app.operator; its child, edge.airun, is
+    never imported: the runner starts it as a process). `credentials`: the run credentials'
+    registry (default: a new one)."""
+    from edge.app.operator import build_operator
+
+    stores = host.stores
+    assert stores.evidence is not None  # every storage keeps the evidence (a cluster in PostgreSQL)
+    op = build_operator(host.config, tasks=stores.tasks, secrets=stores.secrets, clock=host.clock, pepper=host.pepper,
+                        users=host.users, evidence=stores.evidence, ledger=stores.ledger,
+                        infos=host.infos, ai_tools=host.ai_tools, start_run=host.start_run,
+                        connect=host.connect, credentials=credentials)
+    return Contribution(deferred=op.deferred, status=[op.status], agents=op.runs,
+                        credentials=op.credentials)
+
+
+def mcp_side(config: Config, home: str) -> Contribution:
+    """MCP's listener on a second socket; every tools/call runs the same chain."""
+    from edge.mcp.server import McpServer
+
+    path = os.path.abspath(config.mcp.socket or os.path.join(home, "mcp.sock"))
+
+    def listener(chain: Chain, limits: Limits, shared: Shared) -> UnixListener:
+        try:
+            return McpServer(chain, path, config.mcp.max_line_bytes, limits, shared)
+        except ValueError as exc:  # a tool that cannot be described to MCP clients
+            raise StartupError(f"MCP: {exc}", "internal") from None
+
+    return Contribution(listeners=[listener], status=[lambda: {"mcp": path}])
+
+
+def cluster_side(host: Host) -> Contribution:
+    """A cluster node's line in `qledge status` (its storage, clock and runner are the graph's
+    own: opened before it, Cluster)."""
+    cluster = host.cluster
+    assert cluster is not None
+
+    def status() -> dict[str, str]:
+        return cluster.node.status() if cluster.node is not None else {}
+
+    return Contribution(status=[status])
+
+
+# Each capability's daemon side (edge.app.capabilities.CAPABILITIES names every capability;
+# tests/test_architecture.py checks that these are exactly those with one).
+SIDES: dict[str, Callable[[Host], Contribution]] = {
+    "cluster": cluster_side,
+    "notify": lambda host: notify_side(host.config, host.stores, host.clock),
+    "agent": operator_side,
+    "mcp": lambda host: mcp_side(host.config, host.home),
+}
+
+
+def required(capability: Capability) -> bool:
+    """Whether this build has a capability the configuration turns on. Raises StartupError
+    (its one line) where it cannot do without it."""
+    if capability.available():
+        return True
+    if capability.missing is None:
+        log.debug("%s: not included in this build", capability.name)
+        return False
+    code, line = capability.missing
+    raise StartupError(line, code)
+
+
+def enabled(config: Config) -> list[Capability]:
+    """The capabilities with a daemon side this configuration turns on and this build has,
+    in their order."""
+    return [c for c in CAPABILITIES if c.daemon and c.enabled(config) and required(c)]
+
+
+def contributions(host: Host) -> list[Contribution]:
+    """What each enabled capability adds, in the order of CAPABILITIES."""
+    return [SIDES[capability.name](host) for capability in enabled(host.config)]
 
 
 def trigger_zone(configured: str | None) -> str:
@@ -363,14 +515,13 @@ def build_chain(
 
 
 def build_listeners(
-    config: Config, home: str, socket_path: str, chain: Chain, facts: DaemonFacts
+    config: Config, socket_path: str, chain: Chain, extra: Sequence[ListenerFactory] = ()
 ) -> list[UnixListener]:
-    """The tool socket, then MCP's when enabled (edge.mcp is imported here and only here),
-    under one shared budget of partial-frame bytes and descriptors."""
+    """The tool socket, then the listeners capabilities add (MCP's), under one shared budget
+    of partial-frame bytes and descriptors."""
     limits, shared = connection_limits(config)
     listeners: list[UnixListener] = [ToolServer(chain, socket_path, config.max_frame_bytes, limits, shared)]
-    if config.mcp.enabled:
-        listeners.append(mcp_server(config, home, chain, facts, limits, shared))
+    listeners += [make(chain, limits, shared) for make in extra]
     return listeners
 
 
@@ -385,25 +536,6 @@ def connection_limits(config: Config) -> tuple[Limits, Shared]:
         log.warning("connections: %d descriptors left after the reserve of %d for runs; at most %d connections",
                     allowance + c.fd_reserve, c.fd_reserve, allowance)
     return limits, Shared(partial_bytes=max(c.partial_bytes, largest), max_connections=allowance)
-
-
-def mcp_server(
-    config: Config, home: str, chain: Chain, facts: DaemonFacts, limits: Limits | None = None,
-    shared: Shared | None = None,
-) -> UnixListener:
-    try:
-        from edge.mcp.server import McpServer
-    except ImportError as exc:
-        if exc.name is not None and (exc.name == "edge.mcp" or exc.name.startswith("edge.mcp.")):
-            raise StartupError("MCP is not included in this build", "invalid_argument") from None
-        raise
-    path = os.path.abspath(config.mcp.socket or os.path.join(home, "mcp.sock"))
-    try:
-        server = McpServer(chain, path, config.mcp.max_line_bytes, limits, shared)
-    except ValueError as exc:  # a tool that cannot be described to MCP clients
-        raise StartupError(f"MCP: {exc}", "internal") from None
-    facts.add_extra(lambda: {"mcp": path})
-    return server
 
 
 def _disk_line(ballast: Ballast) -> str:
@@ -430,14 +562,9 @@ class Cluster:
         self._adapters: object = None
 
     async def open(self) -> None:
-        try:
-            from edge.storage.postgres.cluster import ClusterOptions, NodeSettings, Policy, open_cluster
-        except ImportError as exc:
-            if exc.name is not None and (exc.name == "psycopg" or exc.name.startswith(("psycopg", "edge.storage"))):
-                raise StartupError("cluster mode needs psycopg 3 and a build that includes it"
-                                   " (pip install 'qledge[cluster]')") from None
-            raise
+        required(CLUSTER)
         from edge.core.errors import ToolError
+        from edge.storage.postgres.cluster import ClusterOptions, NodeSettings, Policy, open_cluster
 
         cfg, c = self.config, self.config.cluster
         if c.heartbeat_s * 2 > c.lease_s:
@@ -464,7 +591,7 @@ class Cluster:
             location=pg.location, logs=logs, log_reader=pg.log_reader, tasks=pg.tasks, runs=pg.runs,
             triggers=pg.triggers, admission=pg.admission, credentials=pg.credentials, secrets=pg.secrets,
             audit=pg.audit, audit_reader=pg.audit_reader, readers=pg.readers, counts=pg.counts,
-            followers=pg.followers, notify=pg.notify_store)
+            followers=pg.followers, notify=first_use(pg.notify_store), evidence=first_use(self.evidence))
 
     def evidence(self) -> AgentEvidenceStore:
         """The AI operator's evidence history in PostgreSQL ([agent] enabled on a node)."""
@@ -498,35 +625,23 @@ def default_node_id(home: str) -> str:
     return f"{host}:{hashlib.sha256(os.path.abspath(home).encode()).hexdigest()[:8]}"
 
 
-# -- the AI operator ([agent] enabled: edge.app.agent; its child, edge.agent, is never imported) --
-
-
-def agent_service(
-    config: Config, stores: Stores, clock: Clock, pepper: bytes, users: SystemUsers,
-    evidence: Callable[[], AgentEvidenceStore] | None = None, credentials: RunCredentials | None = None,
-    db: Database | None = None,
-) -> AgentService:
-    """The daemon's side of the AI operator. Its evidence store: `evidence()` (a cluster's),
-    else the SQLite one on `db`, loaded at its first use; its mission ledger: the SQLite one
-    on `db`, made at the first AI run, and none on a cluster node (no specialists there)."""
-    import importlib.util
-
-    if importlib.util.find_spec("edge.agent") is None:  # finds it without importing it
-        raise StartupError("the AI operator is not included in this build", "invalid_argument")
-    from edge.app.agent import EvidenceOnFirstUse, build_agent, sqlite_ledger
-
-    if evidence is not None:
-        return build_agent(config, stores, clock, pepper, users, evidence(), None, credentials)
-    assert db is not None
-    return build_agent(config, stores, clock, pepper, users, EvidenceOnFirstUse(db), sqlite_ledger(db), credentials)
-
-
 # -- the daemon's graph -------------------------------------------------------------
 
 
+T = TypeVar("T")
+
+
+def _one(found: Sequence[T | None]) -> T | None:
+    """The one part that fills a place only one may (the AI runs, their credentials, the
+    notifier's wake-up)."""
+    given = [f for f in found if f is not None]
+    assert len(given) <= 1, given
+    return given[0] if given else None
+
+
 class Graph:
-    """Everything the daemon runs. Start: `hold_clock` → runner recovery → cluster node →
-    scheduler → listeners."""
+    """Everything the daemon runs, with what the enabled capabilities add. Start:
+    `hold_clock` → runner recovery → services → cluster node → scheduler → listeners."""
 
     def __init__(
         self, config: Config, home: str, socket_path: str, loop: str, db: Database | None, pepper: bytes,
@@ -543,48 +658,49 @@ class Graph:
         self.cluster = cluster
         # Records are stamped on the steady clock; the scheduler alone reads the wall clock
         # (on a cluster node, PostgreSQL's).
-        self.stamps = SteadyClock(wall)
-        if cluster is None:
-            # Not on a cluster node: every node holds on its own, from the newest time it
-            # saw, so the ranges they would move overlap; their stamps keep their order.
-            self.stamps.on_jump = self._clock_jumped
+        # Not on a cluster node: every node holds on its own, from the newest time it saw,
+        # so the ranges they would move overlap; their stamps keep their order.
+        self.stamps = SteadyClock(wall, self._clock_jumped if cluster is None else None)
         users = task_users(config, home)
-        agent = None
-        if config.agent.enabled:
-            agent = agent_service(config, self.stores, self.stamps, pepper, users,
-                                  cluster.evidence if cluster is not None else None, db=db)
+        own_tools, own_deferred = builtin_tools(), deferred_tools()
+        host = Host(config=config, home=home, stores=self.stores, clock=self.stamps, pepper=pepper, users=users,
+                    infos=[*(t.info() for t in own_tools), *(i for d in own_deferred for i in d.infos)],
+                    ai_tools=self._ai_tools, start_run=self._start_run, connect=self._connect,
+                    cluster=cluster)
+        parts = contributions(host)
+        agents = _one([p.agents for p in parts])
+        credentials = _one([p.credentials for p in parts])
+        self.wake = _one([p.wake for p in parts])  # messages were queued (a node hears so from the others too)
+        if self.wake is not None:
+            self.stores.followers.notify = self.wake
+        self.services = [service for p in parts for service in p.services]
         distribute = None
         if cluster is not None:
-            distribute = functools.partial(cluster.distribute, agents=agent)
-        self.workers = build_workers(config, home, self.stores, self.stamps, distribute, wall, agent, users)
-        self.facts = DaemonFacts(self.stores.location, loop, self.stamps, self.stores.counts, self.workers.settings,
-                                 config.runner.work_dir)
-        self.facts.add_extra(self.workers.scheduler.status)
-        if cluster is not None and cluster.node is not None:
-            self.facts.add_extra(cluster.node.status)
-        self.facts.add_extra(lambda: {"task users": users.describe()})
+            distribute = functools.partial(cluster.distribute, agents=agents)
+        self.workers = build_workers(config, home, self.stores, self.stamps, distribute, wall, agents, users)
+        status: list[StatusLines] = [self.workers.scheduler.status, lambda: {"task users": users.describe()}]
         ballast = db.ballast if db is not None else None
         if ballast is not None:
-            self.facts.add_extra(lambda: {"disk": _disk_line(ballast)})
-        self.notifier, deferred = build_notifier(config, self.stores, self.stamps)
-        if self.notifier is not None:
-            self.facts.add_extra(self.notifier.status)
-        registry = Registry([*builtin_tools(), *ai_tools(), *(agent.tools() if agent else [])],
-                            [*deferred_tools(), *deferred])
-        if agent is not None:
-            try:
-                agent.offer(registry.tools())  # the AI read tools, loaded with the daemon
-            except ValueError as exc:  # two tools that would share one name on the wire
-                raise StartupError(f"[agent] {exc}", "invalid_argument") from None
-            agent.attach(self.workers.runner)
-            self.facts.add_extra(agent.status)
+            status.append(lambda: {"disk": _disk_line(ballast)})
+        self.facts = DaemonFacts(self.stores.location, loop, self.stamps, self.stores.counts, self.workers.settings,
+                                 config.runner.work_dir, [*status, *(line for p in parts for line in p.status)])
+        registry = Registry([*own_tools, *(t for p in parts for t in p.tools)],
+                            [*own_deferred, *(d for p in parts for d in p.deferred)])
         services = build_services(config, self.stores, self.workers, self.facts, registry, pepper, self.stamps)
-        self.chain = build_chain(config, services, registry, agent.credentials if agent else None)
-        self.listeners = build_listeners(config, home, socket_path, self.chain, self.facts)
-        if agent is not None:
-            tool_server = self.listeners[0]
-            assert isinstance(tool_server, ToolServer)
-            agent.serve_with(tool_server.attach)  # each AI run's child gets a connection of its own
+        self.chain = build_chain(config, services, registry, credentials)
+        self.listeners = build_listeners(config, socket_path, self.chain, [f for p in parts for f in p.listeners])
+
+    def _ai_tools(self) -> list[Tool]:
+        return self.chain.registry.ai_tools()
+
+    async def _start_run(self, task: Task, actor: ActorType) -> Run:
+        return await self.workers.runner.start(task, actor)
+
+    def _connect(self, sock: socket.socket) -> None:
+        """Each AI run's child gets a connection of its own to the tool server."""
+        tool_server = self.listeners[0]
+        assert isinstance(tool_server, ToolServer)
+        tool_server.attach(sock)
 
     async def hold_clock(self) -> None:
         """Before anything is stamped: while the wall clock is behind the newest time on

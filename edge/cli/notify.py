@@ -138,7 +138,8 @@ def notify_rules(c: Client, a: argparse.Namespace) -> int:
 
 
 def notify_test(c: Client, a: argparse.Namespace) -> int:
-    from edge.notify.tools import TestArgs, TestOutcome
+    from edge.core.ports.notify import TestOutcome
+    from edge.notify.tools import TestArgs
 
     outcome = c.typed("qledge.notify.test", TestArgs(channel=a.channel), TestOutcome)
     show(a, outcome, lambda o: print(f"sent through {a.channel}" if o.ok else f"not sent: {o.detail}"))

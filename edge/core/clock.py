@@ -42,12 +42,12 @@ class SteadyClock:
     wall clock alone.
     """
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, on_jump: Callable[[int, int, int], None] | None = None) -> None:
         self._clock = clock
         self._floor: int | None = None  # holding: the newest time on record
         self._start = 0.0
         self._last = 0  # the newest stamp handed out while holding or settling
-        self.on_jump: Callable[[int, int, int], None] | None = None
+        self.on_jump = on_jump
 
     def hold_from(self, floor_ms: int) -> None:
         """Hold when the wall clock is behind `floor_ms`; call before anything is stamped."""

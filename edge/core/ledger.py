@@ -1,4 +1,4 @@
-"""The mission ledger's shapes (seed 003), shared by an AI run's child (edge.agent) and the
+"""The mission ledger's shapes (seed 003), shared by an AI run's child (edge.airun) and the
 daemon's side of the operator: what survives history truncation, retries and restarts.
 
 An AI run is one attempt of a mission. Per mission and specialist (child) the ledger keeps

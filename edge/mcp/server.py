@@ -36,7 +36,7 @@ class McpServer(UnixListener):
     ) -> None:
         super().__init__(path, limits, shared)
         self.chain = chain
-        self.catalog = p.Catalog(chain.registry.tools())
+        self.catalog = p.Catalog(chain.registry.ai_tools())
         self.max_line_bytes = max_line_bytes
 
     def _refusal(self, code: str, message: str) -> bytes:

@@ -37,13 +37,12 @@ from edge.core.errors import ToolError
 from edge.core.excerpt import WINDOW_BYTES, normalize, redact, window_text
 from edge.core.handoff import Background
 from edge.core.ports.runtime import Clock, TimerHandle, Timers
-from edge.core.ports.notify import ChannelHealth, Damping, NoticeOutcome, NotifyStore, PendingNotice
+from edge.core.ports.notify import ChannelHealth, Damping, NoticeOutcome, NotifyStore, PendingNotice, TestOutcome
 from edge.core.ports.stores import RunLogFiles, SecretStore
 from edge.core.tasks import redact_label
 
 if TYPE_CHECKING:  # the channel shapes are loaded by the first delivery
     from edge.notify.channels import ChannelSpec, Delivery, Result
-    from edge.notify.tools import TestOutcome
 
 log = logging.getLogger("qledge.notify")
 
@@ -155,7 +154,6 @@ class Notifier:
 
     async def test(self, channel: str, timeout_s: float) -> TestOutcome:
         """Send a test message through `channel` now and wait for its outcome."""
-        from edge.notify.tools import TestOutcome
 
         nid = await self._store.enqueue_test(self._project, channel, self._clock.now_ms())
         future: asyncio.Future[TestOutcome] = asyncio.get_running_loop().create_future()
@@ -301,7 +299,6 @@ class Notifier:
 
     async def _deliver(self, batch: list[PendingNotice]) -> None:
         from edge.notify.channels import Delivery, Result
-        from edge.notify.tools import TestOutcome
 
         values = await self._secrets.values(self._project)
         deliveries: list[Delivery] = []

@@ -19,7 +19,7 @@ from typing import Annotated, Any
 import msgspec
 
 from edge.core.errors import invalid, not_found
-from edge.core.ports.notify import ChannelHealth, ChannelRow, NoticeRecord, NotifyStore
+from edge.core.ports.notify import ChannelHealth, ChannelRow, NoticeRecord, NotifyStore, TestOutcome
 from edge.core.ports.stores import SecretStore
 from edge.core.tasks import NotifyRule
 from edge.core.text import Limit, Name, NonNegative
@@ -71,12 +71,6 @@ class LogPage(msgspec.Struct, rename="camel", omit_defaults=True):
 
 class TestArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
     channel: Name
-
-
-class TestOutcome(msgspec.Struct, rename="camel"):
-    id: int
-    ok: bool
-    detail: str | None
 
 
 _stored = msgspec.json.Decoder(dict[str, Any])

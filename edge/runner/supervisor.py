@@ -321,7 +321,7 @@ class Runner:
 
     async def _start(self, job: _Job, task: Task, run_as: RunAs | None, cwd: str, launch: AgentLaunch | None) -> None:
         """The environment, the log, then the process. `run_as` None: an AI run's child,
-        started as the daemon's user; it becomes `launch.uid` itself (edge.agent)."""
+        started as the daemon's user; it becomes `launch.uid` itself (edge.airun)."""
         run = job.run
         try:
             uid = launch.uid if launch is not None else run_as.uid if run_as is not None else os.geteuid()

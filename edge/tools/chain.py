@@ -200,6 +200,8 @@ class Chain:
 
     async def _execute(self, entry: Entry, raw_args: bytes, fmt: str, ctx: ToolContext) -> Any:
         tool = entry.tool
+        if tool.caller is not None:  # before its arguments: they are no business of a caller refused
+            tool.caller(ctx)
         try:
             args = entry.decode_args(raw_args, fmt)
         except msgspec.ValidationError as exc:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import msgspec
 
@@ -33,6 +33,9 @@ class Tool(msgspec.Struct, frozen=True, kw_only=True):
     title: str = ""
     description: str = ""
     ai: bool = False  # offered to AI clients (read-only, low-sensitivity projection)
+    # Who may call it beyond its permissions, checked before its arguments are read: raises
+    # ToolError (e.g. permission_denied for any principal but an AI run's own credential).
+    caller: Callable[[ToolContext], None] | None = None
 
     def info(self) -> ToolInfo:
         return ToolInfo(name=self.name, version=self.version, effect=self.effect, risk=self.risk,
@@ -58,7 +61,7 @@ def tool(
 
 def info(
     name: str, *, effect: Effect, risk: Risk, permission: str | tuple[str, ...], title: str,
-    deadline_s: float | None = None, version: str = "1.0.0",
+    deadline_s: float | None = None, version: str = "1.0.0", ai: bool = False,
 ) -> ToolInfo:
     """What a tool is, without its handler and types, with `tool`'s defaults: to declare a
     tool whose module is loaded by its first call (Deferred)."""
@@ -66,18 +69,24 @@ def info(
         deadline_s = READ_DEADLINE_S if effect == "read" else WRITE_DEADLINE_S
     return ToolInfo(name=name, version=version, effect=effect, risk=risk,
                     permissions=[permission] if isinstance(permission, str) else list(permission),
-                    deadline_s=deadline_s, title=title, ai=False)
+                    deadline_s=deadline_s, title=title, ai=ai)
 
 
-def declared(infos: Iterable[ToolInfo], handlers: dict[str, tuple[Handler, type, type]]) -> list[Tool]:
+def declared(
+    infos: Iterable[ToolInfo], handlers: dict[str, tuple[Handler, type, type]],
+    descriptions: dict[str, str] | None = None, caller: Callable[[ToolContext], None] | None = None,
+) -> list[Tool]:
     """The tools `infos` declare (see Deferred), each with its (handler, args type, result
-    type) from `handlers`, which must name exactly those tools."""
+    type) from `handlers`, which must name exactly those tools, its description (what an AI
+    tool is offered with) from `descriptions`, and `caller` (see Tool)."""
     found = list(infos)
     if sorted(i.name for i in found) != sorted(handlers):
         raise ValueError("declared tools and their handlers differ")
+    told = descriptions or {}
     return [Tool(name=i.name, version=i.version, effect=i.effect, risk=i.risk,  # type: ignore[arg-type]
                  permissions=tuple(i.permissions), args_type=handlers[i.name][1], result_type=handlers[i.name][2],
-                 handler=handlers[i.name][0], deadline_s=i.deadline_s, title=i.title) for i in found]
+                 handler=handlers[i.name][0], deadline_s=i.deadline_s, title=i.title,
+                 description=told.get(i.name, ""), ai=i.ai, caller=caller) for i in found]
 
 
 class Entry:
@@ -103,11 +112,28 @@ class Entry:
 
 class Deferred(msgspec.Struct, frozen=True):
     """Tools whose module is loaded by their first call: what they are now (`infos`, for
-    listings and permissions), their handlers and types when `load` is called. Never AI
-    tools (those are listed with their schemas)."""
+    listings and permissions), their handlers and types when `load` is called. A group that
+    declares AI tools is loaded when their schemas are asked for too (Registry.ai_tools)."""
 
     infos: tuple[ToolInfo, ...]
     load: Callable[[], list[Tool]]
+
+
+T = TypeVar("T")
+
+
+def first_use(make: Callable[[], T]) -> Callable[[], T]:
+    """`make`, called once, at the first call of what is returned: the one way a part that an
+    idle daemon never needs (a store, a writer, the notifier's queue) is made when first
+    needed. Tools have Deferred for the same."""
+    made: list[T] = []
+
+    def get() -> T:
+        if not made:
+            made.append(make())
+        return made[0]
+
+    return get
 
 
 class Registry:
@@ -120,8 +146,8 @@ class Registry:
             self._entries[t.name] = Entry(t)
         for group in deferred:
             for info in group.infos:
-                if info.name in self._entries or info.name in self._deferred or info.ai:
-                    raise ValueError(f"tool {info.name} registered twice, or an AI tool deferred")
+                if info.name in self._entries or info.name in self._deferred:
+                    raise ValueError(f"tool {info.name} registered twice")
                 self._deferred[info.name] = (group, info)
 
     def get(self, name: str) -> Entry | None:
@@ -140,8 +166,16 @@ class Registry:
             del self._deferred[t.name]
 
     def tools(self) -> list[Tool]:
-        """The tools loaded so far (every AI tool among them)."""
+        """The tools loaded so far."""
         return [e.tool for e in self._entries.values()]
+
+    def ai_tools(self) -> list[Tool]:
+        """Every AI tool, with its types (what their schemas are made of): the deferred groups
+        that declare one are loaded now."""
+        groups = {id(group): group for group, i in self._deferred.values() if i.ai}
+        for group in groups.values():
+            self._load(group)
+        return [t for t in self.tools() if t.ai]
 
     def infos(self) -> list[ToolInfo]:
         return sorted([*(t.info() for t in self.tools()), *(info for _, info in self._deferred.values())],

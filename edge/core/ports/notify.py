@@ -16,6 +16,15 @@ import msgspec
 from edge.core.tasks import NotifyRule
 
 
+
+class TestOutcome(msgspec.Struct, rename="camel"):
+    """What a test message through a channel came to: the notification's id, whether the
+    channel accepted it, and the channel's answer or why there is none yet."""
+
+    id: int
+    ok: bool
+    detail: str | None
+
 class ChannelRow(msgspec.Struct, rename="camel"):
     """A notification channel as stored: its spec is JSON that names secrets, never holds them."""
 

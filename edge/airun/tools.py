@@ -3,8 +3,8 @@ run reports through and the mission ledger's tools, all on the daemon's socket w
 run's credential, so every call goes through the daemon's whole chain (authentication,
 policy, audit as `agent:<run id>`).
 
-The loop (edge.agent.operator) sees tools through `Toolbox`, the daemon's reporting through
-`Reporter`, and the specialists (edge.agent.specialists) reach the ledger through `Ledger`.
+The loop (edge.airun.operator) sees tools through `Toolbox`, the daemon's reporting through
+`Reporter`, and the specialists (edge.airun.specialists) reach the ledger through `Ledger`.
 """
 
 from __future__ import annotations

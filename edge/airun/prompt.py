@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 
-from edge.agent.provider import Reply
+from edge.airun.provider import Reply
 from edge.core.excerpt import normalize
 from edge.core.agent import OfferedTool, Profile
 
@@ -121,7 +121,7 @@ class Conversation:
         self._entries: list[dict[str, Any] | ToolResult] = []
 
     def add_reply(self, reply: Reply) -> None:
-        """The assistant turn as it is passed back: its calls under wire names (edge.agent.operator
+        """The assistant turn as it is passed back: its calls under wire names (edge.airun.operator
         sets each call's `wire`), `reasoning_content` only where the profile passes it back."""
         text = normalize(reply.content)
         message: dict[str, Any] = {"role": "assistant", "content": text or (None if reply.tool_calls else "")}

@@ -17,11 +17,11 @@ from typing import TextIO
 
 import msgspec
 
-from edge.agent.budget import estimate_tokens
-from edge.agent.operator import Model, Stop
-from edge.agent.prompt import request_head
-from edge.agent.provider import ProviderError, parse
-from edge.agent.tools import DaemonGone, Reporter, ToolFailure
+from edge.airun.budget import estimate_tokens
+from edge.airun.operator import Model, Stop
+from edge.airun.prompt import request_head
+from edge.airun.provider import ProviderError, parse
+from edge.airun.tools import DaemonGone, Reporter, ToolFailure
 from edge.core.agent import PROFILES, AgentJob, OutcomeReport, RoundMeta, endpoint
 from edge.core.excerpt import normalize
 

@@ -9,7 +9,7 @@ no other process of that user can trace it or read its memory. It calls tools (t
 ledger's too, for its specialists) on the inherited connection M, runs the operator's loop,
 writes the answer (or one line saying why there is none) to stdout, which is the run's log,
 and exits 0 (answered), 1 (failed) or 2 (a budget ran out). A run of `qledge agent check`
-sends one request instead and writes its diagnosis (edge.agent.check). It blocks: no event loop, and
+sends one request instead and writes its diagnosis (edge.airun.check). It blocks: no event loop, and
 `ssl` only when the endpoint is https.
 """
 
@@ -100,12 +100,12 @@ def main(argv: list[str] | None = None) -> int:
     # able to read the interpreter's or qledge's files any more.
     import encodings.idna  # noqa: F401  (socket names hosts through it, at the first connect)
 
-    from edge.agent.budget import Budget
-    from edge.agent.check import Check
-    from edge.agent.operator import Operator, Stop
-    from edge.agent.provider import ChatClient
-    from edge.agent.specialists import Specialists
-    from edge.agent.tools import DaemonTools
+    from edge.airun.budget import Budget
+    from edge.airun.check import Check
+    from edge.airun.operator import Operator, Stop
+    from edge.airun.provider import ChatClient
+    from edge.airun.specialists import Specialists
+    from edge.airun.tools import DaemonTools
     from edge.transports.client import Client
 
     with Client(f"descriptor {fds[1]}", token=job.token, timeout_s=30.0, connected=connection) as client:

@@ -108,7 +108,7 @@ class ToolCall(msgspec.Struct, kw_only=True):
     name: str  # as the model sent it (a wire name, if it called what it was offered)
     arguments: dict[str, Any] | None  # None: the model sent something that is not a JSON object
     arguments_json: str  # what is passed back in the assistant message
-    tool: str | None = None  # the offered tool it names (edge.agent.operator maps it back); None: none
+    tool: str | None = None  # the offered tool it names (edge.airun.operator maps it back); None: none
     wire: str = ""  # the name passed back: a wire name whatever the model sent
 
 

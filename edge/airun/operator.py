@@ -7,7 +7,7 @@ the daemon before anything else happens, then run the tool calls it asked for (a
 per-round limit; the rest are answered as refused) and keep their results as data.
 
 The loop knows the model, the tools and the daemon only through small interfaces (`Model`,
-edge.agent.tools `Toolbox` and `Reporter`). Specialists (edge.agent.specialists) add their
+edge.airun.tools `Toolbox` and `Reporter`). Specialists (edge.airun.specialists) add their
 tools beside the daemon's, and send their requests through `consult`: the same budgets,
 retries, accounting and reports as the operator's own rounds, numbered in one sequence.
 """
@@ -19,11 +19,11 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, TextIO
 
-from edge.agent.budget import Budget, estimate_tokens
-from edge.agent.prompt import Conversation, ToolResult, new_marker
-from edge.agent.provider import ProviderError, Reply, ToolCall, parse
-from edge.agent.specialists import Refused, Specialists
-from edge.agent.tools import DaemonGone, Reporter, ToolFailure, Toolbox
+from edge.airun.budget import Budget, estimate_tokens
+from edge.airun.prompt import Conversation, ToolResult, new_marker
+from edge.airun.provider import ProviderError, Reply, ToolCall, parse
+from edge.airun.specialists import Refused, Specialists
+from edge.airun.tools import DaemonGone, Reporter, ToolFailure, Toolbox
 from edge.core.excerpt import normalize
 from edge.core.agent import (
     EVIDENCE_TEXT_MAX,
@@ -138,7 +138,7 @@ class Operator:
                 conversation.add_result(ToolResult(call.id, self._call(index, call, number)))
 
     def consult(self, body: bytes, max_output: int, meta: SpecialistRound) -> tuple[int, Reply]:
-        """A specialist's request as a round of this run (edge.agent.specialists.Consult)."""
+        """A specialist's request as a round of this run (edge.airun.specialists.Consult)."""
         number = self.budget.rounds + 1
         key = f"specialist:{meta.child}"
         refused = self.budget.refuse(number, self.budget.estimate(key, len(body)), max_output)

@@ -29,10 +29,10 @@ from typing import Any, Protocol
 
 import msgspec
 
-from edge.agent.budget import estimate_tokens
-from edge.agent.prompt import request_head
-from edge.agent.provider import Reply
-from edge.agent.tools import Ledger, ToolFailure
+from edge.airun.budget import estimate_tokens
+from edge.airun.prompt import request_head
+from edge.airun.provider import Reply
+from edge.airun.tools import Ledger, ToolFailure
 from edge.core.agent import (
     PARENT_TOOLS,
     PROFILES,
