@@ -122,7 +122,10 @@ async def test_no_thread_waits_for_each_child(path):
             await process.stop_group(child, 5.0)
 
 
-async def test_the_fork_and_exec_happen_off_the_event_loop(path, monkeypatch):
+@pytest.mark.skipif(not IS_ROOT, reason="switching users needs root")
+async def test_a_fork_to_switch_users_happens_off_the_event_loop(path, monkeypatch):
+    """CPython forks (not vforks) a child that switches users, and waits for its exec:
+    that happens in the spawner thread. One without a switch is vforked on the loop."""
     threads: list[int] = []
 
     class Spy(subprocess.Popen):  # the real Popen; records which thread ran it
@@ -131,17 +134,25 @@ async def test_the_fork_and_exec_happen_off_the_event_loop(path, monkeypatch):
             super().__init__(*args, **kw)
 
     monkeypatch.setattr(subprocess, "Popen", Spy)
+    await _output(await process.spawn(["true"], "/", PATH, _nobody()))
     await _output(await process.spawn(["true"], "/", PATH, None))
-    on_loop = threads == [threading.get_ident()]
-    assert on_loop == (path == "asyncio"), threads
+    loop = threading.get_ident()
+    assert threads[1] == loop
+    assert (threads[0] == loop) == (path == "asyncio"), threads
 
 
+def _nobody() -> RunAs:
+    nobody = pwd.getpwnam("nobody")
+    return RunAs(user="nobody", uid=nobody.pw_uid, gid=nobody.pw_gid, groups=(), switch=True, privileged=None)
+
+
+@pytest.mark.parametrize("switch", [False, pytest.param(True, marks=pytest.mark.skipif(not IS_ROOT, reason="root"))])
 @pytest.mark.parametrize("turns", range(4))
-async def test_a_caller_cancelled_while_it_starts_leaves_nothing_running(path, turns):
-    marker = f"QLEDGE_RUN_ID=cancelled-{path}-{turns}"
+async def test_a_caller_cancelled_while_it_starts_leaves_nothing_running(path, turns, switch):
+    marker = f"QLEDGE_RUN_ID=cancelled-{path}-{turns}-{switch}"
     env = {**PATH, "QLEDGE_RUN_ID": marker.partition("=")[2]}
     before = _fds()
-    call = asyncio.create_task(process.spawn(["sleep", "60"], "/", env, None))
+    call = asyncio.create_task(process.spawn(["sleep", "60"], "/", env, _nobody() if switch else None))
     for _ in range(turns):
         await asyncio.sleep(0)
     call.cancel()
