@@ -6,7 +6,9 @@
   `nobody` (create_subprocess_exec, from the call to the exec), in a fresh interpreter.
 - back-to-back `true` runs/s, the child switching to `nobody`, 2 at a time: qledge
   (run.start all, then run.wait all) against ../shared/tools/floor/floor_runs.py with and
-  without `nobody` (one durable insert, spawn, wait, one durable update per run).
+  without `nobody` (one durable insert, spawn, wait, one durable update per run), and the
+  CPU each side's own process spent per run (its threads, not its children; steadier than
+  wall time on a busy machine).
 
 The sides are interleaved (their order alternates by repetition) and the ratios taken pair
 by pair; figures are min/median/max over the repetitions. `--tree DIR` measures the qledge
@@ -133,11 +135,24 @@ def qledge_runs_per_s(daemon: DaemonProcess, n: int) -> float:
     return n / elapsed
 
 
-def floor_runs_per_s(python: str, scratch: str, n: int, user: str | None) -> float:
+# The floor's own CPU (its threads, not its children), printed after its runs/s.
+FLOOR_CPU = ("import resource, runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__');"
+             " r = resource.getrusage(resource.RUSAGE_SELF); print(r.ru_utime + r.ru_stime)")
+
+
+def floor_runs(python: str, scratch: str, n: int, user: str | None) -> tuple[float, float]:
+    """Runs/s, and the seconds of CPU the floor's process used in all (start-up included)."""
     db = os.path.join(scratch, "floor.db")
-    out = subprocess.run([python, os.path.join(FLOOR, "floor_runs.py"), db, str(n), "2", *([user] if user else [])],
-                         capture_output=True, text=True, check=True)
-    return float(out.stdout.split()[-1])
+    argv = [python, "-c", FLOOR_CPU, os.path.join(FLOOR, "floor_runs.py"), db, str(n), "2", *([user] if user else [])]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout.split()
+    return float(out[-2]), float(out[-1])
+
+
+def cpu_s(pid: int) -> float:
+    """utime + stime of a process (all its threads, ended ones too; not its children)."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        fields = f.read().rpartition(b")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
@@ -170,20 +185,27 @@ def main() -> None:
                     "command": {"kind": "argv", "file": "true"}, "overlap": "allow"}})
         qledge_exec_ms(daemon, watch, 5)  # warm up both sides
         floor_exec_ms(python, exe, watch, 5)
+        # What the floor's process costs without runs (start-up, the database): taken off its CPU per run.
+        idle = {user: statistics.median(floor_runs(python, scratch, 0, user)[1] for _ in range(3))
+                for user in ("nobody", None)}
         for rep in range(opts.reps):
             order = [0, 1] if rep % 2 == 0 else [1, 0]
             got: dict[str, float] = {}
             for side in order:
                 if side == 0:
                     got["qledge_exec_ms"] = qledge_exec_ms(daemon, watch, opts.execs)
+                    cpu0 = cpu_s(daemon.pid)
                     got["qledge_runs_per_s"] = qledge_runs_per_s(daemon, opts.runs)
+                    got["qledge_cpu_ms_per_run"] = (cpu_s(daemon.pid) - cpu0) / opts.runs * 1000
                 else:
                     got["floor_exec_ms"], got["floor_spawn_await_ms"] = floor_exec_ms(python, exe, watch, opts.execs)
-                    got["floor_runs_per_s_nobody"] = floor_runs_per_s(python, scratch, opts.runs, "nobody")
-                    got["floor_runs_per_s_no_switch"] = floor_runs_per_s(python, scratch, opts.runs, None)
+                    for user, name in (("nobody", "nobody"), (None, "no_switch")):
+                        got[f"floor_runs_per_s_{name}"], cpu = floor_runs(python, scratch, opts.runs, user)
+                        got[f"floor_cpu_ms_per_run_{name}"] = (cpu - idle[user]) / opts.runs * 1000
             got["exec_ratio"] = got["qledge_exec_ms"] / got["floor_exec_ms"]
             got["runs_ratio_nobody"] = got["qledge_runs_per_s"] / got["floor_runs_per_s_nobody"]
             got["runs_ratio_no_switch"] = got["qledge_runs_per_s"] / got["floor_runs_per_s_no_switch"]
+            got["cpu_per_run_ratio_nobody"] = got["qledge_cpu_ms_per_run"] / got["floor_cpu_ms_per_run_nobody"]
             reps.append(got)
             print(f"rep {rep + 1}: " + "  ".join(f"{k} {v:.3g}" for k, v in got.items()), flush=True)
     finally:
