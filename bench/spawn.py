@@ -9,6 +9,9 @@
   without `nobody` (one durable insert, spawn, wait, one durable update per run), and the
   CPU each side's own process spent per run (its threads, not its children; steadier than
   wall time on a busy machine).
+- the spawn alone (edge.runner.process.spawn of `true`, as `nobody` and without a switch, one
+  after another in a fresh interpreter): CPU and wall time per spawn, and the loop's busy
+  time per spawn (outside its selector's wait): the stall every other call and run sees.
 
 The sides are interleaved (their order alternates by repetition) and the ratios taken pair
 by pair; figures are min/median/max over the repetitions. `--tree DIR` measures the qledge
@@ -55,6 +58,54 @@ async def main():
         await asyncio.sleep(0.02)
 asyncio.run(main())
 """
+
+
+# The spawn alone, in a fresh interpreter with the measured tree's edge.runner.process: CPU
+# of the whole process per spawn (all threads), wall time, and the loop's busy time per spawn
+# (wall time outside the selector's wait: what a stalled loop takes from every other call).
+SPAWN_ALONE = r"""
+import asyncio, json, pwd, resource, sys, time
+from edge.core.tasks import RunAs
+from edge.runner import process
+nb = pwd.getpwnam("nobody")
+users = {"nobody": RunAs(user="nobody", uid=nb.pw_uid, gid=nb.pw_gid, groups=(), switch=True, privileged=None),
+         "no_switch": None}
+env = {"PATH": process.DEFAULT_PATH}
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+async def one(run_as):
+    child = await process.spawn(["true"], "/", env, run_as)
+    await child.stdout.read()
+    await child.wait()
+async def main(n):
+    loop, out, idle = asyncio.get_running_loop(), {}, [0.0]
+    select = loop._selector.select
+    def waiting(timeout=None):  # the loop is free while it waits here
+        t = time.perf_counter()
+        try:
+            return select(timeout)
+        finally:
+            idle[0] += time.perf_counter() - t
+    loop._selector.select = waiting
+    for name, run_as in users.items():
+        for _ in range(10):
+            await one(run_as)
+        c0, t0, i0 = cpu(), time.perf_counter(), idle[0]
+        for _ in range(n):
+            await one(run_as)
+        wall = time.perf_counter() - t0
+        out[name] = {"cpu_us": (cpu() - c0) / n * 1e6, "wall_us": wall / n * 1e6,
+                     "loop_busy_us": (wall - (idle[0] - i0)) / n * 1e6}
+    print(json.dumps(out))
+asyncio.run(main(int(sys.argv[1])))
+"""
+
+
+def spawn_alone(python: str, tree: str, n: int) -> dict[str, float]:
+    out = subprocess.run([python, "-P", "-c", SPAWN_ALONE, str(n)], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": tree})
+    return {f"spawn_{user}_{k}": v for user, figures in json.loads(out.stdout).items() for k, v in figures.items()}
 
 
 class ExecWatch:
@@ -161,6 +212,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--execs", type=int, default=30)
+    parser.add_argument("--spawns", type=int, default=200)
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "spawn.json"))
     opts = parser.parse_args()
     if os.geteuid() != 0:
@@ -202,6 +254,7 @@ def main() -> None:
                     for user, name in (("nobody", "nobody"), (None, "no_switch")):
                         got[f"floor_runs_per_s_{name}"], cpu = floor_runs(python, scratch, opts.runs, user)
                         got[f"floor_cpu_ms_per_run_{name}"] = (cpu - idle[user]) / opts.runs * 1000
+            got.update(spawn_alone(python, tree, opts.spawns))
             got["exec_ratio"] = got["qledge_exec_ms"] / got["floor_exec_ms"]
             got["runs_ratio_nobody"] = got["qledge_runs_per_s"] / got["floor_runs_per_s_nobody"]
             got["runs_ratio_no_switch"] = got["qledge_runs_per_s"] / got["floor_runs_per_s_no_switch"]
@@ -215,7 +268,8 @@ def main() -> None:
     result: dict[str, Any] = {
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine(),
         "tree": os.path.relpath(tree, ROOT) if tree != ROOT else ".",
-        "method": {"reps": opts.reps, "runs_per_rep": opts.runs, "execs_per_rep": opts.execs, "concurrency": 2,
+        "method": {"reps": opts.reps, "runs_per_rep": opts.runs, "execs_per_rep": opts.execs,
+                   "spawns_per_rep": opts.spawns, "concurrency": 2,
                    "child_user": "nobody", "exec": "inotify IN_OPEN of the program (median per rep)"},
         "summary": summary, "reps": [{k: round(v, 3) for k, v in r.items()} for r in reps],
     }
