@@ -102,9 +102,11 @@ asyncio.run(main(int(sys.argv[1])))
 """
 
 
-def spawn_alone(python: str, tree: str, n: int) -> dict[str, float]:
+def spawn_alone(python: str, tree: str | None, n: int) -> dict[str, float]:
+    """The figures of SPAWN_ALONE, by `python` (with `tree` first on its path, if given)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     out = subprocess.run([python, "-P", "-c", SPAWN_ALONE, str(n)], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": tree})
+                         env={**env, "PYTHONPATH": tree} if tree else env)
     return {f"spawn_{user}_{k}": v for user, figures in json.loads(out.stdout).items() for k, v in figures.items()}
 
 
