@@ -407,9 +407,9 @@ async def spawn(
 ) -> Child:
     """Start `args` in its own session, as `run_as` (None: the daemon's own user).
 
-    A child that switches users is forked (CPython cannot vfork then) and exec'd in a
-    worker thread, the loop going on meanwhile; one that needs no switch is vforked here.
-    Its exit is seen through a pidfd on the loop: no thread per child. Where pidfds are
+    The child is forked (vforked when it needs no switch) and exec'd in a worker thread,
+    the loop going on meanwhile (CPython releases the GIL while it waits for the exec), and
+    its exit is seen through a pidfd on the loop: no thread per child. Where pidfds are
     missing, asyncio starts it (on the loop, its watcher waits in a thread per child).
     Either way it has returned once the child has exec'd (or failed to: OSError), and a
     caller cancelled meanwhile leaves no process behind."""
@@ -425,11 +425,8 @@ async def spawn(
             pass_fds=pass_fds, **ids,
         )
     loop = asyncio.get_running_loop()
-    if not ids:  # vfork: the loop waits only for the exec, less than a hop to a thread costs
-        popen, pidfd = _start(args, cwd, env, ids, pass_fds)
-        return await _attach(loop, popen, pidfd)
     global _spawner
-    if _spawner is None:  # one thread, started with the first run that switches users
+    if _spawner is None:  # one thread, started with the first run
         _spawner = concurrent.futures.ThreadPoolExecutor(1, "qledge-spawn")
     started = _spawner.submit(_start, args, cwd, env, ids, pass_fds)
     ready = loop.create_future()
@@ -486,8 +483,6 @@ def _discard(popen: subprocess.Popen[bytes], pidfd: int | None) -> None:
         os.close(pidfd)
     if _spawner is not None:
         _spawner.submit(popen.wait)
-    else:  # killed: it is gone in a moment
-        popen.wait()
 
 
 class _PidfdChild:
