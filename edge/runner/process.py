@@ -4,6 +4,7 @@ that user, and stopping the whole process group."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import errno
 import logging
@@ -11,8 +12,9 @@ import os
 import pwd
 import signal
 import stat
+import subprocess
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 import msgspec
 
@@ -348,29 +350,183 @@ def argv(spec: TaskSpec) -> list[str]:
     raise ValueError("an AI task is not a command")
 
 
+class Child(Protocol):
+    """A run's process as the runner sees it: its pid (the leader of its own process
+    group), its output, and its exit. asyncio.subprocess.Process is one."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    @property
+    def stdout(self) -> asyncio.StreamReader | None: ...
+
+    async def wait(self) -> int: ...
+
+
+class _Ids(TypedDict, total=False):
+    user: int
+    group: int
+    extra_groups: list[int]
+
+
+def _identity(run_as: RunAs | None) -> _Ids:
+    """What the child must switch to; nothing when it would run with the daemon's own
+    credentials (a root daemon's task of root), so CPython can vfork instead of fork. The
+    primary group counts as a member either way, as it does for the kernel's checks."""
+    if run_as is None or not run_as.switch:
+        return {}
+    uid, gid = run_as.uid, run_as.gid
+    if (os.getresuid() == (uid, uid, uid) and os.getresgid() == (gid, gid, gid)
+            and {*os.getgroups(), gid} == {*run_as.groups, gid}):
+        return {}
+    return {"user": uid, "group": gid, "extra_groups": list(run_as.groups)}
+
+
+# Whether os.pidfd_open works here (Linux 5.3 and later; OpenWrt kernels before that, and
+# sandboxes that filter it, do not): probed once. Without it a run starts as before.
+_pidfd: bool | None = None
+_spawner: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def pidfd_available() -> bool:
+    global _pidfd
+    if _pidfd is None:
+        try:
+            os.close(os.pidfd_open(os.getpid()))
+            _pidfd = True
+        except (AttributeError, OSError):
+            _pidfd = False
+    return _pidfd
+
+
 async def spawn(
     args: list[str], cwd: str, env: dict[str, str], run_as: RunAs | None, pass_fds: tuple[int, ...] = ()
-) -> asyncio.subprocess.Process:
-    """Start `args` in its own session, as `run_as` (None: the daemon's own user)."""
+) -> Child:
+    """Start `args` in its own session, as `run_as` (None: the daemon's own user).
+
+    The child is forked (vforked when it needs no switch) and exec'd in a worker thread,
+    the loop going on meanwhile (CPython releases the GIL while it waits for the exec), and
+    its exit is seen through a pidfd on the loop: no thread per child. Where pidfds are
+    missing, asyncio starts it (on the loop, its watcher waits in a thread per child).
+    Either way it has returned once the child has exec'd (or failed to: OSError), and a
+    caller cancelled meanwhile leaves no process behind."""
     # The child switches (setgroups, setregid, setreuid) itself, after fork and before
     # exec: no shell or helper runs in between with the daemon's rights. Descriptors in
-    # `pass_fds` (an AI run's job and tool connection) are inherited.
-    if run_as is not None and run_as.switch:
+    # `pass_fds` (an AI run's job and tool connection) are inherited; no other is.
+    ids = _identity(run_as)
+    if not pidfd_available():
         return await asyncio.create_subprocess_exec(
             *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, cwd=cwd, env=env, start_new_session=True,
-            user=run_as.uid, group=run_as.gid, extra_groups=list(run_as.groups), pass_fds=pass_fds,
+            stderr=asyncio.subprocess.STDOUT, cwd=cwd, env=env,
+            start_new_session=True,  # own session and process group: we can stop all of it
+            pass_fds=pass_fds, **ids,
         )
-    return await asyncio.create_subprocess_exec(
-        *args,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        cwd=cwd,
-        env=env,
-        start_new_session=True,  # own session and process group: we can stop all of it
-        pass_fds=pass_fds,
+    loop = asyncio.get_running_loop()
+    global _spawner
+    if _spawner is None:  # one thread, started with the first run
+        _spawner = concurrent.futures.ThreadPoolExecutor(1, "qledge-spawn")
+    started = _spawner.submit(_start, args, cwd, env, ids, pass_fds)
+    ready = loop.create_future()
+    started.add_done_callback(lambda _: _wake(loop, ready))
+    try:
+        await ready
+    except asyncio.CancelledError:
+        # Not begun: nothing started. Begun: it is done in a few milliseconds (the exec),
+        # and what it started is stopped; the descriptors passed are safe to close then.
+        if not started.cancel() and started.exception() is None:
+            _discard(*started.result())
+        raise
+    popen, pidfd = started.result()  # OSError: could not start (the command, cwd, user)
+    return await _attach(loop, popen, pidfd)
+
+
+async def _attach(loop: asyncio.AbstractEventLoop, popen: subprocess.Popen[bytes], pidfd: int) -> Child:
+    try:
+        return await _PidfdChild.attach(loop, popen, pidfd)
+    except BaseException:
+        _discard(popen, pidfd)
+        raise
+
+
+def _wake(loop: asyncio.AbstractEventLoop, ready: asyncio.Future[None]) -> None:
+    def done() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+        loop.call_soon_threadsafe(done)
+
+
+def _start(args: list[str], cwd: str, env: dict[str, str], ids: _Ids,
+           pass_fds: tuple[int, ...]) -> tuple[subprocess.Popen[bytes], int]:
+    """In the spawner thread: fork (vfork when no switch is needed) and exec, and a pidfd."""
+    popen = subprocess.Popen(
+        args, bufsize=0, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd,
+        env=env, start_new_session=True, pass_fds=pass_fds, close_fds=True, **ids,
     )
+    try:
+        return popen, os.pidfd_open(popen.pid)
+    except OSError:
+        _discard(popen, None)
+        raise
+
+
+def _discard(popen: subprocess.Popen[bytes], pidfd: int | None) -> None:
+    """Kill a child nobody will supervise, with its group, and reap it (in the spawner)."""
+    signal_group(popen.pid, signal.SIGKILL)
+    if popen.stdout is not None:
+        popen.stdout.close()
+    if pidfd is not None:
+        os.close(pidfd)
+    if _spawner is not None:
+        _spawner.submit(popen.wait)
+
+
+class _PidfdChild:
+    """A child whose exit the loop sees on its pidfd, and reaps then (waitpid on a pid
+    that stays ours until reaped: it cannot name another process)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, popen: subprocess.Popen[bytes], pidfd: int,
+                 stdout: asyncio.StreamReader) -> None:
+        self.pid = popen.pid
+        self.stdout: asyncio.StreamReader | None = stdout
+        self.returncode: int | None = None
+        self._popen = popen
+        self._loop = loop
+        self._pidfd = pidfd
+        self._exit = asyncio.Event()
+        loop.add_reader(pidfd, self._exited)
+
+    @classmethod
+    async def attach(cls, loop: asyncio.AbstractEventLoop, popen: subprocess.Popen[bytes],
+                     pidfd: int) -> _PidfdChild:
+        assert popen.stdout is not None
+        reader = asyncio.StreamReader(limit=2**16, loop=loop)  # as asyncio's own subprocesses
+        # The transport closes the pipe at its end of file.
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader, loop=loop), popen.stdout)
+        return cls(loop, popen, pidfd, reader)
+
+    def _exited(self) -> None:
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            pid, code = self.pid, 255  # reaped elsewhere: asyncio reports the same
+        else:
+            if pid == 0:
+                return  # not yet (the pidfd is readable once it has exited)
+            code = os.waitstatus_to_exitcode(status)  # -N: killed by signal N, as asyncio reports
+        self._loop.remove_reader(self._pidfd)
+        os.close(self._pidfd)
+        self.returncode = self._popen.returncode = code  # reaped: Popen never waits for it again
+        self._exit.set()
+
+    async def wait(self) -> int:
+        await self._exit.wait()
+        assert self.returncode is not None
+        return self.returncode
 
 
 def job_descriptor(data: bytes, fallback_dir: str) -> int:
@@ -458,7 +614,7 @@ def signal_group(pgid: int, sig: int) -> bool:
         return False
 
 
-async def stop_group(proc: asyncio.subprocess.Process, grace_s: float) -> None:
+async def stop_group(proc: Child, grace_s: float) -> None:
     """SIGTERM to the group, then SIGKILL if the leader outlives the grace period."""
     if not signal_group(proc.pid, signal.SIGTERM):
         return

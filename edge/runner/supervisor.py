@@ -67,7 +67,7 @@ class _Job:
     def __init__(self, run: Run) -> None:
         self.run = run
         self.task: asyncio.Task[None] | None = None
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: process.Child | None = None
         self.cancel_reason: str | None = None
         self.done = asyncio.Event()
         self.started = False
@@ -353,7 +353,7 @@ class Runner:
 
     async def _spawn(
         self, task: Task, env: dict[str, str], run_as: RunAs | None, cwd: str, launch: AgentLaunch | None
-    ) -> asyncio.subprocess.Process:
+    ) -> process.Child:
         if launch is None:
             assert run_as is not None
             return await process.spawn(process.argv(task.spec), cwd, env, run_as)
@@ -494,7 +494,7 @@ class Runner:
         self._notices.say(log, run.task_id, level, line, run.status)
 
 
-async def _exits_within(proc: asyncio.subprocess.Process, seconds: float) -> bool:
+async def _exits_within(proc: process.Child, seconds: float) -> bool:
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(max(0.0, seconds)):
             await proc.wait()
@@ -517,7 +517,7 @@ class _Pump:
         self._timer: TimerHandle | None = None
         self._armed_for = -1  # the first held byte when the timer was armed
 
-    async def run(self, proc: asyncio.subprocess.Process) -> None:
+    async def run(self, proc: process.Child) -> None:
         assert proc.stdout is not None
         try:
             while chunk := await proc.stdout.read(PIPE_CHUNK):
