@@ -140,6 +140,12 @@ async def measure(home: str, runs: int) -> None:
         for _ in range(runs):
             await minute()
         io = (written() - before) / runs
+        if os.environ.get("FLASH_PAGES_SIZES"):
+            def sizes(conn: apsw.Connection) -> list[tuple[Any, ...]]:
+                return conn.execute("SELECT name, count(*), sum(ncell), sum(payload) * 1.0 / sum(ncell), sum(unused)"
+                                    " * 1.0 / count(*) FROM dbstat WHERE pagetype = 'leaf' GROUP BY name").fetchall()
+            for row in await db.run(sizes):
+                print(row)
     finally:
         await workers.scheduler.stop()
         await workers.runner.shutdown()
