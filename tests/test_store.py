@@ -133,8 +133,8 @@ async def test_a_database_of_schema_14_keeps_every_run_event_in_the_runs_rows(ho
         (3, "run.succeeded", "runner", 1003, None)]
     assert [(e.sequence, e.type) for e in await runs.events("default", "r1", 1, 1)] == [(2, "run.running")]
     assert await runs.events("default", "r2", 0, 10) == []
-    tables = await db.run(lambda c: [n for (n,) in c.execute("SELECT name FROM sqlite_schema WHERE name = 'run_events'")])
-    assert tables == []
+    named = "SELECT name FROM sqlite_schema WHERE name = 'run_events'"
+    assert await db.run(lambda c: c.execute(named).fetchall()) == []
     await db.close()
 
 
