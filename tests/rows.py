@@ -69,7 +69,7 @@ def add_run(conn: apsw.Connection, project: str, task_id: str, run_id: str, stat
     if events:
         for seq, kind in enumerate(("run.queued", "run.running", f"run.{status}"), start=1):
             conn.execute(
-                "INSERT INTO run_events (run_id, sequence, type, actor_type, created_at_ms, detail)"
-                " VALUES (?, ?, ?, ?, ?, 'payload: password=hunter2')",
-                (run_id, seq, kind, "user" if seq == 1 else "runner", created + seq),
+                "UPDATE runs SET events = json_insert(events, '$[#]',"
+                " json_array(?, ?, ?, ?, 'payload: password=hunter2')) WHERE id = ?",
+                (seq, kind, "user" if seq == 1 else "runner", created + seq, run_id),
             )

@@ -370,7 +370,7 @@ async def test_a_storage_fault_surfaces_as_unavailable_not_a_traceback(seeded):
 
 async def test_a_dropped_table_is_unavailable(seeded):
     h = seeded
-    h.sql.execute("DROP TABLE run_events")
+    h.sql.execute("DROP TABLE runs")
     assert await h.code("qinglong.run.events.list", {"runId": "r1"}) == "unavailable"
 
 

@@ -112,7 +112,7 @@ async def test_keeps_exactly_n_finished_runs_per_task_never_an_active_one(make, 
     assert finished_a == [f"run-{n:06d}" for n in range(37, 102)]  # the newest 65
     assert len(s.ids(conn, "b")) == 10
     # A removed run's events and log file went with its row; kept ones are intact.
-    assert conn.execute("SELECT count(*) FROM run_events WHERE run_id = 'run-000002'").fetchone()[0] == 0
+    assert conn.execute("SELECT count(*) FROM runs WHERE id = 'run-000002'").fetchone()[0] == 0
     assert s.log_files() == set(finished_a) | set(s.ids(conn, "b"))
     _total_is_consistent(conn)
 
@@ -187,8 +187,8 @@ async def test_log_quota_drops_the_oldest_logs_and_keeps_the_rows(make, home):
     assert [r[2] for r in rows] == [T0 + i + 1 for i in range(3, 12)] + [None] * 3
     assert all(r[3] == 4 for r in rows[:9]) and all(r[3] == 3 for r in rows[9:])
     assert s.log_files() == {r[0] for r in rows[9:]}
-    dropped = conn.execute("SELECT type, actor_type, detail FROM run_events WHERE run_id = ? AND sequence = 4",
-                           (rows[0][0],)).fetchone()
+    dropped = conn.execute("SELECT e.value ->> 1, e.value ->> 2, e.value ->> 4 FROM runs, json_each(runs.events) AS e"
+                           " WHERE runs.id = ? AND e.value ->> 0 = 4", (rows[0][0],)).fetchone()
     assert dropped == ("run.log_dropped", "system", "log quota")
 
 

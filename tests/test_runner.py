@@ -289,12 +289,12 @@ def test_a_recycled_pid_is_never_killed(daemon_factory):
         with contextlib.closing(d.db()) as db:
             db.execute(
                 "INSERT INTO runs (id, project_id, task_id, task_revision, origin, status, version, event_seq,"
-                " created_at_ms, started_at_ms, pid, pid_start_ticks)"
-                " VALUES ('r-recycled', 'default', 't', 1, 'manual', 'running', 2, 2, ?, ?, ?, ?)",
-                (now, now, bystander.pid, ticks - 1),
+                " created_at_ms, started_at_ms, pid, pid_start_ticks, events)"
+                " VALUES ('r-recycled', 'default', 't', 1, 'manual', 'running', 2, 2, ?1, ?1, ?2, ?3,"
+                " json_array(json_array(1, 'run.queued', 'user', ?1, NULL),"
+                " json_array(2, 'run.running', 'runner', ?1, NULL)))",
+                (now, bystander.pid, ticks - 1),
             )
-            db.execute("INSERT INTO run_events VALUES ('r-recycled', 1, 'run.queued', 'user', ?1, NULL),"
-                       " ('r-recycled', 2, 'run.running', 'runner', ?1, NULL)", (now,))
         d.start()
         lost = d.call("qledge.run.get", {"runId": "r-recycled"})
         assert lost["status"] == "lost" and lost["errorSummary"].endswith("no process was left")

@@ -30,9 +30,12 @@ ONLY_POSTGRES = {
     "nodes", "node_boots", "boot_fires",  # cluster membership and once-per-boot fires
     "qledge_schema",  # SQLite keeps the schema version in PRAGMA user_version
     "run_logs",  # a cluster's run logs live in the database; a device's in files
+    "run_events",  # a device keeps a run's events in its row (runs.events): no B-tree of their own on flash
 }
 # Columns one backend's table has and the other's has not, and why.
-ONLY_SQLITE_COLUMNS: dict[str, set[str]] = {}
+ONLY_SQLITE_COLUMNS: dict[str, set[str]] = {
+    "runs": {"events"},  # the run's events, a JSON array (PostgreSQL has the run_events table)
+}
 ONLY_POSTGRES_COLUMNS: dict[str, set[str]] = {
     # Claims, leases and fencing of a run between nodes; a run meant for one node; the flag
     # the unique index that keeps a `forbid` task to one active run across nodes needs; the

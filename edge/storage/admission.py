@@ -67,6 +67,7 @@ class AdmissionSql(msgspec.Struct, frozen=True, kw_only=True):
     boot_fire_drop: str | None
     # What age retention and run lists order by: the times of runs, their events and the audit.
     restamped: tuple[tuple[str, tuple[str, ...]], ...]
+    restamp_more: tuple[str, ...] = ()  # statements (named: after, upto, shift) for times the columns do not hold
 
 
 class NodeLease(msgspec.Struct, frozen=True):
@@ -126,6 +127,8 @@ def restamp(tx: Tx, d: Dialect, after: int, upto: int, shift: int) -> int:
         count = tx.execute(f"UPDATE {table} SET {sets} WHERE {where}", {"after": after, "upto": upto, "shift": shift})
         if table == "runs":
             moved = count
+    for statement in d.admission.restamp_more:
+        tx.execute(statement, {"after": after, "upto": upto, "shift": shift})
     save_time(tx, d, upto + shift)
     return moved
 

@@ -85,7 +85,7 @@ class RunsSql(msgspec.Struct, frozen=True, kw_only=True):
     lock: str  # project, task, status, version, event_seq, node, fence of a run, locked
     insert: str  # named parameters: the columns and a cluster's (forbid, not_before_ms, for_node,
     #              lease_from, lease_s); ON CONFLICT DO NOTHING
-    event_insert: str
+    event_insert: str  # run_id, sequence, type, actor_type, created_at_ms, detail
     event_bump: str  # RETURNING event_seq
     fence_bump: str
     on_terminal: str  # more SET terms of a transition to a terminal status
@@ -114,6 +114,7 @@ class RunsSql(msgspec.Struct, frozen=True, kw_only=True):
     active_processes: str  # named parameter `node`: the node's own (a cluster's), else every one
     events: str
     notify: str  # the module of the backend's notification statements (loaded with a channel)
+    first_event_in_insert: bool = False  # `insert` writes the run's first event too (named: event_type, actor)
 
 
 def to_run(row: Row) -> Run:
@@ -138,9 +139,12 @@ def insert_run(
     values: dict[str, object] = {f: getattr(run, f) for f in FIELDS}
     values.update(event_seq=1, attempt=run.attempt if run.attempt != 1 else None, forbid=forbid,
                   not_before_ms=not_before_ms, for_node=for_node, lease_from=not_before_ms or 0, lease_s=lease_s)
+    if q.first_event_in_insert:
+        values.update(event_type=event_type(run.status), actor=actor)
     if not tx.execute(q.insert, values):
         return False
-    tx.execute(q.event_insert, (run.id, 1, event_type(run.status), actor, run.created_at_ms, None))
+    if not q.first_event_in_insert:
+        tx.execute(q.event_insert, (run.id, 1, event_type(run.status), actor, run.created_at_ms, None))
     return True
 
 

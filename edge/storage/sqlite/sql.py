@@ -140,9 +140,14 @@ SECURITY = SecuritySql(
 
 # -- runs, their events and retention (edge.storage.runs) ---------------------------------
 
-_RUN_EVENT = (
-    "INSERT INTO run_events (run_id, sequence, type, actor_type, created_at_ms, detail) VALUES (?, ?, ?, ?, ?, ?)"
-)
+# A run's events are a JSON array in its row (schema migration 15): [sequence, type,
+# actor_type, created_at_ms, detail] each, appended in sequence order; the parameters are
+# those of a row of PostgreSQL's run_events (run_id, sequence, type, actor_type, created_at_ms, detail).
+_RUN_EVENT = "UPDATE runs SET events = json_insert(events, '$[#]', json_array(?2, ?3, ?4, ?5, ?6)) WHERE id = ?1"
+# The events of one run, in sequence order, as rows of run_events would be: one row read by
+# its key, then json_each walks its array from the first element (no ORDER BY: a sort step
+# would only repeat the order the array has).
+_EVENTS = "runs AS r, json_each(r.events) AS e"
 
 RUNS = RunsSql(
     mark="?",
@@ -153,7 +158,11 @@ RUNS = RunsSql(
     page_task=f"SELECT {COLUMNS} FROM runs WHERE project_id = ? AND task_id = ? AND (created_at_ms, id) < (?, ?)"
               " ORDER BY created_at_ms DESC, id DESC LIMIT ?",
     lock="SELECT project_id, task_id, status, version, event_seq, NULL, NULL FROM runs WHERE id = ?",
-    insert=f"INSERT INTO runs ({COLUMNS}) VALUES ({', '.join(':' + f for f in FIELDS)}) ON CONFLICT DO NOTHING",
+    # The run with its first event: one cell written once (growing it in the same
+    # transaction would rebalance its page with its neighbours).
+    insert=f"INSERT INTO runs ({COLUMNS}, events) VALUES ({', '.join(':' + f for f in FIELDS)},"
+           " json_array(json_array(:event_seq, :event_type, :actor, :created_at_ms, NULL))) ON CONFLICT DO NOTHING",
+    first_event_in_insert=True,
     event_insert=_RUN_EVENT,
     event_bump="UPDATE runs SET event_seq = event_seq + 1 WHERE id = ? RETURNING event_seq",
     fence_bump="UPDATE runs SET event_seq = event_seq + 1 WHERE id = ?",
@@ -199,9 +208,8 @@ SELECT EXISTS (SELECT 1 FROM notifications WHERE state = 'pending' AND project_i
     prefix="SELECT id FROM runs WHERE id >= ? AND id < ? AND +project_id = ? ORDER BY id LIMIT ?",
     active=f"SELECT {COLUMNS} FROM runs WHERE status IN ('queued', 'running')",
     active_processes=f"SELECT {COLUMNS}, pid, pid_start_ticks FROM runs WHERE status IN ('queued', 'running')",
-    events="SELECT e.run_id, e.sequence, e.type, e.actor_type, e.created_at_ms, e.detail FROM run_events AS e"
-           " JOIN runs AS r ON r.id = e.run_id"
-           " WHERE e.run_id = ? AND r.project_id = ? AND e.sequence > ? ORDER BY e.sequence LIMIT ?",
+    events="SELECT r.id, e.value ->> 0, e.value ->> 1, e.value ->> 2, e.value ->> 3, e.value ->> 4"
+           f" FROM {_EVENTS} WHERE r.id = ? AND r.project_id = ? AND e.value ->> 0 > ? LIMIT ?",
     notify="edge.storage.sqlite.notify",
 )
 
@@ -242,12 +250,19 @@ WHERE h.project_id = ? AND h.enabled = 1 AND json_extract(r.spec, '$.expression'
         restamped=(
             ("runs", ("created_at_ms", "queued_at_ms", "started_at_ms", "finished_at_ms", "log_dropped_at_ms",
                       "retry_due_at_ms")),
-            ("run_events", ("created_at_ms",)),
             ("security_audit", ("at_ms",)),
             ("notifications", ("first_at_ms", "created_at_ms", "due_at_ms", "done_at_ms")),
             ("notify_attempts", ("at_ms",)),
             ("failing_tasks", ("since_ms",)),
         ),
+        # The events' times, inside the runs' rows.
+        restamp_more=("""
+UPDATE runs SET events = (
+    SELECT json_group_array(CASE WHEN e.value ->> 3 > :after AND e.value ->> 3 <= :upto
+                                 THEN json_replace(e.value, '$[3]', (e.value ->> 3) + :shift) ELSE json(e.value) END)
+    FROM json_each(runs.events) AS e)
+WHERE EXISTS (SELECT 1 FROM json_each(runs.events) AS e WHERE e.value ->> 3 > :after AND e.value ->> 3 <= :upto)
+""",),
     ),
     catalog=CATALOG,
     runs=RUNS,
@@ -280,10 +295,10 @@ WHERE g.project_id = ? AND g.id > ? ORDER BY g.id LIMIT ?
     # Row values let runs_project_created_idx seek straight to the cursor.
     run_page=_RUN + " WHERE project_id = ? AND (created_at_ms, id) < (?, ?) ORDER BY created_at_ms DESC, id DESC"
                     " LIMIT ?",
-    run_events="""
-SELECT e.run_id, r.project_id, e.sequence, e.type, e.actor_type, e.created_at_ms
-FROM run_events AS e JOIN runs AS r ON r.id = e.run_id
-WHERE e.run_id = ? AND r.project_id = ? AND e.sequence > ? ORDER BY e.sequence LIMIT ?
+    run_events=f"""
+SELECT r.id, r.project_id, e.value ->> 0, e.value ->> 1, e.value ->> 2, e.value ->> 3
+FROM {_EVENTS}
+WHERE r.id = ? AND r.project_id = ? AND e.value ->> 0 > ? LIMIT ?
 """,
     window="SELECT id, project_id, task_id, status, created_at_ms FROM runs"
            " WHERE project_id = ? AND task_id = ? ORDER BY created_at_ms DESC, id DESC LIMIT ?",
