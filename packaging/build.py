@@ -148,13 +148,39 @@ def without_comments(source: bytes) -> bytes:
     return "".join(lines).encode("utf-8")
 
 
+def without_docstrings(source: bytes) -> bytes:
+    """The module's source with its module and function docstrings emptied and every line kept
+    where it is: no code reads them, and on a router they cost flash and, once imported,
+    memory. A class keeps its docstring: msgspec's JSON Schema of a tool's arguments takes
+    its description from it. An emptied docstring stays as an empty string, so a body that
+    was only a docstring stays a body."""
+    import ast
+
+    tree = ast.parse(source)
+    spans = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                    and isinstance(first.value.value, str):
+                v = first.value
+                assert v.end_lineno is not None and v.end_col_offset is not None
+                spans.append((v.lineno, v.col_offset, v.end_lineno, v.end_col_offset))
+    lines = source.splitlines(keepends=True)
+    for l1, c1, l2, c2 in sorted(spans, reverse=True):  # ast's columns are byte offsets
+        empty = b'""' if l1 == l2 else b'"""' + b"\n" * (l2 - l1) + b'"""'
+        lines[l1 - 1:l2] = [lines[l1 - 1][:c1] + empty + lines[l2 - 1][c2:]]
+    return b"".join(lines)
+
+
 def shipped(files: list[str], root: str = ROOT) -> dict[str, bytes]:
-    """What each file is in the zipapp: modules without their comments, the rest as they are."""
+    """What each file is in the zipapp: modules without their comments and docstrings, the
+    rest as they are."""
     found = {}
     for rel in files:
         with open(os.path.join(root, rel), "rb") as f:
             data = f.read()
-        found[rel] = without_comments(data) if rel.endswith(".py") else data
+        found[rel] = without_docstrings(without_comments(data)) if rel.endswith(".py") else data
     return found
 
 
