@@ -67,6 +67,9 @@ NOUNS = (
          absent="the MCP bridge is not included in this build"),
     Noun("status", "daemon status", "edge.cli.admin"),
     Noun("call", "call a tool directly; prints its JSON result", "edge.cli.admin"),
+    Noun("doctor", "check this installation: daemon, state directory, clock, zone data, space, capabilities",
+         "edge.cli.doctor"),
+    Noun("completion", "print a shell completion script: qledge completion bash|zsh|fish", "edge.cli.completion"),
 )
 # What an optional capability adds to nouns it does not own: notification channels travel with
 # an export and come from qinglong's settings (set as the noun module's NOTIFY when shipped).
@@ -156,6 +159,8 @@ def _add_noun(nouns: shared.Subcommands, noun: Noun, module: ModuleType | None, 
     declared = module.VERBS[noun.name] if module is not None else shared.Verb(noun.name, None)
     if isinstance(declared, shared.Verb):  # the noun is the verb: `qledge status`
         p = shared.add_verb(nouns, noun.name, declared.handler, noun.help, common)
+        if declared.offline:
+            p.set_defaults(offline=True)
         if declared.options is not None:
             declared.options(p)
         return
