@@ -190,6 +190,7 @@ def stage(dest: str) -> None:
         ("qledge.config", "etc/config/qledge", 0o644),
         ("qledge.sh", "usr/bin/qledge", 0o755),
         ("qledge.keep", f"lib/upgrade/keep.d/{NAME}", 0o644),
+        ("qledge.bash-completion", "usr/share/bash-completion/completions/qledge", 0o644),
     ):
         target = os.path.join(dest, rel)
         os.makedirs(os.path.dirname(target), exist_ok=True)

@@ -324,6 +324,10 @@ def test_ipk_layout_control_fields_and_modes(ipk):
     assert data["./etc/init.d/qledge"].mode == 0o755
     assert data["./usr/bin/qledge"].mode == 0o755
     assert data["./etc/config/qledge"].mode == 0o644
+    completion = "./usr/share/bash-completion/completions/qledge"  # where bash-completion looks
+    assert data[completion].mode == 0o644
+    with open(os.path.join(ROOT, "openwrt", "qledge", "files", "qledge.bash-completion"), "rb") as f:
+        assert _read(data_blob, completion) == f.read()  # that file is generated: tests/test_docs.py
     keep = _read(data_blob, "./lib/upgrade/keep.d/qledge").decode()
     assert [line for line in keep.splitlines() if line and not line.startswith("#")] == [
         "/srv/qledge/", "/srv/qledge-tasks/", "/srv/qledge-scripts/"]
@@ -588,6 +592,10 @@ def test_install_sh_lays_out_the_venv_the_unit_and_the_cli(systemd_root):
     assert "ExecStart=/opt/qledge/bin/qledge serve --config %E/qledge/qledge.toml" in lines
     assert os.access(os.path.join(systemd_root, "opt/qledge/bin/qledge"), os.X_OK)
     assert os.readlink(os.path.join(systemd_root, "usr/local/bin/qledge")) == "/opt/qledge/bin/qledge"
+    for path, line in (("usr/local/share/bash-completion/completions/qledge", "complete -F _qledge qledge"),
+                       ("usr/local/share/fish/vendor_completions.d/qledge.fish", "complete -c qledge -f")):
+        with open(os.path.join(systemd_root, path)) as f:  # where bash-completion and fish look
+            assert line in f.read().splitlines()
     assert config_file.load(os.path.join(systemd_root, "etc/qledge/qledge.toml")).mcp.socket == "/run/qledge/mcp.sock"
     with open(unit) as a, open(UNIT) as b:
         assert a.read() == b.read()

@@ -244,8 +244,9 @@ def fish(cmds: list[Command]) -> str:
         for option, text, takes in c.options:
             if any(option == o for o, _, _ in root.options):
                 continue
-            lines.append(f"complete -c qledge -n '{seen}' -l {option[2:]}{' -r' if takes else ''}"
-                         f" -d {_quote(text[:80])}")
+            values = f" -x -a {_quote(_OPTION_CHOICES[option])}" if takes and option in _OPTION_CHOICES else (
+                " -r" if takes else "")
+            lines.append(f"complete -c qledge -n '{seen}' -l {option[2:]}{values} -d {_quote(text[:80])}")
         for kind in dict.fromkeys(c.args):
             if kind in LISTS:
                 lines.append(f"complete -c qledge -n '{seen}' -a '(qledge completion --list {kind} 2>/dev/null)'")
