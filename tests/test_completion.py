@@ -41,8 +41,9 @@ def complete(line: list[str], environ: dict[str, str] | None = None) -> list[str
 
 
 def test_bash_script_loads_without_errors():
-    done = subprocess.run(["bash", "--norc", "--noprofile", "-c", "source <(qledge completion bash); complete -p qledge"],
-                          capture_output=True, text=True, timeout=60, env=env())
+    program = "source <(qledge completion bash); complete -p qledge"
+    done = subprocess.run(["bash", "--norc", "--noprofile", "-c", program], capture_output=True, text=True,
+                          timeout=60, env=env())
     assert done.returncode == 0 and done.stderr == ""
     assert done.stdout.strip() == "complete -F _qledge qledge"
 

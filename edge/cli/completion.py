@@ -207,7 +207,7 @@ def _collect_choices(parser: argparse.ArgumentParser) -> None:
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():
                 _collect_choices(sub)
-        elif action.option_strings and action.choices and action.nargs != 0 and len(action.choices) <= 20:
+        elif action.option_strings and action.choices and action.nargs != 0 and len(list(action.choices)) <= 20:
             for option in action.option_strings:
                 _OPTION_CHOICES.setdefault(option, " ".join(str(c) for c in action.choices))
 
@@ -232,7 +232,8 @@ def fish(cmds: list[Command]) -> str:
     for option, text, takes in root.options:
         lines.append(f"complete -c qledge -l {option[2:]}{' -r' if takes else ''} -d {_quote(text[:80])}")
     for noun, text in root.words:
-        lines.append(f"complete -c qledge -n 'not __fish_seen_subcommand_from {nouns}' -a {noun} -d {_quote(text[:80])}")
+        lines.append(f"complete -c qledge -n 'not __fish_seen_subcommand_from {nouns}' -a {noun}"
+                     f" -d {_quote(text[:80])}")
     for c in cmds[1:]:
         seen = " ".join(f"; and __fish_seen_subcommand_from {w}" for w in c.path)[6:]
         if c.words:
