@@ -163,6 +163,24 @@ def test_edge_zipapp_serves_and_answers_its_cli(pyz_dir, home):
         assert daemon.stop() == 0
 
 
+def test_the_smallest_zipapp_says_it_has_no_doctor_and_the_others_have_one(pyz_dir, home):
+    """The edge zipapp's 64 files are the daemon's and the everyday commands': doctor and
+    completion ship in every other build (the OpenWrt package's edge-notify among them)."""
+    edge_pyz = os.path.join(pyz_dir, "qledge-edge.pyz")
+    env = {**os.environ, "QLEDGE_HOME": home}
+    for noun, *args in (("doctor",), ("completion", "bash")):
+        result = subprocess.run([*system_python(edge_pyz), noun, *args], env=env, capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 2
+        assert result.stderr.strip().splitlines() == [
+            f"qledge: invalid_argument: qledge {noun} is not included in this build (the smallest zipapp):"
+            " the packages and the other zipapps have it"]
+    assert "edge/cli/doctor.py" in build.profile_files("edge-notify")
+    result = subprocess.run([*system_python(os.path.join(pyz_dir, "qledge-edge-notify.pyz")), "completion", "bash"],
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "complete -F _qledge qledge" in result.stdout.splitlines()
+
+
 def test_mcp_enabled_in_a_build_without_it_is_one_clear_line(pyz_dir, home):
     pyz = os.path.join(pyz_dir, "qledge-edge.pyz")
     config = os.path.join(home, "qledge.toml")
