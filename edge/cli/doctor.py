@@ -39,6 +39,8 @@ RATE_WINDOW_S = 3600  # the written-per-day rate means little over a shorter upt
 FLASH_WARN_BYTES_PER_DAY = 100 << 20  # a few years of a small router's flash at this rate
 _OPENWRT_UNIT = "/etc/init.d/qledge"
 _SYSTEMD_UNIT = "qledge.service"
+# The services' configurations: systemd's unit (packaging/systemd) and OpenWrt's rendered UCI.
+SERVICE_CONFIGS = ("/etc/qledge/qledge.toml", "/var/etc/qledge/qledge.toml")
 
 
 class Check:
@@ -334,7 +336,7 @@ def _service() -> Check:
 
     if os.path.isdir("/run/systemd/system") and shutil.which("systemctl"):
         code, enabled = _run(["systemctl", "is-enabled", _SYSTEMD_UNIT])
-        if code != 0 and enabled in ("", "not-found") or "No such file" in enabled:
+        if (code != 0 and enabled in ("", "not-found")) or "No such file" in enabled:
             return Check("service", "skip", f"systemd: no {_SYSTEMD_UNIT} installed (docs/install-systemd.md)")
         _, active = _run(["systemctl", "is-active", _SYSTEMD_UNIT])
         if enabled != "enabled":
@@ -380,7 +382,7 @@ def checks(args: argparse.Namespace) -> list[Check]:
     from edge.cli.main import _client_socket_for
 
     found: list[Check] = []
-    path = getattr(args, "config", None) or os.environ.get("QLEDGE_CONFIG") or None
+    path = getattr(args, "config", None) or os.environ.get("QLEDGE_CONFIG") or _service_config(args)
     try:
         config = cfg.load(path)
         if path:
@@ -404,6 +406,18 @@ def checks(args: argparse.Namespace) -> list[Check]:
     found += [_capability(cap, config) for cap in CAPABILITIES]
     found += [_service(), _python(), _sqlite()]
     return found
+
+
+def _service_config(args: argparse.Namespace) -> str | None:
+    """Beside the service's daemon (the CLI reaches its socket by itself), the service's
+    configuration: what systemd's unit and OpenWrt's init script give `qledge serve`."""
+    from edge import SYSTEM_RUN_DIR
+
+    if getattr(args, "home", None) or os.environ.get("QLEDGE_HOME"):
+        return None
+    if not os.path.realpath(_plain_socket(args)).startswith(os.path.realpath(SYSTEM_RUN_DIR) + "/"):
+        return None
+    return next((p for p in SERVICE_CONFIGS if os.path.isfile(p)), None)
 
 
 def _plain_socket(args: argparse.Namespace) -> str:
