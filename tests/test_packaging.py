@@ -771,7 +771,9 @@ OPENWRT_SPLIT = {
     "distutils": "python3-distutils", "lib2to3": "python3-lib2to3",
 }
 THIRD_PARTY = {"msgspec": "python3-msgspec", "apsw": "python3-apsw", "cronsim": "python3-cronsim"}
-OPTIONAL_IMPORTS = {"uvloop"}  # used only when installed and chosen
+# uvloop: used only when installed and chosen; ctypes: `qledge doctor` asks the kernel whether
+# its clock is synchronised with it, and says it cannot tell without it.
+OPTIONAL_IMPORTS = {"uvloop", "ctypes"}
 
 
 def _imports(path: str) -> set[str]:

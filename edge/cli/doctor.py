@@ -165,8 +165,10 @@ def _kernel_synchronised() -> bool | None:
     """What the kernel says of its clock (adjtimex(2) with no change asked: TIME_ERROR, 5,
     is "not synchronised"), or None where that cannot be asked."""
     try:
-        import ctypes
-
+        import ctypes  # not everywhere: OpenWrt packages it apart (python3-ctypes)
+    except ImportError:
+        return None
+    try:
         libc = ctypes.CDLL(None, use_errno=True)
         timex = ctypes.create_string_buffer(1024)  # struct timex (about 208 bytes), modes 0: read only
         state = libc.adjtimex(timex)
@@ -189,7 +191,8 @@ def _clock() -> Check:
                      " the daemon holds its stamps from the newest time on record, and cron fires wait", fix)
     synced = _kernel_synchronised()
     if synced is None:
-        return Check("clock", "skip", "the kernel's synchronisation state cannot be read here")
+        return Check("clock", "skip", "whether the kernel's clock is synchronised cannot be read here"
+                     " (it needs Python's ctypes: on OpenWrt, opkg install python3-ctypes)")
     if not synced:
         return Check("clock", "warn", "not synchronised (a clock that jumps back is held: stamps count on from"
                      " the newest time on record)", fix)
