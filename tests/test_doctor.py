@@ -142,3 +142,24 @@ def test_a_bad_configuration_file_is_found(running, tmp_path):
     done = doctor(running, "--json", "--config", str(config))
     assert done.returncode == 2
     assert "configuration" in failed(done) and "runner.concurrency" in by_name(done)["configuration"]["detail"]
+
+
+def test_beside_the_service_its_configuration_is_the_one_checked(running, tmp_path, monkeypatch):
+    """With no --home, --socket or --config, the CLI reaches the service's socket in the
+    system run directory by itself; doctor then reads the service's configuration file."""
+    import argparse
+
+    import edge
+    from edge.cli import doctor as doctor_cli
+
+    service_config = tmp_path / "qledge.toml"
+    service_config.write_text(f"[runner]\ndisk_reserve_bytes = {RESERVE_HUGE}\n")
+    for name in ("QLEDGE_HOME", "QLEDGE_SOCKET", "QLEDGE_CONFIG", "QLEDGE_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "no-user-daemon"))
+    monkeypatch.setattr(edge, "SYSTEM_RUN_DIR", running.home)  # the service's run directory, here
+    monkeypatch.setattr(doctor_cli, "SERVICE_CONFIGS", (str(tmp_path / "absent.toml"), str(service_config)))
+    found = {c.name: c for c in doctor_cli.checks(argparse.Namespace(json=True))}
+    assert found["configuration"].status == "ok" and found["configuration"].detail == str(service_config)
+    assert found["daemon"].status == "ok" and running.socket in found["daemon"].detail
+    assert found["free space"].status == "fail"  # the service's reserve, not the default one
