@@ -54,6 +54,10 @@ OPTIONAL: dict[str, str | tuple[str, ...]] = dict(_capabilities())
 
 # Kept in the source tree for callers of an older import path; no build ships it.
 NOT_SHIPPED = ("edge/cli/client.py",)
+# The commands about an installation itself (`qledge doctor`, `qledge completion`): every build
+# ships them but the smallest, whose 64 files are the daemon's and the everyday commands'
+# (its CLI says so when they are asked for: edge.cli.main's NOUNS).
+NOT_IN_EDGE = ("edge/cli/completion.py", "edge/cli/doctor.py")
 # The profiles one may ask for, and the capabilities each adds to the edge core.
 WANTED: dict[str, tuple[str, ...]] = {
     "edge": (),
@@ -100,6 +104,8 @@ def profile_files(profile: str, root: str = ROOT) -> list[str]:
             if name.endswith((".pyc", ".pyo", ".sql")):  # .sql: the schema snapshots, for reading only
                 continue
             rel = os.path.relpath(os.path.join(dirpath, name), root).replace(os.sep, "/")
+            if profile == "edge" and rel in NOT_IN_EDGE:
+                continue
             if not rel.startswith(excluded) and rel not in NOT_SHIPPED:
                 found.append(rel)
     return sorted(found)

@@ -138,12 +138,12 @@ def epoch() -> int:
 
 def qledge_sources(package: str = NAME) -> list[tuple[str, str]]:
     """(source path, path under site-packages) of the Python files a qledge package ships:
-    `qledge` the edge-notify profile, `qledge-mcp` what edge-mcp adds to edge."""
+    `qledge` the edge-notify profile, `qledge-mcp` what edge-mcp adds to it."""
     build = _load_build()
     if package == NAME:
         files = build.profile_files(PROFILE, ROOT)
     elif package == "qledge-mcp":
-        files = sorted(set(build.profile_files(MCP_PROFILE, ROOT)) - set(build.profile_files("edge", ROOT)))
+        files = sorted(set(build.profile_files(MCP_PROFILE, ROOT)) - set(build.profile_files(PROFILE, ROOT)))
     else:
         raise ValueError(f"{package} is not a qledge package")
     return [(os.path.join(ROOT, rel), rel) for rel in files if rel.endswith(".py")]
@@ -190,6 +190,7 @@ def stage(dest: str) -> None:
         ("qledge.config", "etc/config/qledge", 0o644),
         ("qledge.sh", "usr/bin/qledge", 0o755),
         ("qledge.keep", f"lib/upgrade/keep.d/{NAME}", 0o644),
+        ("qledge.bash-completion", "usr/share/bash-completion/completions/qledge", 0o644),
     ):
         target = os.path.join(dest, rel)
         os.makedirs(os.path.dirname(target), exist_ok=True)

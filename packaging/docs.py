@@ -586,6 +586,18 @@ PARTS: dict[str, tuple[str, Callable[[], str]]] = {
 }
 
 
+def bash_completion() -> str:
+    from edge.cli.completion import script
+
+    return script("bash")
+
+
+# Files generated whole: path, what makes it.
+FILES: dict[str, Callable[[], str]] = {
+    "openwrt/qledge/files/qledge.bash-completion": bash_completion,  # the package installs it
+}
+
+
 def _markers(name: str) -> tuple[str, str]:
     return (f"<!-- generated: {name} (edit the source, then run {COMMAND}) -->\n",
             f"<!-- end generated: {name} -->\n")
@@ -612,6 +624,13 @@ def stale() -> list[str]:
         with open(os.path.join(ROOT, path)) as f:
             if f.read() != text:
                 found.append(path)
+    for path, make in FILES.items():
+        try:
+            with open(os.path.join(ROOT, path)) as f:
+                if f.read() != make():
+                    found.append(path)
+        except FileNotFoundError:
+            found.append(path)
     return found
 
 
@@ -628,6 +647,9 @@ def main(argv: list[str]) -> int:
         path, text = rendered(name)
         with open(os.path.join(ROOT, path), "w") as f:
             f.write(text)
+    for path, make in FILES.items():
+        with open(os.path.join(ROOT, path), "w") as f:
+            f.write(make())
     return 0
 
 

@@ -163,6 +163,24 @@ def test_edge_zipapp_serves_and_answers_its_cli(pyz_dir, home):
         assert daemon.stop() == 0
 
 
+def test_the_smallest_zipapp_says_it_has_no_doctor_and_the_others_have_one(pyz_dir, home):
+    """The edge zipapp's 64 files are the daemon's and the everyday commands': doctor and
+    completion ship in every other build (the OpenWrt package's edge-notify among them)."""
+    edge_pyz = os.path.join(pyz_dir, "qledge-edge.pyz")
+    env = {**os.environ, "QLEDGE_HOME": home}
+    for noun, *args in (("doctor",), ("completion", "bash")):
+        result = subprocess.run([*system_python(edge_pyz), noun, *args], env=env, capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 2
+        assert result.stderr.strip().splitlines() == [
+            f"qledge: invalid_argument: qledge {noun} is not included in this build (the smallest zipapp):"
+            " the packages and the other zipapps have it"]
+    assert "edge/cli/doctor.py" in build.profile_files("edge-notify")
+    result = subprocess.run([*system_python(os.path.join(pyz_dir, "qledge-edge-notify.pyz")), "completion", "bash"],
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "complete -F _qledge qledge" in result.stdout.splitlines()
+
+
 def test_mcp_enabled_in_a_build_without_it_is_one_clear_line(pyz_dir, home):
     pyz = os.path.join(pyz_dir, "qledge-edge.pyz")
     config = os.path.join(home, "qledge.toml")
@@ -324,6 +342,10 @@ def test_ipk_layout_control_fields_and_modes(ipk):
     assert data["./etc/init.d/qledge"].mode == 0o755
     assert data["./usr/bin/qledge"].mode == 0o755
     assert data["./etc/config/qledge"].mode == 0o644
+    completion = "./usr/share/bash-completion/completions/qledge"  # where bash-completion looks
+    assert data[completion].mode == 0o644
+    with open(os.path.join(ROOT, "openwrt", "qledge", "files", "qledge.bash-completion"), "rb") as f:
+        assert _read(data_blob, completion) == f.read()  # that file is generated: tests/test_docs.py
     keep = _read(data_blob, "./lib/upgrade/keep.d/qledge").decode()
     assert [line for line in keep.splitlines() if line and not line.startswith("#")] == [
         "/srv/qledge/", "/srv/qledge-tasks/", "/srv/qledge-scripts/"]
@@ -588,6 +610,10 @@ def test_install_sh_lays_out_the_venv_the_unit_and_the_cli(systemd_root):
     assert "ExecStart=/opt/qledge/bin/qledge serve --config %E/qledge/qledge.toml" in lines
     assert os.access(os.path.join(systemd_root, "opt/qledge/bin/qledge"), os.X_OK)
     assert os.readlink(os.path.join(systemd_root, "usr/local/bin/qledge")) == "/opt/qledge/bin/qledge"
+    for path, line in (("usr/local/share/bash-completion/completions/qledge", "complete -F _qledge qledge"),
+                       ("usr/local/share/fish/vendor_completions.d/qledge.fish", "complete -c qledge -f")):
+        with open(os.path.join(systemd_root, path)) as f:  # where bash-completion and fish look
+            assert line in f.read().splitlines()
     assert config_file.load(os.path.join(systemd_root, "etc/qledge/qledge.toml")).mcp.socket == "/run/qledge/mcp.sock"
     with open(unit) as a, open(UNIT) as b:
         assert a.read() == b.read()
@@ -745,7 +771,9 @@ OPENWRT_SPLIT = {
     "distutils": "python3-distutils", "lib2to3": "python3-lib2to3",
 }
 THIRD_PARTY = {"msgspec": "python3-msgspec", "apsw": "python3-apsw", "cronsim": "python3-cronsim"}
-OPTIONAL_IMPORTS = {"uvloop"}  # used only when installed and chosen
+# uvloop: used only when installed and chosen; ctypes: `qledge doctor` asks the kernel whether
+# its clock is synchronised with it, and says it cannot tell without it.
+OPTIONAL_IMPORTS = {"uvloop", "ctypes"}
 
 
 def _imports(path: str) -> set[str]:

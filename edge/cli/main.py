@@ -40,6 +40,8 @@ class Noun:
 
 _NO_AI = "the AI operator is not included in this build"
 _NO_WEB = "the web panel is not included in this build"
+# The smallest zipapp leaves out the commands about an installation (packaging/build.py).
+_NOT_SMALLEST = "{} is not included in this build (the smallest zipapp): the packages and the other zipapps have it"
 
 # Every noun, in the order `qledge --help` lists them. The optional capabilities' nouns are the
 # rows with `needs`: the capability objects of edge.app will hand these rows (or their verbs)
@@ -67,6 +69,10 @@ NOUNS = (
          absent="the MCP bridge is not included in this build"),
     Noun("status", "daemon status", "edge.cli.admin"),
     Noun("call", "call a tool directly; prints its JSON result", "edge.cli.admin"),
+    Noun("doctor", "check this installation: daemon, state directory, clock, zone data, space, capabilities",
+         "edge.cli.doctor", absent=_NOT_SMALLEST.format("qledge doctor")),
+    Noun("completion", "print a shell completion script: qledge completion bash|zsh|fish", "edge.cli.completion",
+         absent=_NOT_SMALLEST.format("qledge completion")),
 )
 # What an optional capability adds to nouns it does not own: notification channels travel with
 # an export and come from qinglong's settings (set as the noun module's NOTIFY when shipped).
@@ -156,6 +162,8 @@ def _add_noun(nouns: shared.Subcommands, noun: Noun, module: ModuleType | None, 
     declared = module.VERBS[noun.name] if module is not None else shared.Verb(noun.name, None)
     if isinstance(declared, shared.Verb):  # the noun is the verb: `qledge status`
         p = shared.add_verb(nouns, noun.name, declared.handler, noun.help, common)
+        if declared.offline:
+            p.set_defaults(offline=True)
         if declared.options is not None:
             declared.options(p)
         return

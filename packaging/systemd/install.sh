@@ -4,7 +4,8 @@
 #     is "externally managed": pip does not install into it);
 #   - /etc/systemd/system/qledge.service, whose ExecStart is /opt/qledge/bin/qledge;
 #   - /etc/qledge/qledge.toml (kept when it exists);
-#   - /usr/local/bin/qledge, the CLI;
+#   - /usr/local/bin/qledge, the CLI, and its bash and fish completions under /usr/local/share
+#     (where bash-completion and fish look);
 #   - the system user and group `qledge`: the service's user, and the group whose members
 #     may connect to the socket.
 # Then: systemctl daemon-reload && systemctl enable --now qledge
@@ -40,6 +41,9 @@ install -D -m 0644 "$SRC/packaging/systemd/qledge-web.service" "$D/etc/systemd/s
 	|| install -D -m 0644 "$SRC/packaging/systemd/qledge.toml" "$D/etc/qledge/qledge.toml"
 mkdir -p "$D/usr/local/bin"
 ln -sf "$PREFIX/bin/qledge" "$D/usr/local/bin/qledge"
+mkdir -p "$D/usr/local/share/bash-completion/completions" "$D/usr/local/share/fish/vendor_completions.d"
+"$D$PREFIX/bin/qledge" completion bash >"$D/usr/local/share/bash-completion/completions/qledge"
+"$D$PREFIX/bin/qledge" completion fish >"$D/usr/local/share/fish/vendor_completions.d/qledge.fish"
 
 if [ -z "$D" ]; then
 	# A static user of the unit's name: DynamicUser= then uses it, so the socket's group is
