@@ -56,7 +56,8 @@ def test_sdist_and_wheel_build_with_warnings_as_errors(tmp_path):
     out.mkdir()
     # A copy: the build writes build/ and *.egg-info beside the sources, which other tests read.
     shutil.copytree(os.path.join(ROOT, "edge"), src / "edge", ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "README.md"):
+    (src / "packaging").mkdir()
+    for name in ("pyproject.toml", "README.md", "packaging/qledge"):  # the launcher pip installs as `qledge`
         shutil.copy(os.path.join(ROOT, name), src / name)
     sdist_name = _build("sdist", src, out)
     assert sdist_name.endswith(".tar.gz")
@@ -65,6 +66,7 @@ def test_sdist_and_wheel_build_with_warnings_as_errors(tmp_path):
         info = next(m for m in sdist.getmembers() if m.name.count("/") == 1 and m.name.endswith("/PKG-INFO"))
         pkg_info = email.parser.Parser().parsestr(sdist.extractfile(info).read().decode())  # type: ignore[union-attr]
     assert pkg_info["License-Expression"] == "MIT"
+    assert (tmp_path / "unpacked" / sdist_name.removesuffix(".tar.gz") / "packaging" / "qledge").is_file()
     # The wheel is built from the unpacked sdist, as pip and `python -m build` do: the sdist is complete.
     wheel_name = _build("wheel", tmp_path / "unpacked" / sdist_name.removesuffix(".tar.gz"), out)
     assert wheel_name.endswith("-py3-none-any.whl")
