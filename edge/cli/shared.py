@@ -283,30 +283,21 @@ def resolve(path: str) -> str:
 
 # -- output ---------------------------------------------------------------------------------
 
-TIME_FORMAT = "%Y-%m-%d %H:%M:%S %Z"
 _json: list[Any] = []  # msgspec's JSON encoder, built on first use
 
 
 def when(ms: int | None) -> str:
-    """An instant in the local time zone (the C library's: $TZ, else /etc/localtime)."""
-    if ms is None:
-        return "-"
-    return time.strftime(TIME_FORMAT, time.localtime(ms / 1000))
+    """An instant in the local time zone, the one format of edge.core.text.moment."""
+    from edge.core.text import moment
+
+    return moment(ms)
 
 
 def duration(start_ms: int | None, end_ms: int | None) -> str:
-    """How long something took: hundredths under a minute, then 4m05s, 1h02m03s, 2d03h04m."""
-    if start_ms is None or end_ms is None:
-        return "-"
-    secs = (end_ms - start_ms) / 1000
-    if secs < 60:
-        return f"{secs:.2f}s"
-    minutes, whole = divmod(int(secs), 60)
-    hours, minutes = divmod(minutes, 60)
-    days, hours = divmod(hours, 24)
-    if days:
-        return f"{days}d{hours:02d}h{minutes:02d}m"
-    return f"{hours}h{minutes:02d}m{whole:02d}s" if hours else f"{minutes}m{whole:02d}s"
+    """How long something took, the one format of edge.core.text.duration_text."""
+    from edge.core.text import duration_text
+
+    return duration_text(None if start_ms is None or end_ms is None else end_ms - start_ms)
 
 
 def span(secs: float, units: int = 4) -> str:

@@ -105,8 +105,7 @@ def _cron_options(p: argparse.ArgumentParser) -> None:
 
 
 def _in(ms: int, now: int) -> str:
-    secs = round((ms - now) / 1000)
-    return "due now" if secs <= 0 else "in " + shared.span(secs, units=2)
+    return "due now" if ms - now < 500 else "in " + shared.duration(now, ms)
 
 
 def upcoming(c: Client, a: argparse.Namespace) -> int:
