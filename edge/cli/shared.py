@@ -234,11 +234,32 @@ def name(what: str, text: str) -> str:
     return text
 
 
+class Typed(int):
+    """A number parsed from what a person typed, which it keeps (`typed`): a hint that
+    repeats a command repeats it as it was written, not as epoch milliseconds."""
+
+    typed: str
+
+    def __new__(cls, value: int, typed: str) -> Typed:
+        made = super().__new__(cls, value)
+        made.typed = typed
+        return made
+
+
+def plain(value: int | None) -> int | None:
+    """A Typed number as the int a wire shape encodes."""
+    return None if value is None else int(value)
+
+
 def time_arg(flag: str) -> Callable[[str], int]:
     """A moment as ms: a duration back from now (`30m`, `12h`, `7d`, `2w`) or a local date
-    or time (`2026-11-30`, `2026-11-30 08:00`, any ISO 8601, with or without an offset)."""
+    or time (`2026-11-30`, `2026-11-30 08:00`, any ISO 8601, with or without an offset);
+    the value is Typed, so it still says how it was written."""
 
     def parse(text: str) -> int:
+        return Typed(moment(text), text)
+
+    def moment(text: str) -> int:
         import re
         from datetime import datetime
 

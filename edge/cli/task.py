@@ -286,7 +286,7 @@ def _task_fields(t: Task, defaults: RunDefaults | None) -> None:
         ("log cap", shared.size(cap) if cap else f"{shared.size(defaults.log_cap_bytes)} (the default)"
          if defaults else "the daemon's default"),
         ("retries", _retry_text(spec.retry)), ("notify", _notify_text(spec.notify)),
-        ("env", ", ".join(sorted(spec.env)) or None), ("digest", t.content_digest),
+        ("env", _env_text(spec)), ("digest", t.content_digest),
         ("created", shared.when(t.created_at_ms)), ("updated", shared.when(t.updated_at_ms)),
     ])
 
@@ -303,6 +303,14 @@ def _agent_task_fields(t: Task, command: AgentInstruction) -> None:
         ("profile", command.profile), ("budget", overrides or "the configured defaults"),
         ("overlap", t.spec.overlap), ("digest", t.content_digest), ("updated", shared.when(t.updated_at_ms)),
     ])
+
+
+def _env_text(spec: TaskSpec) -> str | None:
+    """`TOKEN (secret API_TOKEN), USER`: each variable, and where a secret gives its value."""
+    from edge.core.tasks import SecretRef
+
+    return ", ".join(f"{k} (secret {v.secret})" if isinstance(v, SecretRef) else k
+                     for k, v in sorted(spec.env.items())) or None
 
 
 def _retry_text(policy: RetryPolicy | None) -> str | None:
