@@ -69,7 +69,8 @@ def test_valid_token_and_viewer_denied_a_write(daemon_factory):
     assert _audit(d)[-1][3] == ["domain_permission_denied", "tool_qledge_credential_list"]
     # Every refused row says why, before the tool's own reason.
     refused = [r for _, _, outcome, r, _ in _audit(d) if outcome != "allowed"]
-    assert refused and all(len(r) == 2 and r[0].endswith("_denied") and r[1].startswith("tool_qledge_") for r in refused)
+    assert refused
+    assert all(len(r) == 2 and r[0].endswith("_denied") and r[1].startswith("tool_qledge_") for r in refused)
 
 
 def test_explicit_permissions_narrow_a_role(daemon):

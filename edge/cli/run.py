@@ -48,7 +48,7 @@ def run_start(c: Client, a: argparse.Namespace) -> int:
     from edge.core.runs import Run
     from edge.tools.builtin import runs as run_tools
 
-    run = c.typed("qledge.run.start", run_tools.StartArgs(task_id=a.task), Run)
+    run = c.typed("qledge.run.start", run_tools.StartArgs(task_id=shared.task_id(c, a.task)), Run)
     if not a.wait and not a.follow:
         return show(a, run, lambda r: print(f"run {r.id} {r.status}"))
     # Following: the output goes to stdout, the run's own lines to stderr.
@@ -129,11 +129,12 @@ def run_list(c: Client, a: argparse.Namespace) -> int:
     statuses = _choices("--status", a.status, STATUSES)
     origins = _choices("--origin", a.origin, ORIGINS)
     after = _after(c, a.after)
+    task = shared.task_id(c, a.task) if a.task else None
     wanted = None if a.all else a.limit
     runs: list[Run] = []
     while wanted is None or len(runs) < wanted:
         limit = PAGE if wanted is None else min(PAGE, wanted - len(runs))
-        args = run_tools.ListArgs(task_id=a.task, statuses=cast("list[RunStatus]", statuses),
+        args = run_tools.ListArgs(task_id=task, statuses=cast("list[RunStatus]", statuses),
                                   origins=cast("list[Origin]", origins), since_ms=shared.plain(a.since),
                                   until_ms=shared.plain(a.until),
                                   after=after, limit=limit)
@@ -202,14 +203,14 @@ def run_get(c: Client, a: argparse.Namespace) -> int:
     from edge.core.runs import Run
     from edge.tools.builtin import runs as run_tools
 
-    return show(a, c.typed("qledge.run.get", run_tools.RunId(run_id=a.run), Run), _run_fields)
+    return show(a, c.typed("qledge.run.get", run_tools.RunId(run_id=shared.run_ref(c, a.run)), Run), _run_fields)
 
 
 def run_cancel(c: Client, a: argparse.Namespace) -> int:
     from edge.core.runs import Run
     from edge.tools.builtin import runs as run_tools
 
-    cancelled = c.typed("qledge.run.cancel", run_tools.RunId(run_id=a.run), Run)
+    cancelled = c.typed("qledge.run.cancel", run_tools.RunId(run_id=shared.run_ref(c, a.run)), Run)
     return show(a, cancelled, lambda r: print(shared.run_line(r)))
 
 
@@ -231,6 +232,7 @@ def log_bytes(c: Client, run_id: str) -> bytes:
 
 
 def run_log(c: Client, a: argparse.Namespace) -> int:
+    a.run = shared.run_ref(c, a.run)
     if a.follow:
         follow(c, a.run)
         return EXIT_OK

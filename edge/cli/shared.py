@@ -234,6 +234,72 @@ def name(what: str, text: str) -> str:
     return text
 
 
+def task_names(c: Client) -> list[tuple[str, str]]:
+    """(id, name) of every task, through the list tool this caller may call."""
+    from edge.transports.client import all_pages
+
+    if c.may_call("qledge.task.list"):
+        from edge.tools.builtin import tasks as task_tools
+
+        def page(after: str | None) -> tuple[list[tuple[str, str]], str | None]:
+            found = c.typed("qledge.task.list", task_tools.ListArgs(after=after), task_tools.TaskPage)
+            return [(t.id, t.name) for t in found.tasks], found.next
+    else:
+        from edge.tools.ai.projections import TaskCursor, TaskListArgs, TaskPage
+
+        def page(after: str | None) -> tuple[list[tuple[str, str]], str | None]:
+            args = TaskListArgs(after=TaskCursor(task_id=after) if after else None, limit=64)
+            found = c.typed("qinglong.task.list", args, TaskPage)
+            return ([(t.task_id, t.name) for t in found.tasks],
+                    found.next.task_id if isinstance(found.next, TaskCursor) else None)
+
+    return all_pages(page)
+
+
+def _task_exists(c: Client, task: str) -> bool:
+    from edge.transports.client import CallFailed
+
+    try:
+        if c.may_call("qledge.task.get"):
+            c.call("qledge.task.get", {"taskId": task})
+            return True
+        return bool(c.call("qinglong.task.get", {"taskId": task}).get("found"))
+    except CallFailed as exc:
+        if exc.code == "not_found":
+            return False
+        raise
+
+
+def task_id(c: Client, text: str) -> str:
+    """The id of the task `text` names: the task with that id, else the one task with that
+    name (`每日签到`, as imported). A name two tasks share is refused with both ids; a text
+    that names no task gets the daemon's own not_found message."""
+    import re
+
+    from edge.core.text import MAX_NAME, NAME_PATTERN
+    from edge.transports.client import CallFailed
+
+    shaped = len(text) <= MAX_NAME and re.match(NAME_PATTERN, text) is not None
+    if shaped and _task_exists(c, text):  # an id, the common case: one call
+        return text
+    tasks = task_names(c)
+    named = sorted(i for i, n in tasks if n == text)
+    if len(named) == 1:
+        return named[0]
+    if named:
+        raise UsageError(f"task name {text!r} is shared by tasks {', '.join(named)}: give one of their ids")
+    raise CallFailed("not_found", f"task {text!r} not found" + ("" if shaped else ": no task has that id or name"))
+
+
+def run_ref(c: Client, text: str) -> str:
+    """A run as typed: its id, a prefix, or TASK:latest / TASK:latest-failed, where TASK may
+    be the task's name."""
+    task, sep, which = text.rpartition(":")
+    if sep and task and which in ("latest", "latest-failed"):
+        return f"{task_id(c, task)}:{which}"
+    return text
+
+
 class Typed(int):
     """A number parsed from what a person typed, which it keeps (`typed`): a hint that
     repeats a command repeats it as it was written, not as epoch milliseconds."""

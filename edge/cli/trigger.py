@@ -169,8 +169,8 @@ def trigger_add(c: Client, a: argparse.Namespace) -> int:
     from edge.tools.builtin import triggers as trigger_tools
 
     args = trigger_tools.CreateArgs(
-        task_id=a.task, expression=a.cron, misfire=a.misfire, jitter_s=a.jitter, timezone=a.tz or None,
-        trigger_id=a.id or None,
+        task_id=shared.task_id(c, a.task), expression=a.cron, misfire=a.misfire, jitter_s=a.jitter,
+        timezone=a.tz or None, trigger_id=a.id or None,
     )
     trigger = c.typed("qledge.trigger.create", args, Trigger)
     return show(a, trigger, lambda t: print(
