@@ -51,6 +51,9 @@ def test_valid_token_and_viewer_denied_a_write(daemon_factory):
         d.call("qledge.task.create", {"taskId": "x", "spec": {"command": {"kind": "argv", "file": "true"}}},
                token=viewer)
     assert err.value.code == "permission_denied"
+    # The permission a person would grant first, the tool's policy beside it.
+    assert err.value.message == ("qledge.task.create requires permission task.write"
+                                 " (and tool.call:qledge.task.create, the tool's policy)")
     assert _audit(d)[-1] == (f"credential:{cid}", "qledge.task.create", "denied",
                              ["tool_policy_denied", "tool_qledge_task_create"], "socket")
     spec = {"command": {"kind": "argv", "file": "true"}}
@@ -64,6 +67,10 @@ def test_valid_token_and_viewer_denied_a_write(daemon_factory):
         d.call("qledge.credential.list", token=operator)
     assert err.value.code == "permission_denied"
     assert _audit(d)[-1][3] == ["domain_permission_denied", "tool_qledge_credential_list"]
+    # Every refused row says why, before the tool's own reason.
+    refused = [r for _, _, outcome, r, _ in _audit(d) if outcome != "allowed"]
+    assert refused
+    assert all(len(r) == 2 and r[0].endswith("_denied") and r[1].startswith("tool_qledge_") for r in refused)
 
 
 def test_explicit_permissions_narrow_a_role(daemon):

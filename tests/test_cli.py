@@ -252,6 +252,7 @@ def test_peer_speaks_the_protocol(peer):
     done = p.cli("task", "rm", "hello")
     assert (done.returncode, done.stdout, done.stderr) == (0, "task hello deleted with its 2 finished runs\n", "")
     assert [(r["tool"], r["args"]) for r in p.requests] == [
+        ("qledge.task.get", {"taskId": "hello"}),  # TASK: an id, or else a task's name
         ("qledge.task.delete", {"taskId": "hello", "expectedRevision": None, "withTriggers": False})]
 
 

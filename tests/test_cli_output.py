@@ -122,6 +122,12 @@ def test_limits_of_names_and_commands(daemon):
     assert re.search(r"^timeout: +1m30s$", shown, re.M) and re.search(r"^log cap: +64 KiB$", shown, re.M)
 
 
+def test_task_get_says_which_secret_gives_a_variable_its_value(daemon):
+    _ok(daemon.cli("task", "add", "t", "--env", "USER_NAME=me", "--secret-env", "TOKEN=API_TOKEN", "--", "true"))
+    shown = _ok(daemon.cli("task", "get", "t")).stdout
+    assert re.search(r"^env: +TOKEN \(secret API_TOKEN\), USER_NAME$", shown, re.M), shown
+
+
 def test_task_get_shows_the_effective_log_cap_and_working_directory(daemon_factory):
     d = daemon_factory(config="[runner]\nlog_cap_bytes = 2097152\n").start()
     _ok(d.cli("task", "add", "t", "--", "true"))

@@ -181,7 +181,13 @@ def test_run_list_filters_and_pages(daemon):
     assert first[0].split() == ["RUN", "TASK", "STATUS", "ORIGIN", "CREATED", "TOOK", "EXIT"]
     assert [line.split()[0] for line in first[1:4]] == newest_first[:3]
     more = first[-1]
-    assert re.fullmatch(r"more: qledge run list --after [0-9]+\.[0-9a-f-]{36}", more), more
+    assert re.fullmatch(r"more: qledge run list --limit 3 --after [0-9]+\.[0-9a-f-]{36}", more), more
+    # The filters as they were typed, quoted for a shell, and the page size kept.
+    since = time.strftime("%Y-%m-%d %H:%M", time.localtime(time.time() - 3600))
+    typed = _ok(daemon.cli("run", "list", "--since", since, "--until", "0m", "--status", "succeeded",
+                           "--limit", "1")).stdout.splitlines()[-1]
+    assert re.fullmatch(rf"more: qledge run list --status succeeded --since '{since}' --until 0m --limit 1"
+                        r" --after [0-9]+\.[0-9a-f-]{36}", typed), typed
     rest = _json(daemon.cli("run", "list", "--all", "--json", "--after", more.split()[-1]))
     assert [r["id"] for r in rest] == newest_first[3:]
     after_run = _json(daemon.cli("run", "list", "--all", "--json", "--after", bad[0][:13]))

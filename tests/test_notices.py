@@ -48,7 +48,7 @@ def test_a_chatty_task_gets_five_lines_a_minute_then_one_line_saying_what_was_su
         timers.advance(0.999)
     assert _lines(caplog) == [("INFO", f"run {n}") for n in range(5)] + [("INFO", "calm 30")]
     timers.advance(0.1)  # the window closes: one line, a warning because failures were among them
-    assert _lines(caplog)[-1] == ("WARNING", "task=chatty: 55 more lines suppressed in the last 60s"
+    assert _lines(caplog)[-1] == ("WARNING", "task=chatty: 55 more lines suppressed in the last 1m00s"
                                              " (6 failed, 49 succeeded)")
     notices.say(logger, "chatty", logging.INFO, "run 60", "succeeded")  # a new window
     assert _lines(caplog)[-1] == ("INFO", "run 60") and timers.pending == []
@@ -63,7 +63,7 @@ def test_what_is_suppressed_when_the_daemon_stops_is_said_then(caplog):
         notices.say(logger, "t", logging.INFO, "line", "succeeded")
     notices.close()
     assert _lines(caplog) == [("INFO", "line"),
-                              ("INFO", "task=t: 2 more lines suppressed in the last 0s (2 succeeded)")]
+                              ("INFO", "task=t: 2 more lines suppressed in the last 0.0s (2 succeeded)")]
     assert timers.pending == []
 
 
@@ -84,7 +84,7 @@ def test_every_finished_run_has_one_line_with_task_run_status_exit_and_duration(
         daemon.call("qledge.run.wait", {"runId": ids[task], "timeoutMs": 20_000})
     ids["nap"] = daemon.call("qledge.run.start", {"taskId": "nap"})["id"]
     daemon.call("qledge.run.cancel", {"runId": ids["nap"]})
-    took = r"took=\d+\.\d\ds"
+    took = r"took=\d+\.\ds"
     expected = {
         "ok": rf"^qledge: INFO qledge\.runner: run finished: task=ok run={ids['ok'][:RUN_ID_PREFIX]}"
               rf" status=succeeded exit=0 {took}$",
@@ -116,7 +116,7 @@ def test_a_chatty_trigger_cannot_flood_the_log(daemon):
                                       r" exit=1 .* origin=scheduled$")) == 5
     [summary] = _stderr_lines(daemon, "more lines suppressed")
     assert re.search(rf"WARNING qledge\.runner: task=chatty: {runs - 5} more lines suppressed in the last"
-                     rf" \d+s \({runs - 5} failed\)$", summary)
+                     rf" \S+ \({runs - 5} failed\)$", summary)
     assert len(lines) == 6
 
 
@@ -130,9 +130,9 @@ def test_skipped_fires_are_one_line_then_one_line_for_the_rest_of_the_streak(dae
         time.sleep(0.2)
     daemon.cli("trigger", "disable", "nap-1")
     first = _stderr_lines(daemon, r"WARNING qledge\.scheduler: fire skipped: task=nap trigger=nap-1 reason=overlap"
-                                  r" scheduled=\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+                                  r' scheduled="\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \S+"$')
     rest = _stderr_lines(daemon, r"WARNING qledge\.scheduler: fire skipped: task=nap trigger=nap-1 reason=overlap"
-                                 r" \d+ more in a row last=\S+Z$")
+                                 r' \d+ more in a row last="[^"]+"$')
     assert first and rest
     events = daemon.call("qledge.trigger.events", {"triggerId": "nap-1"})["events"]
     skipped = sum(e["fires"] for e in events if e["reason"] == "overlap")
@@ -157,7 +157,7 @@ def test_cluster_nodes_log_each_finished_run_once_on_the_node_that_ran_it(daemon
     for name in ("ok", "bad"):
         ids[name] = b.call("qledge.run.start", {"taskId": name})["id"]
         assert a.call("qledge.run.wait", {"runId": ids[name], "timeoutMs": 20_000})["done"]
-    took = r"took=\d+\.\d\ds"
+    took = r"took=\d+\.\ds"
     assert len(_both(nodes, rf"^qledge: INFO qledge\.runner: run finished: task=ok run={ids['ok'][:RUN_ID_PREFIX]}"
                             rf" status=succeeded exit=0 {took}$")) == 1
     assert len(_both(nodes, rf"^qledge: WARNING qledge\.runner: run finished: task=bad"
@@ -184,9 +184,9 @@ def test_cluster_nodes_log_skipped_fires_once_across_the_cluster(daemon_factory,
         assert d.stop() == 0  # a streak still open is said at the stop
     (recorded,) = rows(pg_dsn, "SELECT coalesce(sum(fires), 0) FROM trigger_events WHERE reason = 'task_disabled'")[0]
     first = _both(nodes, r"^qledge: INFO qledge\.scheduler: fire skipped: task=off trigger=off-1 reason=task_disabled"
-                         r" scheduled=\S+Z$")
+                         r' scheduled="[^"]+"$')
     rest = _both(nodes, r"^qledge: INFO qledge\.scheduler: fire skipped: task=off trigger=off-1 reason=task_disabled"
-                        r" \d+ more in a row last=\S+Z$")
+                        r' \d+ more in a row last="[^"]+"$')
     assert first and len(first) <= 2  # one streak per node at most
     assert len(first) + sum(int(re.search(r" (\d+) more", line).group(1)) for line in rest) == recorded
 

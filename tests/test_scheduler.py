@@ -317,20 +317,34 @@ async def test_overlap_forbid_skips_and_merges_consecutive_skips(env):
     assert scheduled_for(await env.all_runs()) == [at("10:00:00"), at("10:03:00")]
 
 
-async def test_skipped_fires_are_logged_once_per_streak(env, caplog):
+@pytest.fixture
+def berlin():
+    """The process's zone set to Europe/Berlin: a log line's times are in the device's zone."""
+    old = os.environ.get("TZ")
+    os.environ["TZ"] = "Europe/Berlin"
+    time.tzset()
+    yield
+    if old is None:
+        del os.environ["TZ"]
+    else:
+        os.environ["TZ"] = old
+    time.tzset()
+
+
+async def test_skipped_fires_are_logged_once_per_streak(env, caplog, berlin):
     caplog.set_level(logging.INFO, "qledge.scheduler")
     trig = await env.trigger("* * * * *")
     for minute in range(4):  # 10:00 runs; 10:01-10:03 are skipped: one line now, one at the end
         await env.tick(at(f"10:0{minute}:00"))
     lines = lambda: [(r.levelname, r.getMessage()) for r in caplog.records if "fire" in r.getMessage()]  # noqa: E731
     assert lines() == [("WARNING", f"fire skipped: task=t trigger={trig.id} reason=overlap"
-                                   " scheduled=2024-05-01T10:01:00Z")]
+                                   " scheduled=\"2024-05-01 12:01:00 CEST\"")]
     await env.finish((await env.all_runs())[0])
     await env.tick(at("10:04:00"))  # admitted: the streak is over
     assert lines()[1:] == [("WARNING", f"fire skipped: task=t trigger={trig.id} reason=overlap 2 more in a row"
-                                       " last=2024-05-01T10:03:00Z")]
+                                       " last=\"2024-05-01 12:03:00 CEST\"")]
     await env.tick(at("10:05:00"))  # a new streak, a new first line
-    assert len(lines()) == 3 and lines()[2][1].endswith("scheduled=2024-05-01T10:05:00Z")
+    assert len(lines()) == 3 and lines()[2][1].endswith("scheduled=\"2024-05-01 12:05:00 CEST\"")
     await env.scheduler.stop()  # an open streak is closed by the stop; this one has no more fires
     assert len(lines()) == 3
     await env.tasks.set_enabled("default", "t", False, None, env.clock.ms)
@@ -339,9 +353,9 @@ async def test_skipped_fires_are_logged_once_per_streak(env, caplog):
     await env.tick(at("10:07:00"))
     await env.scheduler.stop()
     assert lines()[3:] == [
-        ("INFO", f"fire skipped: task=t trigger={trig.id} reason=task_disabled scheduled=2024-05-01T10:06:00Z"),
+        ("INFO", f"fire skipped: task=t trigger={trig.id} reason=task_disabled scheduled=\"2024-05-01 12:06:00 CEST\""),
         ("INFO", f"fire skipped: task=t trigger={trig.id} reason=task_disabled 1 more in a row"
-                 " last=2024-05-01T10:07:00Z"),
+                 " last=\"2024-05-01 12:07:00 CEST\""),
     ]
 
 

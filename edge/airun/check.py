@@ -24,6 +24,7 @@ from edge.airun.provider import ProviderError, parse
 from edge.airun.tools import DaemonGone, Reporter, ToolFailure
 from edge.core.agent import PROFILES, AgentJob, OutcomeReport, RoundMeta, endpoint
 from edge.core.excerpt import normalize
+from edge.core.text import duration_text
 
 CHECK_TOOL = "qledge_check"
 PREFIX = "qledge agent check:"
@@ -94,7 +95,7 @@ class Check:
             if hint:
                 out.write(f"{PREFIX} to fix: {hint}\n")
             return self._end(out, Stop(exc.code, exc.message, hint=hint))
-        say("ok", "connected", f"{where} answered in {time.monotonic() - started:.2f}s")
+        say("ok", "connected", f"{where} answered in {duration_text((time.monotonic() - started) * 1000)}")
         self._round(reply.model, reply.prompt_tokens, reply.completion_tokens, len(body), reply.body_bytes,
                     len(reply.content))
         if reply.prompt_tokens is None:

@@ -270,7 +270,8 @@ def audit(c: Client, a: argparse.Namespace) -> int:
     entries: list[AuditEntry] = []
     before: int | None = None
     while len(entries) < a.limit:
-        args = credential_tools.AuditArgs(since_ms=a.since, before=before, limit=min(64, a.limit - len(entries)))
+        args = credential_tools.AuditArgs(since_ms=shared.plain(a.since), before=before,
+                                          limit=min(64, a.limit - len(entries)))
         try:
             page = c.typed("qledge.audit.list", args, credential_tools.AuditList)
         except CallFailed as exc:

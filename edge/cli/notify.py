@@ -4,7 +4,6 @@ it has no `qledge notify`."""
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -156,7 +155,7 @@ def notify_log(c: Client, a: argparse.Namespace) -> int:
         if r.count > 1:
             what += f" ×{r.count}"
         note = r.last_error or (f"into #{r.merged_into}" if r.merged_into else "")
-        return [str(r.id), time.strftime("%m-%d %H:%M:%S", time.localtime(r.created_at_ms / 1000)), r.channel,
+        return [str(r.id), shared.when(r.created_at_ms), r.channel,
                 r.event, what, r.state, str(r.attempts), note[:70]]
 
     return show_list(a, page.records, "no notifications yet", row,

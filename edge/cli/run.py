@@ -27,6 +27,7 @@ RUN_EPILOG = ("RUN: a run id (qledge run list shows them), a unique prefix of it
               "first 13, up to the second '-', are nearly always unique), TASK:latest (the task's newest\n"
               "run) or TASK:latest-failed (its newest run that failed, timed out or was lost).")
 PAGE = 64  # runs per call: the tools' page limit
+LIMIT = 20  # runs a list shows unless told
 FOLLOW_WAIT_MS = 20_000  # one log read waits this long for more output (the tool allows 30 s)
 
 
@@ -47,7 +48,7 @@ def run_start(c: Client, a: argparse.Namespace) -> int:
     from edge.core.runs import Run
     from edge.tools.builtin import runs as run_tools
 
-    run = c.typed("qledge.run.start", run_tools.StartArgs(task_id=a.task), Run)
+    run = c.typed("qledge.run.start", run_tools.StartArgs(task_id=shared.task_id(c, a.task)), Run)
     if not a.wait and not a.follow:
         return show(a, run, lambda r: print(f"run {r.id} {r.status}"))
     # Following: the output goes to stdout, the run's own lines to stderr.
@@ -85,8 +86,8 @@ def list_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--since", type=shared.time_arg("--since"), metavar="WHEN",
                    help="created then or later: a duration back from now (30m, 12h, 7d) or a date/time")
     p.add_argument("--until", type=shared.time_arg("--until"), metavar="WHEN", help="created before then (as --since)")
-    p.add_argument("--limit", type=shared.bounded_int("--limit", 1, 1000), default=20, metavar="N",
-                   help="show at most N runs (1..1000, default 20)")
+    p.add_argument("--limit", type=shared.bounded_int("--limit", 1, 1000), default=LIMIT, metavar="N",
+                   help=f"show at most N runs (1..1000, default {LIMIT})")
     p.add_argument("--all", action="store_true", help="every matching run, however many (ignores --limit)")
     p.add_argument("--after", metavar="CURSOR",
                    help="continue after this point: the CURSOR a previous list printed, or a RUN")
@@ -128,12 +129,14 @@ def run_list(c: Client, a: argparse.Namespace) -> int:
     statuses = _choices("--status", a.status, STATUSES)
     origins = _choices("--origin", a.origin, ORIGINS)
     after = _after(c, a.after)
+    task = shared.task_id(c, a.task) if a.task else None
     wanted = None if a.all else a.limit
     runs: list[Run] = []
     while wanted is None or len(runs) < wanted:
         limit = PAGE if wanted is None else min(PAGE, wanted - len(runs))
-        args = run_tools.ListArgs(task_id=a.task, statuses=cast("list[RunStatus]", statuses),
-                                  origins=cast("list[Origin]", origins), since_ms=a.since, until_ms=a.until,
+        args = run_tools.ListArgs(task_id=task, statuses=cast("list[RunStatus]", statuses),
+                                  origins=cast("list[Origin]", origins), since_ms=shared.plain(a.since),
+                                  until_ms=shared.plain(a.until),
                                   after=after, limit=limit)
         page = c.typed("qledge.run.list", args, run_tools.RunPage)
         runs += page.runs
@@ -158,13 +161,19 @@ def run_list(c: Client, a: argparse.Namespace) -> int:
 
 
 def _repeat(a: argparse.Namespace) -> str:
-    """The filters of this list, to continue it with --after."""
+    """The filters of this list as they were typed, and its --limit, to continue it with --after."""
+    from shlex import quote
+
+    def typed(value: int) -> str:
+        return quote(value.typed if isinstance(value, shared.Typed) else str(value))
+
     words = []
     if a.task:
-        words.append(f"--task {a.task}")
-    words += [f"--status {s}" for s in a.status] + [f"--origin {o}" for o in a.origin]
-    words += [f"--since {a.since}"] if a.since else []
-    words += [f"--until {a.until}"] if a.until else []
+        words.append(f"--task {quote(a.task)}")
+    words += [f"--status {quote(s)}" for s in a.status] + [f"--origin {quote(o)}" for o in a.origin]
+    words += [f"--since {typed(a.since)}"] if a.since else []
+    words += [f"--until {typed(a.until)}"] if a.until else []
+    words += [f"--limit {a.limit}"] if not a.all and a.limit != LIMIT else []
     return "".join(" " + w for w in words)
 
 
@@ -194,14 +203,14 @@ def run_get(c: Client, a: argparse.Namespace) -> int:
     from edge.core.runs import Run
     from edge.tools.builtin import runs as run_tools
 
-    return show(a, c.typed("qledge.run.get", run_tools.RunId(run_id=a.run), Run), _run_fields)
+    return show(a, c.typed("qledge.run.get", run_tools.RunId(run_id=shared.run_ref(c, a.run)), Run), _run_fields)
 
 
 def run_cancel(c: Client, a: argparse.Namespace) -> int:
     from edge.core.runs import Run
     from edge.tools.builtin import runs as run_tools
 
-    cancelled = c.typed("qledge.run.cancel", run_tools.RunId(run_id=a.run), Run)
+    cancelled = c.typed("qledge.run.cancel", run_tools.RunId(run_id=shared.run_ref(c, a.run)), Run)
     return show(a, cancelled, lambda r: print(shared.run_line(r)))
 
 
@@ -223,6 +232,7 @@ def log_bytes(c: Client, run_id: str) -> bytes:
 
 
 def run_log(c: Client, a: argparse.Namespace) -> int:
+    a.run = shared.run_ref(c, a.run)
     if a.follow:
         follow(c, a.run)
         return EXIT_OK

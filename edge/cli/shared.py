@@ -234,11 +234,98 @@ def name(what: str, text: str) -> str:
     return text
 
 
+def task_names(c: Client) -> list[tuple[str, str]]:
+    """(id, name) of every task, through the list tool this caller may call."""
+    from edge.transports.client import all_pages
+
+    if c.may_call("qledge.task.list"):
+        from edge.tools.builtin import tasks as task_tools
+
+        def page(after: str | None) -> tuple[list[tuple[str, str]], str | None]:
+            found = c.typed("qledge.task.list", task_tools.ListArgs(after=after), task_tools.TaskPage)
+            return [(t.id, t.name) for t in found.tasks], found.next
+    else:
+        from edge.tools.ai.projections import TaskCursor, TaskListArgs, TaskPage
+
+        def page(after: str | None) -> tuple[list[tuple[str, str]], str | None]:
+            args = TaskListArgs(after=TaskCursor(task_id=after) if after else None, limit=64)
+            found = c.typed("qinglong.task.list", args, TaskPage)
+            return ([(t.task_id, t.name) for t in found.tasks],
+                    found.next.task_id if isinstance(found.next, TaskCursor) else None)
+
+    return all_pages(page)
+
+
+def _task_exists(c: Client, task: str) -> bool:
+    from edge.transports.client import CallFailed
+
+    try:
+        if c.may_call("qledge.task.get"):
+            c.call("qledge.task.get", {"taskId": task})
+            return True
+        return bool(c.call("qinglong.task.get", {"taskId": task}).get("found"))
+    except CallFailed as exc:
+        if exc.code == "not_found":
+            return False
+        raise
+
+
+def task_id(c: Client, text: str) -> str:
+    """The id of the task `text` names: the task with that id, else the one task with that
+    name (`每日签到`, as imported). A name two tasks share is refused with both ids; a text
+    that names no task gets the daemon's own not_found message."""
+    import re
+
+    from edge.core.text import MAX_NAME, NAME_PATTERN
+    from edge.transports.client import CallFailed
+
+    shaped = len(text) <= MAX_NAME and re.match(NAME_PATTERN, text) is not None
+    if shaped and _task_exists(c, text):  # an id, the common case: one call
+        return text
+    tasks = task_names(c)
+    named = sorted(i for i, n in tasks if n == text)
+    if len(named) == 1:
+        return named[0]
+    if named:
+        raise UsageError(f"task name {text!r} is shared by tasks {', '.join(named)}: give one of their ids")
+    raise CallFailed("not_found", f"task {text!r} not found" + ("" if shaped else ": no task has that id or name"))
+
+
+def run_ref(c: Client, text: str) -> str:
+    """A run as typed: its id, a prefix, or TASK:latest / TASK:latest-failed, where TASK may
+    be the task's name."""
+    task, sep, which = text.rpartition(":")
+    if sep and task and which in ("latest", "latest-failed"):
+        return f"{task_id(c, task)}:{which}"
+    return text
+
+
+class Typed(int):
+    """A number parsed from what a person typed, which it keeps (`typed`): a hint that
+    repeats a command repeats it as it was written, not as epoch milliseconds."""
+
+    typed: str
+
+    def __new__(cls, value: int, typed: str) -> Typed:
+        made = super().__new__(cls, value)
+        made.typed = typed
+        return made
+
+
+def plain(value: int | None) -> int | None:
+    """A Typed number as the int a wire shape encodes."""
+    return None if value is None else int(value)
+
+
 def time_arg(flag: str) -> Callable[[str], int]:
     """A moment as ms: a duration back from now (`30m`, `12h`, `7d`, `2w`) or a local date
-    or time (`2026-11-30`, `2026-11-30 08:00`, any ISO 8601, with or without an offset)."""
+    or time (`2026-11-30`, `2026-11-30 08:00`, any ISO 8601, with or without an offset);
+    the value is Typed, so it still says how it was written."""
 
     def parse(text: str) -> int:
+        return Typed(moment(text), text)
+
+    def moment(text: str) -> int:
         import re
         from datetime import datetime
 
@@ -283,30 +370,21 @@ def resolve(path: str) -> str:
 
 # -- output ---------------------------------------------------------------------------------
 
-TIME_FORMAT = "%Y-%m-%d %H:%M:%S %Z"
 _json: list[Any] = []  # msgspec's JSON encoder, built on first use
 
 
 def when(ms: int | None) -> str:
-    """An instant in the local time zone (the C library's: $TZ, else /etc/localtime)."""
-    if ms is None:
-        return "-"
-    return time.strftime(TIME_FORMAT, time.localtime(ms / 1000))
+    """An instant in the local time zone, the one format of edge.core.text.moment."""
+    from edge.core.text import moment
+
+    return moment(ms)
 
 
 def duration(start_ms: int | None, end_ms: int | None) -> str:
-    """How long something took: hundredths under a minute, then 4m05s, 1h02m03s, 2d03h04m."""
-    if start_ms is None or end_ms is None:
-        return "-"
-    secs = (end_ms - start_ms) / 1000
-    if secs < 60:
-        return f"{secs:.2f}s"
-    minutes, whole = divmod(int(secs), 60)
-    hours, minutes = divmod(minutes, 60)
-    days, hours = divmod(hours, 24)
-    if days:
-        return f"{days}d{hours:02d}h{minutes:02d}m"
-    return f"{hours}h{minutes:02d}m{whole:02d}s" if hours else f"{minutes}m{whole:02d}s"
+    """How long something took, the one format of edge.core.text.duration_text."""
+    from edge.core.text import duration_text
+
+    return duration_text(None if start_ms is None or end_ms is None else end_ms - start_ms)
 
 
 def span(secs: float, units: int = 4) -> str:

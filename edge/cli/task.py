@@ -190,14 +190,16 @@ def _env_count(env: dict[str, str | SecretRef]) -> None:
         raise UsageError(f"the task would have {len(env)} environment entries; at most {limits.MAX_ENV} are allowed")
 
 
-def check_task_flags(a: argparse.Namespace) -> None:
-    """Check the task flags in their own terms, and resolve relative paths in place."""
+def check_task_flags(a: argparse.Namespace, new: bool = True) -> None:
+    """Check the task flags in their own terms, and resolve relative paths in place; the
+    name of a `new` task too (an existing one may be given by the name it was imported with)."""
     import re
 
     from edge.core import tasks as limits
     from edge.core.text import ENV_NAME_PATTERN, ENV_NAME_RULE, MAX_NAME
 
-    shared.name("task", a.name)
+    if new:
+        shared.name("task", a.name)
     if a.cwd is not None:
         if not a.cwd:
             raise UsageError("--cwd must name a directory")
@@ -286,7 +288,7 @@ def _task_fields(t: Task, defaults: RunDefaults | None) -> None:
         ("log cap", shared.size(cap) if cap else f"{shared.size(defaults.log_cap_bytes)} (the default)"
          if defaults else "the daemon's default"),
         ("retries", _retry_text(spec.retry)), ("notify", _notify_text(spec.notify)),
-        ("env", ", ".join(sorted(spec.env)) or None), ("digest", t.content_digest),
+        ("env", _env_text(spec)), ("digest", t.content_digest),
         ("created", shared.when(t.created_at_ms)), ("updated", shared.when(t.updated_at_ms)),
     ])
 
@@ -303,6 +305,14 @@ def _agent_task_fields(t: Task, command: AgentInstruction) -> None:
         ("profile", command.profile), ("budget", overrides or "the configured defaults"),
         ("overlap", t.spec.overlap), ("digest", t.content_digest), ("updated", shared.when(t.updated_at_ms)),
     ])
+
+
+def _env_text(spec: TaskSpec) -> str | None:
+    """`TOKEN (secret API_TOKEN), USER`: each variable, and where a secret gives its value."""
+    from edge.core.tasks import SecretRef
+
+    return ", ".join(f"{k} (secret {v.secret})" if isinstance(v, SecretRef) else k
+                     for k, v in sorted(spec.env.items())) or None
 
 
 def _retry_text(policy: RetryPolicy | None) -> str | None:
@@ -360,16 +370,22 @@ def task_list(c: Client, a: argparse.Namespace) -> int:
     from edge.transports.client import all_pages
 
     empty = "no tasks yet: qledge task add NAME -- COMMAND"
+    # A NAME column only when some task has a name other than its id (imported ones, `每日签到`).
     if not c.may_call("qledge.task.list"):
+        views = all_pages(lambda after: _head_page(c, after))
+        named = any(t.name != t.task_id for t in views)
         return show_list(
-            a, all_pages(lambda after: _head_page(c, after)), empty,
-            lambda t: [t.task_id, str(t.revision), yes(t.enabled), t.kind, shared.when(t.updated_at_ms)],
-            ["TASK", "REV", "ENABLED", "KIND", "UPDATED"],
+            a, views, empty,
+            lambda t: [t.task_id, *([t.name] if named else []), str(t.revision), yes(t.enabled), t.kind,
+                       shared.when(t.updated_at_ms)],
+            ["TASK", *(["NAME"] if named else []), "REV", "ENABLED", "KIND", "UPDATED"],
         )
+    tasks = all_pages(lambda after: _task_page(c, after))
+    named = any(t.name != t.id for t in tasks)
     return show_list(
-        a, all_pages(lambda after: _task_page(c, after)), empty,
-        lambda t: [t.id, str(t.revision), yes(t.enabled), shared.command_text(t.spec)],
-        ["TASK", "REV", "ENABLED", "COMMAND"],
+        a, tasks, empty,
+        lambda t: [t.id, *([t.name] if named else []), str(t.revision), yes(t.enabled), shared.command_text(t.spec)],
+        ["TASK", *(["NAME"] if named else []), "REV", "ENABLED", "COMMAND"],
     )
 
 
@@ -384,6 +400,7 @@ def task_get(c: Client, a: argparse.Namespace) -> int:
     from edge.tools.builtin import tasks as task_tools
     from edge.transports.client import CallFailed
 
+    a.name = shared.task_id(c, a.name)
     if not c.may_call("qledge.task.get"):
         from edge.tools.ai.projections import TaskDetailView, TaskGetArgs, TaskGetResult
 
@@ -408,6 +425,7 @@ def task_toggle(c: Client, a: argparse.Namespace) -> int:
     from edge.tools.builtin import tasks as task_tools
 
     tool = "qledge.task.enable" if a.action == "enable" else "qledge.task.disable"
+    a.name = shared.task_id(c, a.name)
     task = c.typed(tool, task_tools.TaskRef(task_id=a.name), Task)
     return show(a, task, lambda t: print(f"task {t.id} {a.action}d (revision {t.revision})"))
 
@@ -416,6 +434,7 @@ def task_rm(c: Client, a: argparse.Namespace) -> int:
     from edge.tools.builtin import tasks as task_tools
     from edge.transports.client import CallFailed
 
+    a.name = shared.task_id(c, a.name)
     args = task_tools.DeleteArgs(task_id=a.name, with_triggers=a.with_triggers)
     try:
         done = c.typed("qledge.task.delete", args, task_tools.Deleted)
@@ -490,7 +509,8 @@ def task_update(c: Client, a: argparse.Namespace) -> int:
     from edge.core.tasks import Task
     from edge.tools.builtin import tasks as task_tools
 
-    check_task_flags(a)
+    check_task_flags(a, new=False)
+    a.name = shared.task_id(c, a.name)
     before: list[Task] = []
 
     def attempt() -> Task:

@@ -105,8 +105,7 @@ def _cron_options(p: argparse.ArgumentParser) -> None:
 
 
 def _in(ms: int, now: int) -> str:
-    secs = round((ms - now) / 1000)
-    return "due now" if secs <= 0 else "in " + shared.span(secs, units=2)
+    return "due now" if ms - now < 500 else "in " + shared.duration(now, ms)
 
 
 def upcoming(c: Client, a: argparse.Namespace) -> int:
@@ -170,8 +169,8 @@ def trigger_add(c: Client, a: argparse.Namespace) -> int:
     from edge.tools.builtin import triggers as trigger_tools
 
     args = trigger_tools.CreateArgs(
-        task_id=a.task, expression=a.cron, misfire=a.misfire, jitter_s=a.jitter, timezone=a.tz or None,
-        trigger_id=a.id or None,
+        task_id=shared.task_id(c, a.task), expression=a.cron, misfire=a.misfire, jitter_s=a.jitter,
+        timezone=a.tz or None, trigger_id=a.id or None,
     )
     trigger = c.typed("qledge.trigger.create", args, Trigger)
     return show(a, trigger, lambda t: print(

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import logging
 import signal
-import time
 from collections import Counter
 
 from edge.core.errors import ToolError
 from edge.core.ports.runtime import Clock, TimerHandle, Timers
 from edge.core.runs import Run
+from edge.core.text import duration_text, moment
 from edge.core.triggers import SkippedFires
 
 BURST = 5
@@ -88,11 +88,13 @@ class Notices:
             kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(window.suppressed.items()))
             span = self._clock.monotonic() - window.start
             window.logger.log(window.level, "%s", f"task={task}: {total} more lines suppressed in the last"
-                              f" {span:.0f}s ({kinds})")
+                              f" {duration_text(span * 1000)} ({kinds})")
 
 
 def utc(ms: int) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000))
+    """An instant in a log line: the people's format (device zone, abbreviated), quoted so
+    that the line stays `key=value` pairs."""
+    return f'"{moment(ms)}"'
 
 
 def _exit(code: int | None) -> str:
@@ -109,8 +111,7 @@ def _exit(code: int | None) -> str:
 def _duration(run: Run) -> str:
     if run.started_at_ms is None or run.finished_at_ms is None:
         return "took=-"
-    seconds = max(0, run.finished_at_ms - run.started_at_ms) / 1000
-    return f"took={seconds:.2f}s" if seconds < 60 else f"took={seconds:.0f}s"
+    return f"took={duration_text(run.finished_at_ms - run.started_at_ms)}"
 
 
 # Failed runs, and everything that did not end as it was meant to, are warnings.

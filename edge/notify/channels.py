@@ -8,13 +8,12 @@ than msgspec and the core shapes.
 from __future__ import annotations
 
 import re
-import time
 from typing import Annotated, Any, Literal
 
 import msgspec
 
 from edge.core.tasks import SecretRef
-from edge.core.text import Name
+from edge.core.text import Name, duration_text, moment
 
 Language = Literal["en", "zh"]
 _Url = Annotated[str, msgspec.Meta(min_length=1, max_length=2048, pattern=r"^https?://[^\s/?#@]+(/[^\s]*)?$")]
@@ -231,16 +230,6 @@ class Message(msgspec.Struct, kw_only=True):
     fields: dict[str, str | int | None]
 
 
-def _utc(ms: int) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms / 1000))
-
-
-def _duration(ms: int | None) -> str:
-    if ms is None:
-        return ""
-    return f"{ms / 1000:.1f}s" if ms < 600_000 else f"{ms / 60_000:.1f}min"
-
-
 def fill(template: str, fields: dict[str, str | int | None]) -> str:
     """`{name}` replaced by the field's value (empty when None); nothing else is expanded."""
     def one(match: re.Match[str]) -> str:
@@ -310,9 +299,10 @@ def render(f: Facts, language: Language, title: str | None = None, text: str | N
     since_ms = f.failing_since_ms if f.failures is not None else f.first_at_ms
     fields: dict[str, str | int | None] = {
         "task": f.task or f.task_id, "taskId": f.task_id, "event": f.event, "status": f.status,
-        "exitCode": f.exit_code, "duration": _duration(f.duration_ms), "durationMs": f.duration_ms,
+        "exitCode": f.exit_code, "durationMs": f.duration_ms,
+        "duration": duration_text(f.duration_ms) if f.duration_ms is not None else None,
         "runId": f.run_id[:13] if f.run_id else None, "device": f.device, "count": f.count,
-        "since": _utc(since_ms) if since_ms else None, "detail": f.detail, "log": f.log,
+        "since": moment(since_ms) if since_ms else None, "detail": f.detail, "log": f.log,
         "channel": f.channel, "outcome": outcome(f, language) if f.status else None, "failures": f.failures,
         "nextReminder": _span(f.next_reminder_ms, language) if f.next_reminder_ms is not None else None,
     }

@@ -26,7 +26,6 @@ import logging
 import os
 import signal
 import sys
-import time
 from collections import deque
 from typing import TYPE_CHECKING, Literal
 
@@ -40,6 +39,7 @@ from edge.core.ports.runtime import Clock, TimerHandle, Timers
 from edge.core.ports.notify import ChannelHealth, Damping, NoticeOutcome, NotifyStore, PendingNotice, TestOutcome
 from edge.core.ports.stores import RunLogFiles, SecretStore
 from edge.core.tasks import redact_label
+from edge.core.text import moment
 
 if TYPE_CHECKING:  # the channel shapes are loaded by the first delivery
     from edge.notify.channels import ChannelSpec, Delivery, Result
@@ -180,7 +180,7 @@ class Notifier:
             return {}
         parts = []
         for h in failing:
-            since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime((h.failing_since_ms or 0) / 1000))
+            since = moment(h.failing_since_ms or 0)
             parts.append(f"{h.channel} ({h.failures} failed attempts in a row since {since}: {h.last_error})")
         return {"notify": f"{len(failing)} channel{'s' if len(failing) > 1 else ''} failing: " + "; ".join(parts)}
 

@@ -22,6 +22,7 @@ from edge.core.auth import (
     Outcome,
     Principal,
     digest_matches,
+    first_missing,
     missing_permission,
     parse_token,
     role_permissions,
@@ -139,7 +140,7 @@ class Chain:
         if missing is not None:
             why = "tool_policy_denied" if missing.startswith("tool.call:") else "domain_permission_denied"
             await self._audit(principal.subject, name, "denied", [why, reason], caller)
-            raise ToolError("permission_denied", f"{name} requires permission {missing}")
+            raise ToolError("permission_denied", f"{name} requires permission {_grantable(principal, entry, missing)}")
         change = entry.tool.effect != "read" and not CHANGE_PERMISSIONS.isdisjoint(entry.tool.permissions)
         await self._audit(principal.subject, name, "allowed", ["tool_invocation_allowed", reason], caller, change)
         if not await self._auth.still_valid(principal):
@@ -220,3 +221,10 @@ class Chain:
         except Exception:
             log.exception("tool %s failed", tool.name)
             raise ToolError("internal", f"{tool.name} failed unexpectedly; see the daemon log") from None
+
+
+def _grantable(principal: Principal, entry: Entry, missing: str) -> str:
+    """What a refusal names: the permission a person would grant (`task.write`) first, and the
+    tool's policy (`tool.call:qledge.task.create`) beside it when that is missing too."""
+    domain = first_missing(principal.permissions, entry.tool.permissions) if missing.startswith("tool.call:") else None
+    return missing if domain is None else f"{domain} (and {missing}, the tool's policy)"

@@ -30,6 +30,7 @@ from edge.core.ports.stores import RunAdmission, RunStore
 from edge.core.runs import ActorType, Followers, Run, RunUpdate
 from edge.core.schedule import REBOOT
 from edge.core.tasks import Task
+from edge.core.text import moment
 from edge.storage.admission import NodeLease, SqlAdmission
 from edge.storage.postgres.claims import NOW_MS, lose_untaken
 from edge.storage.postgres.db import PgDatabase
@@ -237,7 +238,7 @@ class Node:
         s = self._settings
         down = self._db.down_since
         if down is not None:
-            since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(down))
+            since = moment(int(down * 1000))
             return {"cluster": f"node {s.node_id}: PostgreSQL {self._db.location} unreachable since {since}"
                                f" ({self._db.down_reason}); new runs are refused, running ones go on"}
         return {"cluster": f"node {s.node_id}: PostgreSQL {self._db.location} reachable; {self._alive} nodes alive,"

@@ -26,13 +26,18 @@ export function hourOf(ms) {
   return Number(formatter({ hour: "numeric" }).format(new Date(ms))) % 24;
 }
 
+// How long something took, the CLI's rule (edge/core/text.py duration_text): tenths of a second under
+// a minute (0.4s, 59.9s), then minutes and seconds (1m04s), then hours and minutes (2h05m).
 export function duration(start, end) {
   if (start === null || start === undefined || end === null || end === undefined) return "–";
-  const s = (end - start) / 1000;
-  if (s < 60) return t("dur.s", { n: s.toFixed(s < 10 ? 2 : 1) });
-  const m = Math.floor(s / 60);
-  if (m < 60) return t("dur.ms", { m, s: Math.floor(s % 60) });
-  return t("dur.hm", { h: Math.floor(m / 60), m: m % 60 });
+  const ms = Math.max(0, end - start);
+  const tenths = Math.round(ms / 100);
+  if (tenths < 600) return `${(tenths / 10).toFixed(1)}s`;
+  const seconds = Math.max(60, Math.floor(ms / 1000));
+  const pad = (n) => String(n).padStart(2, "0");
+  const m = Math.floor(seconds / 60);
+  if (m < 60) return `${m}m${pad(seconds % 60)}s`;
+  return `${Math.floor(m / 60)}h${pad(m % 60)}m`;
 }
 
 export function bytes(n) {
