@@ -33,6 +33,7 @@ import msgspec
 
 FLOOR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "floor_server.py")
 CLIENTS = 16
+SPEC = {"command": {"kind": "argv", "file": "true"}}
 
 _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder()
@@ -175,7 +176,7 @@ def main() -> None:
     floor = FloorServer(sys.executable)
     try:
         with Client(daemon.socket) as client:
-            client.call("qledge.task.create", {"taskId": "bench", "spec": {"command": {"kind": "argv", "file": "true"}}})
+            client.call("qledge.task.create", {"taskId": "bench", "spec": SPEC})
         assert daemon.proc is not None
         rounds = int(os.environ.get("ROUNDS", "5"))
         result = compare(Target("qledge", daemon.socket, daemon.proc.pid, "qledge.task.get", {"taskId": "bench"}),

@@ -3,7 +3,8 @@ authentication (an API credential token, or the socket peer's uid for owners).
 
 authenticate → policy `tool.call:<name>` → domain permissions → durable audit →
 confirm the credential is still valid → execute under the tool's deadline.
-Nothing executes unless the allowed-audit row was written.
+Nothing executes unless the allowed-audit row was written; a read's row is written in the
+same worker hop as its first read, and nothing it read is answered before the row is durable.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from edge.core.auth import (
     tool_reason,
 )
 from edge.core.errors import ToolError, invalid
-from edge.core.ports.stores import CredentialStore
+from edge.core.ports.stores import AuditTicket, CredentialStore
 from edge.tools.context import Caller, Services, ToolContext
 from edge.tools.definition import Entry, Registry
 
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
     from edge.core.ports.agent import RunCredentials
 
 log = logging.getLogger("qledge.tools")
+
+_NOT_AUDITED = "the security audit could not be written; nothing was done"
 
 
 class AuthFailure(Exception):
@@ -140,8 +143,27 @@ class Chain:
             why = "tool_policy_denied" if missing.startswith("tool.call:") else "domain_permission_denied"
             await self._audit(principal.subject, name, "denied", [why, reason], caller)
             raise ToolError("permission_denied", f"{name} requires permission {missing}")
-        change = entry.tool.effect != "read" and not CHANGE_PERMISSIONS.isdisjoint(entry.tool.permissions)
-        await self._audit(principal.subject, name, "allowed", ["tool_invocation_allowed", reason], caller, change)
+        allowed = ["tool_invocation_allowed", reason]
+        if entry.tool.effect == "read":
+            # A read's row rides ahead of its first storage work (one worker hop for both on
+            # SQLite); nothing it read, not even an error, leaves before the row is durable.
+            ticket = await self._ahead(self._record(principal.subject, name, "allowed", allowed, caller))
+            try:
+                result = await self._checked_run(entry, raw_args, fmt, principal, caller, reason)
+            except ToolError:
+                await self._committed(ticket)
+                raise
+            await self._committed(ticket)
+            return result
+        change = not CHANGE_PERMISSIONS.isdisjoint(entry.tool.permissions)
+        await self._audit(principal.subject, name, "allowed", allowed, caller, change)
+        return await self._checked_run(entry, raw_args, fmt, principal, caller, reason)
+
+    async def _checked_run(
+        self, entry: Entry, raw_args: bytes, fmt: str, principal: Principal, caller: Caller, reason: str,
+    ) -> Any:
+        """The credential checked again (revoked since authentication: refused), then the tool."""
+        name = entry.tool.name
         if not await self._auth.still_valid(principal):
             await self._audit(principal.subject, name, "unauthenticated", ["credential_revoked", reason], caller)
             raise ToolError("unauthenticated", "credential was revoked")
@@ -179,10 +201,10 @@ class Chain:
             return
         await self._audit(principal.subject, name, "denied", [why, reason], caller)
 
-    async def _audit(
+    def _record(
         self, subject: str, tool: str, outcome: Outcome, reasons: list[str], caller: Caller, change: bool = False,
-    ) -> None:
-        record = AuditRecord(
+    ) -> AuditRecord:
+        return AuditRecord(
             at_ms=self._services.clock.now_ms(),
             project_id=self._services.project,
             principal=subject,
@@ -193,10 +215,26 @@ class Chain:
             request_id=caller.request_id,
             change=change,
         )
+
+    async def _audit(
+        self, subject: str, tool: str, outcome: Outcome, reasons: list[str], caller: Caller, change: bool = False,
+    ) -> None:
         try:
-            await self._services.audit.append(record)
+            await self._services.audit.append(self._record(subject, tool, outcome, reasons, caller, change))
         except ToolError as exc:
-            raise ToolError("unavailable", "the security audit could not be written; nothing was done") from exc
+            raise ToolError("unavailable", _NOT_AUDITED) from exc
+
+    async def _ahead(self, record: AuditRecord) -> AuditTicket:
+        try:
+            return await self._services.audit.ahead(record)
+        except ToolError as exc:
+            raise ToolError("unavailable", _NOT_AUDITED) from exc
+
+    async def _committed(self, ticket: AuditTicket) -> None:
+        try:
+            await ticket.committed()
+        except ToolError as exc:
+            raise ToolError("unavailable", _NOT_AUDITED) from exc
 
     async def _execute(self, entry: Entry, raw_args: bytes, fmt: str, ctx: ToolContext) -> Any:
         tool = entry.tool
