@@ -121,6 +121,7 @@ class Chain:
         self.registry = registry
         self._auth = auth
         self._services = services
+        self._deadlines = _Deadlines()
 
     async def call(self, name: str, raw_args: bytes, fmt: str, caller: Caller) -> Any:
         """Run one call through the chain; returns the result Struct or raises ToolError.
@@ -246,13 +247,74 @@ class Chain:
             raise invalid(f"arguments for {tool.name} could not be decoded") from None
         except RecursionError:  # hostile nesting: answered, never logged
             raise invalid(f"arguments for {tool.name} nest too deeply") from None
+        call = self._deadlines.enter(tool.deadline_s)
         try:
-            async with asyncio.timeout(tool.deadline_s):
-                return await tool.handler(ctx, args)
+            return await tool.handler(ctx, args)
         except ToolError:
             raise
+        except asyncio.CancelledError:
+            if not call.expired:
+                raise
+            raise ToolError("deadline_exceeded", f"{tool.name} did not finish within {tool.deadline_s:g}s") from None
         except TimeoutError:
             raise ToolError("deadline_exceeded", f"{tool.name} did not finish within {tool.deadline_s:g}s") from None
         except Exception:
             log.exception("tool %s failed", tool.name)
             raise ToolError("internal", f"{tool.name} failed unexpectedly; see the daemon log") from None
+        finally:
+            self._deadlines.leave(call)
+
+
+class _Call:
+    """A call under its deadline (`_Deadlines`)."""
+
+    __slots__ = ("task", "at", "expired")
+
+    def __init__(self, task: asyncio.Task[Any], at: float) -> None:
+        self.task, self.at, self.expired = task, at, False
+
+
+class _Deadlines:
+    """The tools' deadlines on one loop timer instead of one per call. A call is entered
+    with its task and deadline; the timer, armed for the soonest deadline entered, cancels
+    the calls past theirs when it fires and is armed again for the soonest left. A stream
+    of calls of the same deadline thus costs a set entry per call and a timer every few
+    seconds (asyncio.timeout schedules and cancels a timer per call). The cancelled call
+    sees CancelledError with `expired` set, as asyncio.timeout's would see TimeoutError."""
+
+    def __init__(self) -> None:
+        self._calls: set[_Call] = set()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def enter(self, seconds: float) -> _Call:
+        task = asyncio.current_task()
+        assert task is not None  # a tool runs in a task
+        loop = task.get_loop()
+        call = _Call(task, loop.time() + seconds)
+        self._calls.add(call)
+        if self._timer is None or call.at < self._timer.when():
+            self._arm(loop, call.at)
+        return call
+
+    def leave(self, call: _Call) -> None:
+        self._calls.discard(call)
+        if call.expired:
+            call.task.uncancel()
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = loop.call_at(at, self._fire, loop)
+
+    def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = None
+        now, soonest = loop.time(), None
+        for call in self._calls:
+            if call.at <= now:
+                if not call.expired:
+                    call.expired = True
+                    call.task.cancel()
+            elif soonest is None or call.at < soonest:
+                soonest = call.at
+        if soonest is not None:
+            self._arm(loop, soonest)
