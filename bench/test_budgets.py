@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from callfloor import CLIENTS_CPU_RATIO_BUDGET, CPU_RATIO_BUDGET, against_floor
 from daemons import ROOT, BenchDaemon, context_switches, install_venv, io_counters, memory, record, uvloop_path
 from edge.cli.client import Client
 
@@ -44,6 +45,10 @@ BUDGET = {
     # filter), about 1.8 KB a run that a scheduled one does not write.
     "flash_per_manual_run_bytes": 16 * 1024 + 2 * 1536,
     "flash_per_audited_read_call_bytes": 1536,
+    # The server's CPU per audited read (`qledge.task.get`) over the floor's (bench/callfloor.py):
+    # the median of the pairs of one interleaved run, one client and 16.
+    "audited_read_cpu_over_floor": CPU_RATIO_BUDGET,
+    "audited_read_cpu_over_floor_16_clients": CLIENTS_CPU_RATIO_BUDGET,
 }
 REPORT: dict[str, Any] = {"budget": BUDGET}
 # The AI operator on, pointed at nothing: idle, it must cost the daemon (almost) nothing.
@@ -429,3 +434,21 @@ def test_flash_budget(flash):
     assert minutely["per_scheduled_run_one_a_minute_exclusive_lock"] <= BUDGET["flash_per_scheduled_run_bytes"]
     assert flash["per_manual_run"] <= BUDGET["flash_per_manual_run_bytes"], figures
     assert flash["per_audited_read_call"] <= BUDGET["flash_per_audited_read_call_bytes"], figures
+
+
+def test_audited_read_cpu_against_its_floor():
+    """One worker hop per audited read, and little around it: the server's CPU per call
+    within its budget of the floor's (bench/floor_server.py, measured in the same run)."""
+    python = install_venv()
+    d = BenchDaemon(python).start()
+    try:
+        with Client(d.socket) as client:
+            client.call("qledge.task.create", {"taskId": "bench", "spec": _spec(0)})
+        assert d.proc is not None
+        result = against_floor(python, d.socket, d.proc.pid, rounds=7)
+    finally:
+        d.cleanup()
+    REPORT["call_floor"] = result
+    assert result["cpu_us_per_call"]["ratio"]["median"] <= BUDGET["audited_read_cpu_over_floor"], result
+    assert (result["clients_16_cpu_us_per_call"]["ratio"]["median"]
+            <= BUDGET["audited_read_cpu_over_floor_16_clients"]), result
