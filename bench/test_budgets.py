@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 import cli_start
+from callfloor import CLIENTS_CPU_RATIO_BUDGET, CPU_RATIO_BUDGET, against_floor
 from daemons import ROOT, BenchDaemon, context_switches, install_venv, io_counters, memory, record, uvloop_path
 from edge.cli.client import Client
 
@@ -55,6 +56,10 @@ BUDGET = {
     # while the kernel works: its busy time per start, as a share of the start's wall time
     # (measured near 0.1; a start on the loop, as asyncio makes it, is near 0.9).
     "loop_busy_share_of_switching_spawn": 0.4,
+    # The server's CPU per audited read (`qledge.task.get`) over the floor's (bench/callfloor.py):
+    # the median of the pairs of one interleaved run, one client and 16.
+    "audited_read_cpu_over_floor": CPU_RATIO_BUDGET,
+    "audited_read_cpu_over_floor_16_clients": CLIENTS_CPU_RATIO_BUDGET,
 }
 REPORT: dict[str, Any] = {"budget": BUDGET}
 IDLE_OPERATOR = {"edge.app.operator", "edge.core.agent_settings", "edge.operator",
@@ -477,3 +482,21 @@ def test_a_run_that_switches_users_starts_off_the_loop():
     REPORT["spawn"] = {**{k: round(v, 1) for k, v in figures.items()}, "loop_busy_share_of_switching_spawn":
                        round(share, 3)}
     assert share <= BUDGET["loop_busy_share_of_switching_spawn"], figures
+
+
+def test_audited_read_cpu_against_its_floor():
+    """One worker hop per audited read, and little around it: the server's CPU per call
+    within its budget of the floor's (bench/floor_server.py, measured in the same run)."""
+    python = install_venv()
+    d = BenchDaemon(python).start()
+    try:
+        with Client(d.socket) as client:
+            client.call("qledge.task.create", {"taskId": "bench", "spec": _spec(0)})
+        assert d.proc is not None
+        result = against_floor(python, d.socket, d.proc.pid, rounds=7)
+    finally:
+        d.cleanup()
+    REPORT["call_floor"] = result
+    assert result["cpu_us_per_call"]["ratio"]["median"] <= BUDGET["audited_read_cpu_over_floor"], result
+    assert (result["clients_16_cpu_us_per_call"]["ratio"]["median"]
+            <= BUDGET["audited_read_cpu_over_floor_16_clients"]), result

@@ -1,6 +1,7 @@
 """Speed, on demand (`pytest bench/`): compare figures as ratios within one run, not across machines.
 
-Tool-call round trips through the socket, run admission + completion throughput, and
+Tool-call round trips through the socket, the audited read against its floor (section
+`call_floor` of bench/results/latest.json), run admission + completion throughput, and
 start-up to socket ready. (What a run and an audited call write to flash is a budget:
 bench/test_budgets.py.)
 """
@@ -14,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from callfloor import CLIENTS_CPU_RATIO_BUDGET, CPU_RATIO_BUDGET, against_floor
 from daemons import BenchDaemon, install_venv, record
 from edge.cli.client import CallFailed, Client
 
@@ -116,3 +118,13 @@ def test_startup_to_socket_ready(python):
         times.append(d.ready_s or 0)
         d.cleanup()
     RESULTS["startup_to_ready_s"] = {"median": round(statistics.median(times), 3), "max": round(max(times), 3)}
+
+
+def test_audited_read_against_its_floor(daemon, python):
+    """`qledge.task.get` through the whole chain against bench/floor_server.py: server CPU
+    per call, sequential and 16-client calls/s, interleaved, ratios pair by pair."""
+    assert daemon.proc is not None
+    result = against_floor(python, daemon.socket, daemon.proc.pid, rounds=7)
+    record("call_floor", {**result, "cpu_ratio_budget": CPU_RATIO_BUDGET,
+                          "clients_cpu_ratio_budget": CLIENTS_CPU_RATIO_BUDGET})
+    assert result["cpu_us_per_call"]["ratio"]["median"] > 0

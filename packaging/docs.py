@@ -516,6 +516,11 @@ def _kb(n: float) -> str:
     return f"{n / 1000:.1f} KB"
 
 
+def _spread(ratio: dict[str, float]) -> str:
+    """min–max (median) of the pairs' ratios of one run."""
+    return f"{ratio['min']:.2f}–{ratio['max']:.2f} (median {ratio['median']:.2f})"
+
+
 def performance_table() -> str:
     """The budgeted figures of bench/results/latest.json, as the last bench run wrote them."""
     with open(os.path.join(ROOT, "bench", "results", "latest.json")) as f:
@@ -532,6 +537,7 @@ def _performance_table(results: dict[str, Any]) -> str:
     limit = b["budget"]
     flash = b["flash"]
     one, many = speed["tool_call_1_client"], speed["tool_call_16_clients"]
+    floor = results["call_floor"]
     rows = [
         ("default daemon idle VmHWM / RssAnon / PSS", _mib(b["default"]["memory_mib"], "VmHWM", "RssAnon", "Pss"),
          f"≤ {limit['default_hwm_mib']:g} / ≤ {limit['default_rss_anon_mib']:g} MiB"),
@@ -555,6 +561,13 @@ def _performance_table(results: dict[str, Any]) -> str:
          f"p50 {one['p50_ms']:.2f} ms, p99 {one['p99_ms']:.2f} ms, {one['calls_per_s']:,.0f} calls/s", "reported"),
         ("tool call round trip, 16 clients",
          f"p50 {many['p50_ms']:.1f} ms, p99 {many['p99_ms']:.1f} ms, {many['calls_per_s']:,.0f} calls/s", "reported"),
+        ("audited read (`qledge.task.get`) over its floor (`bench/floor_server.py`): server CPU per call, "
+         "1 / 16 clients",
+         f"{_spread(floor['cpu_us_per_call']['ratio'])}× / {_spread(floor['clients_16_cpu_us_per_call']['ratio'])}×",
+         f"median ≤ {floor['cpu_ratio_budget']:g}× / ≤ {floor['clients_cpu_ratio_budget']:g}×"),
+        ("same, calls/s over the floor's, 1 / 16 clients",
+         f"{_spread(floor['sequential_calls_per_s']['ratio'])} / {_spread(floor['clients_16_calls_per_s']['ratio'])}",
+         "reported"),
         (f"run admission + completion (`true`, concurrency {speed['runs']['concurrency']})",
          f"{speed['runs']['runs_per_s']:.0f} runs/s", "reported"),
         ("flash: bytes written per finished quiet run of a once-a-minute job",

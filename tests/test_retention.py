@@ -296,21 +296,24 @@ async def test_audit_keeps_at_most_max_rows_and_max_age(home):
                            outcome="allowed", reasons=["tool_invocation_allowed"], transport="socket")
 
     count = lambda: db.run(lambda c: c.execute("SELECT count(*), min(at_ms) FROM security_audit").fetchone())  # noqa: E731
-    trims = 0
+    trims = []
     for i in range(250):
         before, _ = await count()
         await log.append(record(T0 + i))
         rows, _ = await count()
         assert rows <= 100
-        if rows < before:  # over the bound: down to 100 - 25 at once, not one row per call
-            assert rows == 75
-            trims += 1
-    assert trims == 6 and await count() == (94, T0 + 156)
-    # 31 days later: each write drops up to a batch of expired rows until none is left.
+        if rows < before:  # over the bound: down to 100 - 25 at once, not one row per call,
+            trims.append((i, rows))  # less the 15 calls until the next check (every 16th call)
+    assert trims == [(96, 60), (128, 60), (160, 60), (192, 60), (224, 60)]
+    assert await count() == (85, T0 + 165)
+    # 31 days later: each check (every 16th write) drops up to a batch of expired rows
+    # until none is left.
     later = T0 + 31 * DAY
     seen = []
-    for i in range(3):
+    for i in range(40):
         await log.append(record(later + i))
         seen.append(await count())
-    assert seen == [(94 + 1 - 64, T0 + 156 + 64), (2, later), (3, later)]
+    assert seen[5:7] == [(91, T0 + 165), (91 + 1 - 64, T0 + 165 + 64)]  # the 256th write checks
+    assert seen[21:23] == [(43, T0 + 229), (43 + 1 - 21, later)]  # the 272nd: the rest of them
+    assert seen[-1] == (40, later)
     await db.close()

@@ -29,7 +29,7 @@ from edge.core.auth import (
 )
 from edge.core.errors import conflict
 from edge.core.handoff import Background
-from edge.core.ports.stores import AuditPage
+from edge.core.ports.stores import AuditPage, AuditTicket
 from edge.core.reads import SEARCH_BUDGET
 from edge.core.tasks import SecretImport
 from edge.storage.tx import NO_ROW, Db, Row, Tx
@@ -70,6 +70,10 @@ class SecuritySql(msgspec.Struct, frozen=True, kw_only=True):
     # once: deleting one row per call rebalances a B-tree's oldest pages on every call
     # (about two more pages written per call, on flash).
     audit_trim: int
+    # Allowed calls are trimmed on every this many of them (the check itself reads the
+    # oldest batch of calls), as if that many more were there already, so the bound holds
+    # between checks too. 1: on every one (several nodes write one audit).
+    audit_trim_every: int
 
 
 # -- credentials --------------------------------------------------------------------
@@ -204,15 +208,18 @@ _reasons = msgspec.json.Encoder()
 _reasons_decoder = msgspec.json.Decoder(list[str])
 
 
-def trim_audit(tx: Tx, q: SecuritySql, cls: AuditClass, newest: int, max_rows: int, min_at_ms: int) -> None:
+def trim_audit(
+    tx: Tx, q: SecuritySql, cls: AuditClass, newest: int, max_rows: int, min_at_ms: int, ahead: int = 0,
+) -> None:
     """Allowed calls are the bulk: the oldest batch of them by id (only the rows of the small
     classes are passed over on the way), those up to the cut or too old; between those ids
-    lie rows of the other classes too, so at most `max_rows` calls are kept. A small class
-    is counted exactly: over its bound, the first of its oldest batch go, and any whose
-    last call is older than the age bound."""
+    lie rows of the other classes too, so at most `max_rows` calls are kept, `ahead` more
+    calls included (those written before the next check). A small class is counted exactly:
+    over its bound, the first of its oldest batch go, and any whose last call is older than
+    the age bound."""
     trim = min(q.audit_trim, max_rows // 4)
     if cls == "call":
-        cut = newest - max_rows
+        cut = newest + ahead - max_rows
         if trim:
             oldest = tx.row(q.audit_oldest_call)
             cut = cut + trim if oldest is not None and oldest[0] <= cut else 0
@@ -224,18 +231,34 @@ def trim_audit(tx: Tx, q: SecuritySql, cls: AuditClass, newest: int, max_rows: i
 
 def append_audit(
     tx: Tx, q: SecuritySql, record: AuditRecord, count: int, last_at_ms: int | None, bounds: AuditBounds,
-    node: str | None,
+    node: str | None, check: bool = True, ahead: int = 0,
 ) -> int:
     """Insert one row (`node`: the node that answered, on a cluster) and trim its class (a
-    little per write, until its bounds hold); its id."""
+    little per write, until its bounds hold); allowed calls only when `check`, keeping room
+    for the `ahead` written before the next check. Its id."""
     cls = audit_class(record)
     (row_id,) = tx.one(q.audit_insert, {
         "at_ms": record.at_ms, "project_id": record.project_id, "principal": record.principal, "tool": record.tool,
         "outcome": record.outcome, "reasons": _reasons.encode(record.reasons).decode(),
         "transport": record.transport, "request_id": record.request_id, "class": cls, "count": count,
         "last_at_ms": last_at_ms if cls == "refused" else None, "node_id": node})
-    trim_audit(tx, q, cls, row_id, bounds.rows(cls), record.at_ms - bounds.max_age_ms)
+    if cls != "call":
+        trim_audit(tx, q, cls, row_id, bounds.rows(cls), record.at_ms - bounds.max_age_ms)
+    elif check:
+        trim_audit(tx, q, cls, row_id, bounds.rows(cls), record.at_ms - bounds.max_age_ms, ahead)
     return int(row_id)
+
+
+class _Written:
+    """An AuditTicket for a row written already."""
+
+    __slots__ = ()
+
+    async def committed(self) -> None:
+        return None
+
+
+_WRITTEN = _Written()
 
 
 def add_counts(tx: Tx, q: SecuritySql, updates: list[TallyUpdate]) -> None:
@@ -252,6 +275,9 @@ class SqlAuditLog:
         self._q = q
         self._node = node
         self._bounds = bounds or AuditBounds()
+        self._calls = 0  # allowed calls written: every `_every`-th trims, keeping room for the rest
+        # At most a quarter of the bound between checks, so a check never reaches the newest rows.
+        self._every = max(1, min(q.audit_trim_every, self._bounds.calls // 4))
         self._tallies = RefusalTallies(self._write, self._add, timers, Background(log))
 
     async def append(self, record: AuditRecord) -> None:
@@ -259,9 +285,30 @@ class SqlAuditLog:
             return await self._tallies.append(record)
         await self._write(record, 1, None)
 
+    async def ahead(self, record: AuditRecord) -> AuditTicket:
+        """An allowed call's row rides on the database's next hop where it can (SQLite's
+        worker: the row's transaction, then the read, in one hop); written now elsewhere."""
+        if audit_class(record) == "call":
+            due = self._calls % self._every == 0
+            ride = self._db.ride(append_audit, self._q, record, 1, None, self._bounds, self._node, due,
+                                 self._every - 1)
+            if ride is not None:
+                self._calls += 1
+                return ride
+        await self.append(record)
+        return _WRITTEN
+
+    def _check(self) -> bool:
+        """Whether this allowed call's write trims (every `_every`-th, the first included)."""
+        due = self._calls % self._every == 0
+        self._calls += 1
+        return due
+
     async def _write(self, record: AuditRecord, count: int, last_at_ms: int | None) -> int | None:
         """The row's id (None: it went where it cannot be added to)."""
-        return await self._db.write(append_audit, self._q, record, count, last_at_ms, self._bounds, self._node)
+        check = self._check() if audit_class(record) == "call" else True
+        return await self._db.write(append_audit, self._q, record, count, last_at_ms, self._bounds, self._node, check,
+                                    self._every - 1)
 
     async def _add(self, updates: list[TallyUpdate]) -> None:
         await self._db.write(add_counts, self._q, updates)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
 # A row as the driver returns it. Its column types are those of the query that read it:
 # each rule knows its own queries, and every shape that leaves storage is a typed Struct.
@@ -69,6 +70,17 @@ class Tx(Protocol):
         ...
 
 
+class Ride(Protocol[T_co]):
+    """A rule queued to run ahead of the database's next hop (`Db.ride`)."""
+
+    async def committed(self) -> T_co:
+        """Its result once its transaction has committed: at once when it rode on a hop
+        that has run; otherwise after a hop of its own. Written again (through `Db.write`,
+        with its full-disk handling) when it failed where it rode; raises
+        ToolError("unavailable") when it cannot be written."""
+        ...
+
+
 class Db(Protocol):
     """A database that runs rules: `read` without writing, `write` in one transaction that
     all commits or none of it does. Driver faults become ToolError("unavailable")."""
@@ -84,4 +96,11 @@ class Db(Protocol):
         """Run the rule `fn(tx, *args)` in a transaction of its own before anything called
         from now on; a failure is logged, never raised (storage must change before
         anything else is written: the clock's restamp)."""
+        ...
+
+    def ride(self, fn: Callable[..., T], *args: Any) -> Ride[T] | None:
+        """Queue the rule `fn(tx, *args)` to run in a transaction of its own at the start of
+        the next hop to the database's worker, ahead of anything asked for after this call,
+        so that it costs no hop of its own (an audited read's row and the read in one hop).
+        None where there is no one next hop (a pool of connections): write it yourself."""
         ...

@@ -3,7 +3,8 @@ authentication (an API credential token, or the socket peer's uid for owners).
 
 authenticate → policy `tool.call:<name>` → domain permissions → durable audit →
 confirm the credential is still valid → execute under the tool's deadline.
-Nothing executes unless the allowed-audit row was written.
+Nothing executes unless the allowed-audit row was written; a read's row is written in the
+same worker hop as its first read, and nothing it read is answered before the row is durable.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from edge.core.auth import (
     tool_reason,
 )
 from edge.core.errors import ToolError, invalid
-from edge.core.ports.stores import CredentialStore
+from edge.core.ports.stores import AuditTicket, CredentialStore
 from edge.tools.context import Caller, Services, ToolContext
 from edge.tools.definition import Entry, Registry
 
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
     from edge.core.ports.agent import RunCredentials
 
 log = logging.getLogger("qledge.tools")
+
+_NOT_AUDITED = "the security audit could not be written; nothing was done"
 
 
 class AuthFailure(Exception):
@@ -119,6 +122,7 @@ class Chain:
         self.registry = registry
         self._auth = auth
         self._services = services
+        self._deadlines = _Deadlines()
 
     async def call(self, name: str, raw_args: bytes, fmt: str, caller: Caller) -> Any:
         """Run one call through the chain; returns the result Struct or raises ToolError.
@@ -141,8 +145,27 @@ class Chain:
             why = "tool_policy_denied" if missing.startswith("tool.call:") else "domain_permission_denied"
             await self._audit(principal.subject, name, "denied", [why, reason], caller)
             raise ToolError("permission_denied", f"{name} requires permission {_grantable(principal, entry, missing)}")
-        change = entry.tool.effect != "read" and not CHANGE_PERMISSIONS.isdisjoint(entry.tool.permissions)
-        await self._audit(principal.subject, name, "allowed", ["tool_invocation_allowed", reason], caller, change)
+        allowed = ["tool_invocation_allowed", reason]
+        if entry.tool.effect == "read":
+            # A read's row rides ahead of its first storage work (one worker hop for both on
+            # SQLite); nothing it read, not even an error, leaves before the row is durable.
+            ticket = await self._ahead(self._record(principal.subject, name, "allowed", allowed, caller))
+            try:
+                result = await self._checked_run(entry, raw_args, fmt, principal, caller, reason)
+            except ToolError:
+                await self._committed(ticket)
+                raise
+            await self._committed(ticket)
+            return result
+        change = not CHANGE_PERMISSIONS.isdisjoint(entry.tool.permissions)
+        await self._audit(principal.subject, name, "allowed", allowed, caller, change)
+        return await self._checked_run(entry, raw_args, fmt, principal, caller, reason)
+
+    async def _checked_run(
+        self, entry: Entry, raw_args: bytes, fmt: str, principal: Principal, caller: Caller, reason: str,
+    ) -> Any:
+        """The credential checked again (revoked since authentication: refused), then the tool."""
+        name = entry.tool.name
         if not await self._auth.still_valid(principal):
             await self._audit(principal.subject, name, "unauthenticated", ["credential_revoked", reason], caller)
             raise ToolError("unauthenticated", "credential was revoked")
@@ -180,10 +203,10 @@ class Chain:
             return
         await self._audit(principal.subject, name, "denied", [why, reason], caller)
 
-    async def _audit(
+    def _record(
         self, subject: str, tool: str, outcome: Outcome, reasons: list[str], caller: Caller, change: bool = False,
-    ) -> None:
-        record = AuditRecord(
+    ) -> AuditRecord:
+        return AuditRecord(
             at_ms=self._services.clock.now_ms(),
             project_id=self._services.project,
             principal=subject,
@@ -194,10 +217,26 @@ class Chain:
             request_id=caller.request_id,
             change=change,
         )
+
+    async def _audit(
+        self, subject: str, tool: str, outcome: Outcome, reasons: list[str], caller: Caller, change: bool = False,
+    ) -> None:
         try:
-            await self._services.audit.append(record)
+            await self._services.audit.append(self._record(subject, tool, outcome, reasons, caller, change))
         except ToolError as exc:
-            raise ToolError("unavailable", "the security audit could not be written; nothing was done") from exc
+            raise ToolError("unavailable", _NOT_AUDITED) from exc
+
+    async def _ahead(self, record: AuditRecord) -> AuditTicket:
+        try:
+            return await self._services.audit.ahead(record)
+        except ToolError as exc:
+            raise ToolError("unavailable", _NOT_AUDITED) from exc
+
+    async def _committed(self, ticket: AuditTicket) -> None:
+        try:
+            await ticket.committed()
+        except ToolError as exc:
+            raise ToolError("unavailable", _NOT_AUDITED) from exc
 
     async def _execute(self, entry: Entry, raw_args: bytes, fmt: str, ctx: ToolContext) -> Any:
         tool = entry.tool
@@ -211,16 +250,77 @@ class Chain:
             raise invalid(f"arguments for {tool.name} could not be decoded") from None
         except RecursionError:  # hostile nesting: answered, never logged
             raise invalid(f"arguments for {tool.name} nest too deeply") from None
+        call = self._deadlines.enter(tool.deadline_s)
         try:
-            async with asyncio.timeout(tool.deadline_s):
-                return await tool.handler(ctx, args)
+            return await tool.handler(ctx, args)
         except ToolError:
             raise
+        except asyncio.CancelledError:
+            if not call.expired:
+                raise
+            raise ToolError("deadline_exceeded", f"{tool.name} did not finish within {tool.deadline_s:g}s") from None
         except TimeoutError:
             raise ToolError("deadline_exceeded", f"{tool.name} did not finish within {tool.deadline_s:g}s") from None
         except Exception:
             log.exception("tool %s failed", tool.name)
             raise ToolError("internal", f"{tool.name} failed unexpectedly; see the daemon log") from None
+        finally:
+            self._deadlines.leave(call)
+
+
+class _Call:
+    """A call under its deadline (`_Deadlines`)."""
+
+    __slots__ = ("task", "at", "expired")
+
+    def __init__(self, task: asyncio.Task[Any], at: float) -> None:
+        self.task, self.at, self.expired = task, at, False
+
+
+class _Deadlines:
+    """The tools' deadlines on one loop timer instead of one per call. A call is entered
+    with its task and deadline; the timer, armed for the soonest deadline entered, cancels
+    the calls past theirs when it fires and is armed again for the soonest left. A stream
+    of calls of the same deadline thus costs a set entry per call and a timer every few
+    seconds (asyncio.timeout schedules and cancels a timer per call). The cancelled call
+    sees CancelledError with `expired` set, as asyncio.timeout's would see TimeoutError."""
+
+    def __init__(self) -> None:
+        self._calls: set[_Call] = set()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def enter(self, seconds: float) -> _Call:
+        task = asyncio.current_task()
+        assert task is not None  # a tool runs in a task
+        loop = task.get_loop()
+        call = _Call(task, loop.time() + seconds)
+        self._calls.add(call)
+        if self._timer is None or call.at < self._timer.when():
+            self._arm(loop, call.at)
+        return call
+
+    def leave(self, call: _Call) -> None:
+        self._calls.discard(call)
+        if call.expired:
+            call.task.uncancel()
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = loop.call_at(at, self._fire, loop)
+
+    def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = None
+        now, soonest = loop.time(), None
+        for call in self._calls:
+            if call.at <= now:
+                if not call.expired:
+                    call.expired = True
+                    call.task.cancel()
+            elif soonest is None or call.at < soonest:
+                soonest = call.at
+        if soonest is not None:
+            self._arm(loop, soonest)
 
 
 def _grantable(principal: Principal, entry: Entry, missing: str) -> str:

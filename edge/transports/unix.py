@@ -291,6 +291,8 @@ class Connection:
         if self.writer.is_closing():
             raise ConnectionResetError("the connection is closing")
         self.writer.write(data)
+        if not self.writer.transport.get_write_buffer_size():
+            return  # all of it went to the kernel: nothing to wait for, no timer to set
         try:
             async with asyncio.timeout(self._limits.frame_timeout_s):
                 await self.writer.drain()

@@ -356,6 +356,14 @@ class SecretStore(Protocol):
         ...
 
 
+class AuditTicket(Protocol):
+    """An audit row on its way (`AuditLog.ahead`)."""
+
+    async def committed(self) -> object:
+        """Returns once the row is durable; raises unavailable when it cannot be written."""
+        ...
+
+
 class AuditLog(Protocol):
     """Three classes of rows, each trimmed to its own bounds, so the volume of one never
     pushes out another: allowed calls, allowed changes of credentials and secrets
@@ -372,6 +380,15 @@ class AuditLog(Protocol):
         returns, later ones are counted and written within a few seconds (`flush`;
         edge.core.auth.RefusalTallies on either backend). Raises unavailable when a row
         cannot be written: the caller then does nothing."""
+        ...
+
+    async def ahead(self, record: AuditRecord) -> AuditTicket:
+        """Record an allowed call whose work only reads: the row is written, in a transaction
+        of its own, before any storage work asked for after this returns (on SQLite it rides
+        on the worker's next hop, so the row and the read cost one hop); elsewhere it is
+        written before this returns, as `append` does. The caller must await
+        `committed()` before it returns or shows anything the call read, and answer
+        unavailable when that raises. Raises unavailable when written at once and that fails."""
         ...
 
     async def flush(self) -> None:

@@ -148,6 +148,10 @@ class PgDatabase:
         must change before anything else is written. A failure is logged, never raised."""
         self._pending.append((fn, args))
 
+    def ride(self, fn: Callable[..., T], *args: Any) -> None:
+        """None: a pool has no one next hop to ride on (the caller writes it itself)."""
+        return None
+
     async def connect(self) -> psycopg.AsyncConnection[Row]:
         """An asyncio connection of its own, with the session settings (the hint listener's)."""
         conn = await psycopg.AsyncConnection.connect(

@@ -128,6 +128,7 @@ SECURITY = SecuritySql(
               " reasons = CASE WHEN %s THEN %s ELSE reasons END WHERE id = %s",
     audit_page="SELECT id, at_ms, project_id, principal, tool, outcome, reasons, transport, request_id, class, count,"
                " last_at_ms FROM security_audit WHERE id < %s AND project_id = %s ORDER BY id DESC LIMIT %s",
+    audit_trim_every=1,
     audit_trim=0,  # a server's pages, not a router's flash: each write keeps the bound exactly
 )
 

@@ -11,7 +11,7 @@ import stat
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import apsw
 import apsw.aio
@@ -56,7 +56,8 @@ def configure(conn: apsw.Connection, synchronous: str, cache_kib: int, exclusive
 
     Importing apsw.bestpractice pulls in apsw.ext (~3.4 MiB RSS), so the same settings
     are spelled out here: busy timeout, WAL, foreign keys, no double-quoted string
-    literals, the planner's optimize hook, recursive triggers. Before WAL: the page size
+    literals, the planner's optimize hook, recursive triggers; and plans that do not depend
+    on bound values (the query planner stability guarantee). Before WAL: the page size
     (a new database takes it at once, an existing one only by being rewritten) and, when
     `exclusive`, the exclusive locking mode: then WAL keeps its index in this process's
     memory instead of a shared `-shm` file, whose pages the kernel would write back to
@@ -71,6 +72,10 @@ def configure(conn: apsw.Connection, synchronous: str, cache_kib: int, exclusive
     conn.pragma("foreign_keys", "ON")
     conn.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
     conn.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
+    # The plan of a statement must not depend on the values bound to it: otherwise every
+    # join with a parameter (a task's head and revision, a run and its task) is marked to be
+    # prepared again whenever a value is bound, and is, on every call (most of a read's time).
+    conn.config(apsw.SQLITE_DBCONFIG_ENABLE_QPSG, 1)
     conn.pragma("optimize", 0x10002)
     conn.pragma("recursive_triggers", "ON")
     conn.pragma("synchronous", synchronous)
@@ -336,23 +341,49 @@ def _why_not(path: str, exc: Exception) -> str:
 
 
 class _Pending:
-    """Work queued by `Database.before_next`; `done` once it ran (well or not)."""
+    """Work queued by `Database.before_next` or `Database.ride`; `done` once it ran (well or
+    not), with its result or the error it met (a ride's is its caller's to handle)."""
 
-    __slots__ = ("fn", "args", "done")
+    __slots__ = ("fn", "args", "done", "keep", "result", "error")
 
-    def __init__(self, fn: Callable[..., object], args: tuple[Any, ...]) -> None:
-        self.fn, self.args, self.done = fn, args, False
+    def __init__(self, fn: Callable[..., object], args: tuple[Any, ...], keep: bool = False) -> None:
+        self.fn, self.args, self.done, self.keep = fn, args, False, keep
+        self.result: object = None
+        self.error: BaseException | None = None
 
 
 def _first(conn: apsw.Connection, pending: list[_Pending], fn: Callable[..., T], args: tuple[Any, ...]) -> T:
     for item in pending:
+        if item.done:  # taken by a hop whose caller was cancelled, and put back
+            continue
         item.done = True
         try:
             with immediate(conn):
-                item.fn(SqliteTx(conn), *item.args)
+                item.result = item.fn(SqliteTx(conn), *item.args)
         except apsw.Error as exc:  # its own fault must not fail the call it rides on
-            log.error("storage error in %s: %s", getattr(item.fn, "__qualname__", item.fn), exc)
+            if item.keep:
+                item.error = exc
+            else:
+                log.error("storage error in %s: %s", getattr(item.fn, "__qualname__", item.fn), exc)
     return fn(conn, *args)
+
+
+class _Ride(Generic[T]):
+    """edge.storage.tx.Ride on the SQLite worker."""
+
+    __slots__ = ("_db", "_item")
+
+    def __init__(self, db: Database, item: _Pending) -> None:
+        self._db, self._item = db, item
+
+    async def committed(self) -> T:
+        item = self._item
+        while not item.done:  # nothing has carried it yet: a hop of its own
+            await self._db.run(_nothing)
+        if item.error is not None:  # rolled back where it rode: once more, as a write
+            item.error = None
+            item.result = await self._db.write(item.fn, *item.args)
+        return item.result  # type: ignore[return-value]  # what `fn` returned
 
 
 class Database:
@@ -370,6 +401,14 @@ class Database:
         task that starts later); used when storage must change before anything else is
         written. A failure is logged, never raised."""
         self._pending.append(_Pending(fn, args))
+
+    def ride(self, fn: Callable[..., T], *args: Any) -> _Ride[T]:
+        """Run the rule `fn(tx, *args)` in a transaction of its own at the start of the next
+        hop to the worker (before whatever `run` is called next), its outcome kept for
+        `committed()` instead of logged: one hop for an audited read's row and its read."""
+        item = _Pending(fn, args, keep=True)
+        self._pending.append(item)
+        return _Ride(self, item)
 
     @classmethod
     async def open(

@@ -135,6 +135,7 @@ SECURITY = SecuritySql(
     audit_page="SELECT id, at_ms, project_id, principal, tool, outcome, reasons, transport, request_id, class, count,"
                " last_at_ms FROM security_audit WHERE id < ? AND project_id = ? ORDER BY id DESC LIMIT ?",
     audit_trim=32,
+    audit_trim_every=16,
 )
 
 
