@@ -75,13 +75,13 @@ def _start_options(p: argparse.ArgumentParser) -> None:
 
 
 def list_options(p: argparse.ArgumentParser) -> None:
-    from edge.core.runs import ORIGINS, STATUSES
+    from edge.core.runs import STARTED, STATUSES
 
     p.add_argument("--task", metavar="TASK", help="only this task's runs")
     p.add_argument("--status", action="append", default=[], metavar="STATUS",
                    help=f"only runs in this status (repeatable, or comma-separated): {', '.join(STATUSES)}")
     p.add_argument("--origin", action="append", default=[], metavar="ORIGIN",
-                   help=f"only runs started this way (repeatable, or comma-separated): {', '.join(ORIGINS)}")
+                   help=f"only runs started this way (repeatable, or comma-separated): {', '.join(STARTED)}")
     p.add_argument("--since", type=shared.time_arg("--since"), metavar="WHEN",
                    help="created then or later: a duration back from now (30m, 12h, 7d) or a date/time")
     p.add_argument("--until", type=shared.time_arg("--until"), metavar="WHEN", help="created before then (as --since)")
@@ -91,7 +91,8 @@ def list_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--after", metavar="CURSOR",
                    help="continue after this point: the CURSOR a previous list printed, or a RUN")
     p.epilog = ("Filters combine (a run must match each one given); each is served by an index, and a page\n"
-                "examines a bounded number of runs.\n" + RUN_EPILOG)
+                "examines a bounded number of runs.\nORIGIN, how a run was started:\n"
+                + "".join(f"  {o:<10} {why}\n" for o, why in STARTED.items()) + RUN_EPILOG)
 
 
 def _choices(flag: str, given: list[str], valid: tuple[str, ...]) -> list[str]:
@@ -122,11 +123,14 @@ def _after(c: Client, text: str | None) -> RunCursor | None:
 def run_list(c: Client, a: argparse.Namespace) -> int:
     from typing import cast
 
-    from edge.core.runs import ORIGINS, STATUSES, Origin, RunStatus
+    from edge.core.runs import STARTED, STATUSES, Origin, RunStatus
     from edge.tools.builtin import runs as run_tools
 
     statuses = _choices("--status", a.status, STATUSES)
-    origins = _choices("--origin", a.origin, ORIGINS)
+    if any("agent" in o.split(",") for o in a.origin):  # a wire value no run is created with
+        raise UsageError("--origin agent matches no run: an AI task's runs are scheduled, manual or retry like"
+                         " any task's (filter with --task); the AI operator's own runs are `qledge agent list`")
+    origins = _choices("--origin", a.origin, tuple(STARTED))
     after = _after(c, a.after)
     wanted = None if a.all else a.limit
     runs: list[Run] = []
