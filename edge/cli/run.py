@@ -61,7 +61,26 @@ def run_start(c: Client, a: argparse.Namespace) -> int:
         shared.json_out(final)
     else:
         print(shared.run_line(final), file=status_out)
+        if final.retry_due_at_ms is not None:
+            print(_retry_line(c, final), file=status_out)
     return EXIT_OK if final.status == "succeeded" else EXIT_TOOL
+
+
+def _retry_line(c: Client, run: Run) -> str:
+    """What comes of a failed run that will be retried: `retry 1 of 2 due in 2s`."""
+    import math
+
+    from edge.core.tasks import Task
+    from edge.tools.builtin import tasks as task_tools
+
+    due = run.retry_due_at_ms or 0
+    secs = max(0, math.ceil((due - time.time() * 1000) / 1000))
+    task = c.typed("qledge.task.get", task_tools.TaskId(task_id=run.task_id), Task) if c.may_call(
+        "qledge.task.get") else None
+    policy = task.spec.retry if task is not None else None
+    of = f" of {policy.count}" if policy is not None else ""
+    return (f"retry {run.attempt}{of} due in {shared.span(secs, units=2)}"
+            f" ({shared.when(due)}; qledge run list --task {run.task_id})")
 
 
 def _start_options(p: argparse.ArgumentParser) -> None:
