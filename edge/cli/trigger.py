@@ -255,9 +255,10 @@ def trigger_list(c: Client, a: argparse.Namespace) -> int:
             lambda t: [t.trigger_id, f"{t.task_id}@{t.task_revision}", yes(t.enabled), shared.when(t.updated_at_ms)],
             ["TRIGGER", "TASK@REV", "ENABLED", "UPDATED"],
         )
-    disabled = set() if a.json else _disabled_tasks(c)
+    triggers = all_pages(lambda after: _trigger_page(c, after))
+    disabled = _disabled_tasks(c) if triggers and not a.json else set()
     return show_list(
-        a, all_pages(lambda after: _trigger_page(c, after)), "no triggers yet: qledge trigger add TASK --cron EXPR",
+        a, triggers, "no triggers yet: qledge trigger add TASK --cron EXPR",
         lambda t: [t.id, f"{t.task_id}@{t.task_revision}", yes(t.enabled), t.spec.expression, t.spec.timezone,
                    _next_or_why(t, disabled)],
         ["TRIGGER", "TASK@REV", "ENABLED", "CRON", "TIMEZONE", "NEXT FIRE"],
