@@ -344,3 +344,22 @@ def test_audit_pages_walk_a_bounded_number_of_rows(home):
     # Rows before `since` are skipped, within the budget: an empty page still says where to go on.
     none = audit_sql.audit_page(SqliteTx(conn), SECURITY, "p", 20_000, None, 10, 100)
     assert none.entries == [] and none.next == 1401
+
+
+def test_origin_filters_are_the_ways_a_run_starts_and_the_help_says_each(daemon):
+    from edge.core.runs import STARTED
+
+    helped = _ok(daemon.cli("run", "list", "--help")).stdout
+    flat = " ".join(helped.split())  # argparse wraps an option's help to the terminal's width
+    assert "scheduled, manual, fire_once, retry" in flat and "agent" not in helped.split("ORIGIN, how")[0]
+    for origin, meaning in STARTED.items():
+        assert re.search(rf"^  {origin} +{re.escape(meaning[:20])}", helped, re.M), (origin, helped)
+    _ok(daemon.cli("task", "add", "ok", "--", "true"))
+    _ok(daemon.cli("run", "start", "ok", "--wait"))
+    # No run is created with origin agent: the filter is refused with where AI runs are, not "no runs".
+    for given in ("agent", "manual,agent"):
+        refused = daemon.cli("run", "list", "--origin", given)
+        assert refused.returncode == 2 and refused.stderr.startswith(
+            "qledge: invalid_argument: --origin agent matches no run: an AI task's runs are scheduled,"), refused
+        assert "qledge agent list" in refused.stderr and refused.stderr.count("\n") == 1
+    assert len(_json(daemon.cli("run", "list", "--origin", "manual", "--json"))) == 1

@@ -583,3 +583,18 @@ def test_many_entries_named_after_one_program_get_every_name_once():
     ids = [e.task.task_id for e in plan.entries]
     assert ids[:3] == ["sync-2", "sync-4", "sync-5"] and ids[-1] == "sync-20002"
     assert len(set(ids)) == len(ids) == 20_000
+
+
+def test_crontab_dry_run_notes_days_that_either_match(daemon, workdir):
+    path = os.path.join(workdir, "root")
+    with open(path, "w") as f:
+        f.write("0 9 1 * 1 /bin/true first-or-monday\n0 9 1 * * /bin/true first\n0 9 * * 1 /bin/true monday\n")
+    dry = ok(daemon.cli("import", "crontab", path, "--dry-run"))
+    note = ("  note: day-of-month and day-of-week are both restricted: a day matching either fires"
+            " (as busybox crond and qinglong do)")
+    lines = dry.splitlines()
+    first = lines.index(next(x for x in lines if x.startswith("line 1: would create task")))
+    assert lines[first + 1] == note, dry
+    assert dry.count(note) == 1, dry  # only the line that restricts both
+    planned = as_json(daemon.cli("import", "crontab", path, "--dry-run", "--json"))["tasks"]
+    assert [len(t.get("notes", [])) for t in planned] == [1, 0, 0]

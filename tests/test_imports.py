@@ -11,6 +11,7 @@ from edge.core.imports import (
     QlEnv,
     QlPlace,
     assign_ids,
+    Entry,
     disable_lines,
     free_name,
     is_notification_key,
@@ -255,3 +256,15 @@ def test_labels_lose_control_characters():
     entry = ql_entry(ql_cron({"id": 1, "name": "a\x1b[31mred\x07", "command": "task a.js", "schedule": "@daily"}),
                      PLACE, {})
     assert entry.task.name == "a [31mred" and unrepresentable(entry) is None
+
+
+def test_an_imported_one_shot_is_noted_to_run_right_after_the_import():
+    enabled = ql_entry(ql_cron({"id": 9, "name": "n", "command": "task a.js", "schedule": "@once"}), PLACE, {})
+    assert isinstance(enabled, Entry)
+    assert "@once: runs once, as soon as it is imported (not at a time of day)" in enabled.notes
+    # A one-shot of a disabled task waits, disabled, with the task: nothing runs after the import.
+    held = ql_entry(ql_cron({"id": 9, "name": "n", "command": "task a.js", "schedule": "@once", "isDisabled": 1}),
+                    PLACE, {})
+    assert isinstance(held, Entry) and not any("@once" in n for n in held.notes)
+    either = ql_entry(ql_cron({"id": 9, "name": "n", "command": "task a.js", "schedule": "0 9 1 * 1"}), PLACE, {})
+    assert isinstance(either, Entry) and any("a day matching either fires" in n for n in either.notes)

@@ -181,6 +181,22 @@ def test_the_smallest_zipapp_says_it_has_no_doctor_and_the_others_have_one(pyz_d
     assert result.returncode == 0 and "complete -F _qledge qledge" in result.stdout.splitlines()
 
 
+def test_edge_zipapp_lists_only_the_commands_it_serves_and_says_why_of_the_others(pyz_dir):
+    pyz = os.path.join(pyz_dir, "qledge-edge.pyz")
+    listed = subprocess.run([*system_python(pyz), "--help"], capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    commands = set(re.findall(r"^    ([a-z]+) ", listed.stdout, re.M))
+    assert {"task", "run", "trigger", "status"} <= commands
+    assert not commands & {"ask", "agent", "web", "notify", "doctor", "completion"}, listed.stdout
+    for noun, line in (("ask", "the AI operator is not included in this build"),
+                       ("agent", "the AI operator is not included in this build")):
+        called = subprocess.run([*system_python(pyz), noun, "--help"], capture_output=True, text=True, timeout=60)
+        assert (called.returncode, called.stderr) == (2, f"qledge: invalid_argument: {line}\n"), called
+    full = subprocess.run([*system_python(os.path.join(pyz_dir, "qledge-full.pyz")), "--help"],
+                          capture_output=True, text=True, timeout=60)
+    assert {"ask", "agent", "notify"} <= set(re.findall(r"^    ([a-z]+) ", full.stdout, re.M)), full.stdout
+
+
 def test_mcp_enabled_in_a_build_without_it_is_one_clear_line(pyz_dir, home):
     pyz = os.path.join(pyz_dir, "qledge-edge.pyz")
     config = os.path.join(home, "qledge.toml")

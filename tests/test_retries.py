@@ -231,3 +231,21 @@ def test_task_update_changes_retries_and_notification_rules(daemon):
     wrong = daemon.cli("task", "add", "x", "--notify", "a", "--notify-on", "sometimes", "--", "true")
     assert wrong.returncode == 2 and wrong.stderr.startswith(E + "--notify-on takes events among failure,")
     assert daemon.call("qledge.task.list")["tasks"][-1]["id"] == "t"  # nothing was added
+
+
+def test_run_start_wait_says_when_the_retry_is_due(daemon):
+    from edge.cli.shared import span
+
+    assert daemon.cli("task", "add", "flaky", "--retries", "2", "--retry-delay", "300", "--", "false").returncode == 0
+    waited = daemon.cli("run", "start", "flaky", "--wait")
+    assert waited.returncode == 1, waited.stderr
+    lines = waited.stdout.splitlines()
+    assert lines[-2].split()[2] == "failed", lines
+    # Due 300 s after the run ended: a slow machine may have taken a few of them since.
+    due = [f"retry 1 of 2 due in {span(s, units=2)} (" for s in range(280, 301)]
+    assert any(lines[-1].startswith(d) for d in due), lines
+    assert lines[-1].endswith("; qledge run list --task flaky)"), lines
+    no_retries = daemon.cli("task", "add", "once", "--", "false")
+    assert no_retries.returncode == 0
+    plain = daemon.cli("run", "start", "once", "--wait")
+    assert plain.returncode == 1 and "retry" not in plain.stdout, plain.stdout

@@ -493,3 +493,44 @@ def test_a_daemon_that_is_not_root_says_so_and_only_owners_write_tasks(daemon_fa
     assert _run(d, "t")[1].startswith(f"uid={NOBODY.pw_uid}(")
     bad = d.cli("task", "add", "r", "--user", "root", "--", "id")
     assert bad.returncode == 2 and "this daemon runs as nobody (not root) and cannot switch users" in bad.stderr
+
+
+@needs_root
+def test_a_program_the_task_user_cannot_execute_is_refused_naming_the_user(daemon, home):
+    closed = home + "-prog"
+    os.makedirs(closed, mode=0o755)
+    program = os.path.join(closed, "job.sh")
+    with open(program, "w") as f:
+        f.write("#!/bin/sh\necho ran\n")
+    try:
+        os.chmod(program, 0o700)  # root's alone: nobody may not execute it
+        bad = daemon.cli("task", "add", "t", "--", program)
+        assert (bad.returncode, bad.stderr) == (2, f"qledge: invalid_argument: program {program}: user nobody may"
+                                                   " not execute it (mode -rwx------, owner uid 0)\n"), bad
+        os.chmod(program, 0o755)
+        os.chmod(closed, 0o700)
+        bad = daemon.cli("task", "add", "t", "--", program)
+        assert (bad.returncode, bad.stderr) == (
+            2, f"qledge: invalid_argument: program {program}: user nobody may not enter {closed}\n"), bad
+        # A bare name is looked up in PATH by the run: nothing to check here.
+        assert daemon.cli("task", "add", "bare", "--", "true").returncode == 0
+        os.chmod(closed, 0o755)
+        assert daemon.cli("task", "add", "t", "--", program).returncode == 0
+        # Closed after the task was written: the run fails before it starts, naming the user.
+        os.chmod(program, 0o700)
+        run, log = _run(daemon, "t")
+        assert (run["status"], run["errorCode"], log) == ("failed", "spawn_failed", "")
+        assert run["errorSummary"].startswith(f"program {program}: user nobody may not execute it"), run
+        waited = daemon.cli("run", "start", "t", "--wait")
+        assert waited.returncode == 1 and "user nobody may not execute it" in waited.stdout, waited.stdout
+    finally:
+        shutil.rmtree(closed, ignore_errors=True)
+
+
+@needs_root
+def test_a_program_that_fails_to_start_says_as_which_user(daemon, home):
+    missing = home + "-gone/job.sh"  # not there yet when the task is written: the run says
+    assert daemon.cli("task", "add", "t", "--", missing).returncode == 0
+    run, _ = _run(daemon, "t")
+    assert (run["status"], run["errorCode"]) == ("failed", "spawn_failed"), run
+    assert run["errorSummary"].startswith("could not start as nobody: [Errno 2] No such file or directory"), run

@@ -221,3 +221,23 @@ def test_kill_9_and_restart_fires_nothing_twice(daemon_factory):
     fired = [r[0] for r in rows]
     assert len(fired) >= 4 and fired == sorted(set(fired))  # each fire once, in order, never rewound
     assert all(status in ("succeeded", "cancelled", "lost") for _, status in rows)
+
+
+def test_a_trigger_of_a_disabled_task_says_its_fires_will_be_skipped(daemon):
+    daemon.cli("task", "add", "off", "--", "echo", "hi")
+    daemon.cli("task", "add", "on", "--", "echo", "hi")
+    assert daemon.cli("task", "disable", "off").returncode == 0
+    added = daemon.cli("trigger", "add", "off", "--cron", "0 9 * * *", "--tz", "UTC")
+    assert added.returncode == 0, added.stderr
+    assert added.stdout == ("trigger off-1 created for task off (revision 2); task is disabled: fires will be"
+                            " skipped\n")
+    assert "next fire" in daemon.cli("trigger", "add", "on", "--cron", "0 9 * * *", "--tz", "UTC").stdout
+    rows = {line.split()[0]: line for line in daemon.cli("trigger", "list").stdout.splitlines()[1:]}
+    assert rows["off-1"].endswith("task is disabled: fires will be skipped"), rows
+    assert rows["on-1"].endswith(" 09:00:00 UTC"), rows
+    got = daemon.cli("trigger", "get", "off-1").stdout
+    assert "next fire:    task is disabled: fires will be skipped" in got, got
+    # The armed time is still in the JSON (for programs), and enabling the task shows it again.
+    assert _json(daemon.cli("trigger", "get", "off-1", "--json"))["nextFireAtMs"] is not None
+    daemon.cli("task", "enable", "off")
+    assert daemon.cli("trigger", "list").stdout.count("task is disabled") == 0

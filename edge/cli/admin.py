@@ -39,10 +39,22 @@ def _status_lines(s: Status) -> list[tuple[str, object]]:
         ("project", s.project),
         ("tasks", f"{counts.tasks} tasks, {counts.triggers} triggers, {counts.credentials} credentials"),
         ("runs", f"{counts.runs} stored, {counts.active_runs} active"),
-        ("written", f"{shared.size(s.written_bytes)} since start, about {shared.size(s.written_bytes_per_day)} a day"
-                    " at this rate"),
+        ("written", _written(s)),
         *sorted(s.extra.items()),
     ]
+
+
+# The count starts with the daemon (creating or converting the database included): a daily
+# rate from the first minutes says more about the start than about the days that follow.
+RATE_AFTER_S = 3600
+
+
+def _written(s: Status) -> str:
+    since = f"{shared.size(s.written_bytes)} since start"
+    if s.uptime_s < RATE_AFTER_S:
+        return f"{since} (a daily rate after {shared.span(RATE_AFTER_S)} up)"
+    return (f"{since}, about {shared.size(s.written_bytes_per_day)} a day at the rate of the last"
+            f" {shared.span(s.uptime_s, units=2)}")
 
 
 class _Fields:

@@ -140,10 +140,10 @@ def _parser(words: list[str], everything: bool = False) -> argparse.ArgumentPars
     chosen = words[0] if words else None
     for noun in NOUNS:
         if not everything and noun.name != chosen:
-            if noun.needs is None or noun.absent is not None or noun.module is None or _shipped(noun.module):
+            if _offered(noun):
                 nouns.add_parser(noun.name, help=noun.help)  # listed: its name and line are all --help shows
             continue
-        module = _load(noun.module) if noun.module else None
+        module = _load(noun.module) if noun.module and (everything or _offered(noun)) else None
         if noun.module and module is None:
             if noun.absent is None:
                 continue  # not offered in this build
@@ -153,6 +153,21 @@ def _parser(words: list[str], everything: bool = False) -> argparse.ArgumentPars
             continue
         _add_noun(nouns, noun, module, words[1] if len(words) > 1 else None, everything, common)
     return parser
+
+
+def _offered(noun: Noun) -> bool:
+    """Whether this build serves `noun`: a noun of an optional capability is offered where the
+    capability is available (edge.app.capabilities: the one table of which serves which noun),
+    else where its module is shipped (a core noun the smallest build leaves out, too). Probes
+    modules, imports none."""
+    if noun.needs is None:
+        return noun.absent is None or noun.module is None or _shipped(noun.module)
+    from edge.app.capabilities import CAPABILITIES
+
+    for capability in CAPABILITIES:
+        if noun.name in capability.cli_nouns:
+            return capability.available()
+    return noun.module is None or _shipped(noun.module)
 
 
 def _add_noun(nouns: shared.Subcommands, noun: Noun, module: ModuleType | None, verb: str | None,

@@ -62,7 +62,26 @@ def run_start(c: Client, a: argparse.Namespace) -> int:
         shared.json_out(final)
     else:
         print(shared.run_line(final), file=status_out)
+        if final.retry_due_at_ms is not None:
+            print(_retry_line(c, final), file=status_out)
     return EXIT_OK if final.status == "succeeded" else EXIT_TOOL
+
+
+def _retry_line(c: Client, run: Run) -> str:
+    """What comes of a failed run that will be retried: `retry 1 of 2 due in 2s`."""
+    import math
+
+    from edge.core.tasks import Task
+    from edge.tools.builtin import tasks as task_tools
+
+    due = run.retry_due_at_ms or 0
+    secs = max(0, math.ceil((due - time.time() * 1000) / 1000))
+    task = c.typed("qledge.task.get", task_tools.TaskId(task_id=run.task_id), Task) if c.may_call(
+        "qledge.task.get") else None
+    policy = task.spec.retry if task is not None else None
+    of = f" of {policy.count}" if policy is not None else ""
+    return (f"retry {run.attempt}{of} due in {shared.span(secs, units=2)}"
+            f" ({shared.when(due)}; qledge run list --task {run.task_id})")
 
 
 def _start_options(p: argparse.ArgumentParser) -> None:
@@ -76,13 +95,13 @@ def _start_options(p: argparse.ArgumentParser) -> None:
 
 
 def list_options(p: argparse.ArgumentParser) -> None:
-    from edge.core.runs import ORIGINS, STATUSES
+    from edge.core.runs import STARTED, STATUSES
 
     p.add_argument("--task", metavar="TASK", help="only this task's runs")
     p.add_argument("--status", action="append", default=[], metavar="STATUS",
                    help=f"only runs in this status (repeatable, or comma-separated): {', '.join(STATUSES)}")
     p.add_argument("--origin", action="append", default=[], metavar="ORIGIN",
-                   help=f"only runs started this way (repeatable, or comma-separated): {', '.join(ORIGINS)}")
+                   help=f"only runs started this way (repeatable, or comma-separated): {', '.join(STARTED)}")
     p.add_argument("--since", type=shared.time_arg("--since"), metavar="WHEN",
                    help="created then or later: a duration back from now (30m, 12h, 7d) or a date/time")
     p.add_argument("--until", type=shared.time_arg("--until"), metavar="WHEN", help="created before then (as --since)")
@@ -92,7 +111,8 @@ def list_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--after", metavar="CURSOR",
                    help="continue after this point: the CURSOR a previous list printed, or a RUN")
     p.epilog = ("Filters combine (a run must match each one given); each is served by an index, and a page\n"
-                "examines a bounded number of runs.\n" + RUN_EPILOG)
+                "examines a bounded number of runs.\nORIGIN, how a run was started:\n"
+                + "".join(f"  {o:<10} {why}\n" for o, why in STARTED.items()) + RUN_EPILOG)
 
 
 def _choices(flag: str, given: list[str], valid: tuple[str, ...]) -> list[str]:
@@ -123,11 +143,14 @@ def _after(c: Client, text: str | None) -> RunCursor | None:
 def run_list(c: Client, a: argparse.Namespace) -> int:
     from typing import cast
 
-    from edge.core.runs import ORIGINS, STATUSES, Origin, RunStatus
+    from edge.core.runs import STARTED, STATUSES, Origin, RunStatus
     from edge.tools.builtin import runs as run_tools
 
     statuses = _choices("--status", a.status, STATUSES)
-    origins = _choices("--origin", a.origin, ORIGINS)
+    if any("agent" in o.split(",") for o in a.origin):  # a wire value no run is created with
+        raise UsageError("--origin agent matches no run: an AI task's runs are scheduled, manual or retry like"
+                         " any task's (filter with --task); the AI operator's own runs are `qledge agent list`")
+    origins = _choices("--origin", a.origin, tuple(STARTED))
     after = _after(c, a.after)
     task = shared.task_id(c, a.task) if a.task else None
     wanted = None if a.all else a.limit

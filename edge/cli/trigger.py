@@ -152,13 +152,42 @@ def next_fire(t: Trigger) -> str:
     return _fire(t.next_fire_at_ms, t.spec.timezone, t.spec.expression if t.enabled else "")
 
 
-def _fields(t: Trigger) -> None:
+# What a trigger of a disabled task shows in place of its next fire: the scheduler keeps it
+# armed, and records each fire as skipped (`qledge trigger events`) until the task is enabled.
+TASK_DISABLED = "task is disabled: fires will be skipped"
+
+
+def _disabled_tasks(c: Client, task_id: str | None = None) -> set[str]:
+    """The disabled tasks among the triggers' (all of them, or `task_id`'s); empty for a
+    caller who may not inspect tasks."""
+    from edge.core.tasks import Task
+    from edge.tools.builtin import tasks as task_tools
+    from edge.transports.client import all_pages
+
+    if not c.may_call("qledge.task.list" if task_id is None else "qledge.task.get"):
+        return set()
+    if task_id is not None:
+        task = c.typed("qledge.task.get", task_tools.TaskId(task_id=task_id), Task)
+        return set() if task.enabled else {task.id}
+
+    def page(after: str | None) -> tuple[list[Task], str | None]:
+        found = c.typed("qledge.task.list", task_tools.ListArgs(after=after), task_tools.TaskPage)
+        return found.tasks, found.next
+
+    return {t.id for t in all_pages(page) if not t.enabled}
+
+
+def _next_or_why(t: Trigger, disabled: set[str]) -> str:
+    return TASK_DISABLED if t.enabled and t.task_id in disabled else next_fire(t)
+
+
+def _fields(t: Trigger, disabled: set[str]) -> None:
     spec = t.spec
     shared.fields([
         ("trigger", t.id), ("revision", t.revision),
         ("task", f"{t.task_id} (revision {t.task_revision})"), ("enabled", yes(t.enabled)),
         ("cron", spec.expression), ("timezone", spec.timezone), ("misfire", spec.misfire),
-        ("jitter", shared.span(spec.jitter_s)), ("next fire", next_fire(t)),
+        ("jitter", shared.span(spec.jitter_s)), ("next fire", _next_or_why(t, disabled)),
         ("last run for", _fire(t.last_scheduled_at_ms, spec.timezone)), ("digest", t.content_digest),
         ("updated", shared.when(t.updated_at_ms)),
     ])
@@ -173,8 +202,10 @@ def trigger_add(c: Client, a: argparse.Namespace) -> int:
         timezone=a.tz or None, trigger_id=a.id or None,
     )
     trigger = c.typed("qledge.trigger.create", args, Trigger)
+    disabled = set() if a.json else _disabled_tasks(c, trigger.task_id)
     return show(a, trigger, lambda t: print(
-        f"trigger {t.id} created for task {t.task_id} (revision {t.task_revision}); next fire {next_fire(t)}"))
+        f"trigger {t.id} created for task {t.task_id} (revision {t.task_revision}); "
+        + (TASK_DISABLED if t.task_id in disabled else f"next fire {next_fire(t)}")))
 
 
 def _add_options(p: argparse.ArgumentParser) -> None:
@@ -223,10 +254,12 @@ def trigger_list(c: Client, a: argparse.Namespace) -> int:
             lambda t: [t.trigger_id, f"{t.task_id}@{t.task_revision}", yes(t.enabled), shared.when(t.updated_at_ms)],
             ["TRIGGER", "TASK@REV", "ENABLED", "UPDATED"],
         )
+    triggers = all_pages(lambda after: _trigger_page(c, after))
+    disabled = _disabled_tasks(c) if triggers and not a.json else set()
     return show_list(
-        a, all_pages(lambda after: _trigger_page(c, after)), "no triggers yet: qledge trigger add TASK --cron EXPR",
+        a, triggers, "no triggers yet: qledge trigger add TASK --cron EXPR",
         lambda t: [t.id, f"{t.task_id}@{t.task_revision}", yes(t.enabled), t.spec.expression, t.spec.timezone,
-                   next_fire(t)],
+                   _next_or_why(t, disabled)],
         ["TRIGGER", "TASK@REV", "ENABLED", "CRON", "TIMEZONE", "NEXT FIRE"],
     )
 
@@ -250,7 +283,9 @@ def trigger_get(c: Client, a: argparse.Namespace) -> int:
         if not found or found[0].trigger_id != a.trigger:
             raise CallFailed("not_found", f"trigger {a.trigger!r} not found")
         return show(a, found[0], _viewer_fields)
-    return show(a, c.typed("qledge.trigger.get", trigger_tools.TriggerId(trigger_id=a.trigger), Trigger), _fields)
+    trigger = c.typed("qledge.trigger.get", trigger_tools.TriggerId(trigger_id=a.trigger), Trigger)
+    disabled = set() if a.json else _disabled_tasks(c, trigger.task_id)
+    return show(a, trigger, lambda t: _fields(t, disabled))
 
 
 def trigger_toggle(c: Client, a: argparse.Namespace) -> int:

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 
 import msgspec
 
-from edge.core.schedule import REBOOT, ScheduleError, load_zone, normalize
+from edge.core.schedule import ONCE, REBOOT, ScheduleError, days_ored, load_zone, normalize
 from edge.core.tasks import (
     DATA_DIR,
     DEFAULT_TIMEOUT_MS,
@@ -284,7 +284,7 @@ def _crontab_entry(
     if user.home:
         job_env["HOME"] = user.home
     job_env.update(env)
-    notes = []
+    notes = schedule_notes(expression)
     if "%" in command.replace("\\%", ""):
         notes.append("`%` is kept as it is, as busybox crond does (Vixie cron would make it a newline)")
     spec = TaskSpec(command=ShellCommand(command=command, shell=shell), env=dict(job_env),
@@ -295,6 +295,16 @@ def _crontab_entry(
     task = ImportTask(key=key, task_id=name_from_command(command), spec=spec,
                       triggers=[ImportTrigger(expression=expression, timezone=zone)])
     return Entry(where=where, task=task, notes=notes)
+
+
+def schedule_notes(expression: str) -> list[str]:
+    """What an imported (normalized) schedule will do that its reader may not expect."""
+    if expression == ONCE:
+        return ["@once: runs once, as soon as it is imported (not at a time of day)"]
+    if days_ored(expression):
+        return ["day-of-month and day-of-week are both restricted: a day matching either fires"
+                " (as busybox crond and qinglong do)"]
+    return []
 
 
 def _label(text: str) -> str:
@@ -526,6 +536,7 @@ def ql_entry(cron: QlCron, place: QlPlace, secret_env: Mapping[str, str]) -> Ent
     if not triggers:
         return Problem(where, text, "; ".join(bad) or "no schedule", "invalid schedule")
     notes += [f"schedule not imported: {reason}" for reason in bad]
+    notes += [note for t in triggers if t.enabled for note in schedule_notes(t.expression)]
     env: dict[str, str | SecretRef] = {name: SecretRef(secret=secret) for name, secret in secret_env.items()}
     spec = TaskSpec(
         # The scripts are code, read-only to the task: one that writes beside itself (as under

@@ -25,6 +25,14 @@ FAILED_STATUSES: tuple[RunStatus, ...] = ("failed", "timed_out", "lost")
 UNSUCCESSFUL: tuple[str, ...] = ("failed", "timed_out", "lost", "cancelled")
 STATUSES: tuple[str, ...] = ("queued", "running", "succeeded", "failed", "cancelled", "timed_out", "lost")
 ORIGINS: tuple[str, ...] = ("scheduled", "manual", "fire_once", "agent", "retry")
+# How a run comes to be, as people filter by it. `agent` stays readable in the wire shape but
+# nothing creates it: an AI task's runs are scheduled, manual or retries like any task's.
+STARTED: dict[str, str] = {
+    "scheduled": "a trigger's fire",
+    "manual": "qledge run start (or the run.start tool, from the panel or an AI client)",
+    "fire_once": "the one catch-up run of fires missed while the daemon was down (--misfire fire_once)",
+    "retry": "an automatic retry of a failed run (the task's --retries)",
+}
 
 _NEXT: dict[str, frozenset[str]] = {
     # A queued run may end without starting: cancelled, refused (failed) or lost.

@@ -173,6 +173,25 @@ class SystemUsers:
                 raise invalid(f"working directory {where}: user {run_as.user} may not enter {blocked}")
         return where
 
+    def program(self, spec: TaskSpec, run_as: RunAs) -> None:
+        command = spec.command
+        file = command.file if isinstance(command, ArgvCommand) else command.shell if isinstance(
+            command, ShellCommand) else None
+        if file is None or not os.path.isabs(file) or not run_as.switch or run_as.uid == 0:
+            return
+        try:
+            st = os.stat(file)
+        except OSError:  # not there (yet), or behind a directory the daemon cannot search either
+            return
+        for directory in dict.fromkeys((os.path.realpath(os.path.dirname(file)),
+                                        os.path.dirname(os.path.realpath(file)))):
+            blocked = _unreachable(directory, run_as)
+            if blocked is not None:
+                raise invalid(f"program {file}: user {run_as.user} may not enter {blocked}")
+        if not _allowed(st, run_as, 0o111):
+            raise invalid(f"program {file}: user {run_as.user} may not execute it (mode {stat.filemode(st.st_mode)},"
+                          f" owner uid {st.st_uid})")
+
     def describe(self) -> str:
         if not self._root:
             return (f"tasks run as the daemon's user {self._own} (the daemon is not root and cannot switch users);"
@@ -292,23 +311,26 @@ def _unreachable(real: str, run_as: RunAs) -> str | None:
     """The first directory on the way to `real` (itself included) that `run_as` may not
     search, by its mode bits as the kernel reads them; None when every one is open to it
     (or when the path does not exist yet: entering it then fails at the start of the run)."""
-    groups = {run_as.gid, *run_as.groups}
     path = os.sep
     for part in [p for p in real.split(os.sep) if p] + [""]:
         try:
             st = os.stat(path)
         except OSError:
             return None
-        if st.st_uid == run_as.uid:
-            ok = st.st_mode & 0o100
-        elif st.st_gid in groups:
-            ok = st.st_mode & 0o010
-        else:
-            ok = st.st_mode & 0o001
-        if not ok:
+        if not _allowed(st, run_as, 0o111):
             return path
         path = os.path.join(path, part)
     return None
+
+
+def _allowed(st: os.stat_result, run_as: RunAs, bits: int) -> bool:
+    """Whether `run_as` holds `bits` (0o111: execute/search, 0o444: read) of a file, by its
+    mode as the kernel reads it: the owner's bits, else the group's, else the others'."""
+    if st.st_uid == run_as.uid:
+        return bool(st.st_mode & bits & 0o700)
+    if st.st_gid in {run_as.gid, *run_as.groups}:
+        return bool(st.st_mode & bits & 0o070)
+    return bool(st.st_mode & bits & 0o007)
 
 
 DEFAULT_LANG = "C.UTF-8"

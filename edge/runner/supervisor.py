@@ -349,7 +349,9 @@ class Runner:
         if run_as.privileged is not None and not task.privileged:
             raise ToolError("permission_denied", f"task {task.id} revision {task.revision} {run_as.privileged}, and"
                             " it was not written with permission task.privileged")
-        return run_as, self._users.working_dir(spec.working_dir, run_as)
+        cwd = self._users.working_dir(spec.working_dir, run_as)
+        self._users.program(spec, run_as)
+        return run_as, cwd
 
     async def _spawn(
         self, task: Task, env: dict[str, str], run_as: RunAs | None, cwd: str, launch: AgentLaunch | None
@@ -376,8 +378,9 @@ class Runner:
             proc = await self._spawn(task, env, run_as, cwd, launch)
         except OSError as exc:
             size = sink.close()
+            who = f" as {run_as.user}" if run_as is not None else ""
             await self._finish(job, "failed", RunUpdate(
-                error_code="spawn_failed", error_summary=f"could not start: {exc}", log_bytes=size))
+                error_code="spawn_failed", error_summary=f"could not start{who}: {exc}", log_bytes=size))
             return
         job.proc = proc
         now = self._clock.now_ms()

@@ -98,6 +98,7 @@ class ToolContext:
         users = self.services.users
         run_as = users.resolve(spec.user, spec.group)
         users.working_dir(spec.working_dir, run_as)
+        users.program(spec, run_as)
         missing = first_missing(grant, task_permissions(run_as.privileged is not None, spec.secrets()))
         if missing is not None:
             why = run_as.privileged if missing == TASK_PRIVILEGED else f"it uses secret {missing.split(':', 1)[1]!r}"

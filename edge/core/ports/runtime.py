@@ -11,7 +11,7 @@ from edge.core.tasks import ImportedTask
 from edge.core.ports.stores import TriggerStore
 from edge.core.reads import Counts
 from edge.core.runs import ActorType, Run, RunDefaults
-from edge.core.tasks import RunAs, Task
+from edge.core.tasks import RunAs, Task, TaskSpec
 from edge.core.triggers import ImportPlan, PreparedImport
 
 
@@ -95,6 +95,13 @@ class TaskUsers(Protocol):
         invalid_argument when it is not absolute, lies inside the state directory
         (resolving links), or, given who the run is, lies where that user may not go (the
         run enters it before switching users)."""
+        ...
+
+    def program(self, spec: TaskSpec, run_as: RunAs) -> None:
+        """Check, where it can, that `run_as` may execute the spec's program: an absolute
+        path that exists must be reached through directories that user may search and carry
+        an execute bit for it (a name looked up in PATH, or a path not there yet, is left to
+        the run). Raises invalid_argument naming the user and what stops it."""
         ...
 
     async def for_task(self, task: Task) -> RunAs:

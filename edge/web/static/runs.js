@@ -9,7 +9,7 @@ import { badge, table, field, button, act } from "./forms.js";
 import { taskNames } from "./overview.js";
 
 const STATUSES = ["queued", "running", "succeeded", "failed", "cancelled", "timed_out", "lost"];
-const ORIGINS = ["scheduled", "manual", "fire_once", "agent", "retry"];
+const ORIGINS = ["scheduled", "manual", "fire_once", "retry"];
 
 export async function page(view, params) {
   if (params[0]) return runPage(view, params[0]);
