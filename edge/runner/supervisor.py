@@ -158,7 +158,7 @@ class Runner:
                 async with asyncio.timeout(timeout_s):
                     await job.done.wait()
             if job.done.is_set() and job.run.terminal:
-                return job.run  # as its final transition returned it: nothing writes a finished run
+                return job.run  # as its final transition returned it, a moment ago
         return await self._runs.get(project, run_id)
 
     async def output_mark(self, project: str, run_id: str, seen: int | None, timeout_s: float) -> int | None:

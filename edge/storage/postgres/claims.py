@@ -116,7 +116,8 @@ def _lose(tx: Tx, run_id: str, seq: int, code: str, summary: str, detail: str) -
     return lost
 
 
-def _reap(tx: Tx, limit: int) -> list[Run]:
+def reap_expired(tx: Tx, limit: int) -> list[Run]:
+    """RunClaims.reap as a step of a transaction (a heartbeat's)."""
     reaped = []
     for rid, node, status, untaken, seq in tx.rows(SQL_EXPIRED, (limit,)):
         if untaken:
@@ -179,7 +180,7 @@ class PgClaims:
         return [r for (r,) in await self._db.write(_rows, SQL_RENEW, (self._lease_s, self._node, run_ids))]
 
     async def reap(self) -> list[Run]:
-        return await self._db.write(_reap, BATCH)
+        return await self._db.write(reap_expired, BATCH)
 
     async def request_cancel(self, project: str, run_id: str, reason: str) -> bool:
         return await self._db.write(_ask_cancel, project, run_id, reason)

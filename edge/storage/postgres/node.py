@@ -32,7 +32,9 @@ from edge.core.schedule import REBOOT
 from edge.core.tasks import Task
 from edge.core.triggers import ManualAdmission
 from edge.storage.admission import Bound, Dialect, NodeLease, SqlAdmission, admit_manual
-from edge.storage.postgres.claims import NOW_MS, Claimed, PgClaims, claim_runs, lose_untaken
+from edge.storage.postgres.claims import (
+    BATCH, NOW_MS, SQL_CANCEL_REQUESTS, SQL_RENEW, Claimed, PgClaims, claim_runs, lose_untaken, reap_expired,
+)
 from edge.storage.postgres.db import PgDatabase
 from edge.storage.postgres.sql import ADMISSION, RUNS
 from edge.storage.runs import Fenced, Fences, Policy, RunsSql, SqlRunStore, transition
@@ -106,6 +108,29 @@ def _alive(tx: Tx, lease_s: float) -> int:
 
 def _leave(tx: Tx, node: str) -> None:
     tx.execute("DELETE FROM nodes WHERE id = %s", (node,))
+
+
+class Beat(msgspec.Struct, frozen=True):
+    """What one heartbeat's transaction found."""
+
+    now_ms: int  # PostgreSQL's time
+    cancels: dict[str, str]  # run id → reason: cancels asked of runs this node holds
+    reaped: list[Run]  # runs whose lease expired, recorded lost here
+    alive: int  # nodes alive
+
+
+def _beat(tx: Tx, node: str, project: str, slots: int, host: str, pid: int, lease_s: float, held: list[str],
+          asked_of: list[str], reap: bool) -> Beat:
+    """The heartbeat of a node and everything it does each interval, in one transaction:
+    its row, the leases of the runs it holds (an expired lease is never renewed), the
+    cancel requests for them, the reaping of expired leases (`reap`) and the count of
+    live nodes. The node's row comes first: PostgreSQL's time is read there."""
+    now = _heartbeat(tx, node, project, slots, host, pid)
+    if held:
+        tx.rows(SQL_RENEW, (lease_s, node, held))
+    cancels = {rid: reason for rid, reason in tx.rows(SQL_CANCEL_REQUESTS, (asked_of,))} if asked_of else {}
+    reaped = reap_expired(tx, BATCH) if reap else []
+    return Beat(now, cancels, reaped, _alive(tx, lease_s))
 
 
 def server_ms(tx: Tx) -> int:
@@ -281,7 +306,9 @@ class PgAdmission(SqlAdmission):
 
     async def admit_manual(self, task: Task, actor: ActorType, now_ms: int) -> ManualAdmission:
         node, claims = self._taker, self._claims
-        reserved = node.reserve() if node is not None and task.project_id == self._project else 0
+        # A run that replaces others starts once they are cancelled (ManualStart), not in its admission.
+        folds = node is not None and task.project_id == self._project and task.spec.overlap != "replace"
+        reserved = node.reserve() if folds and node is not None else 0
         if not reserved or node is None or claims is None:
             return await super().admit_manual(task, actor, now_ms)
         claimed: list[Claimed] = []
@@ -327,6 +354,7 @@ class Node:
         self._up_since: float | None = None  # monotonic time of the first heartbeat since (re)connecting
         self._alive = 0
         self._claiming = False
+        self._host = socket.gethostname()
         self._reserved = 0  # free slots an admission or completion in progress may claim into
         self._settled: set[str] = set()  # ended runs whose completion found nothing more to claim
 
@@ -380,30 +408,37 @@ class Node:
     async def _beat(self) -> None:
         s = self._settings
         try:
-            sent = time.monotonic()
-            now = await self._nodes.heartbeat(s.slots)
-            self._clock.sync(now, sent, time.monotonic())
             if self._up_since is None:  # (re)connected: look at everything again
+                sent = time.monotonic()
+                now = await self._nodes.heartbeat(s.slots)
+                self._clock.sync(now, sent, time.monotonic())
                 if self._after_reconnect is not None:
                     await self._after_reconnect()
                 self._up_since = time.monotonic()
                 self._changed()
                 self.wake()
-            await self._claims.renew(sorted(self._held))
-            await self._apply_cancels()
             # After a reconnect the other nodes get a lease to renew theirs before anything
             # of theirs is taken for lost.
-            if time.monotonic() - self._up_since >= s.lease_s:
-                for run in await self._claims.reap():  # said by the node that recorded it, once
-                    level, line = run_finished(run)
-                    self._notices.say(log, run.task_id, level, line, run.status)
-            self._alive = await self._nodes.alive()
+            reap = time.monotonic() - self._up_since >= s.lease_s
+            sent = time.monotonic()
+            beat = await self._db.write(_beat, s.node_id, s.project, s.slots, self._host, os.getpid(), s.lease_s,
+                                        sorted(self._held), sorted(self._held - self._cancelling), reap)
+            self._clock.sync(beat.now_ms, sent, time.monotonic())
+            self._cancel_asked(beat.cancels)
+            for run in beat.reaped:  # said by the node that recorded it, once
+                level, line = run_finished(run)
+                self._notices.say(log, run.task_id, level, line, run.status)
+            self._alive = beat.alive
         except ToolError:
             self._up_since = None
 
     async def _apply_cancels(self) -> None:
-        asked = await self._claims.cancel_requests(sorted(self._held - self._cancelling))
+        self._cancel_asked(await self._claims.cancel_requests(sorted(self._held - self._cancelling)))
+
+    def _cancel_asked(self, asked: dict[str, str]) -> None:
         for run_id, reason in asked.items():
+            if run_id in self._cancelling:
+                continue
             self._cancelling.add(run_id)
             self._background.spawn(self._cancel_local(run_id, reason), f"cancel-{run_id}")
 
