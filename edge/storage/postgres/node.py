@@ -30,8 +30,8 @@ from edge.core.ports.stores import RunAdmission, RunLogFiles, RunStore
 from edge.core.runs import TERMINAL, ActorType, Followers, Run, RunStatus, RunUpdate
 from edge.core.schedule import REBOOT
 from edge.core.tasks import Task
-from edge.core.triggers import ManualAdmission
-from edge.storage.admission import Bound, Dialect, NodeLease, SqlAdmission, admit_manual
+from edge.core.triggers import Admission, ManualAdmission
+from edge.storage.admission import Bound, Dialect, NodeLease, SqlAdmission, admit_fires, admit_manual
 from edge.storage.postgres.claims import (
     BATCH, NOW_MS, SQL_CANCEL_REQUESTS, SQL_RENEW, Claimed, PgClaims, claim_runs, lose_untaken, reap_expired,
 )
@@ -285,6 +285,23 @@ class PgRunStore(SqlRunStore):
         return result
 
 
+def _fires_and_claim(tx: Tx, d: Dialect, project: str, trigger_id: str, now: int, grace_ms: int, bound: Bound,
+                     rng: Callable[[], float], lease: NodeLease, limit: int) -> tuple[Admission, list[Claimed]]:
+    """A trigger's admission on a node with a free slot: when it admitted runs (and
+    replaces none: those start once the runs they replace are cancelled), the claim loop's
+    claim in the same transaction. Other nodes are told of new runs only when one is left
+    for them."""
+    held = _HeldHints(tx)
+    admission = admit_fires(held, d, project, trigger_id, now, grace_ms, bound, rng, lease)
+    claimed = (claim_runs(tx, project, lease.node_id, limit, lease.lease_s, now)
+               if admission.runs and not admission.cancel else [])
+    mine = {c.run.id for c in claimed}
+    for topic in held.topics:
+        if topic != "run" or any(run.id not in mine for run in admission.runs):
+            tx.hint(topic)
+    return admission, claimed
+
+
 class PgAdmission(SqlAdmission):
     """RunAdmission (edge.core.ports.stores) of cluster node `node_id`: the queue bound
     counts the slots of every live node (`own_slots` > 0), and `@reboot` is per node.
@@ -303,6 +320,24 @@ class PgAdmission(SqlAdmission):
 
     def claim_with(self, node: Node, claims: PgClaims, project: str) -> None:
         self._taker, self._claims, self._project = node, claims, project
+
+    async def admit_fires(
+        self, project: str, trigger_id: str, now_ms: int, grace_ms: int, rng: Callable[[], float]
+    ) -> Admission:
+        node, claims = self._taker, self._claims
+        reserved = node.reserve() if node is not None and project == self._project else 0
+        if not reserved or node is None or claims is None:
+            return await super().admit_fires(project, trigger_id, now_ms, grace_ms, rng)
+        claimed: list[Claimed] = []
+        failed = True
+        try:
+            admission, claimed = await self._pg.write(
+                _fires_and_claim, self._d, project, trigger_id, now_ms, grace_ms, self._bound, rng,
+                NodeLease(self._node_id, self._lease_s), reserved)
+            failed = False
+        finally:  # nothing claimed when it failed (an unknown outcome: its lease expires, never run twice)
+            node.adopt(claims.took(claimed), reserved, wake=failed)
+        return self._followed(admission)
 
     async def admit_manual(self, task: Task, actor: ActorType, now_ms: int) -> ManualAdmission:
         node, claims = self._taker, self._claims
@@ -474,11 +509,12 @@ class Node:
         self._reserved += 1
         return 1
 
-    def adopt(self, runs: list[Run], reserved: int, finished: str | None = None) -> None:
+    def adopt(self, runs: list[Run], reserved: int, finished: str | None = None, wake: bool = True) -> None:
         """The runs a transaction (an admission, a completion) claimed, and the end of its
         reservation. `finished`: the run whose completion committed with the claim: no
         longer held, and when fewer runs were claimable than reserved (the queue was empty
-        then; a run queued later sends its hint), its end needs no claim of its own."""
+        then; a run queued later sends its hint), its end needs no claim of its own.
+        `wake`: whether a reservation that claimed nothing has the claim loop look again."""
         self._reserved -= reserved
         if finished is not None:
             self._held.discard(finished)
@@ -486,7 +522,7 @@ class Node:
                 self._settled.add(finished)
         for run in runs:
             self._take(run)
-        if not runs and finished is None:
+        if not runs and finished is None and wake:
             self.wake()  # the slot it kept may be wanted
 
     def _take(self, run: Run) -> None:
