@@ -1,14 +1,20 @@
 """Cluster mode on a real PostgreSQL (on demand: `pytest bench/test_cluster_speed.py`; not
-part of the budgets): admissions and completed runs per second with 1 and 3 nodes, and
-qinglong.task.runs.compare latency with 1,000 / 100,000 / 1,000,000 runs in the database.
+part of the budgets): admissions and completed runs per second with 1 and 3 nodes,
+qinglong.task.runs.compare latency with 1,000 / 100,000 / 1,000,000 runs in the database,
+and one node against procrastinate (its peer, when installed: `pip install procrastinate`
+into the venv, for the benchmark only) on the same server at the same concurrency:
+completions per second and PostgreSQL transactions per run, sides interleaved.
 Figures go to bench/results/cluster.json."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import threading
 import time
 
@@ -27,6 +33,14 @@ ROUNDS = 300
 MAX_RATIO = 3.0
 STARTS = 240
 CLIENTS_PER_NODE = 2
+PEER_RUNS = 240
+PEER_REPS = 3
+PEER_CONCURRENCY = 4
+PEER_CLIENTS = 2
+# Counted by pg_stat_database: the call's audit and task read, the admission (its claim in it), the completion
+# (the next claim in it), a share of the heartbeats, and about 0.9 a run the rules' own count does not see.
+MAX_TX_PER_RUN = 5.5
+PEER_SCRIPT = os.path.join(os.path.dirname(__file__), "procrastinate_peer.py")
 REPORT: dict = {"python": platform.python_version(), "cpus": os.cpu_count()}
 
 FILL = """
@@ -142,3 +156,102 @@ def test_compare_latency_stays_flat(compare_clients):
                 " two point reads, reply)",
     }
     assert medians[SIZES[-1]] / medians[SIZES[0]] < MAX_RATIO, medians
+
+
+CONNECT_XACTS = 2  # what a short session of the figure's costs: the backend's start counts one, the read one
+
+
+def _xacts(dsn: str) -> int:
+    """Transactions of the database so far (PostgreSQL flushes a backend's counts when it
+    exits, and at most once a second while it works). This read's own session counts
+    CONNECT_XACTS in the next."""
+    return int(rows(dsn, "SELECT xact_commit + xact_rollback FROM pg_stat_database"
+                         " WHERE datname = current_database()")[0][0])
+
+
+def _qledge_side(pg_server) -> tuple[float, float]:
+    """One node, PEER_CLIENTS callers of qledge.run.start, `true` runs: (completions/s,
+    transactions per run)."""
+    dsn = pg_server.create_database()
+    keep = "[retention]\nruns_per_task = 100000\n"
+    config = node_config(dsn, "p0", concurrency=PEER_CONCURRENCY, lease_s=10, heartbeat_s=2, extra=keep)
+    # Every start admitted, as every defer is: the queue holds them all.
+    node = DaemonProcess(config=config.replace("queue_limit = 64", f"queue_limit = {PEER_RUNS}")).start()
+    polls = 0
+
+    def done() -> bool:
+        nonlocal polls
+        polls += 1
+        return rows(dsn, "SELECT count(*) FROM runs WHERE status = 'succeeded'")[0][0] == PEER_RUNS
+
+    try:
+        node.call("qledge.task.create", task("t", ["true"]))
+        time.sleep(1.5)  # the set-up's counts are flushed
+        before = _xacts(dsn)
+
+        def client() -> None:
+            with Client(node.socket) as c:
+                for _ in range(PEER_RUNS // PEER_CLIENTS):
+                    c.call("qledge.run.start", {"taskId": "t"})
+
+        threads = [threading.Thread(target=client) for _ in range(PEER_CLIENTS)]
+        began = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wait_for(done, timeout=120, every=0.05)
+        seconds = time.perf_counter() - began
+    finally:
+        node.cleanup()  # its sessions end: their counts are flushed
+    time.sleep(0.5)
+    used = _xacts(dsn) - before - CONNECT_XACTS * (1 + polls)  # neither the figure's reads nor its polls
+    return PEER_RUNS / seconds, used / PEER_RUNS
+
+
+def _peer_side(pg_server) -> tuple[float, float]:
+    dsn = pg_server.create_database()
+    schema = subprocess.run([sys.executable, "-c", (
+        "import sys, procrastinate; app = procrastinate.App(connector=procrastinate.SyncPsycopgConnector("
+        "conninfo=sys.argv[1]))\nwith app.open(): app.schema_manager.apply_schema()"), dsn],
+        capture_output=True, text=True, timeout=120)
+    assert schema.returncode == 0, schema.stderr[-800:]
+    time.sleep(0.5)
+    before = _xacts(dsn)
+    out = subprocess.run([sys.executable, PEER_SCRIPT, dsn, str(PEER_RUNS), str(PEER_CLIENTS),
+                          str(PEER_CONCURRENCY)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-800:]
+    time.sleep(0.5)
+    used = _xacts(dsn) - before - CONNECT_XACTS
+    return PEER_RUNS / json.loads(out.stdout)["seconds"], used / PEER_RUNS
+
+
+def _spread(values: list[float]) -> list[float]:
+    return [round(min(values), 2), round(statistics.median(values), 2), round(max(values), 2)]
+
+
+def test_against_procrastinate(pg_server):
+    """Interleaved, pair by pair: qledge, then procrastinate, PEER_REPS times (qledge alone,
+    once, without procrastinate installed). The transactions per run are held to a budget:
+    a count, steady from run to run; the speed ratio is a figure."""
+    peer = importlib.util.find_spec("procrastinate") is not None
+    ours, theirs, ratios = [], [], []
+    for _ in range(PEER_REPS if peer else 1):
+        ours.append(_qledge_side(pg_server))
+        if peer:
+            theirs.append(_peer_side(pg_server))
+            ratios.append(ours[-1][0] / theirs[-1][0])
+    figures: dict = {
+        "runs": PEER_RUNS, "concurrency": PEER_CONCURRENCY, "callers": PEER_CLIENTS,
+        "qledge_completions_per_s": _spread([q[0] for q in ours]),
+        "qledge_transactions_per_run": _spread([q[1] for q in ours]),
+        "what": "min/median/max; one node (qledge.run.start of `true`, audited, from the socket) against"
+                " procrastinate 3 (defer_async of a no-op job, one worker) on the same server; transactions"
+                " from pg_stat_database, the figure's own reads left out",
+    }
+    if peer:
+        figures["procrastinate_completions_per_s"] = _spread([p[0] for p in theirs])
+        figures["procrastinate_transactions_per_run"] = _spread([p[1] for p in theirs])
+        figures["ratio"] = _spread(ratios)
+    REPORT["against_procrastinate"] = figures
+    assert max(q[1] for q in ours) <= MAX_TX_PER_RUN, ours

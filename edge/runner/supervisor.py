@@ -19,7 +19,7 @@ from edge.core.clock import LoopTimers
 from edge.core.errors import ToolError, conflict, not_found
 from edge.core.handoff import Background, ManualStart, shielded
 from edge.core.notices import Notices, run_finished
-from edge.core.ports.runtime import Clock, TaskUsers, TimerHandle, Timers
+from edge.core.ports.runtime import Clock, RunInputs, TaskUsers, TimerHandle, Timers
 from edge.core.ports.stores import LogWriter, RunAdmission, RunLogFiles, RunStore, SecretStore, TaskStore
 from edge.core.runs import ActorType, Run, RunProcess, RunStatus, RunUpdate, exit_text, summary
 from edge.core.tasks import AgentInstruction, RunAs, SecretRef, Task
@@ -62,10 +62,11 @@ MAX_FOLLOWERS = 64
 
 class _Job:
     __slots__ = ("run", "task", "proc", "cancel_reason", "done", "started", "unrecorded_start", "chunks", "_grew",
-                 "spec", "agent")
+                 "spec", "agent", "inputs")
 
-    def __init__(self, run: Run) -> None:
+    def __init__(self, run: Run, inputs: RunInputs | None = None) -> None:
         self.run = run
+        self.inputs = inputs  # the task revision and secret values, read with the hand-over
         self.task: asyncio.Task[None] | None = None
         self.proc: process.Child | None = None
         self.cancel_reason: str | None = None
@@ -156,6 +157,8 @@ class Runner:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout_s):
                     await job.done.wait()
+            if job.done.is_set() and job.run.terminal:
+                return job.run  # as its final transition returned it, a moment ago
         return await self._runs.get(project, run_id)
 
     async def output_mark(self, project: str, run_id: str, seen: int | None, timeout_s: float) -> int | None:
@@ -174,10 +177,11 @@ class Runner:
 
     # -- lifecycle ----------------------------------------------------------------
 
-    def submit(self, run: Run) -> None:
+    def submit(self, run: Run, inputs: RunInputs | None = None) -> None:
         """Execute an admitted (queued) run when a slot is free; while shutting down,
-        record it cancelled (`shutdown`) instead."""
-        job = _Job(run)
+        record it cancelled (`shutdown`) instead. With `inputs` (read with the hand-over)
+        neither the task revision nor the project's secret values are read again."""
+        job = _Job(run, inputs)
         if self._closing:
             job.cancel_reason = "shutdown"
         self._jobs[run.id] = job
@@ -260,7 +264,8 @@ class Runner:
             run = job.run
             try:
                 # The task revision says which slots to wait for: AI runs have their own.
-                job.spec = await self._tasks.get(run.project_id, run.task_id, run.task_revision)
+                job.spec = (job.inputs.task if job.inputs is not None
+                            else await self._tasks.get(run.project_id, run.task_id, run.task_revision))
                 job.agent = job.spec is not None and isinstance(job.spec.spec.command, AgentInstruction)
                 slots = self._agent_slots if job.agent and self._agents is not None else self._slots
                 await slots.acquire()
@@ -325,7 +330,8 @@ class Runner:
         run = job.run
         try:
             uid = launch.uid if launch is not None else run_as.uid if run_as is not None else os.geteuid()
-            env, secrets = await self._environment(task, run, uid, run_as)
+            known = job.inputs.secret_values if job.inputs is not None else None
+            env, secrets = await self._environment(task, run, uid, run_as, known)
         except ToolError as exc:
             await self._finish(job, "failed", RunUpdate(error_code="secret_missing", error_summary=exc.message))
             return
@@ -431,23 +437,25 @@ class Runner:
                        f" {_mib(reserve)} ([runner] disk_reserve_bytes): free some space")
 
     async def _environment(
-        self, task: Task, run: Run, uid: int, run_as: RunAs | None = None
+        self, task: Task, run: Run, uid: int, run_as: RunAs | None = None, known: list[str] | None = None
     ) -> tuple[dict[str, str], list[bytes]]:
-        """The run's environment, and every secret value its output must not show. An AI
-        run's child gets the login variables and the markers only: its job comes on a
-        descriptor, and an AI task names no variables."""
+        """The run's environment, and every secret value its output must not show (`known`:
+        the project's, when read with the hand-over). An AI run's child gets the login
+        variables and the markers only: its job comes on a descriptor, and an AI task names
+        no variables."""
         settings = self._settings
+        # Every secret of the project is redacted, not only the ones this task names:
+        # a script may read one some other way.
+        if known is None:
+            known = await self._secrets.values(task.project_id)
         # A login's variables for the user the run executes as (its task's, resolved above).
         env = process.user_environment(uid, settings.timezone, settings.lang)
         env.update(process.run_environment(run_as))  # the task's data directory (and HOME, for its own uid)
         if isinstance(task.spec.command, AgentInstruction):
             env["QLEDGE_RUN_ID"] = run.id
             env["QLEDGE_TASK_ID"] = task.id
-            return env, [v.encode() for v in await self._secrets.values(task.project_id)]
+            return env, [v.encode() for v in known]
         refs = {k: v.secret for k, v in task.spec.env.items() if isinstance(v, SecretRef)}
-        # Every secret of the project is redacted, not only the ones this task names:
-        # a script may read one some other way.
-        known = await self._secrets.values(task.project_id)
         values = await self._secrets.resolve(task.project_id, sorted(set(refs.values()))) if refs else {}
         for key, value in task.spec.env.items():
             if isinstance(value, SecretRef):

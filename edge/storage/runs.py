@@ -506,8 +506,8 @@ class SqlRunStore:
             claim = (self._fences.node, fence) if fence is not None else None
             if status in TERMINAL and update.log_bytes:
                 data = await self._log_copy(run_id, update.log_bytes)
-        result = await self._db.write(transition, self._q, run_id, expected_version, status, now_ms, actor, update,
-                                      detail, self._policy, claim, data, started, retry_s=self._retry_s)
+        result = await self._record(run_id, expected_version, status, now_ms, actor, update, detail, claim, data,
+                                    started)
         if isinstance(result, Fenced):
             assert self._fences is not None
             self._fences.held.pop(run_id, None)
@@ -524,6 +524,15 @@ class SqlRunStore:
         if queued:
             self._followers.notify()
         return run
+
+    async def _record(
+        self, run_id: str, expected_version: int, status: RunStatus, now_ms: int, actor: ActorType,
+        update: RunUpdate, detail: str | None, claim: tuple[str, int] | None, data: bytes | None,
+        started: RunUpdate | None,
+    ) -> tuple[Run, list[str], int] | Fenced:
+        """The transaction of `transition` (a cluster node's may do more in it)."""
+        return await self._db.write(transition, self._q, run_id, expected_version, status, now_ms, actor, update,
+                                    detail, self._policy, claim, data, started, retry_s=self._retry_s)
 
     async def _log_copy(self, run_id: str, size: int) -> bytes | None:
         try:

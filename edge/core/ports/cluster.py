@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from edge.core.ports.runtime import RunInputs
 from edge.core.runs import Run
 
 
@@ -47,6 +48,11 @@ class RunClaims(Protocol):
 
     async def cancel_requests(self, run_ids: list[str]) -> dict[str, str]:
         """Cancel reasons asked for any of `run_ids` that are still active."""
+        ...
+
+    def inputs(self, run_id: str) -> RunInputs | None:
+        """What was read with the claim of `run_id` for its runner (the task revision, the
+        project's secret values), once: None after that, or for a run it did not claim."""
         ...
 
     def release(self, run_id: str) -> None:

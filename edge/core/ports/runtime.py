@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+import msgspec
+
 from edge.core.tasks import ImportedTask
 from edge.core.ports.stores import TriggerStore
 from edge.core.reads import Counts
@@ -53,12 +55,22 @@ class Sleeper(Protocol):
         ...
 
 
+class RunInputs(msgspec.Struct, frozen=True):
+    """What a runner reads before it starts a run, read already in the transaction that
+    handed the run over (a cluster node's claim): the task revision it runs (None: it is
+    gone) and every secret value of its project (its output must not show them)."""
+
+    task: Task | None
+    secret_values: list[str]
+
+
 class RunExecutor(Protocol):
     """The runner, as the scheduler sees it."""
 
-    def submit(self, run: Run) -> None:
+    def submit(self, run: Run, inputs: RunInputs | None = None) -> None:
         """Take an admitted (queued) run: it is executed when a slot is free, or recorded
-        cancelled (`shutdown`) when the runner is stopping. Never raises, never drops it."""
+        cancelled (`shutdown`) when the runner is stopping. Never raises, never drops it.
+        `inputs`: read with the hand-over, so the runner need not read them again."""
         ...
 
     async def cancel(self, project: str, run_id: str, reason: str) -> Run:

@@ -11,11 +11,16 @@ it `lost` like a run it held. Nothing is ever re-run.
 
 from __future__ import annotations
 
+import msgspec
+
+from edge.core.ports.runtime import RunInputs
 from edge.core.ports.stores import LogRange, RunLogFiles
 from edge.core.runs import Run
+from edge.storage.catalog import get_task
 from edge.storage.postgres.db import PgDatabase
-from edge.storage.postgres.sql import RUNS
+from edge.storage.postgres.sql import CATALOG, RUNS, SECURITY
 from edge.storage.runs import COLUMNS, FIELDS, Fences, queue_run, to_run
+from edge.storage.security import secret_values
 from edge.storage.tx import Row, Tx
 
 BATCH = 64
@@ -74,12 +79,31 @@ SQL_CANCEL_REQUESTS = (
 )
 
 
-def _claim(tx: Tx, project: str, node: str, limit: int, lease_s: float, now: int) -> list[tuple[Run, int]]:
-    claimed = []
-    for row in tx.rows(SQL_CLAIM, (project, node, limit, node, lease_s)):
+class Claimed(msgspec.Struct, frozen=True):
+    """A run this node claimed, its fence, and what its runner reads before it starts it
+    (read in the claiming transaction: no transaction of their own per run)."""
+
+    run: Run
+    fence: int
+    inputs: RunInputs
+
+
+def claim_runs(tx: Tx, project: str, node: str, limit: int, lease_s: float, now: int) -> list[Claimed]:
+    """The claim (RunClaims.claim) as a step of a transaction: of its own, or an
+    admission's (the node that admits a run and has a free slot claims in the same
+    transaction)."""
+    claimed: list[Claimed] = []
+    rows = tx.rows(SQL_CLAIM, (project, node, limit, node, lease_s))
+    if not rows:
+        return claimed
+    # Read at the claim, not at the start a moment later: a secret set in between is
+    # redacted from the next run on.
+    values = secret_values(tx, SECURITY, project)
+    for row in rows:
         run, fence = to_run(row[:-1]), int(row[-1])
         tx.execute(RUNS.event_insert, (run.id, run.event_seq, "run.claimed", "runner", now, f"node {node}"))
-        claimed.append((run, fence))
+        task = get_task(tx, CATALOG, run.project_id, run.task_id, run.task_revision)
+        claimed.append(Claimed(run, fence, RunInputs(task, values)))
     return claimed
 
 
@@ -92,7 +116,8 @@ def _lose(tx: Tx, run_id: str, seq: int, code: str, summary: str, detail: str) -
     return lost
 
 
-def _reap(tx: Tx, limit: int) -> list[Run]:
+def reap_expired(tx: Tx, limit: int) -> list[Run]:
+    """RunClaims.reap as a step of a transaction (a heartbeat's)."""
     reaped = []
     for rid, node, status, untaken, seq in tx.rows(SQL_EXPIRED, (limit,)):
         if untaken:
@@ -131,14 +156,23 @@ class PgClaims:
         self._node = fences.node
         self._fences = fences
         self._lease_s = lease_s
+        self._inputs: dict[str, RunInputs] = {}
 
     async def claim(self, limit: int, now_ms: int) -> list[Run]:
         if limit <= 0:
             return []
-        claimed = await self._db.write(_claim, self._project, self._node, limit, self._lease_s, now_ms)
-        for run, fence in claimed:
-            self._fences.held[run.id] = fence
-        return [run for run, _ in claimed]
+        return self.took(await self._db.write(claim_runs, self._project, self._node, limit, self._lease_s, now_ms))
+
+    def took(self, claimed: list[Claimed]) -> list[Run]:
+        """Hold what a committed claim took: its fences, and its runs' inputs until the
+        node hands the runs to its runner (`inputs`)."""
+        for c in claimed:
+            self._fences.held[c.run.id] = c.fence
+            self._inputs[c.run.id] = c.inputs
+        return [c.run for c in claimed]
+
+    def inputs(self, run_id: str) -> RunInputs | None:
+        return self._inputs.pop(run_id, None)
 
     async def renew(self, run_ids: list[str]) -> list[str]:
         if not run_ids:
@@ -146,7 +180,7 @@ class PgClaims:
         return [r for (r,) in await self._db.write(_rows, SQL_RENEW, (self._lease_s, self._node, run_ids))]
 
     async def reap(self) -> list[Run]:
-        return await self._db.write(_reap, BATCH)
+        return await self._db.write(reap_expired, BATCH)
 
     async def request_cancel(self, project: str, run_id: str, reason: str) -> bool:
         return await self._db.write(_ask_cancel, project, run_id, reason)
@@ -158,6 +192,7 @@ class PgClaims:
 
     def release(self, run_id: str) -> None:
         self._fences.held.pop(run_id, None)
+        self._inputs.pop(run_id, None)
 
 
 # -- run logs (RunLogReader, edge.core.ports.stores) ---------------------------------

@@ -19,13 +19,15 @@ from edge.core.ports.stores import RunLogFiles
 from edge.core.runs import Followers
 from edge.storage.postgres.db import PgDatabase
 from edge.storage.postgres.claims import PgClaims, PgRunLogReader
-from edge.storage.postgres.node import ClusterRunner, DbClock, Node, NodeSettings, PgAdmission, PgNodes, server_ms
+from edge.storage.postgres.node import (
+    ClusterRunner, DbClock, Node, NodeSettings, PgAdmission, PgNodes, PgRunStore, server_ms,
+)
 from edge.storage.postgres.notify import PgNotifyStore
 from edge.storage.postgres.schema import migrate
 from edge.storage.postgres.security import PgAuditLog
-from edge.storage.postgres.sql import CATALOG, READS, RUNS, SECURITY
+from edge.storage.postgres.sql import CATALOG, READS, SECURITY
 from edge.storage.reads import SqlCountsReader, readers
-from edge.storage.runs import Fences, Policy, SqlRunStore
+from edge.storage.runs import Fences, Policy
 from edge.storage.catalog import SqlTaskStore, SqlTriggerStore
 from edge.storage.security import SqlAuditReader, SqlCredentialStore, SqlSecretStore
 
@@ -78,7 +80,7 @@ class PgCluster:
         self.settings = node
         self.location = f"postgresql {db.location}"
         self.tasks = SqlTaskStore(db, CATALOG, files)
-        self.runs = SqlRunStore(db, RUNS, policy, files, self.followers, fences, options.write_retry_s)
+        self.runs = PgRunStore(db, policy, files, self.followers, fences, options.write_retry_s, node.lease_s)
         self.triggers = SqlTriggerStore(db, CATALOG)
         self.admission = PgAdmission(db, options.capacity, node.node_id, node.slots, node.lease_s, self.followers)
         self._notify: PgNotifyStore | None = None
@@ -105,6 +107,8 @@ class PgCluster:
         `agents`: the AI runs' records, ended for runs cancelled before any node took them."""
         node = Node(self.db, self.claims, self.nodes, self.clock, self.settings, local, notices,
                     self.audit.move_spool)
+        self.admission.claim_with(node, self.claims, self.settings.project)
+        self.runs.claim_with(node, self.claims, self.settings.project)
         return node, ClusterRunner(local, node, self.admission, self.runs, self.claims, self.clock, self.settings,
                                    notices, agents)
 

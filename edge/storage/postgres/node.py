@@ -25,17 +25,21 @@ from edge.core.errors import ToolError, conflict, not_found
 from edge.core.handoff import Background, ManualStart
 from edge.core.notices import Notices, run_finished
 from edge.core.ports.cluster import NodeRegistry, RunClaims
-from edge.core.ports.runtime import Clock, RunController
-from edge.core.ports.stores import RunAdmission, RunStore
-from edge.core.runs import ActorType, Followers, Run, RunUpdate
+from edge.core.ports.runtime import Clock, RunController, RunInputs
+from edge.core.ports.stores import RunAdmission, RunLogFiles, RunStore
+from edge.core.runs import TERMINAL, ActorType, Followers, Run, RunStatus, RunUpdate
 from edge.core.schedule import REBOOT
 from edge.core.tasks import Task
 from edge.core.text import moment
-from edge.storage.admission import NodeLease, SqlAdmission
-from edge.storage.postgres.claims import NOW_MS, lose_untaken
+from edge.core.triggers import Admission, ManualAdmission
+from edge.storage.admission import Bound, Dialect, NodeLease, SqlAdmission, admit_fires, admit_manual
+from edge.storage.postgres.claims import (
+    BATCH, NOW_MS, SQL_CANCEL_REQUESTS, SQL_RENEW, Claimed, PgClaims, claim_runs, lose_untaken, reap_expired,
+)
 from edge.storage.postgres.db import PgDatabase
-from edge.storage.postgres.sql import ADMISSION
-from edge.storage.tx import Tx
+from edge.storage.postgres.sql import ADMISSION, RUNS
+from edge.storage.runs import Fenced, Fences, Policy, RunsSql, SqlRunStore, transition
+from edge.storage.tx import Params, Row, Tx
 
 if TYPE_CHECKING:
     from edge.core.ports.agent import AgentRuns
@@ -107,6 +111,29 @@ def _leave(tx: Tx, node: str) -> None:
     tx.execute("DELETE FROM nodes WHERE id = %s", (node,))
 
 
+class Beat(msgspec.Struct, frozen=True):
+    """What one heartbeat's transaction found."""
+
+    now_ms: int  # PostgreSQL's time
+    cancels: dict[str, str]  # run id → reason: cancels asked of runs this node holds
+    reaped: list[Run]  # runs whose lease expired, recorded lost here
+    alive: int  # nodes alive
+
+
+def _beat(tx: Tx, node: str, project: str, slots: int, host: str, pid: int, lease_s: float, held: list[str],
+          asked_of: list[str], reap: bool) -> Beat:
+    """The heartbeat of a node and everything it does each interval, in one transaction:
+    its row, the leases of the runs it holds (an expired lease is never renewed), the
+    cancel requests for them, the reaping of expired leases (`reap`) and the count of
+    live nodes. The node's row comes first: PostgreSQL's time is read there."""
+    now = _heartbeat(tx, node, project, slots, host, pid)
+    if held:
+        tx.rows(SQL_RENEW, (lease_s, node, held))
+    cancels = {rid: reason for rid, reason in tx.rows(SQL_CANCEL_REQUESTS, (asked_of,))} if asked_of else {}
+    reaped = reap_expired(tx, BATCH) if reap else []
+    return Beat(now, cancels, reaped, _alive(tx, lease_s))
+
+
 def server_ms(tx: Tx) -> int:
     (now,) = tx.one(f"SELECT {NOW_MS}")
     return int(now)
@@ -158,15 +185,175 @@ def _arm_boot(tx: Tx, project: str, node: str, boot_id: str, at: int) -> tuple[i
     return armed, lost
 
 
+class _HeldHints:
+    """A transaction whose hints wait for the rule that wraps it to decide on them."""
+
+    def __init__(self, tx: Tx) -> None:
+        self._tx = tx
+        self.topics: list[str] = []
+
+    def rows(self, sql: str, params: Params = ()) -> list[Row]:
+        return self._tx.rows(sql, params)
+
+    def each(self, sql: str, params: Params = ()) -> list[Row]:
+        return self._tx.rows(sql, params)
+
+    def row(self, sql: str, params: Params = ()) -> Row | None:
+        return self._tx.row(sql, params)
+
+    def one(self, sql: str, params: Params = ()) -> Row:
+        return self._tx.one(sql, params)
+
+    def execute(self, sql: str, params: Params = ()) -> int:
+        return self._tx.execute(sql, params)
+
+    def lock(self, key: int) -> None:
+        self._tx.lock(key)
+
+    def hint(self, topic: str) -> None:
+        if topic not in self.topics:
+            self.topics.append(topic)
+
+    def after_commit(self, fn: Callable[[], None]) -> None:
+        self._tx.after_commit(fn)
+
+
+def _admit_and_claim(tx: Tx, d: Dialect, task: Task, actor: ActorType, now: int, bound: Bound, node: str,
+                     lease_s: float, limit: int) -> tuple[ManualAdmission, list[Claimed]]:
+    """A manual admission on a node with a free slot: the claim loop's claim (the oldest
+    claimable runs, usually this one) in the same transaction. Other nodes are told of
+    new runs only when one is left for them."""
+    held = _HeldHints(tx)
+    admitted = admit_manual(held, d, task, actor, now, bound)
+    claimed = claim_runs(tx, task.project_id, node, limit, lease_s, now)
+    mine = next((c.run for c in claimed if c.run.id == admitted.run.id), None)
+    for topic in held.topics:
+        if topic != "run" or mine is None:
+            tx.hint(topic)
+    if mine is not None:
+        admitted = ManualAdmission(run=mine, replaces=admitted.replaces)
+    return admitted, claimed
+
+
+def _finish_and_claim(
+    tx: Tx, q: RunsSql, run_id: str, expected: int, status: RunStatus, now: int, actor: ActorType,
+    update: RunUpdate, detail: str | None, policy: Policy, claim: tuple[str, int] | None, data: bytes | None,
+    started: RunUpdate | None, project: str, lease_s: float, limit: int,
+) -> tuple[tuple[Run, list[str], int] | Fenced, list[Claimed]]:
+    """A completion on this node, then the claim loop's claim into the slot it frees, in one
+    transaction (a refused, fenced completion claims nothing)."""
+    result = transition(tx, q, run_id, expected, status, now, actor, update, detail, policy, claim, data, started)
+    if isinstance(result, Fenced) or claim is None:
+        return result, []
+    return result, claim_runs(tx, project, claim[0], limit, lease_s, now)
+
+
+class PgRunStore(SqlRunStore):
+    """RunStore of a cluster node: once its runtime is built (`claim_with`), the
+    completion of a run it holds claims the next run in the same transaction."""
+
+    def __init__(self, db: PgDatabase, policy: Policy, files: RunLogFiles, followers: Followers, fences: Fences,
+                 retry_s: float, lease_s: float) -> None:
+        super().__init__(db, RUNS, policy, files, followers, fences, retry_s)
+        self._pg = db
+        self._lease_s = lease_s
+        self._project = ""
+        self._claims: PgClaims | None = None
+        self._taker: Node | None = None
+
+    def claim_with(self, node: Node, claims: PgClaims, project: str) -> None:
+        self._taker, self._claims, self._project = node, claims, project
+
+    async def _record(
+        self, run_id: str, expected_version: int, status: RunStatus, now_ms: int, actor: ActorType,
+        update: RunUpdate, detail: str | None, claim: tuple[str, int] | None, data: bytes | None,
+        started: RunUpdate | None,
+    ) -> tuple[Run, list[str], int] | Fenced:
+        node, claims = self._taker, self._claims
+        reserved = node.reserve(run_id) if node is not None and claim is not None and status in TERMINAL else 0
+        if not reserved or node is None or claims is None:
+            return await super()._record(run_id, expected_version, status, now_ms, actor, update, detail, claim,
+                                         data, started)
+        claimed: list[Claimed] = []
+        finished: str | None = None
+        try:
+            result, claimed = await self._pg.write(
+                _finish_and_claim, RUNS, run_id, expected_version, status, now_ms, actor, update, detail,
+                self._policy, claim, data, started, self._project, self._lease_s, reserved, retry_s=self._retry_s)
+            finished = None if isinstance(result, Fenced) else run_id
+        finally:  # nothing claimed when it failed (an unknown outcome: its lease expires, never run twice)
+            node.adopt(claims.took(claimed), reserved, finished)
+        return result
+
+
+def _fires_and_claim(tx: Tx, d: Dialect, project: str, trigger_id: str, now: int, grace_ms: int, bound: Bound,
+                     rng: Callable[[], float], lease: NodeLease, limit: int) -> tuple[Admission, list[Claimed]]:
+    """A trigger's admission on a node with a free slot: when it admitted runs (and
+    replaces none: those start once the runs they replace are cancelled), the claim loop's
+    claim in the same transaction. Other nodes are told of new runs only when one is left
+    for them."""
+    held = _HeldHints(tx)
+    admission = admit_fires(held, d, project, trigger_id, now, grace_ms, bound, rng, lease)
+    claimed = (claim_runs(tx, project, lease.node_id, limit, lease.lease_s, now)
+               if admission.runs and not admission.cancel else [])
+    mine = {c.run.id for c in claimed}
+    for topic in held.topics:
+        if topic != "run" or any(run.id not in mine for run in admission.runs):
+            tx.hint(topic)
+    return admission, claimed
+
+
 class PgAdmission(SqlAdmission):
     """RunAdmission (edge.core.ports.stores) of cluster node `node_id`: the queue bound
-    counts the slots of every live node (`own_slots` > 0), and `@reboot` is per node."""
+    counts the slots of every live node (`own_slots` > 0), and `@reboot` is per node.
+    Once the node's runtime is built (`claim_with`), a manual start on a node with a
+    free slot claims in its admission's transaction."""
 
     def __init__(self, db: PgDatabase, capacity: int, node_id: str, own_slots: int = 0, lease_s: float = 30.0,
                  followers: Followers | None = None) -> None:
         super().__init__(db, ADMISSION, capacity, followers, NodeLease(node_id, lease_s), own_slots)
         self._pg = db
         self._node_id = node_id
+        self._lease_s = lease_s
+        self._project = ""
+        self._claims: PgClaims | None = None
+        self._taker: Node | None = None
+
+    def claim_with(self, node: Node, claims: PgClaims, project: str) -> None:
+        self._taker, self._claims, self._project = node, claims, project
+
+    async def admit_fires(
+        self, project: str, trigger_id: str, now_ms: int, grace_ms: int, rng: Callable[[], float]
+    ) -> Admission:
+        node, claims = self._taker, self._claims
+        reserved = node.reserve() if node is not None and project == self._project else 0
+        if not reserved or node is None or claims is None:
+            return await super().admit_fires(project, trigger_id, now_ms, grace_ms, rng)
+        claimed: list[Claimed] = []
+        failed = True
+        try:
+            admission, claimed = await self._pg.write(
+                _fires_and_claim, self._d, project, trigger_id, now_ms, grace_ms, self._bound, rng,
+                NodeLease(self._node_id, self._lease_s), reserved)
+            failed = False
+        finally:  # nothing claimed when it failed (an unknown outcome: its lease expires, never run twice)
+            node.adopt(claims.took(claimed), reserved, wake=failed)
+        return self._followed(admission)
+
+    async def admit_manual(self, task: Task, actor: ActorType, now_ms: int) -> ManualAdmission:
+        node, claims = self._taker, self._claims
+        # A run that replaces others starts once they are cancelled (ManualStart), not in its admission.
+        folds = node is not None and task.project_id == self._project and task.spec.overlap != "replace"
+        reserved = node.reserve() if folds and node is not None else 0
+        if not reserved or node is None or claims is None:
+            return await super().admit_manual(task, actor, now_ms)
+        claimed: list[Claimed] = []
+        try:
+            admitted, claimed = await self._pg.write(_admit_and_claim, self._d, task, actor, now_ms, self._bound,
+                                                     self._node_id, self._lease_s, reserved)
+        finally:  # nothing claimed when it failed (an unknown outcome: its lease expires, never run twice)
+            node.adopt(claims.took(claimed), reserved)
+        return admitted
 
     async def arm_boot(self, project: str, boot_id: str, at_ms: int) -> int:
         """The boot on record is this node's (`node_boots`), and so are the fires it arms
@@ -203,6 +390,9 @@ class Node:
         self._up_since: float | None = None  # monotonic time of the first heartbeat since (re)connecting
         self._alive = 0
         self._claiming = False
+        self._host = socket.gethostname()
+        self._reserved = 0  # free slots an admission or completion in progress may claim into
+        self._settled: set[str] = set()  # ended runs whose completion found nothing more to claim
 
     def holds(self, run_id: str) -> bool:
         return run_id in self._held
@@ -254,30 +444,37 @@ class Node:
     async def _beat(self) -> None:
         s = self._settings
         try:
-            sent = time.monotonic()
-            now = await self._nodes.heartbeat(s.slots)
-            self._clock.sync(now, sent, time.monotonic())
             if self._up_since is None:  # (re)connected: look at everything again
+                sent = time.monotonic()
+                now = await self._nodes.heartbeat(s.slots)
+                self._clock.sync(now, sent, time.monotonic())
                 if self._after_reconnect is not None:
                     await self._after_reconnect()
                 self._up_since = time.monotonic()
                 self._changed()
                 self.wake()
-            await self._claims.renew(sorted(self._held))
-            await self._apply_cancels()
             # After a reconnect the other nodes get a lease to renew theirs before anything
             # of theirs is taken for lost.
-            if time.monotonic() - self._up_since >= s.lease_s:
-                for run in await self._claims.reap():  # said by the node that recorded it, once
-                    level, line = run_finished(run)
-                    self._notices.say(log, run.task_id, level, line, run.status)
-            self._alive = await self._nodes.alive()
+            reap = time.monotonic() - self._up_since >= s.lease_s
+            sent = time.monotonic()
+            beat = await self._db.write(_beat, s.node_id, s.project, s.slots, self._host, os.getpid(), s.lease_s,
+                                        sorted(self._held), sorted(self._held - self._cancelling), reap)
+            self._clock.sync(beat.now_ms, sent, time.monotonic())
+            self._cancel_asked(beat.cancels)
+            for run in beat.reaped:  # said by the node that recorded it, once
+                level, line = run_finished(run)
+                self._notices.say(log, run.task_id, level, line, run.status)
+            self._alive = beat.alive
         except ToolError:
             self._up_since = None
 
     async def _apply_cancels(self) -> None:
-        asked = await self._claims.cancel_requests(sorted(self._held - self._cancelling))
+        self._cancel_asked(await self._claims.cancel_requests(sorted(self._held - self._cancelling)))
+
+    def _cancel_asked(self, asked: dict[str, str]) -> None:
         for run_id, reason in asked.items():
+            if run_id in self._cancelling:
+                continue
             self._cancelling.add(run_id)
             self._background.spawn(self._cancel_local(run_id, reason), f"cancel-{run_id}")
 
@@ -299,16 +496,49 @@ class Node:
             self._wake.clear()
             await self._claim_some()
 
+    def _free(self) -> int:
+        return self._settings.slots - len(self._held) - self._reserved
+
+    def reserve(self, finishing: str | None = None) -> int:
+        """A free slot for a transaction to claim into (1), or none (0); `adopt` ends it.
+        `finishing`: a run this node holds whose completion is that transaction: its slot
+        is the one."""
+        if not self._claiming:
+            return 0
+        if (finishing is None or finishing not in self._held) and self._free() <= 0:
+            return 0
+        self._reserved += 1
+        return 1
+
+    def adopt(self, runs: list[Run], reserved: int, finished: str | None = None, wake: bool = True) -> None:
+        """The runs a transaction (an admission, a completion) claimed, and the end of its
+        reservation. `finished`: the run whose completion committed with the claim: no
+        longer held, and when fewer runs were claimable than reserved (the queue was empty
+        then; a run queued later sends its hint), its end needs no claim of its own.
+        `wake`: whether a reservation that claimed nothing has the claim loop look again."""
+        self._reserved -= reserved
+        if finished is not None:
+            self._held.discard(finished)
+            if len(runs) < reserved:
+                self._settled.add(finished)
+        for run in runs:
+            self._take(run)
+        if not runs and finished is None and wake:
+            self.wake()  # the slot it kept may be wanted
+
+    def _take(self, run: Run) -> None:
+        self._held.add(run.id)
+        self._local.submit(run, self._claims.inputs(run.id))
+        self._background.spawn(self._follow(run), f"follow-{run.id}")
+
     async def _claim_some(self) -> None:
-        while self._claiming and (free := self._settings.slots - len(self._held)) > 0:
+        while self._claiming and (free := self._free()) > 0:
             try:
                 runs = await self._claims.claim(free, self._clock.now_ms())
             except ToolError:
                 return
             for run in runs:
-                self._held.add(run.id)
-                self._local.submit(run)
-                self._background.spawn(self._follow(run), f"follow-{run.id}")
+                self._take(run)
             if len(runs) < free:
                 return
 
@@ -321,7 +551,10 @@ class Node:
         finally:
             self._held.discard(run.id)
             self._claims.release(run.id)
-            self.wake()
+            if run.id in self._settled:
+                self._settled.discard(run.id)
+            else:
+                self.wake()
 
     # -- hints ----------------------------------------------------------------------
 
@@ -374,8 +607,9 @@ class ClusterRunner:
         self._settings = settings
         self._starts = ManualStart(self, admission, clock, notices, Background(log), log)
 
-    def submit(self, run: Run) -> None:
-        self._node.wake()  # queued in PostgreSQL already: whichever node has a slot claims it
+    def submit(self, run: Run, inputs: RunInputs | None = None) -> None:
+        if not self._node.holds(run.id):  # claimed by its admission here, or not yet:
+            self._node.wake()  # queued in PostgreSQL already: whichever node has a slot claims it
 
     async def start(self, task: Task, actor: ActorType) -> Run:
         return await self._starts.start(task, actor)
