@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from edge.notify.handle import TOOL_INFOS
-from edge.app.graph import builtin_tools, daemon_tools, deferred_tools
+from edge.app.graph import daemon_tools, deferred_tools
 from edge.tools.context import ToolContext
 from edge.tools.definition import Deferred, Empty, Registry, Tool, declared, info
 
