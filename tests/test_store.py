@@ -91,6 +91,16 @@ async def test_an_old_database_held_open_elsewhere_keeps_its_pages(home, caplog)
     assert "keeps its 4096-byte pages" in caplog.text
 
 
+def test_a_new_databases_migrations_are_not_kept_prepared(home):
+    """A migration's statements run once: apsw's statement cache would otherwise hold up to a
+    hundred of them prepared (about 0.3 MiB of SQLite memory) for as long as the daemon runs."""
+    c = apsw.Connection(os.path.join(home, "m.db"))
+    migrate(c)
+    cached = [e["query"] for e in c.cache_stats(True)["entries"]]
+    assert not [q for q in cached if re.search(r"\b(CREATE|ALTER|DROP)\b", q)], cached
+    assert c.status(apsw.SQLITE_DBSTATUS_STMT_USED)[0] < 64 * 1024  # a few reads' statements (about 10 KB)
+
+
 def test_time_indexes_are_ascending(conn):
     """New rows go to the right edge of an ascending index (one page written per insert,
     not three); queries read them backwards, without a sort (test_plan_* below)."""

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from edge.notify.handle import TOOL_INFOS
-from edge.app.graph import builtin_tools, deferred_tools
+from edge.app.graph import daemon_tools, deferred_tools
 from edge.tools.context import ToolContext
 from edge.tools.definition import Deferred, Empty, Registry, Tool, declared, info
 
@@ -56,8 +56,10 @@ def test_a_module_that_differs_from_its_declaration_is_refused():
 def test_every_deferred_group_loads_as_declared():
     """The groups composition declares and the notify tools: each module builds exactly
     what was declared (what the daemon listed before loading it)."""
-    registry = Registry(builtin_tools(), deferred_tools())
-    for group in deferred_tools():
+    resident, groups = daemon_tools()
+    registry = Registry(resident, groups)
+    assert len(groups) == len(deferred_tools()) + 1  # and the run tools
+    for group in groups:
         for declared_info in group.infos:
             entry = registry.get(declared_info.name)
             assert entry is not None and entry.tool.info() == declared_info
@@ -75,3 +77,8 @@ def test_rarely_used_tool_modules_stay_unloaded():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "backup" not in out and "credentials" not in out and "secrets" not in out and "tasks" in out
     assert "edge.tools.ai" not in out  # the AI read tools: until an AI client calls or lists them
+    code = ("import sys; from edge.app.graph import daemon_tools; from edge.tools.definition import Registry;"
+            " r = Registry(*daemon_tools()); r.infos(); print('edge.tools.builtin.runs' in sys.modules);"
+            " r.get('qledge.run.get'); print('edge.tools.builtin.runs' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "True"]  # the run tools: until the first run.* call

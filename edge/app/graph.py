@@ -52,7 +52,6 @@ from edge.storage.runs import Policy, SqlRunStore
 from edge.storage.security import SqlAuditLog, SqlAuditReader, SqlCredentialStore, SqlSecretStore
 from edge.storage.sqlite import sql
 from edge.tools.builtin import status, tasks, triggers
-from edge.tools.builtin import runs as run_tools
 from edge.tools.chain import Authenticator, Chain
 from edge.tools.context import Services, ToolInfo
 from edge.tools.definition import WRITE_DEADLINE_S, Deferred, Registry, Tool, first_use, info
@@ -239,9 +238,46 @@ def build_workers(
                    notices=notices)
 
 
+def resident_tools() -> list[Tool]:
+    """The `qledge.*` management tools the daemon loads with itself."""
+    return [*tasks.TOOLS, *triggers.TOOLS, *status.TOOLS]
+
+
 def builtin_tools() -> list[Tool]:
-    """The `qledge.*` management tools the CLI uses and the daemon loads with itself."""
-    return [*tasks.TOOLS, *triggers.TOOLS, *run_tools.TOOLS, *status.TOOLS]
+    """Every `qledge.*` management tool the CLI uses but the rarely used ones (deferred_tools),
+    loaded: the resident tools and the run tools."""
+    return [*resident_tools(), *_run_tools()]
+
+
+# The run tools: the scheduler starts runs without them, so a daemon on its triggers alone
+# never loads their module; the first `qledge run …` call does.
+_WAIT_DEADLINE_S = 60 + 5  # edge.tools.builtin.runs: WAIT_MAX_MS, and 5 s to answer
+_FOLLOW_DEADLINE_S = 30 + 5  # FOLLOW_MAX_MS, and 5 s to answer
+RUN_TOOLS: tuple[ToolInfo, ...] = (
+    info("qledge.run.start", effect="write", risk="medium", permission="run.write", title="Start a run of a task now"),
+    info("qledge.run.cancel", effect="write", risk="medium", permission="run.write",
+         title="Cancel a queued or running run"),
+    info("qledge.run.get", effect="read", risk="low", permission="run.read", title="A run"),
+    info("qledge.run.list", effect="read", risk="low", permission="run.read", title="Runs, newest first"),
+    info("qledge.run.events", effect="read", risk="low", permission="run.read", title="A run's events"),
+    info("qledge.run.wait", effect="read", risk="low", permission="run.read", title="Wait for a run to finish",
+         deadline_s=_WAIT_DEADLINE_S),
+    info("qledge.run.log.read", effect="read", risk="low", permission="artifact.read",
+         title="A byte range of a run's log (waitMs: wait for more of a running run's output)",
+         deadline_s=_FOLLOW_DEADLINE_S),
+)
+
+
+def _run_tools() -> list[Tool]:
+    from edge.tools.builtin import runs
+
+    return runs.TOOLS
+
+
+def daemon_tools() -> tuple[list[Tool], list[Deferred]]:
+    """What the daemon's registry starts with: the resident tools loaded, the run tools and
+    deferred_tools() declared."""
+    return resident_tools(), [Deferred(infos=RUN_TOOLS, load=_run_tools), *deferred_tools()]
 
 
 # The `qinglong.*` read tools offered to AI clients: declared here, their modules loaded by
@@ -662,7 +698,7 @@ class Graph:
         # so the ranges they would move overlap; their stamps keep their order.
         self.stamps = SteadyClock(wall, self._clock_jumped if cluster is None else None)
         users = task_users(config, home)
-        own_tools, own_deferred = builtin_tools(), deferred_tools()
+        own_tools, own_deferred = daemon_tools()
         host = Host(config=config, home=home, stores=self.stores, clock=self.stamps, pepper=pepper, users=users,
                     infos=[*(t.info() for t in own_tools), *(i for d in own_deferred for i in d.infos)],
                     ai_tools=self._ai_tools, start_run=self._start_run, connect=self._connect,

@@ -285,8 +285,13 @@ def _serve(args: argparse.Namespace | SimpleNamespace) -> int:
     from edge.app.lean import choose_loop, defer_hangups, restrict_imports
 
     defer_hangups()  # first: a SIGHUP while starting must not end the daemon
+    from edge import EXIT_USAGE
     from edge.app import config as cfg
-    from edge.cli.shared import EXIT_USAGE, report
+
+    def report(code: str, message: str, as_json: bool) -> None:
+        from edge.cli.shared import report as print_error  # on an error only: the daemon never needs the rest
+
+        print_error(code, message, as_json)
 
     as_json = bool(getattr(args, "json", False))
     path = getattr(args, "config", None) or os.environ.get("QLEDGE_CONFIG") or None

@@ -418,9 +418,11 @@ def _arm(tx: Tx, q: CatalogSql, project: str, schedule: Schedule, now: int, mark
     return _next_fire(schedule.expression, schedule.zone_name, mark)
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=64)
 def _next_fire(expression: str, zone: str, after_ms: int) -> int | None:
-    """Remembered: the triggers an import makes in one transaction share a few schedules and one mark."""
+    """Remembered: the triggers an import makes in one transaction share a few schedules and one mark.
+    A few: every trigger made one at a time has a mark of its own, never asked for again, and
+    each one remembered stays in memory."""
     return Schedule(expression, zone).next_after(after_ms)
 
 
