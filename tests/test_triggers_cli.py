@@ -11,6 +11,7 @@ import subprocess
 import time
 
 import pytest
+from support import until
 
 
 def _json(result: subprocess.CompletedProcess):
@@ -152,7 +153,9 @@ def test_idle_daemon_with_a_hundred_triggers_does_not_wake(daemon):
         spec = {"command": {"kind": "argv", "file": "true"}}
         daemon.call("qledge.task.create", {"taskId": f"t{i:03d}", "spec": spec})
         daemon.call("qledge.trigger.create", {"taskId": f"t{i:03d}", "expression": "0 0 1 1 *"})
-    assert daemon.call("qledge.status", {})["extra"]["scheduler"].startswith("100 triggers armed")
+    # A trigger is armed by the scheduler after its create answers: wait for the last one.
+    until(lambda: daemon.call("qledge.status", {})["extra"]["scheduler"].startswith("100 triggers armed"),
+          "the 100 triggers armed", timeout_s=10)
     time.sleep(1)  # let the last calls settle
     before = _switches(daemon.pid)
     time.sleep(5)
