@@ -303,6 +303,9 @@ class _Deadlines:
         self._calls.discard(call)
         if call.expired:
             call.task.uncancel()
+        if not self._calls and self._timer is not None:  # an idle daemon keeps no timer for calls
+            self._timer.cancel()
+            self._timer = None
 
     def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
         if self._timer is not None:
