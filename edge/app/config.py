@@ -21,7 +21,7 @@ class AuthConfig(msgspec.Struct, forbid_unknown_fields=True):
 
 class StoreConfig(msgspec.Struct, forbid_unknown_fields=True):
     synchronous: Literal["OFF", "NORMAL", "FULL", "EXTRA"] = "NORMAL"
-    cache_kib: Annotated[int, msgspec.Meta(ge=64, le=1 << 20)] = 512
+    cache_kib: Annotated[int, msgspec.Meta(ge=64, le=1 << 20)] = 128
     # Space given back when the disk fills up, so audited calls keep working (0: none).
     ballast_bytes: Annotated[int, msgspec.Meta(ge=0, le=64 << 20)] = 1 << 20
     # Hold the database for this daemon alone: no -shm file is mapped and written back to

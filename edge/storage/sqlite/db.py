@@ -412,7 +412,7 @@ class Database:
 
     @classmethod
     async def open(
-        cls, path: str, synchronous: str = "NORMAL", cache_kib: int = 512, ballast: Ballast | None = None,
+        cls, path: str, synchronous: str = "NORMAL", cache_kib: int = 128, ballast: Ballast | None = None,
         exclusive: bool = False,
     ) -> Database:
         """Open (creating it when missing, never through a link) and migrate. Raises
