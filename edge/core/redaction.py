@@ -276,7 +276,7 @@ def rules() -> tuple[Rule, ...]:
         _rule("opaque_token", r"(?:api[ _-]?key|apikey|key|token|secret)[ \t]+(?P<v>[0-9a-f]{24,})(?![0-9a-z])",
               "alnum", "hex_key", _hex_key),
         _rule("opaque_token",
-              r"(?:qle_[A-Za-z0-9]+_[A-Za-z0-9]+|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
+              r"(?:qle_r?[0-9a-f]{12,20}_[0-9a-f]{16,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
               r"|glpat-[A-Za-z0-9_-]{20,}|xox[abposr]-[A-Za-z0-9-]{10,}|xapp-[A-Za-z0-9-]{10,}|sk-[A-Za-z0-9_-]{20,}"
               r"|(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{8,}|whsec_[A-Za-z0-9]{16,}|npm_[A-Za-z0-9]{30,}"
               r"|hf_[A-Za-z0-9]{30,}|sg\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}|shp(?:at|ss|ca|pa)_[a-fA-F0-9]{32}"
