@@ -1,5 +1,5 @@
 """One way to write each kind of value people read: a duration and an instant are written by
-edge.core.text alone, in the CLI, the notifications, the daemon's log lines and the panel."""
+edge/__init__ alone, in the CLI, the notifications, the daemon's log lines and the panel."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from edge.core.text import duration_text, moment
+from edge import duration_text, moment
 
 ROOT = Path(__file__).resolve().parent.parent
 EDGE = ROOT / "edge"
@@ -71,10 +71,10 @@ def _sources(*suffixes: str) -> dict[str, str]:
 
 # What formatting a duration or an instant by hand looks like, and the few places allowed to.
 _PY_BY_HAND = [
-    (re.compile(r"strftime\("), {"edge/core/text.py", "edge/core/schedule.py"}),  # schedule: a trigger's own zone
+    (re.compile(r"strftime\("), {"edge/__init__.py", "edge/core/schedule.py"}),  # schedule: a trigger's own zone
     (re.compile(r"gmtime\("), set()),
-    (re.compile(r"\{[^{}]*:\.\d+f\}\s?(s|ms|min|sec)\b"), {"edge/core/text.py"}),
-    (re.compile(r"\{[^{}]*\}m\{[^{}]*\}s"), {"edge/core/text.py"}),
+    (re.compile(r"\{[^{}]*:\.\d+f\}\s?(s|ms|min|sec)\b"), {"edge/__init__.py"}),
+    (re.compile(r"\{[^{}]*\}m\{[^{}]*\}s"), {"edge/__init__.py"}),
 ]
 
 

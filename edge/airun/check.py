@@ -24,7 +24,7 @@ from edge.airun.provider import ProviderError, parse
 from edge.airun.tools import DaemonGone, Reporter, ToolFailure
 from edge.core.agent import PROFILES, AgentJob, OutcomeReport, RoundMeta, endpoint
 from edge.core.excerpt import normalize
-from edge.core.text import duration_text
+from edge import duration_text
 
 CHECK_TOOL = "qledge_check"
 PREFIX = "qledge agent check:"

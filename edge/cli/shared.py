@@ -374,15 +374,15 @@ _json: list[Any] = []  # msgspec's JSON encoder, built on first use
 
 
 def when(ms: int | None) -> str:
-    """An instant in the local time zone, the one format of edge.core.text.moment."""
-    from edge.core.text import moment
+    """An instant in the local time zone, the one format of edge.moment."""
+    from edge import moment
 
     return moment(ms)
 
 
 def duration(start_ms: int | None, end_ms: int | None) -> str:
-    """How long something took, the one format of edge.core.text.duration_text."""
-    from edge.core.text import duration_text
+    """How long something took, the one format of edge.duration_text."""
+    from edge import duration_text
 
     return duration_text(None if start_ms is None or end_ms is None else end_ms - start_ms)
 

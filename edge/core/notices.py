@@ -16,7 +16,7 @@ from collections import Counter
 from edge.core.errors import ToolError
 from edge.core.ports.runtime import Clock, TimerHandle, Timers
 from edge.core.runs import Run
-from edge.core.text import duration_text, moment
+from edge import duration_text, moment
 from edge.core.triggers import SkippedFires
 
 BURST = 5

@@ -50,37 +50,3 @@ def normalize(text: str) -> str:
     """CRLF → LF, and every control above → U+FFFD: text that cannot hide or reorder what a
     reader sees (log excerpts, and names shown to AI clients)."""
     return _CONTROLS.sub("\ufffd", text.replace("\r\n", "\n"))
-
-
-# -- values for people: the one way each kind is written in every human output --------------
-
-TIME_FORMAT = "%Y-%m-%d %H:%M:%S %Z"
-
-
-def moment(ms: int | None) -> str:
-    """An instant for people, in the device's zone (the C library's: $TZ, else
-    /etc/localtime) with its abbreviation: `2026-12-01 18:23:03 CET`; `-` when unknown.
-    The CLI, the notifications and the daemon's log lines all write times this way."""
-    import time
-
-    if ms is None:
-        return "-"
-    return time.strftime(TIME_FORMAT, time.localtime(ms / 1000))
-
-
-def duration_text(ms: float | None) -> str:
-    """How long something took, for people: under a minute in tenths of a second (`0.4s`,
-    `59.9s`), then minutes and seconds (`1m04s`), then hours and minutes (`2h05m`, `26h00m`);
-    `-` when unknown. The CLI, the notifications and the log lines all write durations this
-    way (the panel's format.js follows the same rule)."""
-    if ms is None:
-        return "-"
-    tenths = int((max(0.0, ms) + 50) // 100)  # half up, as the panel's Math.round
-    if tenths < 600:
-        return f"{tenths / 10:.1f}s"
-    seconds = max(60, int(ms // 1000))  # 59.96 s rounds up to a minute, not to 0m59s
-    minutes, secs = divmod(seconds, 60)
-    if minutes < 60:
-        return f"{minutes}m{secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m"

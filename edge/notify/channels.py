@@ -13,7 +13,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from edge.core.tasks import SecretRef
-from edge.core.text import Name, duration_text, moment
+from edge import duration_text, moment
+from edge.core.text import Name
 
 Language = Literal["en", "zh"]
 _Url = Annotated[str, msgspec.Meta(min_length=1, max_length=2048, pattern=r"^https?://[^\s/?#@]+(/[^\s]*)?$")]

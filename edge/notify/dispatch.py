@@ -39,7 +39,7 @@ from edge.core.ports.runtime import Clock, TimerHandle, Timers
 from edge.core.ports.notify import ChannelHealth, Damping, NoticeOutcome, NotifyStore, PendingNotice, TestOutcome
 from edge.core.ports.stores import RunLogFiles, SecretStore
 from edge.core.tasks import redact_label
-from edge.core.text import moment
+from edge import moment
 
 if TYPE_CHECKING:  # the channel shapes are loaded by the first delivery
     from edge.notify.channels import ChannelSpec, Delivery, Result

@@ -24,7 +24,7 @@ from edge.core.ids import random_fraction, uuid7
 from edge.core.notices import Notices, fires_skipped, more_fires_skipped
 from edge.core.ports.runtime import Clock, RunExecutor, Sleeper, TimerHandle, Timers
 from edge.core.tasks import ImportedTask
-from edge.core.text import moment
+from edge import moment
 from edge.core.ports.stores import RunAdmission, RunStore, TaskStore, TriggerStore
 from edge.core.runs import Run
 from edge.core.schedule import GRACE_MS

@@ -30,7 +30,7 @@ from edge.core.ports.stores import RunAdmission, RunLogFiles, RunStore
 from edge.core.runs import TERMINAL, ActorType, Followers, Run, RunStatus, RunUpdate
 from edge.core.schedule import REBOOT
 from edge.core.tasks import Task
-from edge.core.text import moment
+from edge import moment
 from edge.core.triggers import Admission, ManualAdmission
 from edge.storage.admission import Bound, Dialect, NodeLease, SqlAdmission, admit_fires, admit_manual
 from edge.storage.postgres.claims import (

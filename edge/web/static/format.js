@@ -26,7 +26,7 @@ export function hourOf(ms) {
   return Number(formatter({ hour: "numeric" }).format(new Date(ms))) % 24;
 }
 
-// How long something took, the CLI's rule (edge/core/text.py duration_text): tenths of a second under
+// How long something took, the CLI's rule (edge/__init__.py duration_text): tenths of a second under
 // a minute (0.4s, 59.9s), then minutes and seconds (1m04s), then hours and minutes (2h05m).
 export function duration(start, end) {
   if (start === null || start === undefined || end === null || end === undefined) return "–";
