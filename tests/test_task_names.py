@@ -28,6 +28,32 @@ def test_tasks_are_listed_with_their_names_only_when_one_differs_from_its_id(dae
     assert seen[0].split()[:2] == ["TASK", "NAME"] and seen[2].split()[:2] == ["ql-1", "每日签到"]
 
 
+def test_runs_triggers_and_next_fires_are_listed_with_task_names_when_one_differs(daemon):
+    _task(daemon, "plain")
+    _ok(daemon.cli("trigger", "add", "plain", "--cron", "0 3 * * *"))
+    _ok(daemon.cli("run", "start", "plain", "--wait"))
+
+    def heads() -> list[list[str]]:
+        return [_ok(daemon.cli(*argv)).stdout.splitlines()[0].split()
+                for argv in (("run", "list"), ("trigger", "list"), ("next",))]
+
+    assert ["NAME" in head for head in heads()] == [False, False, False]
+    _task(daemon, "ql-1", "每日签到")
+    _ok(daemon.cli("trigger", "add", "ql-1", "--cron", "0 4 * * *"))
+    _ok(daemon.cli("run", "start", "ql-1", "--wait"))
+    assert heads() == [["RUN", "TASK", "NAME", "STATUS", "ORIGIN", "CREATED", "TOOK", "EXIT"],
+                       ["TRIGGER", "TASK@REV", "NAME", "ENABLED", "CRON", "TIMEZONE", "NEXT", "FIRE"],
+                       ["WHEN", "TRIGGER", "TASK", "NAME", "TIMEZONE", "JITTER"]]
+    runs = _ok(daemon.cli("run", "list")).stdout.splitlines()[1:]
+    assert sorted(line.split()[1:3] for line in runs) == [["plain", "plain"], ["ql-1", "每日签到"]]
+    assert "每日签到" in _ok(daemon.cli("trigger", "list")).stdout
+    assert "每日签到" in _ok(daemon.cli("next")).stdout
+    _, viewer = daemon.token("viewer")
+    seen = _ok(daemon.cli("trigger", "list", token=viewer)).stdout.splitlines()
+    assert seen[0].split()[:3] == ["TRIGGER", "TASK@REV", "NAME"] and "每日签到" in seen[2]
+    assert "NAME" not in _ok(daemon.cli("run", "list", "--json")).stdout  # JSON keeps its shape
+
+
 def test_a_task_name_is_taken_wherever_a_task_id_is(daemon):
     _task(daemon, "ql-1", "每日签到")
     _task(daemon, "other")

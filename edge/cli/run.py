@@ -173,10 +173,11 @@ def run_list(c: Client, a: argparse.Namespace) -> int:
     if not runs:
         print("no runs match" if statuses or origins or a.since or a.until else "no runs")
     else:
+        names = shared.other_names(c, (r.task_id for r in runs))
         shared.table(
-            [[r.id, r.task_id, r.status, r.origin, shared.when(r.created_at_ms),
+            [[r.id, r.task_id, *shared.named(names, r.task_id), r.status, r.origin, shared.when(r.created_at_ms),
               shared.duration(r.started_at_ms, r.finished_at_ms), shared.exit_status(r.exit_code)] for r in runs],
-            ["RUN", "TASK", "STATUS", "ORIGIN", "CREATED", "TOOK", "EXIT"],
+            ["RUN", "TASK", *(["NAME"] if names else []), "STATUS", "ORIGIN", "CREATED", "TOOK", "EXIT"],
         )
     if more:
         print(more)

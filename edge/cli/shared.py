@@ -28,7 +28,7 @@ from edge import EXIT_UNREACHABLE as EXIT_UNREACHABLE  # for the commands that e
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
     from typing import Any, NoReturn, TypeVar
 
     from edge.core.runs import Run
@@ -254,6 +254,26 @@ def task_names(c: Client) -> list[tuple[str, str]]:
                     found.next.task_id if isinstance(found.next, TaskCursor) else None)
 
     return all_pages(page)
+
+
+def other_names(c: Client, task_ids: Iterable[str]) -> dict[str, str]:
+    """The names of these tasks that differ from their ids (imported ones, `每日签到`): what
+    a list's NAME column shows. Empty when none differs, and the column is left out."""
+    from edge.transports.client import CallFailed
+
+    wanted = set(task_ids)
+    if not wanted:
+        return {}
+    try:
+        return {i: n for i, n in task_names(c) if i in wanted and n != i}
+    except CallFailed:  # a caller who may list runs but not tasks: the ids alone
+        return {}
+
+
+def named(names: dict[str, str], task_id: str) -> list[str]:
+    """The NAME cell after a TASK cell, when the list has that column (as `task list`: a
+    task whose name is its id shows it again)."""
+    return [names.get(task_id, task_id)] if names else []
 
 
 def _task_exists(c: Client, task: str) -> bool:

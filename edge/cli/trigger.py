@@ -119,10 +119,11 @@ def upcoming(c: Client, a: argparse.Namespace) -> int:
         print("nothing is scheduled: no enabled trigger fires (qledge trigger list)")
         return EXIT_OK
     now = int(time.time() * 1000)
+    names = shared.other_names(c, (f.task_id for f in found.fires))
     shared.table(
-        [[shared.when(f.at_ms), _in(f.at_ms, now), f.trigger_id, f.task_id, f.timezone,
-          shared.span(f.jitter_s) if f.jitter_s else "-"] for f in found.fires],
-        ["WHEN", "", "TRIGGER", "TASK", "TIMEZONE", "JITTER"],
+        [[shared.when(f.at_ms), _in(f.at_ms, now), f.trigger_id, f.task_id, *shared.named(names, f.task_id),
+          f.timezone, shared.span(f.jitter_s) if f.jitter_s else "-"] for f in found.fires],
+        ["WHEN", "", "TRIGGER", "TASK", *(["NAME"] if names else []), "TIMEZONE", "JITTER"],
     )
     return EXIT_OK
 
@@ -249,18 +250,22 @@ def trigger_list(c: Client, a: argparse.Namespace) -> int:
     from edge.transports.client import all_pages
 
     if not c.may_call("qledge.trigger.list"):  # a viewer: the projection, without the schedule
+        heads = all_pages(lambda after: _head_page(c, after))
+        names = {} if a.json else shared.other_names(c, (t.task_id for t in heads))
         return show_list(
-            a, all_pages(lambda after: _head_page(c, after)), "no triggers yet",
-            lambda t: [t.trigger_id, f"{t.task_id}@{t.task_revision}", yes(t.enabled), shared.when(t.updated_at_ms)],
-            ["TRIGGER", "TASK@REV", "ENABLED", "UPDATED"],
+            a, heads, "no triggers yet",
+            lambda t: [t.trigger_id, f"{t.task_id}@{t.task_revision}", *shared.named(names, t.task_id), yes(t.enabled),
+                       shared.when(t.updated_at_ms)],
+            ["TRIGGER", "TASK@REV", *(["NAME"] if names else []), "ENABLED", "UPDATED"],
         )
     triggers = all_pages(lambda after: _trigger_page(c, after))
     disabled = _disabled_tasks(c) if triggers and not a.json else set()
+    names = {} if a.json else shared.other_names(c, (t.task_id for t in triggers))
     return show_list(
         a, triggers, "no triggers yet: qledge trigger add TASK --cron EXPR",
-        lambda t: [t.id, f"{t.task_id}@{t.task_revision}", yes(t.enabled), t.spec.expression, t.spec.timezone,
-                   _next_or_why(t, disabled)],
-        ["TRIGGER", "TASK@REV", "ENABLED", "CRON", "TIMEZONE", "NEXT FIRE"],
+        lambda t: [t.id, f"{t.task_id}@{t.task_revision}", *shared.named(names, t.task_id), yes(t.enabled),
+                   t.spec.expression, t.spec.timezone, _next_or_why(t, disabled)],
+        ["TRIGGER", "TASK@REV", *(["NAME"] if names else []), "ENABLED", "CRON", "TIMEZONE", "NEXT FIRE"],
     )
 
 
