@@ -869,3 +869,19 @@ async def test_once_for_a_disabled_task_is_recorded_and_spent(env):
     [event] = await env.events(trig.id)
     assert (event.type, event.reason) == ("skipped", "task_disabled")
     assert (await env.store.get("default", trig.id)).enabled is False
+
+
+async def test_a_reload_the_store_refuses_is_tried_again(env, home):
+    """A reload that meets a storage fault (here the triggers table gone for a moment, as a
+    database that cannot be read) is not forgotten: the next tick reads the triggers again."""
+    await env.trigger("0 10 * * *")  # created after the load: the heap does not hold it yet
+    env.scheduler.changed()
+    other = apsw.Connection(os.path.join(home, "q.db"))
+    other.execute("ALTER TABLE triggers RENAME TO triggers_away")
+    with pytest.raises(ToolError) as refused:
+        await env.tick(at("09:59:30"))
+    assert refused.value.code == "unavailable"
+    other.execute("ALTER TABLE triggers_away RENAME TO triggers")
+    other.close()
+    await env.tick(at("10:00:00"))
+    assert [r.scheduled_for_ms for r in await env.all_runs()] == [at("10:00:00")]

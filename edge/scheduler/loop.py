@@ -195,6 +195,9 @@ class Scheduler:
         while True:
             try:
                 delay = await self.tick()
+            except ToolError as exc:  # the store is unavailable (PostgreSQL down): one line, and on
+                log.error("scheduler tick failed: %s", exc.message)
+                delay = MAX_SLEEP_S  # a reconnect asks for a reload, which wakes the loop sooner
             except Exception:  # keep scheduling whatever one tick ran into
                 log.exception("scheduler tick failed")
                 delay = MAX_SLEEP_S
@@ -213,10 +216,15 @@ class Scheduler:
             # the time (an import of many triggers changes them once per batch).
             deferred = self._reload_after - time.monotonic()
         elif self._reload:
-            self._reload = False
+            self._reload = False  # before the reads: a change made while they run reloads again
             started = time.monotonic()
-            retries = [(due, RETRY_KEY + rid) for due, rid in await self._store.armed_retries(self._project)]
-            self._heap = await self._store.armed(self._project)  # sorted by cursor: already a heap
+            try:
+                retries = [(due, RETRY_KEY + rid) for due, rid in await self._store.armed_retries(self._project)]
+                heap = await self._store.armed(self._project)  # sorted by cursor: already a heap
+            except ToolError:
+                self._reload = True  # a reload the store refused is tried again
+                raise
+            self._heap = heap
             if retries:
                 self._heap += retries
                 heapq.heapify(self._heap)
