@@ -471,6 +471,19 @@ def test_disable_source_never_writes_through_a_planted_link(daemon, workdir):
     assert os.path.islink(linked) and read(target) == "0 2 * * * /usr/bin/false\n"
 
 
+def test_disable_source_refuses_a_link_in_place_of_the_crontabs_directory(daemon, workdir):
+    crontabs = os.path.join(workdir, "crontabs")
+    os.mkdir(crontabs, 0o755)
+    with open(os.path.join(crontabs, "root"), "w") as f:
+        f.write("0 1 * * * /usr/bin/true\n")
+    planted = os.path.join(workdir, "spool")
+    os.symlink(crontabs, planted)  # a directory link where the crontab's directory belongs
+    refused = daemon.cli("import", "crontab", os.path.join(planted, "root"), "--user", "nobody", "--disable-source")
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert f"{planted} is a symbolic link or not a directory" in refused.stderr
+    assert os.listdir(crontabs) == ["root"] and read(os.path.join(crontabs, "root")) == "0 1 * * * /usr/bin/true\n"
+
+
 def test_a_qinglong_script_outside_the_scripts_directory_is_reported_by_row(daemon, workdir):
     import apsw
 

@@ -389,15 +389,20 @@ def import_crontab(c: Client, a: argparse.Namespace) -> int:
 def _disable_source(path: str, text: str, lines: list[int], dry_run: bool) -> str:
     """Comment the imported lines out, after a backup, by replacing the file whole (busybox
     crond reloads a crontab whose directory changed); relative to that directory, following
-    no link: the crontab must be a regular file, the backup and the new file are new files."""
+    no link: the directory must be one (not a link to one), the crontab a regular file, the
+    backup and the new file are new files."""
     if not lines:
         return f"{path}: no line to comment out"
     if dry_run:
         return f"{path}: would comment out {len(lines)} imported lines (after a backup)"
     directory, name = os.path.split(os.path.abspath(path))
     try:
-        parent = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        parent = os.open(directory, _DIR_FLAGS)
     except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise UsageError(f"the tasks are imported, but {directory} is a symbolic link or not a directory:"
+                             " --disable-source changes a crontab only in a real directory (name the path it"
+                             " points to); nothing was commented out") from None
         raise UsageError(f"the tasks are imported, but {path} could not be changed: {exc.strerror or exc}") from None
     try:
         info, current = _regular(parent, name, path)
