@@ -772,9 +772,11 @@ _CHUNK = 1 << 16
 class Copied(msgspec.Struct):
     files: int = 0
     size: int = 0
-    kept: int = 0  # files that differ from the source: kept as they are here (they may have been edited)
+    kept: list[str] = []  # the importer's own files that differ from the source: kept (they may have been edited)
     skipped: list[str] = []  # in the source: links, FIFOs, devices, files with several hard links
     replaced: list[str] = []  # in the destination: links or special files where a copy belongs
+    untrusted: list[str] = []  # in the destination: files another user could change, replaced by the source's
+    foreign: list[str] = []  # in the destination, not from the source: what another user could change
 
 
 def _named(paths: list[str]) -> str:
@@ -810,8 +812,11 @@ def _one_file(parent: int, name: str) -> int | None:
 class _Tree:
     """A walk of a scripts tree by directory descriptors, following no link: in the source,
     links, FIFOs, devices and files with several hard links are skipped; in the destination,
-    a link or special file in a copy's place is removed (the entry), and what is there
-    becomes the importer's, writable by no one else."""
+    a link or special file in a copy's place is removed (the entry), a file another user
+    owns or may write is replaced by the source's copy (whatever it holds is not to be
+    trusted: an earlier version left the copy to the task user), only the importer's own
+    files may be kept as changed, and the directories become the importer's, writable by no
+    one else."""
 
     def __init__(self, dry_run: bool) -> None:
         self.dry_run = dry_run
@@ -819,7 +824,8 @@ class _Tree:
         self._me = (os.geteuid(), os.getegid())
 
     def walk(self, src: int, dst: int | None, rel: str) -> None:
-        for name in sorted(os.listdir(src)):
+        names = sorted(os.listdir(src))
+        for name in names:
             path, st = rel + name, _entry(src, name)
             if st is not None and stat.S_ISDIR(st.st_mode) and (sub := _open(src, name)) is not None:
                 into = self.directory(dst, name, path) if dst is not None else None
@@ -833,6 +839,19 @@ class _Tree:
                 self._file(src, dst, name, path, st)
             elif st is not None:
                 self.done.skipped.append(path)
+        if dst is not None:
+            self._foreign(dst, set(names), rel)
+
+    def _foreign(self, dst: int, ours: set[str], rel: str) -> None:
+        """Entries here that are not from the source and another user could change: named,
+        never removed (they may be a task's), since a script of the copy may load them."""
+        for name in sorted(set(os.listdir(dst)) - ours):
+            st = _entry(dst, name)
+            if st is not None and not self._trusted(st):
+                self.done.foreign.append(rel + name)
+
+    def _trusted(self, st: os.stat_result) -> bool:
+        return st.st_uid == self._me[0] and not st.st_mode & 0o022 and not stat.S_ISLNK(st.st_mode)
 
     def own(self, fd: int, path: str, mode: int) -> None:
         st = os.fstat(fd)
@@ -864,17 +883,22 @@ class _Tree:
         mode = 0o755 if st.st_mode & 0o111 else 0o644
         there = _entry(dst, name) if dst is not None else None
         if there is not None and stat.S_ISDIR(there.st_mode):
-            self.done.kept += 1
+            self.done.kept.append(path + "/")
             return
-        if dst is not None and there is not None and (theirs := _one_file(dst, name)) is not None:
-            try:
-                self.done.kept += not self._same(src, name, theirs)
-                self.own(theirs, path, mode)
-            finally:
-                os.close(theirs)
-            return
-        if there is not None:
-            self.done.replaced.append(path)
+        if dst is not None and there is not None:
+            regular = stat.S_ISREG(there.st_mode) and there.st_nlink == 1
+            theirs = _one_file(dst, name) if regular and self._trusted(there) else None
+            if theirs is not None:
+                try:
+                    if self._trusted(os.fstat(theirs)):
+                        if not self._same(src, name, theirs):
+                            self.done.kept.append(path)
+                        self.own(theirs, path, mode)
+                        return
+                finally:
+                    os.close(theirs)
+            # Replaced: what another user could write there is theirs to choose.
+            (self.done.untrusted if regular else self.done.replaced).append(path)
         self.done.files += 1
         self.done.size += st.st_size
         if self.dry_run or dst is None:
@@ -986,7 +1010,13 @@ def _copy_line(done: Copied, dest: str, dry_run: bool) -> str:
     what = f"{done.files} files ({done.size} bytes)"
     line = f"scripts: would copy {what} to {dest}" if dry_run else f"scripts: {what} copied to {dest}"
     if done.kept:
-        line += f"; {done.kept} changed files kept as they are in qledge"
+        line += f"; changed here by the importer, kept as they are: {_named(done.kept)}"
+    if done.untrusted:
+        line += (f"; {'would replace' if dry_run else 'replaced'} with the source's copy, because another user"
+                 f" could change them: {_named(done.untrusted)}")
+    if done.foreign:
+        line += (f"; not from the source, and another user could change them (remove them: a script of the copy"
+                 f" may load them): {_named(done.foreign)}")
     if done.skipped:
         line += f"; not copied (links, FIFOs, devices, files with several hard links): {_named(done.skipped)}"
     if done.replaced:
