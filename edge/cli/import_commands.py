@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import os
 import re
@@ -19,7 +20,7 @@ import stat
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import msgspec
@@ -58,7 +59,7 @@ from edge.tools.builtin import backup as backup_tools
 from edge.tools.builtin import credentials as secret_tools
 from edge.tools.builtin import status as status_tools
 from edge.tools.builtin import tasks as task_tools
-from edge.transports.client import CallFailed, Client, all_pages
+from edge.transports.client import BadReply, CallFailed, Client, Unreachable, all_pages
 
 if TYPE_CHECKING:
     import argparse
@@ -725,9 +726,44 @@ class NotifyImports(Protocol):
 
     def export(self, c: Client, with_secrets: bool) -> tuple[backup_tools.ExportedNotify | None, list[str]]: ...
 
-    def check(self, c: Client, doc: backup_tools.Document) -> list[str]: ...
+    def check(self, c: Client, doc: backup_tools.Document, replace: bool) -> list[str]: ...
 
-    def apply(self, c: Client, doc: backup_tools.Document, replace: bool, dry_run: bool) -> list[str]: ...
+    def apply(self, c: Client, doc: backup_tools.Document, replace: bool, dry_run: bool, undo: Undo) -> list[str]:
+        ...
+
+
+FAILURES = (CallFailed, UsageError, BadReply, Unreachable, OSError)  # what a part of an import can end with
+
+
+class Undo:
+    """What an import wrote, to take back (newest first) when a later part fails, and what it
+    cannot take back."""
+
+    def __init__(self) -> None:
+        self._steps: list[tuple[str, Callable[[], object]]] = []
+        self.stays: list[str] = []
+
+    def add(self, what: str, step: Callable[[], object]) -> None:
+        self._steps.append((what, step))
+
+    def run(self) -> str:
+        """Every step, each failure kept apart: one clause saying what was undone and what was not."""
+        done: list[str] = []
+        failed: list[str] = []
+        for what, step in reversed(self._steps):
+            try:
+                step()
+                done.append(what)
+            except FAILURES as exc:
+                if not (isinstance(exc, CallFailed) and exc.code == "not_found"):  # else never written
+                    failed.append(f"{what} ({' '.join(str(exc).split())})")
+        self._steps.clear()
+        line = f"undone: {_named(done[::-1])}" if done else "nothing had been written"
+        if failed:
+            line += f"; could not undo: {_named(failed[::-1])}"
+        if self.stays:
+            line += f"; left as imported: {_named(self.stays)}"
+        return line
 
 
 NOTIFY: NotifyImports | None = None  # edge.cli.notify_import, set by edge.cli.main when the build ships it
@@ -822,6 +858,8 @@ class _Tree:
         self.dry_run = dry_run
         self.done = Copied()
         self._me = (os.geteuid(), os.getegid())
+        self.root = ""  # the destination: the walk's paths are relative to it
+        self.made: list[str] = []  # what the copy created (directories and files), in order, by path
 
     def walk(self, src: int, dst: int | None, rel: str) -> None:
         names = sorted(os.listdir(src))
@@ -874,6 +912,7 @@ class _Tree:
             if self.dry_run:
                 return None
             os.mkdir(name, 0o755, dir_fd=parent)
+            self.made.append(os.path.join(self.root, path))
             if (fd := _open(parent, name)) is None:
                 raise UsageError(f"{path} changed while the scripts were copied: import again")
         self.own(fd, path, 0o755)
@@ -918,6 +957,8 @@ class _Tree:
             finally:
                 os.close(out)
             os.rename(tmp, name, src_dir_fd=dst, dst_dir_fd=dst)  # replaces a link itself, never follows it
+            if there is None:
+                self.made.append(os.path.join(self.root, path))
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=dst)
@@ -968,9 +1009,10 @@ def _scripts_root(dest: str, top: str, tree: _Tree) -> int | None:
         raise
 
 
-def _copy_scripts(source_dir: str, dest: str, top: str, dry_run: bool) -> str:
-    """Copy the files not there yet (one that differs is kept: it may have been edited); the
-    copy is the importer's, read-only to tasks (_Tree)."""
+def _copy_scripts(source_dir: str, dest: str, top: str, dry_run: bool, undo: Undo | None = None) -> str:
+    """Copy the files not there yet (one of the importer's that differs is kept: it may have
+    been edited); the copy is the importer's, read-only to tasks (_Tree). What it creates can
+    be taken back through `undo` (what it replaced cannot)."""
     try:
         src = os.open(os.path.realpath(source_dir), _DIR_FLAGS)
     except OSError as exc:
@@ -993,17 +1035,41 @@ def _copy_scripts(source_dir: str, dest: str, top: str, dry_run: bool) -> str:
             raise CallFailed("resource_exhausted", f"scripts need {plan.done.size} bytes in {dest}, {free} are free"
                              f" (and {DISK_RESERVE} stay reserved); free some space or use --scripts-in-place")
         tree = _Tree(dry_run=False)
-        root = _scripts_root(dest, top, tree)
-        assert root is not None
+        tree.root = dest
+        if undo is not None:
+            undo.add(f"the scripts copied to {dest}", lambda: _remove_made(tree.made))
         try:
-            tree.walk(src, root, "")
+            root = _scripts_root(dest, top, tree)
+            assert root is not None
+            try:
+                tree.walk(src, root, "")
+            finally:
+                os.close(root)
         finally:
-            os.close(root)
+            if undo is not None:
+                undo.stays += [f"{os.path.join(dest, p)} (now the source's copy)"
+                               for p in tree.done.replaced + tree.done.untrusted]
     except OSError as exc:
         raise UsageError(f"cannot copy the scripts to {dest}: {exc.strerror or exc}") from None
     finally:
         os.close(src)
     return _copy_line(tree.done, dest, dry_run)
+
+
+def _remove_made(made: list[str]) -> None:
+    """What a copy created, newest first: its files, then its directories (each left when
+    something not of the copy is in it)."""
+    for path in reversed(made):
+        try:
+            if stat.S_ISDIR(os.lstat(path).st_mode):
+                os.rmdir(path)
+            else:
+                os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            if exc.errno != errno.ENOTEMPTY:
+                raise
 
 
 def _copy_line(done: Copied, dest: str, dry_run: bool) -> str:
@@ -1215,7 +1281,7 @@ class Move(msgspec.Struct):
     refused: list[str] = []
 
 
-def prepare_move(c: Client, doc: backup_tools.Document, file: str, into: str) -> Move:
+def prepare_move(c: Client, doc: backup_tools.Document, file: str, into: str, replace: bool) -> Move:
     move = Move(tasks=list(doc.tasks))
     if doc.scripts is not None:
         state = state_dir(c)
@@ -1226,26 +1292,26 @@ def prepare_move(c: Client, doc: backup_tools.Document, file: str, into: str) ->
         _copy_scripts(move.scripts_from, move.scripts_to, move.scripts_to, dry_run=True)  # a place for them here
         move.tasks = [_rehomed(t, doc.scripts.root, move.scripts_to) for t in doc.tasks]
     if doc.notify is not None and NOTIFY is not None:
-        move.refused += NOTIFY.check(c, doc)
+        move.refused += NOTIFY.check(c, doc, replace)
     return move
 
 
-def import_scripts(move: Move, dry_run: bool) -> list[str]:
+def import_scripts(move: Move, dry_run: bool, undo: Undo) -> list[str]:
     if move.scripts_from is None or move.scripts_to is None:
         return []
-    return [_copy_scripts(move.scripts_from, move.scripts_to, move.scripts_to, dry_run)]
+    return [_copy_scripts(move.scripts_from, move.scripts_to, move.scripts_to, dry_run, undo)]
 
 
 def export_notify(c: Client, with_secrets: bool) -> tuple[backup_tools.ExportedNotify | None, list[str]]:
     return NOTIFY.export(c, with_secrets) if NOTIFY is not None else (None, [])
 
 
-def import_notify(c: Client, doc: backup_tools.Document, replace: bool, dry_run: bool) -> list[str]:
+def import_notify(c: Client, doc: backup_tools.Document, replace: bool, dry_run: bool, undo: Undo) -> list[str]:
     if doc.notify is None:
         return []
     if NOTIFY is None:
         return ["notification channels and rules: not imported (this qledge has no notifications)"]
-    return NOTIFY.apply(c, doc, replace, dry_run)
+    return NOTIFY.apply(c, doc, replace, dry_run, undo)
 
 
 # -- the export file: qledge export FILE, qledge import FILE ------------------------------------
@@ -1383,15 +1449,20 @@ def import_state(c: Client, a: argparse.Namespace) -> int:
 
 
 def _import_state(c: Client, a: argparse.Namespace, doc: backup_tools.Document, tmp: str) -> int:
-    move = prepare_move(c, doc, a.file, tmp)  # the scripts unpacked, their tasks' paths moved here
+    move = prepare_move(c, doc, a.file, tmp, a.replace)  # the scripts unpacked, their tasks' paths moved here
     doc = msgspec.structs.replace(doc, tasks=move.tasks)
     # A dry pass over everything first: every entry that would be refused (a permission, a
-    # user, a secret, a schedule, a changed spec, a channel's secret) or that differs is
-    # found before anything is written, and all of them are named.
+    # user, a secret, a schedule, a changed spec, a channel or its secret, the place for the
+    # scripts) or that differs is found before anything is written, and all of them are named.
     report = backup_tools.ImportReport(refused=list(move.refused), refused_count=len(move.refused),
                                        refused_code="invalid_argument" if move.refused else None)
+    secrets: dict[str, str] = {}  # name: "created" or "updated", as the write would do
     for tool_name, args in _restore_calls(doc, a.replace, dry=True):
-        report.add(c.typed(tool_name, args, backup_tools.ImportReport))
+        part = c.typed(tool_name, args, backup_tools.ImportReport)
+        if tool_name == "qledge.secret.import":
+            secrets |= {label.removeprefix("secret "): "created" for label in part.created}
+            secrets |= {label.removeprefix("secret "): "updated" for label in part.updated}
+        report.add(part)
     if report.refused_count or report.conflicts:
         if a.json:
             shared.json_out(report)
@@ -1401,15 +1472,10 @@ def _import_state(c: Client, a: argparse.Namespace, doc: backup_tools.Document, 
                 line += f"; {len(report.conflicts)} more differ from what this daemon has (--replace overwrites them)"
             raise CallFailed(report.refused_code or "invalid_argument", line)
         raise CallFailed("conflict", backup_tools.refusal(report.conflicts) + " (qledge import --replace overwrites)")
-    notes = import_scripts(move, a.dry_run)
-    if not a.dry_run:
-        # The scripts and secrets first (their own transactions), then every task and trigger in one.
-        calls = _restore_calls(doc, a.replace, dry=False)
-        report = backup_tools.ImportReport()
-        for tool_name, args in [*(x for x in calls if x[0] != "qledge.import"),
-                                *(x for x in calls if x[0] == "qledge.import")]:
-            report.add(c.typed(tool_name, args, backup_tools.ImportReport))
-    report.notes += notes + import_notify(c, doc, a.replace, a.dry_run)
+    if a.dry_run:
+        report.notes += import_scripts(move, True, Undo()) + import_notify(c, doc, a.replace, True, Undo())
+    else:
+        report = _write_import(c, doc, move, a.replace, secrets)
 
     def human(r: backup_tools.ImportReport) -> None:
         would = "would be " if a.dry_run else ""
@@ -1422,6 +1488,59 @@ def _import_state(c: Client, a: argparse.Namespace, doc: backup_tools.Document, 
               f" {len(r.skipped)} skipped")
 
     return show(a, report, human)
+
+
+def _write_import(c: Client, doc: backup_tools.Document, move: Move, replace: bool,
+                  secrets: dict[str, str]) -> backup_tools.ImportReport:
+    """The parts in the order they depend on each other: the secrets, the notification
+    channels and rules, the scripts, then every task and trigger in one transaction (the
+    last part of one session). When a part fails, what the parts before it wrote is taken
+    back (Undo), and one line says where it stopped and what was undone."""
+    calls = _restore_calls(doc, replace, dry=False)
+    report = backup_tools.ImportReport()
+    undo = Undo()
+    stage = "secrets"
+    try:
+        for _, args in calls:
+            if isinstance(args, backup_tools.SecretImportArgs):
+                _import_secrets(c, report, args, secrets, undo)
+        stage = "notification channels and rules"
+        notes = import_notify(c, doc, replace, False, undo)
+        stage = "scripts"
+        notes = import_scripts(move, False, undo) + notes
+        stage = "tasks and triggers"
+        for tool_name, args in calls:
+            if tool_name == "qledge.import":
+                report.add(c.typed(tool_name, args, backup_tools.ImportReport))
+    except FAILURES as exc:
+        code = (exc.code if isinstance(exc, CallFailed) else "unavailable" if isinstance(exc, Unreachable)
+                else "invalid_argument" if isinstance(exc, UsageError) else "internal")
+        message = exc.message if isinstance(exc, CallFailed) else " ".join(str(exc).split())
+        raise CallFailed(code, f"{message} (importing the {stage}); the import stopped there, {undo.run()}") from None
+    report.notes += notes
+    return report
+
+
+def _import_secrets(c: Client, report: backup_tools.ImportReport, args: backup_tools.SecretImportArgs,
+                    planned: dict[str, str], undo: Undo) -> None:
+    """One batch of secrets (each its own write): the ones it created can be deleted again;
+    the ones it overwrote (--replace) keep the file's value, as no earlier value is read back."""
+    def wrote(labels: list[str], how: str) -> None:
+        for name in (label.removeprefix("secret ") for label in labels):
+            if how == "created":
+                undo.add(f"secret {name}", functools.partial(c.call, "qledge.secret.delete", {"name": name}))
+            else:
+                undo.stays.append(f"secret {name} (the file's value)")
+
+    try:
+        part = c.typed("qledge.secret.import", args, backup_tools.ImportReport)
+    except FAILURES:  # the ones written before it failed: as planned
+        for how in ("created", "updated"):
+            wrote([s.name for s in args.secrets if planned.get(s.name) == how], how)
+        raise
+    wrote(part.created, "created")
+    wrote(part.updated, "updated")
+    report.add(part)
 
 
 def _export_options(p: argparse.ArgumentParser) -> None:
