@@ -570,7 +570,8 @@ def test_a_root_daemon_with_the_drop_ins_capabilities_runs_tasks_beside_an_unwri
         d = daemon_factory(home=home, argv=argv).start()
         d.cli("secret", "set", "S", input="a-secret-value-123")
         probe = ('id -u; stat -c %a:%u "$QLEDGE_DATA_DIR"; cd "$QLEDGE_DATA_DIR";'
-                 ' { mkdir -p d; echo x > d/x; } 2>/dev/null; chmod 0 d; chmod 755 .; grep ^CapEff /proc/self/status')
+                 ' { mkdir -p d; echo x > d/x; mkdir -p "deep/$(printf "a/%.0s" $(seq 1100))"; } 2>/dev/null;'
+                 ' chmod 0 d; chmod 755 .; grep ^CapEff /proc/self/status')
         assert d.cli("task", "add", "t", "--shell", "--", probe).returncode == 0
         for _ in range(2):  # the second run finds its directory as the first left it: 0755, and 0700 again
             run, log = _run(d, "t")
@@ -578,11 +579,12 @@ def test_a_root_daemon_with_the_drop_ins_capabilities_runs_tasks_beside_an_unwri
             uid, mode, caps = log.splitlines()
             assert int(uid) == NOBODY.pw_uid and mode == f"700:{NOBODY.pw_uid}"
             assert caps.split()[1] == "0000000000000000"
+        assert os.path.isdir(os.path.join(tasks, "default", "t", "deep", *["a"] * 1100))
         # The task takes a secret: a uid of its own, and its directory made anew for it.
         assert d.cli("task", "update", "t", "--secret-env", "K=S").returncode == 0, d.stderr()
         run, log = _run(d, "t")
         assert run["status"] == "succeeded", (json.dumps(run), log, d.stderr())
-        uid, mode, _ = log.splitlines()  # made anew: what nobody left (a 0000 directory too) is gone
+        uid, mode, _ = log.splitlines()  # made anew: what nobody left (a 0000 directory, 1100 deep ones) is gone
         assert int(uid) in DYNAMIC and mode == f"700:{uid}"
         assert stat_mode(tasks) == 0o711 and stat_mode(os.path.join(tasks, "default")) == 0o711
         # It goes with the task.

@@ -288,15 +288,61 @@ def _directory(parent: int | None, name: str, uid: int, gid: int, mode: int, ane
     return os.open(name, _DIR_FLAGS | (os.O_PATH if uid != me else 0), dir_fd=parent)
 
 
+_REMOVE_DEPTH = 16  # directories a removal holds open at once; deeper ones are moved up first
+
+
 def _remove(parent: int | None, name: str) -> None:
     """`name` in `parent` and what is in it, by descriptors, following no link. Each directory
-    is made the daemon's (0700) before it is read, so what a task left goes whatever its
-    modes, and a root daemon needs CAP_CHOWN for it, not CAP_DAC_OVERRIDE. From then on no
-    task's uid may change it (its parent is the daemon's already), so nothing is swapped in."""
+    is made the daemon's (0700) before it is read (_taken), so what a task left goes whatever
+    its modes, and a root daemon needs CAP_CHOWN for it, not CAP_DAC_OVERRIDE. Without
+    recursion and with at most _REMOVE_DEPTH descriptors, however deep a task nested it: a
+    directory deeper than that is renamed into the top one and removed from there."""
+    top = _taken(parent, name)
+    if top is None:
+        return
+    stack: list[tuple[int | None, str, int, list[str]]] = [(parent, name, top, _listed(top))]
+    names = set(stack[0][3])
+    try:
+        while stack:
+            up, here, fd, entries = stack[-1]
+            if not entries:
+                stack.pop()
+                os.close(fd)
+                os.rmdir(here, dir_fd=up)
+                continue
+            entry = entries.pop()
+            sub = _taken(fd, entry)
+            if sub is None:
+                continue
+            if len(stack) < _REMOVE_DEPTH:
+                stack.append((fd, entry, sub, _listed(sub)))
+                continue
+            os.close(sub)
+            moved = next(f".qledge-rm-{n}" for n in range(len(names) + 1) if f".qledge-rm-{n}" not in names)
+            names.add(moved)
+            os.rename(entry, moved, src_dir_fd=fd, dst_dir_fd=top)
+            stack[0][3].append(moved)
+    finally:
+        for _, _, fd, _ in stack:
+            os.close(fd)
+
+
+def _listed(fd: int) -> list[str]:
+    """The entries of the directory `fd`; `fd` closed when they cannot be read."""
+    try:
+        return os.listdir(fd)
+    except OSError:
+        os.close(fd)
+        raise
+
+
+def _taken(parent: int | None, name: str) -> int | None:
+    """`name` unlinked when it is not a directory (None), else made the daemon's, 0700, and
+    opened. From then on no task's uid may change it (its parent is the daemon's already)."""
     st = os.stat(name, dir_fd=parent, follow_symlinks=False)
     if not stat.S_ISDIR(st.st_mode):
         os.unlink(name, dir_fd=parent)
-        return
+        return None
     me = os.geteuid()
     if st.st_uid != me:
         os.chown(name, me, -1, dir_fd=parent, follow_symlinks=False)
@@ -304,13 +350,7 @@ def _remove(parent: int | None, name: str) -> None:
         raise PermissionError(errno.EPERM, f"{name} changed while it was removed")
     if stat.S_IMODE(st.st_mode) & 0o700 != 0o700:
         os.chmod(name, 0o700, dir_fd=parent)  # ours, and a directory: no link is followed
-    fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
-    try:
-        for entry in os.listdir(fd):
-            _remove(fd, entry)
-    finally:
-        os.close(fd)
-    os.rmdir(name, dir_fd=parent)
+    return os.open(name, _DIR_FLAGS, dir_fd=parent)
 
 
 def _system_ids(low: int, high: int) -> frozenset[int]:
