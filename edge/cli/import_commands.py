@@ -1025,15 +1025,15 @@ def _copy_scripts(source_dir: str, dest: str, top: str, dry_run: bool, undo: Und
         finally:
             if root is not None:
                 os.close(root)
-        if dry_run:
-            return _copy_line(plan.done, dest, dry_run)
         anchor = dest
         while not os.path.isdir(anchor):
             anchor = os.path.dirname(anchor)
-        free = shutil.disk_usage(anchor).free
+        free = shutil.disk_usage(anchor).free  # checked by a dry run too: an import's dry pass finds it
         if plan.done.size + DISK_RESERVE > free:
             raise CallFailed("resource_exhausted", f"scripts need {plan.done.size} bytes in {dest}, {free} are free"
                              f" (and {DISK_RESERVE} stay reserved); free some space or use --scripts-in-place")
+        if dry_run:
+            return _copy_line(plan.done, dest, dry_run)
         tree = _Tree(dry_run=False)
         tree.root = dest
         if undo is not None:
