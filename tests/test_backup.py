@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 
 import pytest
@@ -366,3 +367,82 @@ def test_a_move_onto_a_fresh_device_runs_every_task_and_every_rule_notifies(daem
         hooks.close()
         for home in homes:
             shutil.rmtree(os.path.realpath(home) + "-scripts", ignore_errors=True)
+
+
+# -- all or nothing across every part of an export ---------------------------------------------
+
+
+def _export_with_everything(daemon_factory, tmp_path, hooks_url: str) -> tuple[str, str]:
+    """A device with imported scripts, secrets, a channel using one, default rules and tasks,
+    exported with its secrets; the file, and the source's scripts directory (to clean up)."""
+    import qinglong_fixture as ql
+
+    source = daemon_factory().start()
+    data = ql.make_data_dir(str(tmp_path / "ql"))
+    _ok(source.cli("import", "qinglong", data, "--user", "nobody"))
+    _ok(source.cli("secret", "set", "hooktoken", input="hook-token-value-1\n"))
+    source.call("qledge.notify.channel.set", {"name": "all", "spec": {
+        "kind": "webhook", "url": hooks_url, "headers": {"X-Token": {"secret": "hooktoken"}}}})
+    source.call("qledge.notify.rules.set", {"rules": [{"channels": ["all"], "on": ["every"]}]})
+    full = str(tmp_path / "move.json")
+    _ok(source.cli("export", "--with-secrets", full))
+    source.stop()
+    return full, os.path.realpath(source.home) + "-scripts"
+
+
+def _nothing_imported(target) -> None:
+    assert _heads(target) == ({}, {})
+    assert target.call("qledge.secret.list")["secrets"] == []
+    assert target.call("qledge.notify.channel.list")["channels"] == []
+    assert target.call("qledge.notify.rules.get").get("rules") is None
+
+
+def test_a_channel_the_daemon_would_refuse_stops_the_import_before_anything_is_written(daemon_factory, tmp_path):
+    full, made = _export_with_everything(daemon_factory, tmp_path, "https://hooks.example/all")
+    try:
+        with open(full) as f:
+            doc = json.load(f)
+        # As a newer qledge might write it: a template field this one does not know.
+        doc["notify"]["channels"][0]["spec"]["title"] = "{newField} failed"
+        with open(full, "w") as f:
+            json.dump(doc, f)
+        target = daemon_factory().start()
+        refused = target.cli("import", full)
+        _nothing_imported(target)
+        assert not os.path.exists(os.path.realpath(target.home) + "-scripts")
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+        assert "channel all: invalid_argument: title template: unknown field {newField}" in refused.stderr
+    finally:
+        shutil.rmtree(made, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("chattr") is None, reason="chattr +i needs root")
+def test_a_part_failing_after_the_first_write_undoes_what_the_import_wrote(daemon_factory, tmp_path):
+    """The scripts cannot be copied (a directory of the destination is immutable: only a
+    write finds that out) after the secrets, the channel and the rules were written: they
+    are taken back, and so are the scripts copied so far; no task was written."""
+    import subprocess
+
+    full, made = _export_with_everything(daemon_factory, tmp_path, "https://hooks.example/all")
+    target = daemon_factory().start()
+    scripts = os.path.realpath(target.home) + "-scripts"
+    lib = os.path.join(scripts, "qinglong", "lib")
+    os.makedirs(lib, 0o755)
+    subprocess.run(["chattr", "+i", lib], check=True)
+    try:
+        failed = target.cli("import", full)
+        _nothing_imported(target)
+        assert os.listdir(scripts) == ["qinglong"] and os.listdir(os.path.join(scripts, "qinglong")) == ["lib"]
+        assert failed.returncode == 2 and failed.stderr.count("\n") == 1, failed.stderr
+        line = failed.stderr
+        assert f"cannot copy the scripts to {scripts}: Operation not permitted (importing the scripts);" \
+               " the import stopped there, undone: secret " in line, line
+        assert "channel all, the default rules, the scripts copied to" in line, line
+        # Nothing left behind stands in the way of the next import.
+        subprocess.run(["chattr", "-i", lib], check=True)
+        _ok(target.cli("import", full))
+        assert len(_heads(target)[0]) == 4 and target.call("qledge.notify.rules.get")["rules"]
+    finally:
+        subprocess.run(["chattr", "-i", lib], check=False)
+        shutil.rmtree(made, ignore_errors=True)
+        shutil.rmtree(scripts, ignore_errors=True)

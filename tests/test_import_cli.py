@@ -411,6 +411,42 @@ def test_a_link_planted_in_the_scripts_copy_is_never_followed(daemon, workdir, s
 
 
 @needs_root
+def test_a_file_another_user_could_change_is_replaced_and_only_the_importers_edits_are_kept(daemon, workdir,
+                                                                                             scripts):
+    """Upgrading from a copy an earlier version left to the task user: what that user edited
+    is not "kept as changed" for root's tasks to run; it is replaced by the source's copy and
+    named. Only the importer's own edits are kept, and named."""
+    data = ql.make_data_dir(workdir)
+    ok(daemon.cli("import", "qinglong", data, "--user", "nobody"))
+    beside = os.path.dirname(scripts)
+    subprocess.run(["chown", "-R", "nobody", beside], check=True)  # the earlier layout: the task user's
+    notify = os.path.join(scripts, "lib", "sendNotify.js")
+    _as_nobody("sh", "-c", f"echo 'require(\"child_process\").exec(\"id > /tmp/owned\")' > {notify}")
+    _as_nobody("mkdir", os.path.join(scripts, "node_modules"))  # what a script's require() would find first
+    mine, shared = os.path.join(scripts, "jd_bean_change.js"), os.path.join(scripts, "backup.sh")
+    with open(mine, "w") as f:
+        f.write("console.log('edited by root');\n")
+    os.chown(mine, 0, 0)  # the importer's own edit
+    os.chown(shared, 0, 0)
+    os.chmod(shared, 0o664)  # root's, but its group may change it
+    done = ok(daemon.cli("import", "qinglong", data, "--user", "nobody"))
+    assert ("replaced with the source's copy, because another user could change them: backup.sh,"
+            " boot_notify.sh, lib/sendNotify.js, ql_checkin.py") in done, done
+    assert "changed here by the importer, kept as they are: jd_bean_change.js" in done, done
+    assert "not from the source, and another user could change them (remove them: a script of the copy may" \
+           " load them): node_modules" in done, done
+    for rel, text in ql.SCRIPTS.items():
+        st = os.lstat(os.path.join(scripts, rel))
+        assert st.st_uid == 0 and not st.st_mode & 0o022, rel
+        if rel != "jd_bean_change.js":
+            assert read(os.path.join(scripts, rel)) == text, rel
+    assert read(mine) == "console.log('edited by root');\n"
+    # Nothing is left to replace or keep: the second import names nothing.
+    again = ok(daemon.cli("import", "qinglong", data, "--user", "nobody"))
+    assert "another user could change them: backup.sh" not in again and "kept as they are: jd_bean" in again
+
+
+@needs_root
 def test_links_fifos_devices_and_hard_links_in_the_source_are_skipped_and_named(daemon, workdir):
     data = ql.make_data_dir(workdir)
     scripts = os.path.join(data, "scripts")
@@ -469,6 +505,19 @@ def test_disable_source_never_writes_through_a_planted_link(daemon, workdir):
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
     assert "is a symbolic link: --disable-source changes only a regular file" in refused.stderr
     assert os.path.islink(linked) and read(target) == "0 2 * * * /usr/bin/false\n"
+
+
+def test_disable_source_refuses_a_link_in_place_of_the_crontabs_directory(daemon, workdir):
+    crontabs = os.path.join(workdir, "crontabs")
+    os.mkdir(crontabs, 0o755)
+    with open(os.path.join(crontabs, "root"), "w") as f:
+        f.write("0 1 * * * /usr/bin/true\n")
+    planted = os.path.join(workdir, "spool")
+    os.symlink(crontabs, planted)  # a directory link where the crontab's directory belongs
+    refused = daemon.cli("import", "crontab", os.path.join(planted, "root"), "--user", "nobody", "--disable-source")
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert f"{planted} is a symbolic link or not a directory" in refused.stderr
+    assert os.listdir(crontabs) == ["root"] and read(os.path.join(crontabs, "root")) == "0 1 * * * /usr/bin/true\n"
 
 
 def test_a_qinglong_script_outside_the_scripts_directory_is_reported_by_row(daemon, workdir):

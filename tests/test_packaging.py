@@ -702,13 +702,45 @@ def test_unit_has_the_required_settings():
     with open(UNIT) as f:
         lines = {line.strip() for line in f}
     for setting in ("Type=notify", "NotifyAccess=main", "Restart=on-failure", "DynamicUser=yes",
-                    "StateDirectory=qledge", "RuntimeDirectory=qledge", "ConfigurationDirectory=qledge",
+                    "RuntimeDirectory=qledge", "ConfigurationDirectory=qledge",
                     "ProtectSystem=strict", "CapabilityBoundingSet=", "SystemCallFilter=@system-service",
                     "RestrictAddressFamilies=AF_UNIX", "NoNewPrivileges=yes", "ExecReload=/bin/kill -HUP $MAINPID",
                     "After=time-sync.target", "Wants=time-sync.target", "OOMPolicy=continue"):
         assert setting in lines, setting
     assert any(line.startswith("WatchdogSec=") for line in lines)
     assert any(line.startswith("MemoryMax=") for line in lines)
+
+
+def _unit_settings(text: str) -> dict[str, list[str]]:
+    settings: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        key, eq, value = line.strip().partition("=")
+        if eq and not key.startswith(("#", "[")):
+            settings.setdefault(key, []).append(value)
+    return settings
+
+
+def test_the_unit_lets_the_daemon_make_every_directory_a_run_needs():
+    """Every run first makes its task's data directory, `<state dir>-tasks/<project>/<task>`
+    (edge.runner.process.DATA_BESIDE), beside the state directory: under ProtectSystem=strict
+    only the unit's state directories (and ReadWritePaths=) are writable, so that directory
+    must be one of them, as the unit's QLEDGE_HOME names the state directory."""
+    from edge.runner.process import DATA_BESIDE
+
+    with open(UNIT) as f:
+        unit = _unit_settings(f.read())
+    assert unit["ProtectSystem"] == ["strict"]
+    state = "/var/lib"  # %S for a system unit
+    env = dict(item.split("=", 1) for value in unit["Environment"] for item in value.split())
+    home = env["QLEDGE_HOME"].replace("%S", state)
+    writable = [os.path.join(state, d) for value in unit.get("StateDirectory", []) for d in value.split()]
+    writable += [p for value in unit.get("ReadWritePaths", []) for p in value.split()]
+    for needed in (home, home.rstrip("/") + DATA_BESIDE):
+        assert any(needed == w or needed.startswith(w.rstrip("/") + "/") for w in writable), (needed, writable)
+    # The root drop-in (tasks as other users): handing a task its data directory is a chown.
+    (drop_in,) = [b for b in _blocks(_readme_section("Install with systemd"), "ini") if "User=root" in b]
+    caps = _unit_settings(drop_in)["CapabilityBoundingSet"][-1].split()
+    assert {"CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_CHOWN"} <= set(caps), caps
 
 
 def test_install_sh_lints_as_posix_sh():

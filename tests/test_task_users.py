@@ -534,3 +534,66 @@ def test_a_program_that_fails_to_start_says_as_which_user(daemon, home):
     run, _ = _run(daemon, "t")
     assert (run["status"], run["errorCode"]) == ("failed", "spawn_failed"), run
     assert run["errorSummary"].startswith("could not start as nobody: [Errno 2] No such file or directory"), run
+
+
+# -- the root drop-in of the systemd unit ------------------------------------------------
+
+
+def _drop_in_capabilities() -> list[str]:
+    """The capabilities the root drop-in of docs/install-systemd.md (tasks as other users) leaves."""
+    import re
+
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "install-systemd.md")) as f:
+        (block,) = [b for b in re.findall(r"```ini\n(.*?)```", f.read(), re.S) if "User=root" in b]
+    (line,) = [x for x in block.splitlines() if x.startswith("CapabilityBoundingSet=")]
+    return [cap.lower().removeprefix("cap_") for cap in line.split("=", 1)[1].split()]
+
+
+@needs_root
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs util-linux setpriv")
+def test_a_root_daemon_with_the_drop_ins_capabilities_runs_tasks_beside_an_unwritable_parent(daemon_factory):
+    """As under the unit with the root drop-in: the daemon is root with only the drop-in's
+    capabilities (no CAP_DAC_OVERRIDE, no CAP_FOWNER), its home's parent is read-only to it
+    (ProtectSystem=strict), and `<home>-tasks` is made beforehand, as systemd makes every
+    StateDirectory=. Tasks run as a task user and as a uid of their own, and their data
+    directories change hands when a task changes identity."""
+    import tempfile
+
+    parent = tempfile.mkdtemp(prefix="qle", dir="/tmp")
+    home, tasks = os.path.join(parent, "h"), os.path.join(parent, "h-tasks")
+    for path in (home, tasks):
+        os.mkdir(path, 0o700)
+    os.chmod(parent, 0o555)  # without CAP_DAC_OVERRIDE, not even root makes anything here
+    bounding = "-all," + ",".join(f"+{cap}" for cap in _drop_in_capabilities())
+    argv = ["setpriv", f"--bounding-set={bounding}", "--inh-caps=-all", sys.executable, "-m", "edge"]
+    try:
+        d = daemon_factory(home=home, argv=argv).start()
+        d.cli("secret", "set", "S", input="a-secret-value-123")
+        probe = ('id -u; stat -c %a:%u "$QLEDGE_DATA_DIR"; cd "$QLEDGE_DATA_DIR";'
+                 ' { mkdir -p d; echo x > d/x; mkdir -p "deep/$(printf "a/%.0s" $(seq 1100))"; } 2>/dev/null;'
+                 ' chmod 0 d; chmod 755 .; grep ^CapEff /proc/self/status')
+        assert d.cli("task", "add", "t", "--shell", "--", probe).returncode == 0
+        for _ in range(2):  # the second run finds its directory as the first left it: 0755, and 0700 again
+            run, log = _run(d, "t")
+            assert run["status"] == "succeeded", (json.dumps(run), log, d.stderr())
+            uid, mode, caps = log.splitlines()
+            assert int(uid) == NOBODY.pw_uid and mode == f"700:{NOBODY.pw_uid}"
+            assert caps.split()[1] == "0000000000000000"
+        assert os.path.isdir(os.path.join(tasks, "default", "t", "deep", *["a"] * 1100))
+        # The task takes a secret: a uid of its own, and its directory made anew for it.
+        assert d.cli("task", "update", "t", "--secret-env", "K=S").returncode == 0, d.stderr()
+        run, log = _run(d, "t")
+        assert run["status"] == "succeeded", (json.dumps(run), log, d.stderr())
+        uid, mode, _ = log.splitlines()  # made anew: what nobody left (a 0000 directory, 1100 deep ones) is gone
+        assert int(uid) in DYNAMIC and mode == f"700:{uid}"
+        assert stat_mode(tasks) == 0o711 and stat_mode(os.path.join(tasks, "default")) == 0o711
+        # It goes with the task.
+        assert d.cli("task", "rm", "t").returncode == 0
+        assert not os.path.lexists(os.path.join(tasks, "default", "t"))
+    finally:
+        os.chmod(parent, 0o755)
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+def stat_mode(path: str) -> int:
+    return os.stat(path).st_mode & 0o7777

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import os
 import re
@@ -19,7 +20,7 @@ import stat
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import msgspec
@@ -58,7 +59,7 @@ from edge.tools.builtin import backup as backup_tools
 from edge.tools.builtin import credentials as secret_tools
 from edge.tools.builtin import status as status_tools
 from edge.tools.builtin import tasks as task_tools
-from edge.transports.client import CallFailed, Client, all_pages
+from edge.transports.client import BadReply, CallFailed, Client, Unreachable, all_pages
 
 if TYPE_CHECKING:
     import argparse
@@ -389,15 +390,20 @@ def import_crontab(c: Client, a: argparse.Namespace) -> int:
 def _disable_source(path: str, text: str, lines: list[int], dry_run: bool) -> str:
     """Comment the imported lines out, after a backup, by replacing the file whole (busybox
     crond reloads a crontab whose directory changed); relative to that directory, following
-    no link: the crontab must be a regular file, the backup and the new file are new files."""
+    no link: the directory must be one (not a link to one), the crontab a regular file, the
+    backup and the new file are new files."""
     if not lines:
         return f"{path}: no line to comment out"
     if dry_run:
         return f"{path}: would comment out {len(lines)} imported lines (after a backup)"
     directory, name = os.path.split(os.path.abspath(path))
     try:
-        parent = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        parent = os.open(directory, _DIR_FLAGS)
     except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise UsageError(f"the tasks are imported, but {directory} is a symbolic link or not a directory:"
+                             " --disable-source changes a crontab only in a real directory (name the path it"
+                             " points to); nothing was commented out") from None
         raise UsageError(f"the tasks are imported, but {path} could not be changed: {exc.strerror or exc}") from None
     try:
         info, current = _regular(parent, name, path)
@@ -720,9 +726,44 @@ class NotifyImports(Protocol):
 
     def export(self, c: Client, with_secrets: bool) -> tuple[backup_tools.ExportedNotify | None, list[str]]: ...
 
-    def check(self, c: Client, doc: backup_tools.Document) -> list[str]: ...
+    def check(self, c: Client, doc: backup_tools.Document, replace: bool) -> list[str]: ...
 
-    def apply(self, c: Client, doc: backup_tools.Document, replace: bool, dry_run: bool) -> list[str]: ...
+    def apply(self, c: Client, doc: backup_tools.Document, replace: bool, dry_run: bool, undo: Undo) -> list[str]:
+        ...
+
+
+FAILURES = (CallFailed, UsageError, BadReply, Unreachable, OSError)  # what a part of an import can end with
+
+
+class Undo:
+    """What an import wrote, to take back (newest first) when a later part fails, and what it
+    cannot take back."""
+
+    def __init__(self) -> None:
+        self._steps: list[tuple[str, Callable[[], object]]] = []
+        self.stays: list[str] = []
+
+    def add(self, what: str, step: Callable[[], object]) -> None:
+        self._steps.append((what, step))
+
+    def run(self) -> str:
+        """Every step, each failure kept apart: one clause saying what was undone and what was not."""
+        done: list[str] = []
+        failed: list[str] = []
+        for what, step in reversed(self._steps):
+            try:
+                step()
+                done.append(what)
+            except FAILURES as exc:
+                if not (isinstance(exc, CallFailed) and exc.code == "not_found"):  # else never written
+                    failed.append(f"{what} ({' '.join(str(exc).split())})")
+        self._steps.clear()
+        line = f"undone: {_named(done[::-1])}" if done else "nothing had been written"
+        if failed:
+            line += f"; could not undo: {_named(failed[::-1])}"
+        if self.stays:
+            line += f"; left as imported: {_named(self.stays)}"
+        return line
 
 
 NOTIFY: NotifyImports | None = None  # edge.cli.notify_import, set by edge.cli.main when the build ships it
@@ -767,9 +808,11 @@ _CHUNK = 1 << 16
 class Copied(msgspec.Struct):
     files: int = 0
     size: int = 0
-    kept: int = 0  # files that differ from the source: kept as they are here (they may have been edited)
+    kept: list[str] = []  # the importer's own files that differ from the source: kept (they may have been edited)
     skipped: list[str] = []  # in the source: links, FIFOs, devices, files with several hard links
     replaced: list[str] = []  # in the destination: links or special files where a copy belongs
+    untrusted: list[str] = []  # in the destination: files another user could change, replaced by the source's
+    foreign: list[str] = []  # in the destination, not from the source: what another user could change
 
 
 def _named(paths: list[str]) -> str:
@@ -805,16 +848,22 @@ def _one_file(parent: int, name: str) -> int | None:
 class _Tree:
     """A walk of a scripts tree by directory descriptors, following no link: in the source,
     links, FIFOs, devices and files with several hard links are skipped; in the destination,
-    a link or special file in a copy's place is removed (the entry), and what is there
-    becomes the importer's, writable by no one else."""
+    a link or special file in a copy's place is removed (the entry), a file another user
+    owns or may write is replaced by the source's copy (whatever it holds is not to be
+    trusted: an earlier version left the copy to the task user), only the importer's own
+    files may be kept as changed, and the directories become the importer's, writable by no
+    one else."""
 
     def __init__(self, dry_run: bool) -> None:
         self.dry_run = dry_run
         self.done = Copied()
         self._me = (os.geteuid(), os.getegid())
+        self.root = ""  # the destination: the walk's paths are relative to it
+        self.made: list[str] = []  # what the copy created (directories and files), in order, by path
 
     def walk(self, src: int, dst: int | None, rel: str) -> None:
-        for name in sorted(os.listdir(src)):
+        names = sorted(os.listdir(src))
+        for name in names:
             path, st = rel + name, _entry(src, name)
             if st is not None and stat.S_ISDIR(st.st_mode) and (sub := _open(src, name)) is not None:
                 into = self.directory(dst, name, path) if dst is not None else None
@@ -828,6 +877,19 @@ class _Tree:
                 self._file(src, dst, name, path, st)
             elif st is not None:
                 self.done.skipped.append(path)
+        if dst is not None:
+            self._foreign(dst, set(names), rel)
+
+    def _foreign(self, dst: int, ours: set[str], rel: str) -> None:
+        """Entries here that are not from the source and another user could change: named,
+        never removed (they may be a task's), since a script of the copy may load them."""
+        for name in sorted(set(os.listdir(dst)) - ours):
+            st = _entry(dst, name)
+            if st is not None and not self._trusted(st):
+                self.done.foreign.append(rel + name)
+
+    def _trusted(self, st: os.stat_result) -> bool:
+        return st.st_uid == self._me[0] and not st.st_mode & 0o022 and not stat.S_ISLNK(st.st_mode)
 
     def own(self, fd: int, path: str, mode: int) -> None:
         st = os.fstat(fd)
@@ -850,6 +912,7 @@ class _Tree:
             if self.dry_run:
                 return None
             os.mkdir(name, 0o755, dir_fd=parent)
+            self.made.append(os.path.join(self.root, path))
             if (fd := _open(parent, name)) is None:
                 raise UsageError(f"{path} changed while the scripts were copied: import again")
         self.own(fd, path, 0o755)
@@ -859,17 +922,22 @@ class _Tree:
         mode = 0o755 if st.st_mode & 0o111 else 0o644
         there = _entry(dst, name) if dst is not None else None
         if there is not None and stat.S_ISDIR(there.st_mode):
-            self.done.kept += 1
+            self.done.kept.append(path + "/")
             return
-        if dst is not None and there is not None and (theirs := _one_file(dst, name)) is not None:
-            try:
-                self.done.kept += not self._same(src, name, theirs)
-                self.own(theirs, path, mode)
-            finally:
-                os.close(theirs)
-            return
-        if there is not None:
-            self.done.replaced.append(path)
+        if dst is not None and there is not None:
+            regular = stat.S_ISREG(there.st_mode) and there.st_nlink == 1
+            theirs = _one_file(dst, name) if regular and self._trusted(there) else None
+            if theirs is not None:
+                try:
+                    if self._trusted(os.fstat(theirs)):
+                        if not self._same(src, name, theirs):
+                            self.done.kept.append(path)
+                        self.own(theirs, path, mode)
+                        return
+                finally:
+                    os.close(theirs)
+            # Replaced: what another user could write there is theirs to choose.
+            (self.done.untrusted if regular else self.done.replaced).append(path)
         self.done.files += 1
         self.done.size += st.st_size
         if self.dry_run or dst is None:
@@ -889,6 +957,8 @@ class _Tree:
             finally:
                 os.close(out)
             os.rename(tmp, name, src_dir_fd=dst, dst_dir_fd=dst)  # replaces a link itself, never follows it
+            if there is None:
+                self.made.append(os.path.join(self.root, path))
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=dst)
@@ -939,9 +1009,10 @@ def _scripts_root(dest: str, top: str, tree: _Tree) -> int | None:
         raise
 
 
-def _copy_scripts(source_dir: str, dest: str, top: str, dry_run: bool) -> str:
-    """Copy the files not there yet (one that differs is kept: it may have been edited); the
-    copy is the importer's, read-only to tasks (_Tree)."""
+def _copy_scripts(source_dir: str, dest: str, top: str, dry_run: bool, undo: Undo | None = None) -> str:
+    """Copy the files not there yet (one of the importer's that differs is kept: it may have
+    been edited); the copy is the importer's, read-only to tasks (_Tree). What it creates can
+    be taken back through `undo` (what it replaced cannot)."""
     try:
         src = os.open(os.path.realpath(source_dir), _DIR_FLAGS)
     except OSError as exc:
@@ -954,22 +1025,30 @@ def _copy_scripts(source_dir: str, dest: str, top: str, dry_run: bool) -> str:
         finally:
             if root is not None:
                 os.close(root)
-        if dry_run:
-            return _copy_line(plan.done, dest, dry_run)
         anchor = dest
         while not os.path.isdir(anchor):
             anchor = os.path.dirname(anchor)
-        free = shutil.disk_usage(anchor).free
+        free = shutil.disk_usage(anchor).free  # checked by a dry run too: an import's dry pass finds it
         if plan.done.size + DISK_RESERVE > free:
             raise CallFailed("resource_exhausted", f"scripts need {plan.done.size} bytes in {dest}, {free} are free"
                              f" (and {DISK_RESERVE} stay reserved); free some space or use --scripts-in-place")
+        if dry_run:
+            return _copy_line(plan.done, dest, dry_run)
         tree = _Tree(dry_run=False)
-        root = _scripts_root(dest, top, tree)
-        assert root is not None
+        tree.root = dest
+        if undo is not None:
+            undo.add(f"the scripts copied to {dest}", lambda: _remove_made(tree.made))
         try:
-            tree.walk(src, root, "")
+            root = _scripts_root(dest, top, tree)
+            assert root is not None
+            try:
+                tree.walk(src, root, "")
+            finally:
+                os.close(root)
         finally:
-            os.close(root)
+            if undo is not None:
+                undo.stays += [f"{os.path.join(dest, p)} (now the source's copy)"
+                               for p in tree.done.replaced + tree.done.untrusted]
     except OSError as exc:
         raise UsageError(f"cannot copy the scripts to {dest}: {exc.strerror or exc}") from None
     finally:
@@ -977,11 +1056,33 @@ def _copy_scripts(source_dir: str, dest: str, top: str, dry_run: bool) -> str:
     return _copy_line(tree.done, dest, dry_run)
 
 
+def _remove_made(made: list[str]) -> None:
+    """What a copy created, newest first: its files, then its directories (each left when
+    something not of the copy is in it)."""
+    for path in reversed(made):
+        try:
+            if stat.S_ISDIR(os.lstat(path).st_mode):
+                os.rmdir(path)
+            else:
+                os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            if exc.errno != errno.ENOTEMPTY:
+                raise
+
+
 def _copy_line(done: Copied, dest: str, dry_run: bool) -> str:
     what = f"{done.files} files ({done.size} bytes)"
     line = f"scripts: would copy {what} to {dest}" if dry_run else f"scripts: {what} copied to {dest}"
     if done.kept:
-        line += f"; {done.kept} changed files kept as they are in qledge"
+        line += f"; changed here by the importer, kept as they are: {_named(done.kept)}"
+    if done.untrusted:
+        line += (f"; {'would replace' if dry_run else 'replaced'} with the source's copy, because another user"
+                 f" could change them: {_named(done.untrusted)}")
+    if done.foreign:
+        line += (f"; not from the source, and another user could change them (remove them: a script of the copy"
+                 f" may load them): {_named(done.foreign)}")
     if done.skipped:
         line += f"; not copied (links, FIFOs, devices, files with several hard links): {_named(done.skipped)}"
     if done.replaced:
@@ -1180,7 +1281,7 @@ class Move(msgspec.Struct):
     refused: list[str] = []
 
 
-def prepare_move(c: Client, doc: backup_tools.Document, file: str, into: str) -> Move:
+def prepare_move(c: Client, doc: backup_tools.Document, file: str, into: str, replace: bool) -> Move:
     move = Move(tasks=list(doc.tasks))
     if doc.scripts is not None:
         state = state_dir(c)
@@ -1191,26 +1292,26 @@ def prepare_move(c: Client, doc: backup_tools.Document, file: str, into: str) ->
         _copy_scripts(move.scripts_from, move.scripts_to, move.scripts_to, dry_run=True)  # a place for them here
         move.tasks = [_rehomed(t, doc.scripts.root, move.scripts_to) for t in doc.tasks]
     if doc.notify is not None and NOTIFY is not None:
-        move.refused += NOTIFY.check(c, doc)
+        move.refused += NOTIFY.check(c, doc, replace)
     return move
 
 
-def import_scripts(move: Move, dry_run: bool) -> list[str]:
+def import_scripts(move: Move, dry_run: bool, undo: Undo) -> list[str]:
     if move.scripts_from is None or move.scripts_to is None:
         return []
-    return [_copy_scripts(move.scripts_from, move.scripts_to, move.scripts_to, dry_run)]
+    return [_copy_scripts(move.scripts_from, move.scripts_to, move.scripts_to, dry_run, undo)]
 
 
 def export_notify(c: Client, with_secrets: bool) -> tuple[backup_tools.ExportedNotify | None, list[str]]:
     return NOTIFY.export(c, with_secrets) if NOTIFY is not None else (None, [])
 
 
-def import_notify(c: Client, doc: backup_tools.Document, replace: bool, dry_run: bool) -> list[str]:
+def import_notify(c: Client, doc: backup_tools.Document, replace: bool, dry_run: bool, undo: Undo) -> list[str]:
     if doc.notify is None:
         return []
     if NOTIFY is None:
         return ["notification channels and rules: not imported (this qledge has no notifications)"]
-    return NOTIFY.apply(c, doc, replace, dry_run)
+    return NOTIFY.apply(c, doc, replace, dry_run, undo)
 
 
 # -- the export file: qledge export FILE, qledge import FILE ------------------------------------
@@ -1348,15 +1449,20 @@ def import_state(c: Client, a: argparse.Namespace) -> int:
 
 
 def _import_state(c: Client, a: argparse.Namespace, doc: backup_tools.Document, tmp: str) -> int:
-    move = prepare_move(c, doc, a.file, tmp)  # the scripts unpacked, their tasks' paths moved here
+    move = prepare_move(c, doc, a.file, tmp, a.replace)  # the scripts unpacked, their tasks' paths moved here
     doc = msgspec.structs.replace(doc, tasks=move.tasks)
     # A dry pass over everything first: every entry that would be refused (a permission, a
-    # user, a secret, a schedule, a changed spec, a channel's secret) or that differs is
-    # found before anything is written, and all of them are named.
+    # user, a secret, a schedule, a changed spec, a channel or its secret, the place for the
+    # scripts) or that differs is found before anything is written, and all of them are named.
     report = backup_tools.ImportReport(refused=list(move.refused), refused_count=len(move.refused),
                                        refused_code="invalid_argument" if move.refused else None)
+    secrets: dict[str, str] = {}  # name: "created" or "updated", as the write would do
     for tool_name, args in _restore_calls(doc, a.replace, dry=True):
-        report.add(c.typed(tool_name, args, backup_tools.ImportReport))
+        part = c.typed(tool_name, args, backup_tools.ImportReport)
+        if tool_name == "qledge.secret.import":
+            secrets |= {label.removeprefix("secret "): "created" for label in part.created}
+            secrets |= {label.removeprefix("secret "): "updated" for label in part.updated}
+        report.add(part)
     if report.refused_count or report.conflicts:
         if a.json:
             shared.json_out(report)
@@ -1366,15 +1472,10 @@ def _import_state(c: Client, a: argparse.Namespace, doc: backup_tools.Document, 
                 line += f"; {len(report.conflicts)} more differ from what this daemon has (--replace overwrites them)"
             raise CallFailed(report.refused_code or "invalid_argument", line)
         raise CallFailed("conflict", backup_tools.refusal(report.conflicts) + " (qledge import --replace overwrites)")
-    notes = import_scripts(move, a.dry_run)
-    if not a.dry_run:
-        # The scripts and secrets first (their own transactions), then every task and trigger in one.
-        calls = _restore_calls(doc, a.replace, dry=False)
-        report = backup_tools.ImportReport()
-        for tool_name, args in [*(x for x in calls if x[0] != "qledge.import"),
-                                *(x for x in calls if x[0] == "qledge.import")]:
-            report.add(c.typed(tool_name, args, backup_tools.ImportReport))
-    report.notes += notes + import_notify(c, doc, a.replace, a.dry_run)
+    if a.dry_run:
+        report.notes += import_scripts(move, True, Undo()) + import_notify(c, doc, a.replace, True, Undo())
+    else:
+        report = _write_import(c, doc, move, a.replace, secrets)
 
     def human(r: backup_tools.ImportReport) -> None:
         would = "would be " if a.dry_run else ""
@@ -1387,6 +1488,59 @@ def _import_state(c: Client, a: argparse.Namespace, doc: backup_tools.Document, 
               f" {len(r.skipped)} skipped")
 
     return show(a, report, human)
+
+
+def _write_import(c: Client, doc: backup_tools.Document, move: Move, replace: bool,
+                  secrets: dict[str, str]) -> backup_tools.ImportReport:
+    """The parts in the order they depend on each other: the secrets, the notification
+    channels and rules, the scripts, then every task and trigger in one transaction (the
+    last part of one session). When a part fails, what the parts before it wrote is taken
+    back (Undo), and one line says where it stopped and what was undone."""
+    calls = _restore_calls(doc, replace, dry=False)
+    report = backup_tools.ImportReport()
+    undo = Undo()
+    stage = "secrets"
+    try:
+        for _, args in calls:
+            if isinstance(args, backup_tools.SecretImportArgs):
+                _import_secrets(c, report, args, secrets, undo)
+        stage = "notification channels and rules"
+        notes = import_notify(c, doc, replace, False, undo)
+        stage = "scripts"
+        notes = import_scripts(move, False, undo) + notes
+        stage = "tasks and triggers"
+        for tool_name, args in calls:
+            if tool_name == "qledge.import":
+                report.add(c.typed(tool_name, args, backup_tools.ImportReport))
+    except FAILURES as exc:
+        code = (exc.code if isinstance(exc, CallFailed) else "unavailable" if isinstance(exc, Unreachable)
+                else "invalid_argument" if isinstance(exc, UsageError) else "internal")
+        message = exc.message if isinstance(exc, CallFailed) else " ".join(str(exc).split())
+        raise CallFailed(code, f"{message} (importing the {stage}); the import stopped there, {undo.run()}") from None
+    report.notes += notes
+    return report
+
+
+def _import_secrets(c: Client, report: backup_tools.ImportReport, args: backup_tools.SecretImportArgs,
+                    planned: dict[str, str], undo: Undo) -> None:
+    """One batch of secrets (each its own write): the ones it created can be deleted again;
+    the ones it overwrote (--replace) keep the file's value, as no earlier value is read back."""
+    def wrote(labels: list[str], how: str) -> None:
+        for name in (label.removeprefix("secret ") for label in labels):
+            if how == "created":
+                undo.add(f"secret {name}", functools.partial(c.call, "qledge.secret.delete", {"name": name}))
+            else:
+                undo.stays.append(f"secret {name} (the file's value)")
+
+    try:
+        part = c.typed("qledge.secret.import", args, backup_tools.ImportReport)
+    except FAILURES:  # the ones written before it failed: as planned
+        for how in ("created", "updated"):
+            wrote([s.name for s in args.secrets if planned.get(s.name) == how], how)
+        raise
+    wrote(part.created, "created")
+    wrote(part.updated, "updated")
+    report.add(part)
 
 
 def _export_options(p: argparse.ArgumentParser) -> None:

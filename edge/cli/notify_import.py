@@ -7,13 +7,14 @@ imports those keys as secrets only); edge.cli.main hands it to edge.cli.import_c
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import msgspec
 
-from edge.cli.import_commands import ImportedChannel, PlannedSecret, QlData, Report, json_obj
+from edge.cli.import_commands import ImportedChannel, PlannedSecret, QlData, Report, Undo, json_obj
 from edge.core.imports import NOTIFY_NAMES, import_key, is_notification_key
 from edge.core.tasks import ImportRecord, NotifyRule
 from edge.tools.builtin import backup as backup_tools
@@ -268,12 +269,24 @@ def _secret_refs(value: object) -> set[str]:
     return {name for item in items for name in _secret_refs(item)}
 
 
-def check(c: Client, doc: backup_tools.Document) -> list[str]:
-    """Before an import writes anything: the channels' secrets (in the file, or here) and
-    the channels the rules name; every one missing, in lines."""
+def check(c: Client, doc: backup_tools.Document, replace: bool) -> list[str]:
+    """Before an import writes anything: each channel and the rules as the daemon would take
+    them (a dry set: their specs and the caller's permissions), the channels' secrets (in
+    the file, or here) and the channels the rules name; every refusal, in lines."""
     if doc.notify is None:
         return []
     refused: list[str] = []
+    for ch in doc.notify.channels:
+        try:
+            c.call("qledge.notify.channel.set", {"name": ch.name, "spec": ch.spec, "createOnly": not replace,
+                                                 "dryRun": True})
+        except CallFailed as exc:
+            refused.append(f"channel {ch.name}: {exc.code}: {exc.message}")
+    if doc.notify.rules is not None:
+        try:
+            c.call("qledge.notify.rules.set", {"dryRun": True})  # the permission; the channels named below
+        except CallFailed as exc:
+            refused.append(f"notification rules: {exc.code}: {exc.message}")
     have = {s.name for s in doc.secrets or []}
     need = {(ch.name, s) for ch in doc.notify.channels for s in _secret_refs(ch.spec)}
     if any(s not in have for _, s in need):
@@ -286,19 +299,31 @@ def check(c: Client, doc: backup_tools.Document) -> list[str]:
     return refused + [f"notification rules: no channel named {ch!r}" for ch in sorted(wanted)]
 
 
-def apply(c: Client, doc: backup_tools.Document, replace: bool, dry_run: bool) -> list[str]:
-    """After the tasks: the channels (one that exists is kept, unless `replace`) and the
-    default rules (kept when the device has others, unless `replace`)."""
+def apply(c: Client, doc: backup_tools.Document, replace: bool, dry_run: bool, undo: Undo) -> list[str]:
+    """The channels (one that exists is kept, unless `replace`) and the default rules (kept
+    when the device has others, unless `replace`); what each write changed goes to `undo`."""
     notes: list[str] = []
+    before = {} if dry_run or not doc.notify else {
+        ch["name"]: ch["spec"] for ch in c.call("qledge.notify.channel.list", {})["channels"]}
     for ch in doc.notify.channels if doc.notify else []:
-        status = "would be created" if dry_run else c.call("qledge.notify.channel.set", {
-            "name": ch.name, "spec": ch.spec, "createOnly": not replace})["status"]
+        if dry_run:
+            notes.append(f"notifications: channel {ch.name} would be created")
+            continue
+        status = c.call("qledge.notify.channel.set", {"name": ch.name, "spec": ch.spec,
+                                                      "createOnly": not replace})["status"]
+        if status == "created":
+            undo.add(f"channel {ch.name}", functools.partial(c.call, "qledge.notify.channel.delete", {"name": ch.name}))
+        elif status == "updated":
+            undo.add(f"channel {ch.name} (its spec before)", functools.partial(
+                c.call, "qledge.notify.channel.set", {"name": ch.name, "spec": before[ch.name]}))
         notes.append(f"notifications: channel {ch.name} {status}")
     if doc.notify is not None and doc.notify.rules is not None:
         rules = [msgspec.to_builtins(r) for r in doc.notify.rules]
-        if c.call("qledge.notify.rules.get", {}).get("rules") not in (None, rules) and not replace:
+        had = c.call("qledge.notify.rules.get", {}).get("rules")
+        if had not in (None, rules) and not replace:
             notes.append("notifications: this device's default rules were kept (--replace takes the file's)")
         elif not dry_run:
             c.call("qledge.notify.rules.set", {"rules": rules})
+            undo.add("the default rules", functools.partial(c.call, "qledge.notify.rules.set", {"rules": had}))
             notes.append("notifications: default rules set")
     return notes

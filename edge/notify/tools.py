@@ -31,6 +31,9 @@ class SetArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
     name: Name
     spec: dict[str, Any]  # a channel spec (edge.notify.channels.ChannelSpec), checked by the tool
     create_only: bool = False  # an existing channel is left as it is (imports)
+    # Check the spec (and, through the call's chain, the caller's permissions), write nothing;
+    # the secrets it names are not looked up: an import checks them itself, as it brings them.
+    dry_run: bool = False
 
 
 class NameArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
@@ -57,6 +60,10 @@ class Deleted(msgspec.Struct, rename="camel"):
 
 class Rules(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
     rules: Annotated[list[NotifyRule], msgspec.Meta(max_length=8)] | None = None  # None: no default
+
+
+class RulesArgs(Rules, forbid_unknown_fields=True):
+    dry_run: bool = False  # check the caller's permissions and the channels named, write nothing
 
 
 class LogArgs(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
@@ -95,12 +102,15 @@ def notify_tools(notifier: NotifierHandle, store: NotifyStore, secrets: SecretSt
         wrong = problems(spec)
         if wrong:
             raise invalid(wrong[0])
+        kind = spec.__struct_config__.tag
+        assert isinstance(kind, str)
+        if args.dry_run:
+            return ChannelInfo(name=args.name, kind=kind, spec=args.spec, created_at_ms=0, updated_at_ms=0,
+                               status="checked")
         known = {s.name for s in await secrets.for_project(ctx.project)}
         missing = [name for name in secret_names(spec) if name not in known]
         if missing:
             raise invalid(f"secret {missing[0]!r} is not set: qledge secret set {missing[0]} first")
-        kind = spec.__struct_config__.tag
-        assert isinstance(kind, str)
         row, status = await store.set_channel(ctx.project, args.name, kind, spec_encoder.encode(spec).decode(),
                                               ctx.now_ms(), args.create_only)
         if status == "updated":
@@ -120,14 +130,15 @@ def notify_tools(notifier: NotifierHandle, store: NotifyStore, secrets: SecretSt
     async def get_rules(ctx: ToolContext, args: Empty) -> Rules:
         return Rules(rules=await store.rules(ctx.project))
 
-    async def set_rules(ctx: ToolContext, args: Rules) -> Rules:
+    async def set_rules(ctx: ToolContext, args: RulesArgs) -> Rules:
         if args.rules is not None:
             names = {row.name for row in await store.channels(ctx.project)}
             for rule in args.rules:
                 for channel in rule.channels:
                     if channel not in names:
                         raise invalid(f"no channel named {channel!r}")
-        await store.set_rules(ctx.project, args.rules, ctx.now_ms())
+        if not args.dry_run:
+            await store.set_rules(ctx.project, args.rules, ctx.now_ms())
         return Rules(rules=args.rules)
 
     async def test(ctx: ToolContext, args: TestArgs) -> TestOutcome:
@@ -144,7 +155,7 @@ def notify_tools(notifier: NotifierHandle, store: NotifyStore, secrets: SecretSt
         "qledge.notify.channel.list": (list_channels, Empty, ChannelList),
         "qledge.notify.channel.delete": (delete_channel, NameArgs, Deleted),
         "qledge.notify.rules.get": (get_rules, Empty, Rules),
-        "qledge.notify.rules.set": (set_rules, Rules, Rules),
+        "qledge.notify.rules.set": (set_rules, RulesArgs, Rules),
         "qledge.notify.test": (test, TestArgs, TestOutcome),
         "qledge.notify.log": (delivery_log, LogArgs, LogPage),
     }

@@ -240,14 +240,12 @@ class SystemUsers:
         return path
 
     def forget(self, project: str, task_id: str) -> None:
-        import shutil
-
         try:
             parent = os.open(os.path.join(self.data_root, project), _DIR_FLAGS)
         except OSError:
             return  # none was made
         try:
-            shutil.rmtree(task_id, dir_fd=parent)  # by descriptors: a link inside is removed, not followed
+            _remove(parent, task_id)
         except OSError as exc:
             if exc.errno != errno.ENOENT:  # a task that never ran has none
                 log.warning("could not remove the data directory of task %s: %s", task_id, exc)
@@ -268,35 +266,91 @@ def _directory(parent: int | None, name: str, uid: int, gid: int, mode: int, ane
         made = True
     except FileExistsError:
         made = False
-    try:
-        fd: int | None = os.open(name, _DIR_FLAGS, dir_fd=parent)
-    except OSError as exc:
-        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
-            raise
-        fd = None
-    st = os.fstat(fd) if fd is not None else None
-    if st is None or (st.st_uid != uid and not made):
-        if fd is not None:
-            os.close(fd)
+    st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+    if not stat.S_ISDIR(st.st_mode) or (st.st_uid != uid and not made):
         if not anew:
             raise PermissionError(errno.EPERM, f"{name} is not a directory of uid {uid}")
-        if st is None:
-            os.unlink(name, dir_fd=parent)
-        else:
-            import shutil
-
-            shutil.rmtree(name, dir_fd=parent)
+        _remove(parent, name)
         return _directory(parent, name, uid, gid, mode)
-    assert fd is not None
+    # By name: `parent` is the daemon's, so no task's uid can swap the entry meanwhile. The
+    # mode first, while the directory is ours (taken back when a task's uid has it), and only
+    # then handed over: a root daemon needs CAP_CHOWN for this, not CAP_FOWNER or CAP_DAC_OVERRIDE.
+    me = os.geteuid()
+    owner = st.st_uid
+    if stat.S_IMODE(st.st_mode) != mode:
+        if owner != me:
+            os.chown(name, me, -1, dir_fd=parent, follow_symlinks=False)
+            owner = me
+        os.chmod(name, mode, dir_fd=parent)
+    if (owner, st.st_gid) != (uid, gid):
+        os.chown(name, uid, gid, dir_fd=parent, follow_symlinks=False)
+    # Another uid's directory need not be readable to the daemon: a path descriptor then.
+    return os.open(name, _DIR_FLAGS | (os.O_PATH if uid != me else 0), dir_fd=parent)
+
+
+_REMOVE_DEPTH = 16  # directories a removal holds open at once; deeper ones are moved up first
+
+
+def _remove(parent: int | None, name: str) -> None:
+    """`name` in `parent` and what is in it, by descriptors, following no link. Each directory
+    is made the daemon's (0700) before it is read (_taken), so what a task left goes whatever
+    its modes, and a root daemon needs CAP_CHOWN for it, not CAP_DAC_OVERRIDE. Without
+    recursion and with at most _REMOVE_DEPTH descriptors, however deep a task nested it: a
+    directory deeper than that is renamed into the top one and removed from there."""
+    top = _taken(parent, name)
+    if top is None:
+        return
+    stack: list[tuple[int | None, str, int, list[str]]] = [(parent, name, top, _listed(top))]
+    names = set(stack[0][3])
     try:
-        if (st.st_uid, st.st_gid) != (uid, gid):
-            os.fchown(fd, uid, gid)
-        if stat.S_IMODE(st.st_mode) != mode:
-            os.fchmod(fd, mode)
+        while stack:
+            up, here, fd, entries = stack[-1]
+            if not entries:
+                stack.pop()
+                os.close(fd)
+                os.rmdir(here, dir_fd=up)
+                continue
+            entry = entries.pop()
+            sub = _taken(fd, entry)
+            if sub is None:
+                continue
+            if len(stack) < _REMOVE_DEPTH:
+                stack.append((fd, entry, sub, _listed(sub)))
+                continue
+            os.close(sub)
+            moved = next(f".qledge-rm-{n}" for n in range(len(names) + 1) if f".qledge-rm-{n}" not in names)
+            names.add(moved)
+            os.rename(entry, moved, src_dir_fd=fd, dst_dir_fd=top)
+            stack[0][3].append(moved)
+    finally:
+        for _, _, fd, _ in stack:
+            os.close(fd)
+
+
+def _listed(fd: int) -> list[str]:
+    """The entries of the directory `fd`; `fd` closed when they cannot be read."""
+    try:
+        return os.listdir(fd)
     except OSError:
         os.close(fd)
         raise
-    return fd
+
+
+def _taken(parent: int | None, name: str) -> int | None:
+    """`name` unlinked when it is not a directory (None), else made the daemon's, 0700, and
+    opened. From then on no task's uid may change it (its parent is the daemon's already)."""
+    st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(name, dir_fd=parent)
+        return None
+    me = os.geteuid()
+    if st.st_uid != me:
+        os.chown(name, me, -1, dir_fd=parent, follow_symlinks=False)
+    if not stat.S_ISDIR((st := os.stat(name, dir_fd=parent, follow_symlinks=False)).st_mode) or st.st_uid != me:
+        raise PermissionError(errno.EPERM, f"{name} changed while it was removed")
+    if stat.S_IMODE(st.st_mode) & 0o700 != 0o700:
+        os.chmod(name, 0o700, dir_fd=parent)  # ours, and a directory: no link is followed
+    return os.open(name, _DIR_FLAGS, dir_fd=parent)
 
 
 def _system_ids(low: int, high: int) -> frozenset[int]:
