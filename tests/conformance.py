@@ -33,26 +33,26 @@ DeepSeek (https://api-docs.deepseek.com/guides/thinking_mode)
 - thinking mode (deepseek-reasoner, or `thinking: {type: enabled}` in the request): "For turns
   that do perform tool calls, the reasoning_content must be fully passed back to the API in all
   subsequent requests ... the API will return a 400 error"; between two user messages, when the
-  model called tools, its reasoning_content "must be passed back in all subsequent user turns"
-  (the guide's Chinese text: 在后续所有 user 交互轮次中必须回传给 API): refused wherever it
+  model called tools, its reasoning_content 在后续所有 user 交互轮次中必须回传给 API (the
+  guide's Chinese page: must be passed back in every later user turn): refused wherever it
   stands, with 400 "Missing `reasoning_content` field in the assistant message at message index
   N. For more information, please refer to
   https://api-docs.deepseek.com/guides/thinking_mode#tool-calls" (deepseek-reasoner:
   abhigyanpatwari/GitNexus#43, continuedev/continue#9831 and #9940; the V4 models word it "The
   `reasoning_content` in the thinking mode must be passed back to the API.", decolua/9router#773,
   langchain-ai/langchain#37713).
-- reasoning_content of an earlier turn that called no tool is ignored ("passing it to the API in
-  later turns is ignored", the same guide), so it is accepted here. The older reasoning model
+- reasoning_content of an earlier turn that called no tool is ignored (在后续轮次中将其传入 API
+  会被忽略: passed in later turns, it is ignored; the same page), so it is accepted here. The older reasoning model
   guide of deepseek-reasoner (guides/reasoning_model, from before it could call tools) said "if
   the reasoning_content field is included in the sequence of input messages, the API will return
   a 400 error"; no thread or page quotes the body of that 400 (searched: the status code and the
   behaviour are all that is known), and the current guide replaces the rule, so no fake
   refuses it.
 - deepseek-chat is the non-thinking mode of the same model (the Models & Pricing page,
-  https://api-docs.deepseek.com/quick_start/pricing: deepseek-chat is DeepSeek-V3.2's
-  non-thinking mode, deepseek-reasoner its thinking mode; RooCodeInc/Roo-Code's model table
-  quotes it): its replies carry no reasoning_content and nothing needs passing back, unless the
-  request turns thinking on.
+  https://api-docs.deepseek.com/quick_start/pricing, MODEL VERSION row: deepseek-chat
+  "DeepSeek-V3.x (Non-thinking Mode)", deepseek-reasoner "(Thinking Mode)", the version moving
+  with releases): its replies carry no reasoning_content and nothing needs passing back, unless
+  the request turns thinking on (`thinking: {type: enabled}`, the thinking mode guide).
 
 Qwen / DashScope compatible mode (https://help.aliyun.com/zh/model-studio/deep-thinking)
 - Qwen3 models (hybrid thinking) refuse a non-streaming call unless thinking is off: 400
