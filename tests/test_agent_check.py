@@ -1,10 +1,11 @@
 """`qledge agent check` against each failure class (real daemons, real children, the families'
 conformance fakes: one test each, llama.cpp without --jinja among them), the context a server
 serves (llama.cpp's n_ctx and vLLM's max_model_len refused in their words, Ollama's num_ctx cut
-silently), and, end to end, what the rest of the operator owes a new
-user: a provider that drips its reply is cut at the request's deadline with the run's one log
-line, a secret typed into a question is stored nowhere, one evidence write per run, and runs
-named as every run command names them."""
+silently), and, end to end, what the rest of the operator owes a new user: a provider that
+drips its reply is cut at the request's deadline with the run's one log line, a secret typed
+into a question is stored nowhere, one evidence write per run, and runs named as every run
+command names them (these last three against each provider family's fake). A refusal a test
+did not ask for fails it, naming the family."""
 
 from __future__ import annotations
 
@@ -15,10 +16,20 @@ import time
 
 import pytest
 
-from agent_support import agent_config, ai_task, log, record, start_and_wait, tool_messages, until, wait
+from agent_support import (
+    agent_config,
+    ai_task,
+    log,
+    no_refusals,
+    record,
+    start_and_wait,
+    tool_messages,
+    until,
+    wait,
+)
 from conformance import tokens
 from edge.storage.sqlite.evidence import MAX_RECORDS
-from fake_provider import FakeProvider, Step, answer, self_signed, tool_call
+from fake_provider import FAMILIES, FakeProvider, Step, answer, self_signed, tool_call
 
 pytestmark = pytest.mark.e2e
 
@@ -34,6 +45,8 @@ def servers():
     yield make
     for server in made:
         server.close()
+    for server in made:  # a test that expects a refusal clears it
+        no_refusals(server)
 
 
 def check(d, *args: str):
@@ -245,6 +258,8 @@ def test_ollama_cuts_a_prompt_beyond_num_ctx_silently_and_context_window_tokens_
 
 
 def test_a_provider_dripping_its_reply_is_cut_at_the_deadline_with_one_log_line(servers, daemon_factory):
+    # One family: the subject is the deadline of the HTTP exchange, which no family's rules
+    # touch (the reply never arrives whole).
     server = servers(family="openai")
     server.add(Step(answer("late " * 40), drip_s=0.25))
     d = daemon_factory(config=agent_config(server, request_timeout_s=2, retries=0)).start()
@@ -258,8 +273,9 @@ def test_a_provider_dripping_its_reply_is_cut_at_the_deadline_with_one_log_line(
     assert record(d, run["id"])["errorCode"] == "provider_timeout"
 
 
-def test_a_secret_typed_into_a_question_is_stored_nowhere(servers, daemon_factory):
-    server = servers(family="openai")
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_secret_typed_into_a_question_is_stored_nowhere(servers, daemon_factory, family):
+    server = servers(family=family)
     server.add(answer("I would not repeat it."))
     d = daemon_factory(config=agent_config(server)).start()
     assert d.cli("secret", "set", "router_pw", input="Tr0ub4dor-and-3\n").returncode == 0
@@ -274,9 +290,10 @@ def test_a_secret_typed_into_a_question_is_stored_nowhere(servers, daemon_factor
         assert conn.execute("SELECT count(*) FROM task_revisions WHERE spec LIKE '%Tr0ub4dor%'").fetchone()[0] == 0
 
 
-def test_an_ai_run_writes_its_record_once(servers, daemon_factory):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_an_ai_run_writes_its_record_once(servers, daemon_factory, family):
     """Seed 001: nothing at the start, nothing per round; one insert at the terminal state."""
-    server = servers(family="openai")
+    server = servers(family=family)
     d = daemon_factory(config=agent_config(server)).start()
     with d.db() as conn:
         conn.execute("CREATE TABLE evidence_writes (op TEXT, state TEXT)")
@@ -298,8 +315,9 @@ def test_an_ai_run_writes_its_record_once(servers, daemon_factory):
     assert record(d, run["id"])["rounds"] == 3 and MAX_RECORDS == 500
 
 
-def test_agent_get_mission_and_retry_take_every_name_of_a_run(servers, daemon_factory):
-    server = servers(family="openai")
+@pytest.mark.parametrize("family", FAMILIES)
+def test_agent_get_mission_and_retry_take_every_name_of_a_run(servers, daemon_factory, family):
+    server = servers(family=family)
     server.add(Step({"error": {"message": "upstream overloaded"}}, status=500), answer("second time lucky"))
     d = daemon_factory(config=agent_config(server, retries=0)).start()
     asked = d.cli("ask", "did anything fail?", "--wait")

@@ -327,6 +327,7 @@ def test_the_providers_message_and_what_to_change_reach_the_run(tmp_path):
 
 
 def test_a_provider_dripping_bytes_is_cut_at_the_total_deadline():
+    # One family: the deadline of the HTTP exchange, which no family's rules touch.
     server = FakeProvider()
     server.add(Step(answer("far too slow " * 20), drip_s=0.2))  # a byte every 0.2 s: each read is quick
     try:
@@ -355,7 +356,8 @@ def test_the_next_estimate_is_never_below_what_the_provider_counted():
 def test_an_over_counting_provider_passes_a_budget_by_at_most_its_first_request():
     """A provider that counts three tokens for every one estimated: after its first count the
     next request is estimated from it (never from bytes alone), so the run stops before the
-    request that would have passed the budget (estimated from bytes, it would have been sent)."""
+    request that would have passed the budget (estimated from bytes, it would have been sent).
+    One family: the estimate is the child's own arithmetic on what any provider counts."""
     server = FakeProvider()
     counted = []
 
