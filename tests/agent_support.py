@@ -8,7 +8,9 @@ import re
 import time
 from typing import Any
 
-from fake_provider import FakeProvider, Request
+import pytest
+
+from fake_provider import FAMILIES, FakeProvider, Request
 from support import DaemonProcess
 
 def wire(name: str) -> str:
@@ -49,6 +51,20 @@ def agent_config(provider: FakeProvider | None, extra: str = "", /, **keys: Any)
 def tokens_key(provider: FakeProvider) -> str:
     """The field that bounds the reply in what this family's profile sends."""
     return "max_completion_tokens" if provider.family.name == "openai" else "max_tokens"
+
+
+# For a `provider` fixture that makes `fake(request.param)` ("openai" when not parametrized):
+# the test runs once against each family's fake.
+EVERY_FAMILY = pytest.mark.parametrize("provider", FAMILIES, indirect=True)
+# The model of docs/ai.md's DeepSeek example: DeepSeek's non-thinking mode (the family's own
+# model in FAMILIES, deepseek-reasoner, thinks).
+DEEPSEEK_CHAT = "deepseek:deepseek-chat"
+
+
+def fake(param: str, **flags: Any) -> FakeProvider:
+    """A fake of a family ("deepseek") or of a family and a model ("deepseek:deepseek-chat")."""
+    family, _, model = param.partition(":")
+    return FakeProvider(family=family, model=model or None, **flags)
 
 
 def no_refusals(provider: FakeProvider) -> None:

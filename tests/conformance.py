@@ -30,16 +30,29 @@ OpenAI chat completions (https://platform.openai.com/docs/api-reference/chat/cre
 DeepSeek (https://api-docs.deepseek.com/guides/thinking_mode)
 - the OpenAI name rules and the same tool-message order errors (qwersyk/Newelle#425, with
   DeepSeek's own API).
-- thinking mode (deepseek-reasoner, or `thinking: {type: enabled}`): "For turns that do
-  perform tool calls, the reasoning_content must be fully passed back to the API in all
-  subsequent requests ... the API will return a 400 error": 400 "Missing `reasoning_content`
-  field in the assistant message at message index N. For more information, please refer to
-  https://api-docs.deepseek.com/guides/thinking_mode#tool-calls" (abhigyanpatwari/GitNexus#43).
-- the reasoning model guide of deepseek-reasoner: "if the reasoning_content field is included
-  in the sequence of input messages, the API will return a 400 error": refused here on an
-  assistant message of an earlier user turn (one that no tool call of the current turn needs).
-- deepseek-chat is not in thinking mode: it sends no reasoning_content (the pricing page's
-  model table: deepseek-reasoner has CoT tokens, deepseek-chat none).
+- thinking mode (deepseek-reasoner, or `thinking: {type: enabled}` in the request): "For turns
+  that do perform tool calls, the reasoning_content must be fully passed back to the API in all
+  subsequent requests ... the API will return a 400 error"; between two user messages, when the
+  model called tools, its reasoning_content 在后续所有 user 交互轮次中必须回传给 API (the
+  guide's Chinese page: must be passed back in every later user turn): refused wherever it
+  stands, with 400 "Missing `reasoning_content` field in the assistant message at message index
+  N. For more information, please refer to
+  https://api-docs.deepseek.com/guides/thinking_mode#tool-calls" (deepseek-reasoner:
+  abhigyanpatwari/GitNexus#43, continuedev/continue#9831 and #9940; the V4 models word it "The
+  `reasoning_content` in the thinking mode must be passed back to the API.", decolua/9router#773,
+  langchain-ai/langchain#37713).
+- reasoning_content of an earlier turn that called no tool is ignored (在后续轮次中将其传入 API
+  会被忽略: passed in later turns, it is ignored; the same page), so it is accepted here. The older reasoning model
+  guide of deepseek-reasoner (guides/reasoning_model, from before it could call tools) said "if
+  the reasoning_content field is included in the sequence of input messages, the API will return
+  a 400 error"; no thread or page quotes the body of that 400 (searched: the status code and the
+  behaviour are all that is known), and the current guide replaces the rule, so no fake
+  refuses it.
+- deepseek-chat is the non-thinking mode of the same model (the Models & Pricing page,
+  https://api-docs.deepseek.com/quick_start/pricing, MODEL VERSION row: deepseek-chat
+  "DeepSeek-V3.x (Non-thinking Mode)", deepseek-reasoner "(Thinking Mode)", the version moving
+  with releases): its replies carry no reasoning_content and nothing needs passing back, unless
+  the request turns thinking on (`thinking: {type: enabled}`, the thinking mode guide).
 
 Qwen / DashScope compatible mode (https://help.aliyun.com/zh/model-studio/deep-thinking)
 - Qwen3 models (hybrid thinking) refuse a non-streaming call unless thinking is off: 400
@@ -175,7 +188,7 @@ class Family:
         if not isinstance(messages, list) or not messages:
             return self.error("[] is too short - 'messages'", "messages")
         found = self.tools(body.get("tools"))
-        return found or self.messages(messages) or self.limits(body, raw)
+        return found or self.messages(messages) or self.thinking(body) or self.limits(body, raw)
 
     def tools(self, tools: Any) -> Refusal | None:
         if tools is None:
@@ -249,7 +262,7 @@ class Family:
                 in_answers = True
         if pending:
             return self.unanswered(len(messages), pending)
-        return self.thinking(messages)
+        return None
 
     def content(self, i: int, m: dict[str, Any]) -> Refusal | None:
         if "content" not in m and not (m["role"] == "assistant" and m.get("tool_calls")):
@@ -285,7 +298,7 @@ class Family:
                           " each 'tool_call_id'. The following tool_call_ids did not have response messages: "
                           + ", ".join(pending), f"messages.[{i}].role")
 
-    def thinking(self, messages: list[Any]) -> Refusal | None:
+    def thinking(self, body: dict[str, Any]) -> Refusal | None:
         return None
 
     def limits(self, body: dict[str, Any], raw: bytes) -> Refusal | None:
@@ -299,34 +312,35 @@ class DeepSeek(Family):
     name = "deepseek"
     strict_fields = False  # the OpenAI format; unknown fields are not refused
 
-    def thinks(self) -> bool:
-        return self.model == "deepseek-reasoner" or self.flags.get("thinking", False)
+    def thinks(self, request: dict[str, Any]) -> bool:
+        """Thinking mode: deepseek-reasoner, or any model asked for it (deepseek-chat is not)."""
+        asked = request.get("thinking")
+        if isinstance(asked, dict) and asked.get("type") in ("enabled", "disabled"):
+            return asked["type"] == "enabled"
+        return request.get("model", self.model) == "deepseek-reasoner"
 
     def shape(self, reply: Any, request: dict[str, Any]) -> Any:
-        if self.thinks() and isinstance(reply, dict):
+        if isinstance(reply, dict):
             for choice in reply.get("choices", []):
                 message = choice.get("message") or {}
-                message.setdefault("reasoning_content", "The owner asks about a run; I check the records first.")
+                if self.thinks(request):
+                    message.setdefault("reasoning_content", "The owner asks about a run; I check the records first.")
+                else:  # non-thinking mode: there is no reasoning to send
+                    message.pop("reasoning_content", None)
         return reply
 
     def message_fields(self, role: str) -> set[str] | None:
         return None
 
-    def thinking(self, messages: list[Any]) -> Refusal | None:
-        if not self.thinks():
+    def thinking(self, body: dict[str, Any]) -> Refusal | None:
+        if not self.thinks(body):
             return None
-        last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
-        for i, m in enumerate(messages):
-            if m["role"] != "assistant":
-                continue
-            if i > last_user and m.get("tool_calls") and "reasoning_content" not in m:
+        for i, m in enumerate(body["messages"]):  # every tool-calling turn, the earlier user turns' too
+            if m["role"] == "assistant" and m.get("tool_calls") and "reasoning_content" not in m:
                 return self.error(f"Missing `reasoning_content` field in the assistant message at message index {i}."
                                   " For more information, please refer to"
                                   " https://api-docs.deepseek.com/guides/thinking_mode#tool-calls")
-            if i < last_user and "reasoning_content" in m:
-                return self.error(f"The reasoning_content of the assistant message at message index {i} belongs to"
-                                  " an earlier turn and must not be sent back")
-        return None
+        return None  # an earlier turn's reasoning without tool calls is ignored, not refused
 
     def limits(self, body: dict[str, Any], raw: bytes) -> Refusal | None:
         return None

@@ -15,10 +15,12 @@ import time
 import pytest
 
 from agent_support import (
+    DEEPSEEK_CHAT,
     READ_TOOLS,
     SPECIALIST_TOOLS,
     agent_config,
     ai_task,
+    fake,
     log,
     marker,
     no_refusals,
@@ -33,7 +35,7 @@ from agent_support import (
 )
 from edge.airun.budget import estimate_tokens
 from edge.runner.process import alive
-from fake_provider import FAMILIES, FakeProvider, Step, answer, tool_call, usage
+from fake_provider import FAMILIES, Step, answer, tool_call, usage
 
 pytestmark = pytest.mark.e2e
 
@@ -42,7 +44,7 @@ BACKUP = 'echo "copying /etc"; echo "rsync: write failed: No space left on devic
 
 @pytest.fixture(params=FAMILIES)
 def provider(request):
-    p = FakeProvider(family=request.param)
+    p = fake(request.param)
     yield p
     p.close()
     no_refusals(p)
@@ -61,6 +63,7 @@ def _candidate(request) -> str:
     return result["candidate"]["id"]
 
 
+@pytest.mark.parametrize("provider", [*FAMILIES, DEEPSEEK_CHAT], indirect=True)
 def test_ask_answers_about_real_runs_through_the_cli(agent, provider):
     d = agent()
     assert d.cli("task", "add", "backup", "--shell", "--", BACKUP).returncode == 0

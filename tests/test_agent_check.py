@@ -1,8 +1,11 @@
 """`qledge agent check` against each failure class (real daemons, real children, the families'
-conformance fakes: one test each), and, end to end, what the rest of the operator owes a new
-user: a provider that drips its reply is cut at the request's deadline with the run's one log
-line, a secret typed into a question is stored nowhere, one evidence write per run, and runs
-named as every run command names them."""
+conformance fakes: one test each, llama.cpp without --jinja among them), the context a server
+serves (llama.cpp's n_ctx and vLLM's max_model_len refused in their words, Ollama's num_ctx cut
+silently), and, end to end, what the rest of the operator owes a new user: a provider that
+drips its reply is cut at the request's deadline with the run's one log line, a secret typed
+into a question is stored nowhere, one evidence write per run, and runs named as every run
+command names them (these last three against each provider family's fake). A refusal a test
+did not ask for fails it, naming the family."""
 
 from __future__ import annotations
 
@@ -13,9 +16,20 @@ import time
 
 import pytest
 
-from agent_support import agent_config, ai_task, log, record, start_and_wait, until, wait
+from agent_support import (
+    agent_config,
+    ai_task,
+    log,
+    no_refusals,
+    record,
+    start_and_wait,
+    tool_messages,
+    until,
+    wait,
+)
+from conformance import tokens
 from edge.storage.sqlite.evidence import MAX_RECORDS
-from fake_provider import FakeProvider, Step, answer, self_signed, tool_call
+from fake_provider import FAMILIES, FakeProvider, Step, answer, self_signed, tool_call
 
 pytestmark = pytest.mark.e2e
 
@@ -31,6 +45,8 @@ def servers():
     yield make
     for server in made:
         server.close()
+    for server in made:  # a test that expects a refusal clears it
+        no_refusals(server)
 
 
 def check(d, *args: str):
@@ -134,6 +150,16 @@ def test_check_reasoning_model_parameters(servers, daemon_factory):
     server.refused.clear()
 
 
+def test_check_llamacpp_started_without_jinja(servers, daemon_factory):
+    server = servers(family="llamacpp", jinja=False)  # llama-server without --jinja: no tool calling
+    d = daemon_factory(config=agent_config(server)).start()
+    out = failed(d, server, "server_error", "start llama-server with --jinja")
+    assert out["errorCode"] == "provider_http"
+    assert out["steps"][-1]["text"].endswith("tools param requires --jinja flag")
+    assert server.refused == ["llamacpp: tools without --jinja"]
+    server.refused.clear()
+
+
 def test_check_says_why_nothing_was_checked(daemon, daemon_factory, home):
     off = daemon.cli("agent", "check")
     assert off.returncode == 2 and off.stderr.startswith("qledge: invalid_argument: the AI operator is off")
@@ -142,10 +168,98 @@ def test_check_says_why_nothing_was_checked(daemon, daemon_factory, home):
     assert unreachable.returncode == 3 and unreachable.stderr.startswith("qledge: unavailable: ")
 
 
+# -- the context the server serves ------------------------------------------------------------
+
+CONTEXT_FIX = ("qledge agent: to fix: lower [agent] context_window_tokens (and max_output_tokens) to what the server"
+               " serves, or serve the model with a larger context")
+
+
+def _asked_and_failed(d) -> tuple[str, list[str]]:
+    asked = d.cli("ask", "why", "did", "backup", "fail?", "--wait")
+    assert asked.returncode == 1, asked.stderr
+    run_id = re.search(r"run (\S+) queued", asked.stderr).group(1)
+    run = d.call("qledge.run.get", {"runId": run_id})
+    assert (run["status"], run["errorCode"]) == ("failed", "provider_http"), run
+    return run_id, log(d, run_id).splitlines()
+
+
+def test_a_prompt_beyond_llamacpps_context_fails_the_run_in_its_words(servers, daemon_factory):
+    server = servers(family="llamacpp", n_ctx=1000)  # the slot's context, far below the first request
+    d = daemon_factory(config=agent_config(server)).start()
+    run_id, (said, fix) = _asked_and_failed(d)
+    assert len(server.requests) == 1  # a 400: never retried
+    prompt = tokens(server.requests[0].raw)
+    assert re.fullmatch(rf"qledge agent: provider_http: HTTP 400 from 127\.0\.0\.1:\d+: request \({prompt} tokens\)"
+                        r" exceeds the available context size \(1000 tokens\), try increasing it", said), said
+    assert fix == CONTEXT_FIX
+    assert "(to fix: lower [agent] context_window_tokens" in record(d, run_id)["error"]
+    assert server.refused and server.refused[0].startswith("llamacpp: request (")
+    server.refused.clear()
+
+
+def test_a_prompt_beyond_vllms_max_model_len_fails_the_run_in_its_words(servers, daemon_factory):
+    server = servers(family="vllm", max_model_len=2048)
+    d = daemon_factory(config=agent_config(server)).start()
+    run_id, (said, fix) = _asked_and_failed(d)
+    assert len(server.requests) == 1
+    prompt = tokens(server.requests[0].raw)
+    assert re.fullmatch(rf"qledge agent: provider_http: HTTP 400 from 127\.0\.0\.1:\d+: This model's maximum context"
+                        rf" length is 2048 tokens\. However, you requested {prompt + 4096} tokens \({prompt} in the"
+                        r" messages, 4096 in the completion\)\. Please reduce the length of the messages or"
+                        r" completion\.", said), said
+    assert fix == CONTEXT_FIX
+    assert "(to fix: lower [agent] context_window_tokens" in record(d, run_id)["error"]
+    server.refused.clear()
+
+
+def _noisy_run(d) -> str:
+    """A finished run whose log is far longer than a tool result may be (16 KiB)."""
+    added = d.cli("task", "add", "noisy", "--shell", "--",
+                  "yes 'rsync: write failed: No space left on device (28)' | head -n 2000")
+    assert added.returncode == 0, added.stderr
+    run = d.call("qledge.run.start", {"taskId": "noisy"})
+    assert wait(d, run["id"])["status"] == "succeeded"
+    return run["id"]
+
+
+def test_ollama_cuts_a_prompt_beyond_num_ctx_silently_and_context_window_tokens_keeps_within_it(
+        servers, daemon_factory):
+    """Ollama's /v1 has no field for the context and cuts a longer prompt to num_ctx without a
+    word: the run goes on as if nothing happened (the fake records the cut). With
+    context_window_tokens set to what the model is served with, qledge never sends more: it
+    drops the oldest results, and says so to the model."""
+    num_ctx = 12288
+
+    def script(server: FakeProvider, run_id: str) -> None:
+        server.add(tool_call("", calls=[("qinglong.run.log.excerpt", {"runId": run_id})] * 6),
+                   answer("backup failed: the disk is full"))
+
+    cut = servers(family="ollama", num_ctx=num_ctx)
+    d = daemon_factory(config=agent_config(cut)).start()  # context_window_tokens left at 65536
+    script(cut, _noisy_run(d))
+    asked = d.cli("ask", "why", "did", "backup", "fail?", "--wait")
+    assert asked.returncode == 0 and asked.stdout == "backup failed: the disk is full\n", asked.stderr
+    first, second = (tokens(r.raw) for r in cut.requests)  # as the fake's tokenizer counts
+    assert first <= num_ctx < second  # the second request, with the six results, is beyond what Ollama serves
+    assert cut.truncated == [second] and not cut.refused  # cut without an error: the owner is told nothing
+
+    kept = servers(family="ollama", num_ctx=num_ctx)
+    d = daemon_factory(config=agent_config(kept, context_window_tokens=num_ctx, max_output_tokens=1024)).start()
+    script(kept, _noisy_run(d))
+    asked = d.cli("ask", "why", "did", "backup", "fail?", "--wait")
+    assert asked.returncode == 0 and asked.stdout == "backup failed: the disk is full\n", asked.stderr
+    assert len(kept.requests) == 2 and kept.truncated == [] and not kept.refused
+    trimmed = [m["content"] for m in tool_messages(kept.requests[1])]
+    assert any("removed to fit the context window" in content for content in trimmed), trimmed
+    assert all(len(r.raw) // 2 + 1024 <= num_ctx for r in kept.requests)  # qledge's own estimate fits, too
+
+
 # -- deadlines, masking, writes, names --------------------------------------------------------
 
 
 def test_a_provider_dripping_its_reply_is_cut_at_the_deadline_with_one_log_line(servers, daemon_factory):
+    # One family: the subject is the deadline of the HTTP exchange, which no family's rules
+    # touch (the reply never arrives whole).
     server = servers(family="openai")
     server.add(Step(answer("late " * 40), drip_s=0.25))
     d = daemon_factory(config=agent_config(server, request_timeout_s=2, retries=0)).start()
@@ -159,8 +273,9 @@ def test_a_provider_dripping_its_reply_is_cut_at_the_deadline_with_one_log_line(
     assert record(d, run["id"])["errorCode"] == "provider_timeout"
 
 
-def test_a_secret_typed_into_a_question_is_stored_nowhere(servers, daemon_factory):
-    server = servers(family="openai")
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_secret_typed_into_a_question_is_stored_nowhere(servers, daemon_factory, family):
+    server = servers(family=family)
     server.add(answer("I would not repeat it."))
     d = daemon_factory(config=agent_config(server)).start()
     assert d.cli("secret", "set", "router_pw", input="Tr0ub4dor-and-3\n").returncode == 0
@@ -175,9 +290,10 @@ def test_a_secret_typed_into_a_question_is_stored_nowhere(servers, daemon_factor
         assert conn.execute("SELECT count(*) FROM task_revisions WHERE spec LIKE '%Tr0ub4dor%'").fetchone()[0] == 0
 
 
-def test_an_ai_run_writes_its_record_once(servers, daemon_factory):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_an_ai_run_writes_its_record_once(servers, daemon_factory, family):
     """Seed 001: nothing at the start, nothing per round; one insert at the terminal state."""
-    server = servers(family="openai")
+    server = servers(family=family)
     d = daemon_factory(config=agent_config(server)).start()
     with d.db() as conn:
         conn.execute("CREATE TABLE evidence_writes (op TEXT, state TEXT)")
@@ -199,8 +315,9 @@ def test_an_ai_run_writes_its_record_once(servers, daemon_factory):
     assert record(d, run["id"])["rounds"] == 3 and MAX_RECORDS == 500
 
 
-def test_agent_get_mission_and_retry_take_every_name_of_a_run(servers, daemon_factory):
-    server = servers(family="openai")
+@pytest.mark.parametrize("family", FAMILIES)
+def test_agent_get_mission_and_retry_take_every_name_of_a_run(servers, daemon_factory, family):
+    server = servers(family=family)
     server.add(Step({"error": {"message": "upstream overloaded"}}, status=500), answer("second time lucky"))
     d = daemon_factory(config=agent_config(server, retries=0)).start()
     asked = d.cli("ask", "did anything fail?", "--wait")

@@ -1,7 +1,9 @@
 """The child's parts on their own: budgets at their exact edges, reading what real servers
 send, datamarking and bounding tool results, and the HTTP client against real loopback
 servers (TLS verified against a CA file, the environment's proxies ignored, a configured
-proxy tunnelled to base_url's host only, redirects refused)."""
+proxy tunnelled to base_url's host only, redirects refused). The client's tests run against
+each provider family's conformance fake, sending what that family's profile sends: a refusal
+fails the test, naming the family."""
 
 from __future__ import annotations
 
@@ -14,12 +16,12 @@ import msgspec
 import pytest
 
 from edge.airun.budget import Budget, estimate_tokens
-from edge.airun.prompt import RESULT_MAX_BYTES, Conversation, ToolResult, new_marker
+from agent_support import no_refusals
+from edge.airun.prompt import RESULT_MAX_BYTES, Conversation, ToolResult, new_marker, request_head
 from edge.airun.provider import ChatClient, ProviderError, parse
 from edge.core.agent import PROFILES, Limits, OfferedTool, ProviderSettings
-from fake_provider import FakeProvider, Step, answer, self_signed, tool_call
+from fake_provider import FAMILIES, FakeProvider, Step, answer, self_signed, tool_call
 
-MINIMAL = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
 LIMITS = Limits(rounds=3, input_tokens=1000, output_tokens=500, cost_usd=1.0, wall_clock_s=60, tool_calls_per_round=8)
 
 
@@ -160,35 +162,54 @@ def test_trimming_replaces_the_oldest_results_and_keeps_the_calls():
 # -- the HTTP client against real servers ---------------------------------------------------
 
 
-@pytest.fixture
-def tls(home):
-    cert, key = self_signed(home)
-    server = FakeProvider(tls=(cert, key))
-    yield server, cert
-    server.close()
+@pytest.fixture(params=FAMILIES)
+def server(request):
+    """A plain-HTTP fake of each family; a refusal fails the test, naming the family."""
+    made = FakeProvider(family=request.param)
+    yield made
+    made.close()
+    no_refusals(made)
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory):
+    return self_signed(str(tmp_path_factory.mktemp("tls")))
+
+
+@pytest.fixture(params=FAMILIES)
+def tls(request, certificate):
+    cert, key = certificate
+    made = FakeProvider(tls=(cert, key), family=request.param)
+    yield made, cert
+    made.close()
+    no_refusals(made)
+
+
+def minimal(server: FakeProvider) -> bytes:
+    """The smallest request the server's family's profile sends: its model, its fields."""
+    profile = PROFILES[server.family.name]
+    head = request_head(server.model, profile, profile.max_tokens_param, 5)
+    return json.dumps({**head, "messages": [{"role": "user", "content": "hi"}]}).encode()
 
 
 def test_tls_is_verified_against_the_trust_store_or_the_ca_file(tls):
     server, cert = tls
     server.add(answer("secure"), answer("again"))
     with pytest.raises(ProviderError) as err:
-        ChatClient(provider(server.url), None).send(MINIMAL, 5)
+        ChatClient(provider(server.url), None).send(minimal(server), 5)
     assert err.value.code == "provider_tls" and not err.value.retryable
     client = ChatClient(provider(server.url, ca_file=cert), "sk-test")
-    assert parse(client.send(MINIMAL, 5), 1).content == "secure"
-    assert parse(client.send(MINIMAL, 5), 2).content == "again"  # the connection is kept
+    assert parse(client.send(minimal(server), 5), 1).content == "secure"
+    assert parse(client.send(minimal(server), 5), 2).content == "again"  # the connection is kept
     assert server.requests[-1].headers["authorization"] == "Bearer sk-test"
     client.close()
 
 
-def test_the_environment_proxy_is_never_used(monkeypatch):
-    server = FakeProvider().add(answer("direct"))
-    try:
-        for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY"):
-            monkeypatch.setenv(name, "http://127.0.0.1:9")  # nothing listens there
-        assert parse(ChatClient(provider(server.url), None).send(MINIMAL, 5), 1).content == "direct"
-    finally:
-        server.close()
+def test_the_environment_proxy_is_never_used(monkeypatch, server):
+    server.add(answer("direct"))
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")  # nothing listens there
+    assert parse(ChatClient(provider(server.url), None).send(minimal(server), 5), 1).content == "direct"
 
 
 class ConnectProxy:
@@ -238,29 +259,23 @@ def test_a_configured_proxy_tunnels_to_base_urls_host_only(tls):
     proxy = ConnectProxy()
     try:
         client = ChatClient(provider(server.url, ca_file=cert, proxy=f"http://127.0.0.1:{proxy.port}"), None)
-        assert parse(client.send(MINIMAL, 5), 1).content == "through the proxy"
+        assert parse(client.send(minimal(server), 5), 1).content == "through the proxy"
         port = server.server.server_address[1]
         assert proxy.asked == [f"CONNECT localhost:{port} HTTP/1.0".encode()]
     finally:
         proxy.close()
 
 
-def test_redirects_are_refused_not_followed():
-    server = FakeProvider().add(Step({}, status=302, headers={"Location": "https://elsewhere.example/v1"}))
-    try:
-        with pytest.raises(ProviderError) as err:
-            ChatClient(provider(server.url), None).send(MINIMAL, 5)
-        assert err.value.code == "provider_redirect" and "elsewhere.example" in err.value.message
-        assert len(server.requests) == 1
-    finally:
-        server.close()
+def test_redirects_are_refused_not_followed(server):
+    server.add(Step({}, status=302, headers={"Location": "https://elsewhere.example/v1"}))
+    with pytest.raises(ProviderError) as err:
+        ChatClient(provider(server.url), None).send(minimal(server), 5)
+    assert err.value.code == "provider_redirect" and "elsewhere.example" in err.value.message
+    assert len(server.requests) == 1
 
 
-def test_the_key_never_appears_in_an_error():
-    server = FakeProvider().add(Step({"error": {"message": "Incorrect API key provided: sk-live-123"}}, status=401))
-    try:
-        with pytest.raises(ProviderError) as err:
-            ChatClient(provider(server.url), "sk-live-123").send(MINIMAL, 5)
-        assert "sk-live-123" not in err.value.message and "***" in err.value.message
-    finally:
-        server.close()
+def test_the_key_never_appears_in_an_error(server):
+    server.add(Step({"error": {"message": "Incorrect API key provided: sk-live-123"}}, status=401))
+    with pytest.raises(ProviderError) as err:
+        ChatClient(provider(server.url), "sk-live-123").send(minimal(server), 5)
+    assert "sk-live-123" not in err.value.message and "***" in err.value.message

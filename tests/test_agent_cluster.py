@@ -2,7 +2,8 @@
 in real children against a scripted provider. The evidence history is the cluster's (any
 node reads what any node ran); a run's credential lives on the node that runs it; every
 terminal outcome leaves its record: answered, cancelled from another node, cancelled
-before any node took it, and lost with a node that died."""
+before any node took it, and lost with a node that died. Every test that sends a request runs
+against each provider family's conformance fake: a refusal fails it, naming the family."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import signal
 
 import pytest
 
-from agent_support import agent_config, ai_task, record, until, wait
+from agent_support import EVERY_FAMILY, agent_config, ai_task, fake, no_refusals, record, until, wait
 from cluster_support import node_config, rows, task
 from edge.runner.process import alive
 from fake_provider import FakeProvider, Step, answer, tool_call
@@ -21,10 +22,11 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
-def provider():
-    p = FakeProvider()
+def provider(request):
+    p = fake(getattr(request, "param", "openai"))
     yield p
     p.close()
+    no_refusals(p)
 
 
 def _nodes(daemon_factory, dsn: str, provider: FakeProvider, count: int, **kw):
@@ -38,6 +40,7 @@ def _held_by(d, run_id: str) -> str:
     return node.removeprefix("node ")
 
 
+@EVERY_FAMILY
 def test_ask_on_one_node_is_answered_and_its_record_read_from_any(daemon_factory, pg_dsn, provider):
     a, b = _nodes(daemon_factory, pg_dsn, provider, 2)
     provider.add(tool_call("qinglong.run.list", {}, content="Plan: list the runs."), answer("nothing failed"))
@@ -58,6 +61,7 @@ def test_ask_on_one_node_is_answered_and_its_record_read_from_any(daemon_factory
     assert audited == [(held,)]
 
 
+@EVERY_FAMILY
 def test_cancel_from_the_other_node_stops_the_child_and_ends_the_record(daemon_factory, pg_dsn, provider):
     a, b = _nodes(daemon_factory, pg_dsn, provider, 2)
     provider.add(Step(answer("never"), delay_s=float("inf")))
@@ -75,6 +79,7 @@ def test_cancel_from_the_other_node_stops_the_child_and_ends_the_record(daemon_f
     assert record(other, run["id"])["state"] == "cancelled"
 
 
+# No request is sent (the run never starts): one family.
 def test_an_ai_run_cancelled_before_any_node_took_it_has_its_record(daemon_factory, pg_dsn, provider):
     (a,) = _nodes(daemon_factory, pg_dsn, provider, 1, concurrency=1)
     a.call("qledge.task.create", task("busy", ["sleep", "30"]))
@@ -90,6 +95,7 @@ def test_an_ai_run_cancelled_before_any_node_took_it_has_its_record(daemon_facto
     a.call("qledge.run.cancel", {"runId": busy["id"]})
 
 
+@EVERY_FAMILY
 def test_a_node_killed_mid_run_leaves_it_lost_and_its_record_ended(daemon_factory, pg_dsn, provider):
     a, b = _nodes(daemon_factory, pg_dsn, provider, 2, lease_s=3)
     provider.add(tool_call("qinglong.run.list", {}), Step(answer("never"), delay_s=float("inf")))

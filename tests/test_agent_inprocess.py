@@ -2,7 +2,9 @@
 cluster node on a real PostgreSQL; real chain, real tool socket, the real runner starting
 the real child against a scripted provider). The one double: the daemon's credential
 registry, subclassed only to remember the tokens it mints, so the test can hold the very
-credential the child holds."""
+credential the child holds. Every test that sends a request runs against each provider
+family's conformance fake (configured with its family's profile and model): a refusal fails
+it, naming the family."""
 
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ from edge.operator.credentials import RunCredentialRegistry
 from edge.tools.context import Caller
 from edge.tools.definition import Registry
 from edge.transports.tool_socket import ToolServer
+from agent_support import EVERY_FAMILY, fake, no_refusals, wire
 from fake_provider import FakeProvider, Step, answer
 
 pytestmark = pytest.mark.e2e  # real children, real time
@@ -65,7 +68,8 @@ class Daemon:
         self.cluster: Cluster | None = None
 
     async def open(self) -> Daemon:
-        keys: dict = {"agent": {"enabled": True, "base_url": self.provider.url, "model": "m"}}
+        keys: dict = {"agent": {"enabled": True, "base_url": self.provider.url, "model": self.provider.model,
+                                "provider": self.provider.family.name}}
         if self.dsn is not None:
             keys["cluster"] = {"dsn": self.dsn, "node": "n1", "lease_s": 3, "heartbeat_s": 0.5, "poll_s": 0.5}
         config = msgspec.convert(keys, Config)
@@ -166,32 +170,34 @@ def code_with(socket: str, token: str, tool: str, args: dict | None = None) -> s
     return "ok"
 
 
+@pytest.fixture
+def provider(request):
+    p = fake(getattr(request, "param", "openai"))
+    yield p
+    p.close()
+    no_refusals(p)
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
-async def daemon(request, home):
-    provider = FakeProvider()
+async def daemon(request, home, provider):
     dsn = request.getfixturevalue("pg_dsn") if request.param == "postgres" else None
     d = await Daemon(home, provider, dsn).open()
     yield d
     await d.close()
-    provider.close()
 
 
 @pytest.fixture
-async def local_daemon(home):
-    provider = FakeProvider()
+async def local_daemon(home, provider):
     d = await Daemon(home, provider).open()
     yield d
     await d.close()
-    provider.close()
 
 
 @pytest.fixture
-async def cluster_daemon(home, pg_dsn):
-    provider = FakeProvider()
+async def cluster_daemon(home, pg_dsn, provider):
     d = await Daemon(home, provider, pg_dsn).open()
     yield d
     await d.close()
-    provider.close()
 
 
 # The run's own tools: its reports and its mission's ledger (a cluster node keeps none).
@@ -200,6 +206,7 @@ LEDGER = {f"qledge.agent.specialist.{op}" for op in ("delegate", "correct", "rev
                                                      "withdraw")}
 
 
+@EVERY_FAMILY
 async def test_the_run_credential_is_refused_every_write_tool_and_dead_after_the_run(daemon):
     OWN = REPORTS | (LEDGER if daemon.db is not None else set())  # noqa: N806
     seen: dict[str, str] = {}
@@ -229,6 +236,7 @@ async def test_the_run_credential_is_refused_every_write_tool_and_dead_after_the
     assert await daemon.audit_count(f"agent:{run_id}", "denied") == len(others)
 
 
+@EVERY_FAMILY
 async def test_cancel_during_a_provider_call_revokes_the_credential(daemon):
     daemon.provider.add(Step(answer("never"), delay_s=float("inf")))
     run_id = await daemon.ai_run("hang")
@@ -245,6 +253,7 @@ async def test_cancel_during_a_provider_call_revokes_the_credential(daemon):
     assert evidence["record"]["state"] == "cancelled"
 
 
+# No AI run, no request: one family (as the next test).
 async def test_only_a_run_credential_may_report(daemon):
     for tool in ("qledge.agent.round", "qledge.agent.outcome"):
         with pytest.raises(ToolError) as err:
@@ -282,6 +291,7 @@ async def test_a_connection_made_for_a_child_trusts_its_token_only(daemon):
     assert await daemon.audit_count("anonymous", "unauthenticated") == 2
 
 
+@EVERY_FAMILY
 async def test_a_run_credential_reaches_its_own_mission_only(local_daemon):
     daemon = local_daemon
     from fake_provider import tool_call
@@ -321,6 +331,7 @@ async def test_a_run_credential_reaches_its_own_mission_only(local_daemon):
     assert status == [("A-SCOPE", "active")]
 
 
+@EVERY_FAMILY
 async def test_a_cluster_node_keeps_no_missions(cluster_daemon):
     """No mission ledger in PostgreSQL: the model is offered no specialist, the ledger's tools
     do not exist, and retry and the mission view say why in one line."""
@@ -334,7 +345,7 @@ async def test_a_cluster_node_keeps_no_missions(cluster_daemon):
     assert final is not None and final.status == "succeeded", final
     first, second = (r.body for r in daemon.provider.requests)
     offered = {t["function"]["name"] for t in first["tools"]}
-    assert offered and not any(name.startswith("specialist.") for name in offered), offered
+    assert offered and not any(name.startswith(wire("specialist.")) for name in offered), offered
     assert "unknown_tool" in json.dumps(second["messages"][-1]), second["messages"][-1]  # answered, never run
     assert not any(t.name.startswith("qledge.agent.specialist.") for t in daemon.registry.infos())
     for tool in ("qledge.agent.retry", "qledge.agent.mission"):

@@ -143,17 +143,18 @@ class _Reporter:
         self.outcomes.append(report)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_each_profile_sends_what_its_family_accepts_through_a_whole_run(family):
+@pytest.mark.parametrize(("family", "model"), [*((f, MODELS[f]) for f in FAMILIES), ("deepseek", "deepseek-chat")])
+def test_each_profile_sends_what_its_family_accepts_through_a_whole_run(family, model):
     """The operator's loop, in process, against the family's fake: tool calls, results, the
-    reasoning a thinking model sends, the answer; every request accepted."""
-    server = FakeProvider(family=family)
+    reasoning a thinking model sends (deepseek-reasoner's; deepseek-chat sends none), the
+    answer; every request accepted."""
+    server = FakeProvider(family=family, model=model)
     try:
         server.add(tool_call("", calls=[("qinglong.run.list", {}), ("qinglong.task.list", {})],
                              extra={"reasoning_content": "I list the runs."}),
                    tool_call("qinglong.task.runs.compare", {"taskId": "backup"}, call_id="call_2", content=None),
                    answer("backup failed: disk full"))
-        job = _job(family, server.url, MODELS[family])
+        job = _job(family, server.url, model)
         reporter = _Reporter()
         client = ChatClient(job.provider, None)
         op = Operator(job, client, _Tools(), reporter, Budget(job.limits, job.provider))
@@ -165,7 +166,7 @@ def test_each_profile_sends_what_its_family_accepts_through_a_whole_run(family):
         assert all(b[PROFILES[family].max_tokens_param] == 100 for b in sent)
         assert ("enable_thinking" in sent[0]) == (family == "qwen")
         second = sent[1]["messages"][2]
-        assert ("reasoning_content" in second) == (family == "deepseek")
+        assert ("reasoning_content" in second) == (model == "deepseek-reasoner")
         assert sent[2]["messages"][5]["content"] is None  # content null beside tool calls only
     finally:
         server.close()
@@ -194,6 +195,51 @@ def test_a_request_a_family_refuses_is_refused_by_its_fake(family):
         expected = {"openai": "max_completion_tokens", "deepseek": "reasoning_content", "gemini": "enable_thinking",
                     "qwen": "enable_thinking"}[family]
         assert expected in err.value.message
+    finally:
+        server.close()
+
+
+def _turns(*, earlier_reasoning: bool, plain_reasoning: bool) -> list[dict]:
+    """Two user turns: the first called a tool (its reasoning passed back or not) and answered
+    (its reasoning kept or not); the second is the current one."""
+    call = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "t", "arguments": "{}"}}]}
+    if earlier_reasoning:
+        call["reasoning_content"] = "I look first."
+    plain = {"role": "assistant", "content": "done"}
+    if plain_reasoning:
+        plain["reasoning_content"] = "That answers it."
+    return [{"role": "user", "content": "hi"}, call, {"role": "tool", "tool_call_id": "c1", "content": "{}"}, plain,
+            {"role": "user", "content": "and now?"}]
+
+
+@pytest.mark.parametrize(("model", "extra", "earlier_reasoning", "plain_reasoning", "refused"), [
+    # thinking mode: a tool-calling turn's reasoning is passed back in every later turn, too
+    ("deepseek-reasoner", {}, False, False, True),
+    ("deepseek-reasoner", {}, True, False, False),
+    ("deepseek-reasoner", {}, True, True, False),  # a turn without tool calls: its reasoning is ignored
+    # deepseek-chat does not think: nothing to pass back, unless the request turns thinking on
+    ("deepseek-chat", {}, False, False, False),
+    ("deepseek-chat", {"thinking": {"type": "enabled"}}, False, False, True),
+    ("deepseek-reasoner", {"thinking": {"type": "disabled"}}, False, False, False),
+])
+def test_the_deepseek_fake_applies_the_thinking_mode_guide(model, extra, earlier_reasoning, plain_reasoning,
+                                                            refused):
+    server = FakeProvider(family="deepseek", model=model)
+    body = {"model": model, "messages": _turns(earlier_reasoning=earlier_reasoning, plain_reasoning=plain_reasoning),
+            **extra}
+    try:
+        client = ChatClient(ProviderSettings(base_url=server.url, model=model), None)
+        if refused:
+            with pytest.raises(ProviderError) as err:
+                client.send(json.dumps(body).encode(), 5)
+            assert err.value.status == 400 and server.refused
+            assert "Missing `reasoning_content` field in the assistant message at message index 1." in \
+                err.value.message
+        else:
+            server.add(answer("fine"))
+            reply = parse(client.send(json.dumps(body).encode(), 5), 1)
+            assert (reply.reasoning is not None) == (model == "deepseek-reasoner" and not extra) and not server.refused
     finally:
         server.close()
 
@@ -281,6 +327,7 @@ def test_the_providers_message_and_what_to_change_reach_the_run(tmp_path):
 
 
 def test_a_provider_dripping_bytes_is_cut_at_the_total_deadline():
+    # One family: the deadline of the HTTP exchange, which no family's rules touch.
     server = FakeProvider()
     server.add(Step(answer("far too slow " * 20), drip_s=0.2))  # a byte every 0.2 s: each read is quick
     try:
@@ -309,7 +356,8 @@ def test_the_next_estimate_is_never_below_what_the_provider_counted():
 def test_an_over_counting_provider_passes_a_budget_by_at_most_its_first_request():
     """A provider that counts three tokens for every one estimated: after its first count the
     next request is estimated from it (never from bytes alone), so the run stops before the
-    request that would have passed the budget (estimated from bytes, it would have been sent)."""
+    request that would have passed the budget (estimated from bytes, it would have been sent).
+    One family: the estimate is the child's own arithmetic on what any provider counts."""
     server = FakeProvider()
     counted = []
 

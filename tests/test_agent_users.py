@@ -2,20 +2,33 @@
 runs as root, so the user switch is real): the child becomes `[agent] user`, cannot read
 the state directory and is not dumpable; it calls tools on a connection of its own that
 trusts its token only; who may write AI tasks and ask follows the permission model; the
-provider's key is read by the child alone."""
+provider's key is read by the child alone. Every test that sends a request runs against each
+provider family's conformance fake: a refusal fails it, naming the family."""
 
 from __future__ import annotations
 
 import json
 import os
 import pwd
+import re
 import subprocess
 import sys
 
 import pytest
 
-from agent_support import agent_config, ai_task, log, record, start_and_wait, until, wait
-from fake_provider import FakeProvider, Step, answer, tool_call
+from agent_support import (
+    EVERY_FAMILY,
+    agent_config,
+    ai_task,
+    fake,
+    log,
+    no_refusals,
+    record,
+    start_and_wait,
+    until,
+    wait,
+)
+from fake_provider import Step, answer, tool_call
 
 pytestmark = pytest.mark.e2e
 
@@ -23,10 +36,11 @@ root_only = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs 
 
 
 @pytest.fixture
-def provider():
-    p = FakeProvider()
+def provider(request):
+    p = fake(getattr(request, "param", "openai"))
     yield p
     p.close()
+    no_refusals(p)
 
 
 def _status(pid: int) -> dict[str, str]:
@@ -62,6 +76,7 @@ def _can_read_as(uid: int, gid: int, path: str) -> bool:
 
 
 @root_only
+@EVERY_FAMILY
 def test_the_child_becomes_the_agent_user_before_it_talks_to_the_provider(provider, daemon_factory):
     d = daemon_factory(config=agent_config(provider)).start()
     nobody = pwd.getpwnam("nobody")
@@ -120,6 +135,7 @@ def test_an_agent_user_that_could_read_the_state_directory_is_refused_at_start(d
     assert line.startswith("qledge: invalid_argument: [agent] user") and reason in line, line
 
 
+@EVERY_FAMILY
 def test_every_call_of_the_child_is_its_runs_principal(provider, daemon_factory):
     d = daemon_factory(config=agent_config(provider)).start()
     provider.add(tool_call("qinglong.run.list", {}), answer("ok"))
@@ -135,10 +151,11 @@ def test_every_call_of_the_child_is_its_runs_principal(provider, daemon_factory)
     assert len(rows) == 4  # the list, two rounds reported, the outcome
 
 
+@EVERY_FAMILY
 def test_an_operator_writes_ai_tasks_without_secret_use_or_privilege(provider, daemon_factory):
     d = daemon_factory(config=agent_config(provider)).start()
     _, operator = d.token("operator")
-    provider.add(answer("fine"))
+    provider.add(answer("fine"), answer("nothing else"))
     created = d.call("qledge.task.create", {"taskId": "look", "spec": {"command": {
         "kind": "agent", "instruction": "Anything odd last night?"}}}, token=operator)
     assert created["spec"].get("user") is None and created["privileged"] is False
@@ -146,8 +163,12 @@ def test_an_operator_writes_ai_tasks_without_secret_use_or_privilege(provider, d
     assert wait(d, run["id"])["status"] == "succeeded"
     asked = d.cli("ask", "anything", "else?", token=operator)
     assert asked.returncode == 0, asked.stderr
+    queued = re.match(r"run (\S+) ", asked.stdout)  # without --wait: the run, its answer to come in its log
+    assert queued, asked.stdout
+    assert wait(d, queued.group(1))["status"] == "succeeded"
 
 
+# Refused before any run starts (as the next test's calls are): no request, one family.
 def test_an_ai_task_names_no_user_environment_or_directory(provider, daemon_factory):
     d = daemon_factory(config=agent_config(provider)).start()
     for extra, field in ((({"user": "root"}), "user"), ({"env": {"A": {"secret": "k"}}}, "env"),
@@ -175,6 +196,7 @@ def test_a_credential_that_could_not_read_cannot_write_an_ai_task_or_ask(provide
     assert result.returncode == 1 and "permission_denied" in result.stderr
 
 
+@EVERY_FAMILY
 def test_the_key_is_the_childs_alone(provider, daemon_factory, home):
     """The key file is 0600 and read by the child before it switches users: no tool returns
     it, no log or record holds it, and the user the child becomes cannot open the file."""

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from agent_support import agent_config
+from agent_support import agent_config, no_refusals
 from fake_provider import FakeProvider, answer, tool_call
 from mcp_support import bridge_env
 from notify_support import Loopback
@@ -31,9 +31,12 @@ def _clean(what: str, text: str) -> None:
 
 @pytest.fixture
 def provider():
+    # One family: the subject is what leaves the daemon through every way out, the same for
+    # each; the operator's own tests run against every family.
     p = FakeProvider()
     yield p
     p.close()
+    no_refusals(p)
 
 
 @pytest.fixture

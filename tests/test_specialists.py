@@ -13,8 +13,10 @@ import re
 import pytest
 
 from agent_support import (
+    DEEPSEEK_CHAT,
     agent_config,
     ai_task,
+    fake,
     log,
     no_refusals,
     record,
@@ -52,9 +54,7 @@ SA = "schedule-advisor"
 
 @pytest.fixture(params=FAMILIES)
 def provider(request):
-    # Gemini's calls keep their ids here: the ledger's sources name them (the operator's tests
-    # cover the ids Gemini leaves empty).
-    p = FakeProvider(family=request.param, empty_ids=False)
+    p = fake(request.param)
     yield p
     p.close()
     no_refusals(p)
@@ -66,6 +66,18 @@ def agent(provider, daemon_factory):
         return daemon_factory(config=agent_config(provider, extra, **keys)).start()
 
     return start
+
+
+def cid(provider: FakeProvider, scripted: str, round_: int) -> str:
+    """The id a call is named by (in the ledger's sources, in its answer): the model's own, or,
+    as Gemini's endpoint sends every call with an empty id, the one qledge makes up for it."""
+    return f"call_{round_}_0" if provider.family.name == "gemini" else scripted
+
+
+def sourced(provider: FakeProvider, text: str) -> str:
+    """`text` with each "round N call ID" naming the call as `cid` does."""
+    return re.sub(r"round (\d+) call ([A-Za-z0-9_]+)",
+                  lambda m: f"round {m.group(1)} call {cid(provider, m.group(2), int(m.group(1)))}", text)
 
 
 def _asked(d, question: str = "why did backup fail?") -> str:
@@ -104,11 +116,12 @@ def test_the_delegation_leaves_the_twelve_message_window_and_is_still_delivered(
                                                                          f"REPLY-{i}")] + ["ASK-8: look at run 8"]
     assert "ASK-1" not in json.dumps(last.body) and "REPLY-1" not in json.dumps(last.body)
     # ... and still holds the current scope, the correction and the open item, with ids, versions and sources.
-    assert constraint_lines(last) == [
+    assert constraint_lines(last) == [sourced(provider, line) for line in (
         f"[c1] delegation v1, from attempt 1 round 1 call call_d: {DELEGATION}",
         f"[c3] correction v1, from attempt 1 round 2 call call_c: {CORR_1}",
-    ]
-    assert f"[w2] {ITEM} (acceptance: names the exit code; from attempt 1 round 1 call call_d)" in system(last)
+    )]
+    assert sourced(provider, f"[w2] {ITEM} (acceptance: names the exit code; from attempt 1 round 1 call call_d)") \
+        in system(last)
     assert all(constraint_lines(r) == constraint_lines(last) for r in asks)
     assert all(is_specialist(r) and r.body[tokens_key(provider)] == 1024 for r in asks)
     rounds = _specialist_rounds(d, run_id)
@@ -134,7 +147,8 @@ def test_the_delegation_leaves_the_64_kib_window_and_is_still_delivered(agent, p
     assert [c.split(":")[0] if c.startswith("ASK") else c for c in fourth] == [
         "REPLY-1", "ASK-2", "REPLY-2", "ASK-3", "REPLY-3", "ASK-4"]
     assert sum(len(c.encode()) for c in fourth[:-1]) <= 64 * 1024
-    assert constraint_lines(asks[3]) == [f"[c1] delegation v1, from attempt 1 round 1 call call_d: {DELEGATION}"]
+    assert constraint_lines(asks[3]) == [sourced(provider, f"[c1] delegation v1, from attempt 1 round 1 call call_d:"
+                                                           f" {DELEGATION}")]
 
 
 def test_the_context_window_trim_drops_history_first(agent, provider):
@@ -190,7 +204,8 @@ def test_a_message_too_long_for_the_window_is_withdrawn_and_the_specialist_goes_
     assert overflow["code"] == "context_overflow" and "the message was withdrawn" in overflow["message"]
     (sent,) = specialist_requests(provider)
     assert conversation(sent) == ["ASK-2: shorter"] and "TOO-LONG" not in json.dumps(sent.body)
-    assert constraint_lines(sent) == [f"[c1] delegation v1, from attempt 1 round 1 call call_d: {DELEGATION}"]
+    assert constraint_lines(sent) == [sourced(provider, f"[c1] delegation v1, from attempt 1 round 1 call call_d:"
+                                                        f" {DELEGATION}")]
     assert rows(d, "SELECT text, status FROM agent_messages") == [("ASK-2: shorter", "consumed")]
     assert [r["specialist"]["historySent"] for r in _specialist_rounds(d, run_id)] == [0]
 
@@ -198,15 +213,17 @@ def test_a_message_too_long_for_the_window_is_withdrawn_and_the_specialist_goes_
 # -- 3, 4, 6 and "Done means": the scripted mission through qledge ask --------------------------
 
 
+@pytest.mark.parametrize("provider", [*FAMILIES, DEEPSEEK_CHAT], indirect=True)
 def test_the_scripted_mission_delegates_corrects_revokes_survives_a_restart_and_a_retry(provider, daemon_factory):
     m = mission(daemon_factory, provider)
     d = m.second
     assert m.retry_out.startswith("The backup failed because /mnt/usb filled up")
     s1, s2, s3, s4, s5 = specialist_requests(provider)
     c = {name: m.ids[name] for name in ("delegation", "corr_1", "corr_2", "corr_3")}
-    deleg = f"[{c['delegation']}] delegation v1, from attempt 1 round 1 call call_d1: {DELEGATION}"
-    corr_1 = f"[{c['corr_1']}] correction v1, from attempt 1 round 2 call call_c1: {CORR_1}"
-    corr_2 = f"[{c['corr_2']}] correction v2, replaces {c['corr_1']}, from attempt 1 round 5 call call_c2: {CORR_2}"
+    deleg = sourced(provider, f"[{c['delegation']}] delegation v1, from attempt 1 round 1 call call_d1: {DELEGATION}")
+    corr_1 = sourced(provider, f"[{c['corr_1']}] correction v1, from attempt 1 round 2 call call_c1: {CORR_1}")
+    corr_2 = sourced(provider, f"[{c['corr_2']}] correction v2, replaces {c['corr_1']}, from attempt 1 round 5 call"
+                               f" call_c2: {CORR_2}")
     # Every request carries every constraint in force then, and nothing else.
     assert constraint_lines(s1) == [deleg, corr_1]
     assert constraint_lines(s2) == constraint_lines(s3) == constraint_lines(s4) == constraint_lines(s5) == [
@@ -233,10 +250,10 @@ def test_the_scripted_mission_delegates_corrects_revokes_survives_a_restart_and_
     # The ledger rows keep their source bindings across the restart.
     assert rows(d, "SELECT 'c' || id, kind, version, status, source_attempt, source_round, source_call"
                    " FROM agent_constraints ORDER BY id") == [
-        (c["delegation"], "delegation", 1, "active", 1, 1, "call_d1"),
-        (c["corr_1"], "correction", 1, "superseded", 1, 2, "call_c1"),
-        (c["corr_2"], "correction", 2, "active", 1, 5, "call_c2"),
-        (c["corr_3"], "correction", 1, "revoked", 1, 6, "call_c3"),
+        (c["delegation"], "delegation", 1, "active", 1, 1, cid(provider, "call_d1", 1)),
+        (c["corr_1"], "correction", 1, "superseded", 1, 2, cid(provider, "call_c1", 2)),
+        (c["corr_2"], "correction", 2, "active", 1, 5, cid(provider, "call_c2", 5)),
+        (c["corr_3"], "correction", 1, "revoked", 1, 6, cid(provider, "call_c3", 6)),
     ]
     assert rows(d, "SELECT run_id, attempt FROM agent_attempts ORDER BY attempt") == [(m.run_1, 1), (m.run_2, 2)]
     # Each attempt is a run of its own, with its own principal, its own evidence.
@@ -282,15 +299,17 @@ def test_a_replaced_delegation_closed_items_and_a_revoked_delegation_are_never_s
     assert retried.returncode == 0 and retried.stdout == "attempt 2 done\n", retried.stderr
     run_2 = re.search(r"run (\S+) queued: attempt 2", retried.stderr).group(1)
     s1, s2, s3 = specialist_requests(provider)
-    assert constraint_lines(s1) == ["[c1] delegation v1, from attempt 1 round 1 call call_d1: SCOPE-ONE",
-                                    "[c4] correction v1, from attempt 1 round 2 call call_c1: CORR-ONE"]
+    assert constraint_lines(s1) == [sourced(provider, line) for line in (
+        "[c1] delegation v1, from attempt 1 round 1 call call_d1: SCOPE-ONE",
+        "[c4] correction v1, from attempt 1 round 2 call call_c1: CORR-ONE")]
     assert "[w2] ITEM-A" in system(s1) and "[w3] ITEM-B (acceptance: quotes the line;" in system(s1)
-    assert constraint_lines(s2) == [
+    assert constraint_lines(s2) == [sourced(provider, line) for line in (
         "[c8] delegation v2, replaces c1, from attempt 2 round 1 call call_d2: SCOPE-TWO",
-        "[c9] correction v2, replaces c4, from attempt 2 round 2 call call_c2: CORR-TWO"]
+        "[c9] correction v2, replaces c4, from attempt 2 round 2 call call_c2: CORR-TWO")]
     items = system(s2).split("Open work items:\n", 1)[1].splitlines()
-    assert items == ["[w3] ITEM-B (acceptance: quotes the line; from attempt 1 round 1 call call_d1)",
-                     "[w10] ITEM-C (from attempt 2 round 3 call call_i1)"]
+    assert items == [sourced(provider, line) for line in (
+        "[w3] ITEM-B (acceptance: quotes the line; from attempt 1 round 1 call call_d1)",
+        "[w10] ITEM-C (from attempt 2 round 3 call call_i1)")]
     assert constraint_lines(s3) == constraint_lines(s2)[1:]  # the delegation revoked: only the correction
     for later in (s2, s3):
         text = json.dumps(later.body)
@@ -302,13 +321,14 @@ def test_a_replaced_delegation_closed_items_and_a_revoked_delegation_are_never_s
     for r in provider.requests:
         if not is_specialist(r) and tool_messages(r):
             by_call[tool_messages(r)[-1]["tool_call_id"]] = last_result(r)
-    assert by_call["call_d2"]["superseded"] == "c1"
-    assert by_call["call_i1"]["workItems"] == [
+    assert by_call[cid(provider, "call_d2", 1)]["superseded"] == "c1"
+    assert by_call[cid(provider, "call_i1", 3)]["workItems"] == [
         {"id": "w2", "specialist": LA, "text": "ITEM-A", "status": "done"},
         {"id": "w10", "specialist": LA, "text": "ITEM-C", "status": "open"}]
-    assert by_call["call_i2"]["error"] == {"code": "conflict", "message": "work item w2 is already done"}
-    assert by_call["call_r1"]["constraint"]["status"] == "revoked"
-    assert by_call["call_c3"]["error"] == {"code": "conflict",
+    assert by_call[cid(provider, "call_i2", 4)]["error"] == {"code": "conflict",
+                                                             "message": "work item w2 is already done"}
+    assert by_call[cid(provider, "call_r1", 7)]["constraint"]["status"] == "revoked"
+    assert by_call[cid(provider, "call_c3", 8)]["error"] == {"code": "conflict",
                                            "message": "c4 was superseded by c9: it is no longer in force"}
     assert rows(d, "SELECT 'c' || id, kind, version, status, superseded_by, source_attempt FROM agent_constraints"
                    " ORDER BY id") == [
