@@ -9,6 +9,9 @@
   without `nobody` (one durable insert, spawn, wait, one durable update per run), and the
   CPU each side's own process spent per run (its threads, not its children; steadier than
   wall time on a busy machine).
+- the same runs of tasks that use a secret, so that each runs as a uid of its own ([runner]
+  dynamic_uids, with its own HOME and data directory): runs/s and the daemon's CPU per run,
+  and what the own uid adds to a run's CPU.
 - the spawn alone (edge.runner.process.spawn of `true`, as `nobody` and without a switch, one
   after another in a fresh interpreter): CPU and wall time per spawn, and the loop's busy
   time per spawn (outside its selector's wait): the stall every other call and run sees.
@@ -40,9 +43,15 @@ sys.path[:0] = [os.path.join(ROOT, "tests"), os.path.join(ROOT, "bench")]
 from daemons import machine  # noqa: E402
 from support import DaemonProcess  # noqa: E402
 
-FLOOR = os.environ.get("QLEDGE_FLOOR_DIR", os.path.join(os.path.dirname(ROOT), "..", "shared", "tools", "floor"))
+# ../shared/tools/floor beside the checkout (or beside the folder of worktrees it is in).
+FLOOR = os.environ.get("QLEDGE_FLOOR_DIR") or next(
+    (d for d in (os.path.join(os.path.dirname(ROOT), *up, "shared", "tools", "floor") for up in ((), ("..",)))
+     if os.path.isdir(d)), os.path.join(os.path.dirname(ROOT), "shared", "tools", "floor"))
 IN_OPEN = 0x20
-TASKS = ("b1", "b2", "b3", "b4")  # retention keeps 100 runs a task: none is pruned before it is waited for
+TASKS = ("b1", "b2", "b3", "b4")
+# The same tasks with a secret in their environment: each runs as a uid of its own ([runner]
+# dynamic_uids), with its own HOME and data directory; the difference is what that costs a run.
+OWN_UID_TASKS = ("s1", "s2", "s3", "s4")  # retention keeps 100 runs a task: none is pruned before it is waited for
 
 FLOOR_SPAWN = r"""
 import asyncio, pwd, sys, time
@@ -169,7 +178,7 @@ def floor_exec_ms(python: str, exe: str, watch: ExecWatch, n: int) -> tuple[floa
     return statistics.median(to_exec), statistics.median(awaited)
 
 
-def qledge_runs_per_s(daemon: DaemonProcess, n: int) -> float:
+def qledge_runs_per_s(daemon: DaemonProcess, n: int, tasks: tuple[str, ...] = TASKS) -> float:
     from edge.cli.client import CallFailed
 
     with daemon.client() as client:
@@ -177,7 +186,7 @@ def qledge_runs_per_s(daemon: DaemonProcess, n: int) -> float:
         ids: list[str] = []
         while len(ids) < n:
             try:
-                ids.append(client.call("qledge.run.start", {"taskId": TASKS[len(ids) % len(TASKS)]})["id"])
+                ids.append(client.call("qledge.run.start", {"taskId": tasks[len(ids) % len(tasks)]})["id"])
             except CallFailed as exc:
                 if exc.code != "resource_exhausted":
                     raise
@@ -237,6 +246,12 @@ def main() -> None:
             for task in TASKS:
                 client.call("qledge.task.create", {"taskId": task, "spec": {
                     "command": {"kind": "argv", "file": "true"}, "overlap": "allow"}})
+            client.call("qledge.secret.set", {"name": "BENCH_S", "value": "bench-secret-value"})
+            for task in OWN_UID_TASKS:
+                client.call("qledge.task.create", {"taskId": task, "spec": {
+                    "command": {"kind": "argv", "file": "true"}, "overlap": "allow",
+                    "env": {"S": {"secret": "BENCH_S"}}}})
+        qledge_runs_per_s(daemon, 8, OWN_UID_TASKS)  # each task's uid allocated before the count
         qledge_exec_ms(daemon, watch, 5)  # warm up both sides
         floor_exec_ms(python, exe, watch, 5)
         # What the floor's process costs without runs (start-up, the database): taken off its CPU per run.
@@ -251,6 +266,9 @@ def main() -> None:
                     cpu0 = cpu_s(daemon.pid)
                     got["qledge_runs_per_s"] = qledge_runs_per_s(daemon, opts.runs)
                     got["qledge_cpu_ms_per_run"] = (cpu_s(daemon.pid) - cpu0) / opts.runs * 1000
+                    cpu0 = cpu_s(daemon.pid)
+                    got["own_uid_runs_per_s"] = qledge_runs_per_s(daemon, opts.runs, OWN_UID_TASKS)
+                    got["own_uid_cpu_ms_per_run"] = (cpu_s(daemon.pid) - cpu0) / opts.runs * 1000
                 else:
                     got["floor_exec_ms"], got["floor_spawn_await_ms"] = floor_exec_ms(python, exe, watch, opts.execs)
                     for user, name in (("nobody", "nobody"), (None, "no_switch")):
@@ -261,6 +279,7 @@ def main() -> None:
             got["runs_ratio_nobody"] = got["qledge_runs_per_s"] / got["floor_runs_per_s_nobody"]
             got["runs_ratio_no_switch"] = got["qledge_runs_per_s"] / got["floor_runs_per_s_no_switch"]
             got["cpu_per_run_ratio_nobody"] = got["qledge_cpu_ms_per_run"] / got["floor_cpu_ms_per_run_nobody"]
+            got["own_uid_extra_cpu_ms_per_run"] = got["own_uid_cpu_ms_per_run"] - got["qledge_cpu_ms_per_run"]
             reps.append(got)
             print(f"rep {rep + 1}: " + "  ".join(f"{k} {v:.3g}" for k, v in got.items()), flush=True)
     finally:
