@@ -104,6 +104,13 @@ def test_missing_time_zone_data_is_found(running, tmp_path):
     assert str(empty) in check["detail"] and "zoneinfo-core" in check["fix"] and "tzdata" in check["fix"]
 
 
+def test_a_tz_the_system_does_not_know_is_one_failed_check(running):
+    done = doctor(running, "--json", env={"TZ": "Nowhere/City"})
+    assert done.returncode == 2 and failed(done) == {"time zone"}, done.stdout + done.stderr
+    check = by_name(done)["time zone"]
+    assert "TZ='Nowhere/City' is not a time zone this system knows" in check["detail"] and "unset TZ" in check["fix"]
+
+
 def test_a_capability_configured_but_not_importable_is_found(running, tmp_path):
     # psycopg that cannot load its libpq raises ImportError on import, as a broken install does.
     shadow = tmp_path / "shadow" / "psycopg"
