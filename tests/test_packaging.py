@@ -9,6 +9,7 @@ import io
 import json
 import os
 import re
+import shlex
 import shutil
 import stat
 import subprocess
@@ -288,10 +289,10 @@ def ipk(ipks):
     return ipks["qledge"]
 
 
-def test_the_builder_makes_qledge_qledge_mcp_and_python3_cronsim(ipks):
+def test_the_builder_makes_qledge_its_add_ons_luci_app_qledge_and_python3_cronsim(ipks):
     from importlib.metadata import version as dist_version
 
-    assert set(ipks) == {"qledge", "qledge-mcp", "python3-cronsim"}
+    assert set(ipks) == {"qledge", "qledge-mcp", "qledge-web", "luci-app-qledge", "python3-cronsim"}
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
     site = f"./usr/lib/python{py}/site-packages/"
     name, blob = ipks["python3-cronsim"]
@@ -324,6 +325,114 @@ def test_both_builds_ship_the_same_files_notifications_included(ipk, tmp_path):
     with open(os.path.join(ROOT, "openwrt", "qledge", "Makefile")) as f:
         makefile = f.read()
     assert "build_openwrt.py --sources" in makefile and "$(QLEDGE_SOURCES) qledge-mcp" in makefile
+
+
+def _data_files(blob: bytes, under: str) -> list[str]:
+    data = _members(_read(blob, "./data.tar.gz"))
+    return sorted(n[len(under):] for n in data if n.startswith(under) and data[n].isfile())
+
+
+def test_qledge_web_ships_the_panel_and_its_static_files_in_both_builds(ipks, tmp_path):
+    result = _run_build("packaging/build_openwrt.py", "--sources", "qledge-web", str(tmp_path / "w"))
+    assert result.returncode == 0, result.stderr
+    sources = sorted(os.path.relpath(os.path.join(d, f), tmp_path / "w")
+                     for d, _, fs in os.walk(tmp_path / "w") for f in fs)
+    assert sources == sorted(set(build.profile_files("web")) - set(build.profile_files("edge-notify")))
+    assert "edge/web/command.py" in sources and "edge/web/static/index.html" in sources
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    shipped = _data_files(ipks["qledge-web"][1], f"./usr/lib/python{py}/site-packages/")
+    # bytecode for the Python files, the static files as they are
+    assert shipped == sorted(s + "c" if s.endswith(".py") else s for s in sources)
+    control = _read(_read(ipks["qledge-web"][1], "./control.tar.gz"), "./control").decode()
+    assert f"Depends: qledge (= {edge.__version__}-r{build_openwrt.RELEASE})\n" in control
+    with open(os.path.join(ROOT, "openwrt", "qledge", "Makefile")) as f:
+        makefile = f.read()
+    assert "$(QLEDGE_SOURCES) qledge-web" in makefile and "$(eval $(call BuildPackage,qledge-web))" in makefile
+    assert _makefile_depends(os.path.join(ROOT, "openwrt", "qledge", "Makefile"), "qledge-web") == {"qledge"}
+
+
+def _install(blobs: list[bytes]) -> str:
+    """The packages' data trees unpacked into one scratch root, as opkg would lay them down."""
+    root = short_tmpdir()
+    for blob in blobs:
+        with tarfile.open(fileobj=io.BytesIO(_read(blob, "./data.tar.gz")), mode="r:gz") as tar:
+            tar.extractall(root, filter="data")
+    return root
+
+
+def test_qledge_and_qledge_web_together_serve_the_panel(ipks, daemon):
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    alone, both = _install([ipks["qledge"][1]]), _install([ipks["qledge"][1], ipks["qledge-web"][1]])
+    try:
+        without = subprocess.run([*system_python(os.path.join(alone, f"usr/lib/python{py}/site-packages")),
+                                  "web", "--help"], capture_output=True, text=True, timeout=60)
+        assert without.returncode == 2 and "the web panel is not included in this build" in without.stderr
+        site = os.path.join(both, f"usr/lib/python{py}/site-packages")
+        helped = subprocess.run([*system_python(site), "web", "--help"], capture_output=True, text=True, timeout=60)
+        assert helped.returncode == 0, helped.stderr
+        assert helped.stdout.startswith("usage: qledge web ")
+        # The panel itself, from the unpacked packages alone (-I -S: not this checkout's edge).
+        python = os.path.join(both, "python-from-packages")
+        with open(python, "w") as f:
+            f.write('#!/bin/sh\n[ "$1 $2" = "-m edge" ] && shift 2\n'
+                    f'exec {" ".join(shlex.quote(a) for a in system_python(site))} "$@"\n')
+        os.chmod(python, 0o755)
+        from web_support import WebProcess
+
+        web = WebProcess(daemon, python=python)
+        try:
+            status, _, body = web.request("GET", "/static/strings.js")
+            with open(os.path.join(site, "edge", "web", "static", "strings.js"), "rb") as f:
+                assert status == 200 and body == f.read()
+            assert web.request("GET", "/")[0] == 200
+        finally:
+            web.stop()
+    finally:
+        shutil.rmtree(alone, ignore_errors=True)
+        shutil.rmtree(both, ignore_errors=True)
+
+
+LUCI = os.path.join(ROOT, "openwrt", "luci-app-qledge")
+
+
+def test_luci_app_qledge_is_laid_out_as_luci_mk_does_and_needs_the_panel(ipks):
+    name, blob = ipks["luci-app-qledge"]
+    assert name == f"luci-app-qledge_{edge.__version__}-r{build_openwrt.RELEASE}_all.ipk"
+    expected = {}
+    for top, under in (("htdocs", "www/"), ("root", "")):
+        for d, _, fs in os.walk(os.path.join(LUCI, top)):
+            for f in fs:
+                path = os.path.join(d, f)
+                expected["./" + under + os.path.relpath(path, os.path.join(LUCI, top))] = (
+                    0o755 if os.access(path, os.X_OK) else 0o644)
+    data = _members(_read(blob, "./data.tar.gz"))
+    assert {n: m.mode for n, m in data.items() if m.isfile()} == expected
+    assert "./www/luci-static/resources/view/qledge/panel.js" in expected and expected["./etc/init.d/qledge-web"] == 0o755
+    control_blob = _read(blob, "./control.tar.gz")
+    fields = dict(line.split(": ", 1) for line in _read(control_blob, "./control").decode().splitlines()
+                  if not line.startswith(" "))
+    assert fields["Depends"] == "luci-base, qledge-web" and fields["Architecture"] == "all"
+    assert _read(control_blob, "./conffiles") == b"/etc/config/qledge-web\n"
+    postinst = _read(control_blob, "./postinst").decode()
+    assert "default_postinst" in postinst and "rm -f /tmp/luci-indexcache" in postinst
+    # The SDK's build: luci.mk, the same dependencies.
+    with open(os.path.join(LUCI, "Makefile")) as f:
+        makefile = f.read()
+    assert "include $(TOPDIR)/feeds/luci/luci.mk" in makefile
+    assert re.search(r"^LUCI_DEPENDS:=(.*)$", makefile, re.M).group(1).split() == ["+luci-base", "+qledge-web"]
+    assert "LUCI_PKGARCH:=all" in makefile
+    tmp = short_tmpdir()
+    try:
+        tree, scripts = build_openwrt.stage_apk(tmp, "luci-app-qledge")
+        info, _ = _mkpkg_info(build_openwrt.mkpkg_argv("apk", tree, scripts, os.path.join(tmp, "o.apk"),
+                                                       "luci-app-qledge"))
+        assert info["depends"].split() == ["luci-base", "qledge-web"] and info["arch"] == "noarch"
+        with open(os.path.join(tree, "lib/apk/packages/luci-app-qledge.conffiles")) as f:
+            assert f.read() == "/etc/config/qledge-web\n"
+        with open(scripts["post-install"]) as f:
+            assert "rm -f /tmp/luci-indexcache" in f.read()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_ipk_layout_control_fields_and_modes(ipk):
@@ -830,6 +939,11 @@ def test_openwrt_depends_cover_every_import_of_the_package():
                 assert name in sys.stdlib_module_names or name in THIRD_PARTY, f"{rel} imports {name}"
                 needed.add(THIRD_PARTY.get(name, "python3-light"))
     assert "python3-openssl" not in needed  # the daemon blocks ssl/_hashlib; shipping them costs MiBs
+    # qledge-web (it depends on qledge) needs nothing qledge does not bring; ssl only for its own TLS.
+    for _, rel in build_openwrt.qledge_sources("qledge-web"):
+        for name in _imports(os.path.join(ROOT, rel)) - {"edge", "__future__", "ssl"}:
+            assert name not in OPENWRT_SPLIT or OPENWRT_SPLIT[name] in needed, f"{rel} imports {name}"
+            assert name in sys.stdlib_module_names or name in THIRD_PARTY, f"{rel} imports {name}"
     makefile = _makefile_depends(os.path.join(ROOT, "openwrt", "qledge", "Makefile"), "qledge")
     assert needed <= makefile, needed - makefile
     ipk = {d.split(" (")[0] for d in build_openwrt.DEPENDS}
@@ -1038,11 +1152,13 @@ case "$1" in
     p=${1#package/}; p=${p%/compile}
     mkdir -p bin/packages/mipsel_24kc/qledge
     case "$p" in
-      python-*) n=python3-${p#python-} ;;
-      *) n=$p ;;
+      python-*) n=python3-${p#python-}_1.0-r1_mipsel_24kc ;;
+      *) n=${p}_1.0-r1_all ;;
     esac
-    touch "bin/packages/mipsel_24kc/qledge/${n}_1.0-r1_mipsel_24kc.ipk"
-    [ "$p" = qledge ] && touch bin/packages/mipsel_24kc/qledge/qledge-mcp_1.0-r1_all.ipk
+    touch "bin/packages/mipsel_24kc/qledge/$n.ipk"
+    if [ "$p" = qledge ]; then
+      touch bin/packages/mipsel_24kc/qledge/qledge-mcp_1.0-r1_all.ipk bin/packages/mipsel_24kc/qledge/qledge-web_1.0-r1_all.ipk
+    fi
     ;;
 esac
 exit 0
@@ -1085,23 +1201,26 @@ def test_sdk_build_does_the_whole_route_and_prints_the_install_command(tmp_path)
     done = _sdk_build(sdk, env, "--out", str(out))
     assert done.returncode == 0, done.stderr
     log = (tmp_path / "log").read_text().splitlines()
-    packages = ["python-msgspec", "python-apsw", "python-cronsim", "qledge"]
+    packages = ["python-msgspec", "python-apsw", "python-cronsim", "qledge", "luci-app-qledge"]
     assert log[:2] == ["feeds update -a", "feeds install -a -p qledge"]
     assert log[2] == "make defconfig"
-    assert log[3:7] == [f"make package/{p}/check APSW_SQLITE=bundled V=s" for p in packages]
-    assert [line.split(" -j")[0] for line in log[7:]] == [f"make package/{p}/compile APSW_SQLITE=bundled"
+    assert log[3:8] == [f"make package/{p}/check APSW_SQLITE=bundled V=s" for p in packages]
+    assert [line.split(" -j")[0] for line in log[8:]] == [f"make package/{p}/compile APSW_SQLITE=bundled"
                                                          for p in packages]
     assert f"src-link qledge {ROOT}/openwrt" in (sdk / "feeds.conf").read_text()
     assert "compiles in its pinned SQLite amalgamation" in done.stdout
     assert sorted(os.listdir(out)) == sorted([
         "python3-msgspec_1.0-r1_mipsel_24kc.ipk", "python3-apsw_1.0-r1_mipsel_24kc.ipk",
-        "python3-cronsim_1.0-r1_mipsel_24kc.ipk", "qledge_1.0-r1_mipsel_24kc.ipk", "qledge-mcp_1.0-r1_all.ipk"])
+        "python3-cronsim_1.0-r1_mipsel_24kc.ipk", "qledge_1.0-r1_all.ipk", "qledge-mcp_1.0-r1_all.ipk",
+        "qledge-web_1.0-r1_all.ipk", "luci-app-qledge_1.0-r1_all.ipk"])
     lines = done.stdout.splitlines()
     feed = next(line for line in lines if line.strip().startswith("opkg update && opkg install")).split()[5:]
     assert set(feed) == _feed_needs()
-    local = next(line for line in lines if line.strip().startswith("opkg install ./")).split()[2:]
+    local, web = [line.split()[2:] for line in lines if line.strip().startswith("opkg install ./")]
     assert local == ["./python3-msgspec_1.0-r1_mipsel_24kc.ipk", "./python3-apsw_1.0-r1_mipsel_24kc.ipk",
-                     "./python3-cronsim_1.0-r1_mipsel_24kc.ipk", "./qledge_1.0-r1_mipsel_24kc.ipk"]
+                     "./python3-cronsim_1.0-r1_mipsel_24kc.ipk", "./qledge_1.0-r1_all.ipk"]
+    assert web == ["./qledge-web_1.0-r1_all.ipk", "./luci-app-qledge_1.0-r1_all.ipk"]
+    assert "CONFIG_PACKAGE_qledge-web=m\nCONFIG_PACKAGE_luci-app-qledge=m\n" in (sdk / ".config").read_text()
     again = _sdk_build(sdk, env, "--out", str(out))  # a second run adds no second feed line
     assert again.returncode == 0 and (sdk / "feeds.conf").read_text().count("src-link qledge") == 1
 
