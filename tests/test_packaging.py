@@ -407,7 +407,8 @@ def test_luci_app_qledge_is_laid_out_as_luci_mk_does_and_needs_the_panel(ipks):
                     0o755 if os.access(path, os.X_OK) else 0o644)
     data = _members(_read(blob, "./data.tar.gz"))
     assert {n: m.mode for n, m in data.items() if m.isfile()} == expected
-    assert "./www/luci-static/resources/view/qledge/panel.js" in expected and expected["./etc/init.d/qledge-web"] == 0o755
+    assert "./www/luci-static/resources/view/qledge/panel.js" in expected
+    assert expected["./etc/init.d/qledge-web"] == 0o755
     control_blob = _read(blob, "./control.tar.gz")
     fields = dict(line.split(": ", 1) for line in _read(control_blob, "./control").decode().splitlines()
                   if not line.startswith(" "))
@@ -1157,7 +1158,8 @@ case "$1" in
     esac
     touch "bin/packages/mipsel_24kc/qledge/$n.ipk"
     if [ "$p" = qledge ]; then
-      touch bin/packages/mipsel_24kc/qledge/qledge-mcp_1.0-r1_all.ipk bin/packages/mipsel_24kc/qledge/qledge-web_1.0-r1_all.ipk
+      touch bin/packages/mipsel_24kc/qledge/qledge-mcp_1.0-r1_all.ipk \\
+        bin/packages/mipsel_24kc/qledge/qledge-web_1.0-r1_all.ipk
     fi
     ;;
 esac
