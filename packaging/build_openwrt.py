@@ -3,6 +3,7 @@
 
     python packaging/build_openwrt.py --format ipk|apk --out DIR [--package NAME]...
     python packaging/build_openwrt.py --sources NAME DIR
+    python packaging/build_openwrt.py --format ipk --record bench/results/openwrt.json
 
 The packages: `qledge` (the daemon with notifications, as the SDK's feed package ships it),
 `qledge-mcp` (its MCP endpoint), `qledge-web` (the web panel, `qledge web`, with its static
@@ -25,7 +26,9 @@ include/package-pack.mk adds (/lib/apk/packages/qledge.list, .conffiles,
 `apk mkpkg` from apk-tools 3 (`--apk PATH`, e.g. the SDK's staging_dir/host/bin/apk).
 
 The output is reproducible: sorted entries, root ownership, fixed mtimes
-($SOURCE_DATE_EPOCH when set).
+($SOURCE_DATE_EPOCH when set). `--record FILE` writes what was built (each package's file,
+bytes and installed bytes) as JSON: docs/install-openwrt.md's sizes are generated from it
+(packaging/docs.py).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import gzip
 import importlib.metadata
 import importlib.util
 import io
+import json
 import os
 import py_compile
 import shutil
@@ -42,6 +46,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from collections.abc import Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -498,6 +503,33 @@ def build_apk(out: str, apk: str | None = None, name: str = NAME) -> str:
     return path
 
 
+def ipk_installed_size(path: str) -> int:
+    """The Installed-Size of a built .ipk's control file."""
+    with tarfile.open(path, mode="r:gz") as outer:
+        control_tar = outer.extractfile("./control.tar.gz")
+        assert control_tar is not None
+        with tarfile.open(fileobj=io.BytesIO(control_tar.read()), mode="r:gz") as inner:
+            control = inner.extractfile("./control")
+            assert control is not None
+            fields = dict(line.split(": ", 1) for line in control.read().decode().splitlines() if ": " in line)
+    return int(fields["Installed-Size"])
+
+
+def record(path: str, fmt: str, built: dict[str, str]) -> None:
+    """What this run built, for the generated sizes of docs/install-openwrt.md."""
+    packages = {}
+    for name, file in built.items():
+        entry: dict[str, object] = {"file": os.path.basename(file), "bytes": os.path.getsize(file)}
+        if fmt == "ipk":
+            entry["installed_bytes"] = ipk_installed_size(file)
+        packages[name] = entry
+    data = {"measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "format": fmt, "python": PY,
+            "packages": packages}
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
 def copy_sources(package: str, dest: str) -> None:
     """The sources a qledge package ships (Python and static files), under dest/ as under site-packages/."""
     for src, rel in qledge_files(package):
@@ -515,6 +547,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--apk", metavar="PATH", help="apk-tools 3 binary for --format apk (default: apk on PATH)")
     parser.add_argument("--sources", nargs=2, metavar=("PACKAGE", "DIR"),
                         help="copy the sources of qledge, qledge-mcp or qledge-web into DIR (for the SDK's Makefile)")
+    parser.add_argument("--record", metavar="FILE",
+                        help="write what was built (files, bytes, installed bytes) as JSON to FILE")
     args = parser.parse_args(argv)
     try:
         if args.sources:
@@ -524,9 +558,13 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.format is None:
             parser.error("--format is required")
+        built = {}
         for name in args.package or list(PACKAGES):
             path = build_ipk(args.out, name) if args.format == "ipk" else build_apk(args.out, args.apk, name)
+            built[name] = path
             print(f"{os.path.basename(path)}: {os.path.getsize(path)} bytes (bytecode for Python {PY})")
+        if args.record:
+            record(args.record, args.format, built)
     except Unavailable as exc:
         print(f"build_openwrt: {exc}", file=sys.stderr)
         return 2

@@ -309,6 +309,23 @@ def test_the_builder_makes_qledge_its_add_ons_luci_app_qledge_and_python3_cronsi
     assert "Depends: qledge (= " in _read(_read(ipks["qledge-mcp"][1], "./control.tar.gz"), "./control").decode()
 
 
+def test_the_recorded_sizes_the_install_guide_shows_are_this_builds(ipks):
+    """docs/install-openwrt.md's sizes are generated from bench/results/openwrt.json
+    (build_openwrt.py --record): it names every package, and is refreshed when a package
+    has grown or shrunk by a tenth (bytecode differs between Python versions: same one only)."""
+    with open(os.path.join(ROOT, "bench", "results", "openwrt.json")) as f:
+        recorded = json.load(f)
+    assert set(recorded["packages"]) == set(build_openwrt.PACKAGES)
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if recorded["python"] != py or recorded["format"] != "ipk":
+        pytest.skip(f"recorded from Python {recorded['python']} {recorded['format']}s; this is {py}")
+    for name, (file, blob) in ipks.items():
+        entry = recorded["packages"][name]
+        assert abs(len(blob) - entry["bytes"]) <= entry["bytes"] / 10, (
+            f"{file} is {len(blob)} bytes, recorded {entry['bytes']}: run python packaging/build_openwrt.py"
+            " --format ipk --record bench/results/openwrt.json, then python packaging/docs.py")
+
+
 def test_both_builds_ship_the_same_files_notifications_included(ipk, tmp_path):
     """The SDK's Makefile copies what `--sources` names; the .ipk holds the bytecode of that."""
     result = _run_build("packaging/build_openwrt.py", "--sources", "qledge", str(tmp_path / "q"))
@@ -842,19 +859,60 @@ def _feed_needs() -> set[str]:
     return needs - LOCAL_PACKAGES - {"$(APSW_DEPENDS)"}
 
 
-@pytest.mark.parametrize("manager, update, install, suffix", [
-    ("opkg", "opkg update", "opkg install", "_"), ("apk", "apk update", "apk add", "-")])
-def test_openwrt_install_steps_list_every_package(manager, update, install, suffix):
+# Every file the two builds write, as named on the device: (package, file), opkg's
+# NAME_VERSION_ARCH.ipk and apk's NAME-VERSION.apk. A command's `./pattern` must name one.
+BUILT_PACKAGES = {"python3-msgspec": ("0.20.0-r1", "mipsel_24kc"), "python3-apsw": ("3.53.3.1-r1", "mipsel_24kc"),
+                  "python3-cronsim": ("2.8-r1", "all"), "qledge": ("0.1.0-r1", "all"),
+                  "qledge-mcp": ("0.1.0-r1", "all"), "qledge-web": ("0.1.0-r1", "all"),
+                  "luci-app-qledge": ("0.1.0-r1", "all")}
+
+
+def _built_files(manager: str) -> dict[str, str]:
+    return {(f"{n}_{v}_{arch}.ipk" if manager == "opkg" else f"{n}-{v}.apk"): n
+            for n, (v, arch) in BUILT_PACKAGES.items()}
+
+
+def _named_packages(manager: str, words: list[str]) -> set[str]:
+    """The packages the `./pattern` words install, each pattern matching exactly one file."""
+    import fnmatch
+
+    files = _built_files(manager)
+    named = set()
+    for word in words:
+        matched = sorted(files[f] for f in files if fnmatch.fnmatchcase(f, word[2:]))
+        assert len(matched) == 1, f"{word} installs {matched or 'nothing'}"
+        named.add(matched[0])
+    return named
+
+
+def test_the_built_files_check_would_catch_a_pattern_that_takes_more():
+    assert set(BUILT_PACKAGES) == set(build_openwrt.PACKAGES) | {"python3-msgspec", "python3-apsw"}
+    with pytest.raises(AssertionError, match="qledge-mcp"):
+        _named_packages("apk", ["./qledge-*.apk"])
+    assert _named_packages("apk", ["./qledge-[0-9]*.apk"]) == {"qledge"}
+    assert _named_packages("opkg", ["./qledge_*_all.ipk"]) == {"qledge"}
+
+
+def _install_words(block: str, install: str) -> list[str]:
+    return [w for c in _commands(block) if c.startswith(install) for w in c[len(install):].split()
+            if not w.startswith("-")]
+
+
+@pytest.mark.parametrize("manager, update, install", [
+    ("opkg", "opkg update", "opkg install"), ("apk", "apk update", "apk add")])
+def test_openwrt_install_steps_list_every_package(manager, update, install):
     section = _readme_section("Install on OpenWrt")
     block = next(b for b in _blocks(section, "sh") if b.startswith(update))
     commands = _commands(block)
     assert commands[0] == update  # the lists first
-    words = [w for c in commands if c.startswith(install) for w in c[len(install):].split() if not w.startswith("-")]
+    words = _install_words(block, install)
     feed = {w for w in words if not w.startswith("./")}
-    local = {w[2:].split(suffix + "*")[0] for w in words if w.startswith("./")}
-    assert local == LOCAL_PACKAGES, local
+    assert _named_packages(manager, [w for w in words if w.startswith("./")]) == LOCAL_PACKAGES
     assert feed == _feed_needs(), feed ^ _feed_needs()
     assert commands[-1] == "qledge status"
+    # The web panel's packages, each by its own name too.
+    web = next(b for b in _blocks(section, "sh") if b.startswith(f"{install} ") and "qledge-web" in b)
+    assert _named_packages(manager, _install_words(web, install)) == {"qledge-web", "luci-app-qledge"}
 
 
 # -- CLI socket discovery --------------------------------------------------------------
