@@ -15,6 +15,7 @@
 # The checks, before anything is compiled:
 #   - msgspec's build needs setuptools and setuptools-scm on the build host at the versions
 #     its sdist asks for; the feed's host packages must have them (else: update the feed).
+#   - luci-app-qledge is built with LuCI's luci.mk: the luci feed must be there.
 #   - apsw needs SQLite >= 3.53.0: with the feed's libsqlite3 when it is that new, else with
 #     the pinned SQLite amalgamation compiled in (--sqlite forces either; see
 #     openwrt/python-apsw/Makefile). The mode chosen is printed.
@@ -66,6 +67,7 @@ echo "sdk-build: feeds update and install (packages, qledge)"
 ./scripts/feeds install -a -p qledge
 
 # -- what the packages need of the feed ------------------------------------------------------
+[ -e feeds/luci/luci.mk ] || die "luci-app-qledge is built with LuCI's luci.mk, and there is no feeds/luci/luci.mk: add the luci feed to feeds.conf (feeds.conf.default has it)"
 makefile_var() {  # makefile_var FILE NAME: NAME:=value from FILE, or nothing
     [ -e "$1" ] && sed -n "s/^$2:=//p" "$1" | head -1
 }

@@ -1231,8 +1231,10 @@ echo "feeds $*" >> "$SDK_LOG"
 def _fake_sdk(tmp_path, setuptools="80.9.0", scm="8.3.1", sqlite="3510100"):
     sdk = tmp_path / "sdk"
     for rel in ("include", "scripts", "feeds/packages/lang/python/python-setuptools",
-                "feeds/packages/lang/python/python-setuptools-scm", "feeds/packages/libs/sqlite3", "bin"):
+                "feeds/packages/lang/python/python-setuptools-scm", "feeds/packages/libs/sqlite3", "feeds/luci",
+                "bin"):
         (sdk / rel).mkdir(parents=True, exist_ok=True)
+    (sdk / "feeds/luci/luci.mk").write_text("")
     (sdk / "rules.mk").write_text("")
     (sdk / "include/package.mk").write_text("")
     (sdk / "feeds.conf.default").write_text("src-git packages https://example.invalid/packages.git\n")
@@ -1300,6 +1302,14 @@ def test_sdk_build_refuses_a_feed_too_old_for_msgspec_before_compiling(tmp_path,
     done = _sdk_build(sdk, env)
     assert done.returncode == 1
     assert f"python3-msgspec needs host {missing}" in done.stderr and "update the packages feed" in done.stderr
+    assert "compile" not in (tmp_path / "log").read_text()
+
+
+def test_sdk_build_refuses_an_sdk_without_the_luci_feed_before_compiling(tmp_path):
+    sdk, env = _fake_sdk(tmp_path)
+    (sdk / "feeds/luci/luci.mk").unlink()
+    done = _sdk_build(sdk, env)
+    assert done.returncode == 1 and "add the luci feed to feeds.conf" in done.stderr
     assert "compile" not in (tmp_path / "log").read_text()
 
 
