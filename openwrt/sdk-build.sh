@@ -8,12 +8,14 @@
 # openwrt-sdk-*.tar.*). It adds this repository's openwrt/ directory as a feed, updates and
 # installs the feeds, checks what the packages need of the feeds, verifies the sources'
 # hashes (`make package/<name>/check`), compiles python3-msgspec, python3-apsw,
-# python3-cronsim, qledge and qledge-mcp, copies the .ipk or .apk files to
-# DIR (default ./dist/openwrt) and prints the command that installs them on the device.
+# python3-cronsim, qledge with qledge-mcp and qledge-web, and luci-app-qledge (with the SDK's
+# luci feed), copies the .ipk or .apk files to DIR (default ./dist/openwrt) and prints the
+# commands that install them on the device.
 #
 # The checks, before anything is compiled:
 #   - msgspec's build needs setuptools and setuptools-scm on the build host at the versions
 #     its sdist asks for; the feed's host packages must have them (else: update the feed).
+#   - luci-app-qledge is built with LuCI's luci.mk: the luci feed must be there.
 #   - apsw needs SQLite >= 3.53.0: with the feed's libsqlite3 when it is that new, else with
 #     the pinned SQLite amalgamation compiled in (--sqlite forces either; see
 #     openwrt/python-apsw/Makefile). The mode chosen is printed.
@@ -28,8 +30,8 @@ SDK=${1:-}
 shift
 OUT=$PWD/dist/openwrt
 SQLITE=
-# (qledge-mcp comes from the qledge source package, with it.)
-PACKAGES="python-msgspec python-apsw python-cronsim qledge"
+# (qledge-mcp and qledge-web come from the qledge source package, with it.)
+PACKAGES="python-msgspec python-apsw python-cronsim qledge luci-app-qledge"
 while [ $# -gt 0 ]; do
     case "$1" in
         --out) [ $# -ge 2 ] || usage; OUT=$(mkdir -p "$2" && cd "$2" && pwd); shift 2 ;;
@@ -65,6 +67,7 @@ echo "sdk-build: feeds update and install (packages, qledge)"
 ./scripts/feeds install -a -p qledge
 
 # -- what the packages need of the feed ------------------------------------------------------
+[ -e feeds/luci/luci.mk ] || die "luci-app-qledge is built with LuCI's luci.mk, and there is no feeds/luci/luci.mk: add the luci feed to feeds.conf (feeds.conf.default has it)"
 makefile_var() {  # makefile_var FILE NAME: NAME:=value from FILE, or nothing
     [ -e "$1" ] && sed -n "s/^$2:=//p" "$1" | head -1
 }
@@ -98,6 +101,8 @@ esac
     echo "CONFIG_PACKAGE_python3-cronsim=m"
     echo "CONFIG_PACKAGE_qledge=m"
     echo "CONFIG_PACKAGE_qledge-mcp=m"
+    echo "CONFIG_PACKAGE_qledge-web=m"
+    echo "CONFIG_PACKAGE_luci-app-qledge=m"
 } >>.config
 make defconfig >/dev/null
 JOBS=$(nproc 2>/dev/null || echo 1)
@@ -121,12 +126,19 @@ names=()
 for f in "${found[@]}"; do names+=("$(basename "$f")"); echo "  $(basename "$f")"; done
 
 # The command that installs them (from the directory they are copied to on the device).
-want() { printf '%s\n' "${names[@]}" | grep -E "^$1[-_][0-9]" | grep -v -E '^qledge-mcp' | head -1; }
+# Each file by its exact name: a pattern like qledge-* would take qledge-mcp and qledge-web too.
+want() { printf '%s\n' "${names[@]}" | grep -E "^$1[-_][0-9]" | head -1; }
 local_pkgs=()
 for n in python3-msgspec python3-apsw python3-cronsim qledge; do
     pkg=$(want "$n")
     [ -n "$pkg" ] || die "no $n package among them"
     local_pkgs+=("./$pkg")
+done
+web_pkgs=()
+for n in qledge-web luci-app-qledge; do
+    pkg=$(want "$n")
+    [ -n "$pkg" ] || die "no $n package among them"
+    web_pkgs+=("./$pkg")
 done
 feed_pkgs="python3-light python3-asyncio python3-logging python3-urllib python3-uuid python3-decimal zoneinfo-core"
 echo
@@ -134,8 +146,12 @@ echo "Copy them to the device (e.g. scp $OUT/* root@router:/tmp/), then there, i
 case "${names[0]}" in
     *.apk)
         echo "  apk update && apk add $feed_pkgs"
-        echo "  apk add --allow-untrusted ${local_pkgs[*]}" ;;
+        echo "  apk add --allow-untrusted ${local_pkgs[*]}"
+        echo "and for the web panel and its LuCI page (the panel stays off until enabled):"
+        echo "  apk add --allow-untrusted ${web_pkgs[*]}" ;;
     *)
         echo "  opkg update && opkg install $feed_pkgs"
-        echo "  opkg install ${local_pkgs[*]}" ;;
+        echo "  opkg install ${local_pkgs[*]}"
+        echo "and for the web panel and its LuCI page (the panel stays off until enabled):"
+        echo "  opkg install ${web_pkgs[*]}" ;;
 esac

@@ -3,12 +3,15 @@
 
     python packaging/build_openwrt.py --format ipk|apk --out DIR [--package NAME]...
     python packaging/build_openwrt.py --sources NAME DIR
+    python packaging/build_openwrt.py --format ipk --record bench/results/openwrt.json
 
 The packages: `qledge` (the daemon with notifications, as the SDK's feed package ships it),
-`qledge-mcp` (its MCP endpoint) and `python3-cronsim` (cronsim is pure Python: the module
-installed beside the Python running this script). `--sources` copies a qledge package's
-Python sources into DIR: the SDK's openwrt/qledge/Makefile takes them from here, so both
-builds ship the same files.
+`qledge-mcp` (its MCP endpoint), `qledge-web` (the web panel, `qledge web`, with its static
+files), `luci-app-qledge` (Services → qledge in LuCI and the panel's procd service, laid out
+as LuCI's luci.mk does: htdocs/ under /www, root/ under /) and `python3-cronsim` (cronsim is
+pure Python: the module installed beside the Python running this script). `--sources` copies
+a qledge package's sources into DIR: the SDK's openwrt/qledge/Makefile takes them from here,
+so both builds ship the same files.
 
 `.ipk` (opkg): a gzip'd tar of `debian-binary`, `control.tar.gz` (control, conffiles,
 postinst, prerm) and `data.tar.gz` (the edge profile as bytecode under
@@ -23,7 +26,9 @@ include/package-pack.mk adds (/lib/apk/packages/qledge.list, .conffiles,
 `apk mkpkg` from apk-tools 3 (`--apk PATH`, e.g. the SDK's staging_dir/host/bin/apk).
 
 The output is reproducible: sorted entries, root ownership, fixed mtimes
-($SOURCE_DATE_EPOCH when set).
+($SOURCE_DATE_EPOCH when set). `--record FILE` writes what was built (each package's file,
+bytes and installed bytes) as JSON: docs/install-openwrt.md's sizes are generated from it
+(packaging/docs.py).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import gzip
 import importlib.metadata
 import importlib.util
 import io
+import json
 import os
 import py_compile
 import shutil
@@ -40,20 +46,23 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from collections.abc import Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 FILES = os.path.join(ROOT, "openwrt", "qledge", "files")
+LUCI = os.path.join(ROOT, "openwrt", "luci-app-qledge")
 
 NAME = "qledge"
 RELEASE = 1
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"
 SITE = f"usr/lib/python{PY}/site-packages"
 # The qledge package ships the edge profile with notifications (their sender needs
-# urllib); qledge-mcp adds edge/mcp/. openwrt/qledge/Makefile ships the same (--sources).
+# urllib); qledge-mcp adds edge/mcp/, qledge-web edge/web/. openwrt/qledge/Makefile ships the
+# same (--sources).
 PROFILE = "edge-notify"
-MCP_PROFILE = "edge-mcp"
+ADD_ONS = {"qledge-mcp": "edge-mcp", "qledge-web": "web"}
 PLAIN_DEPENDS = [
     "python3-asyncio", "python3-logging", "python3-urllib", "python3-msgspec", "python3-apsw", "python3-cronsim",
     "zoneinfo-core",
@@ -136,17 +145,32 @@ def epoch() -> int:
     return int(os.environ.get("SOURCE_DATE_EPOCH", "315532800"))  # 1980-01-01
 
 
-def qledge_sources(package: str = NAME) -> list[tuple[str, str]]:
-    """(source path, path under site-packages) of the Python files a qledge package ships:
-    `qledge` the edge-notify profile, `qledge-mcp` what edge-mcp adds to it."""
+def qledge_files(package: str = NAME) -> list[tuple[str, str]]:
+    """(source path, path under site-packages) of the files a qledge package ships: `qledge`
+    the edge-notify profile, an add-on (qledge-mcp, qledge-web) what its profile adds to it."""
     build = _load_build()
     if package == NAME:
         files = build.profile_files(PROFILE, ROOT)
-    elif package == "qledge-mcp":
-        files = sorted(set(build.profile_files(MCP_PROFILE, ROOT)) - set(build.profile_files(PROFILE, ROOT)))
+    elif package in ADD_ONS:
+        files = sorted(set(build.profile_files(ADD_ONS[package], ROOT)) - set(build.profile_files(PROFILE, ROOT)))
     else:
         raise ValueError(f"{package} is not a qledge package")
-    return [(os.path.join(ROOT, rel), rel) for rel in files if rel.endswith(".py")]
+    return [(os.path.join(ROOT, rel), rel) for rel in files]
+
+
+def qledge_sources(package: str = NAME) -> list[tuple[str, str]]:
+    """The Python files of qledge_files(package), which ship as bytecode."""
+    return [(src, rel) for src, rel in qledge_files(package) if rel.endswith(".py")]
+
+
+def copy_data(site: str, package: str) -> None:
+    """The files of a qledge package that are not Python (the panel's static files), as they are."""
+    for src, rel in qledge_files(package):
+        if not rel.endswith(".py"):
+            target = os.path.join(site, rel)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            shutil.copyfile(src, target)
+            os.chmod(target, 0o644)
 
 
 def cronsim_sources() -> list[tuple[str, str]]:
@@ -204,7 +228,7 @@ class Package:
 
     def __init__(self, name: str, version: Callable[[], str], depends: list[str], apk_depends: list[str],
                  description: str, stage: Callable[[str], None], section: str = "utils", license: str = "MIT",
-                 url: str = URL, conffiles: list[str] | None = None) -> None:
+                 url: str = URL, conffiles: list[str] | None = None, postinst: str = "") -> None:
         self.name = name
         self.version = version
         self.depends = depends  # opkg syntax
@@ -215,10 +239,42 @@ class Package:
         self.license = license
         self.url = url
         self.conffiles = conffiles or []
+        self.postinst = postinst  # run after default_postinst, as a package's own postinst is
 
 
 def _mcp_stage(dest: str) -> None:
     compile_into(os.path.join(dest, SITE), qledge_sources("qledge-mcp"))
+
+
+def _web_stage(dest: str) -> None:
+    compile_into(os.path.join(dest, SITE), qledge_sources("qledge-web"))
+    copy_data(os.path.join(dest, SITE), "qledge-web")
+
+
+def _copy_tree(src: str, dest: str) -> None:
+    """src's files under dest, executables 0755 and the rest 0644 (as luci.mk's cp -pR of a checkout)."""
+    for dirpath, _, filenames in os.walk(src):
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            target = os.path.join(dest, os.path.relpath(path, src))
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            shutil.copyfile(path, target)
+            os.chmod(target, 0o755 if os.access(path, os.X_OK) else 0o644)
+
+
+def _luci_stage(dest: str) -> None:
+    _copy_tree(os.path.join(LUCI, "htdocs"), os.path.join(dest, "www"))
+    _copy_tree(os.path.join(LUCI, "root"), dest)
+
+
+# What LuCI's apps do after an install: drop LuCI's menu cache and have rpcd reread the ACLs,
+# so Services → qledge shows without a reboot.
+LUCI_POSTINST = """[ -n "${IPKG_INSTROOT}" ] || {
+	rm -f /tmp/luci-indexcache*
+	rm -rf /tmp/luci-modulecache/
+	killall -HUP rpcd 2>/dev/null
+}
+"""
 
 
 def _cronsim_stage(dest: str) -> None:
@@ -231,11 +287,29 @@ PACKAGES = {
         "qledge-mcp", version, [f"{NAME} (= {version()})"], [f"{NAME}={version()}"],
         "MCP endpoint for qledge: AI clients over a second socket\n"
         " (enable it with `uci set qledge.main.mcp_enabled=1`).", _mcp_stage),
+    "qledge-web": Package(
+        "qledge-web", version, [f"{NAME} (= {version()})"], [f"{NAME}={version()}"],
+        "Web panel for qledge (`qledge web`): tasks, runs with live logs, schedules, secrets,\n"
+        " notifications, in English and Chinese; python3-openssl for its own TLS.", _web_stage),
+    "luci-app-qledge": Package(
+        "luci-app-qledge", version, ["luci-base", "qledge-web"], ["luci-base", "qledge-web"],
+        "LuCI support for qledge: Services -> qledge (the daemon's status, the way into its web panel)\n"
+        " and the panel's service, off until `uci set qledge-web.main.enabled=1`.", _luci_stage,
+        section="luci", conffiles=["/etc/config/qledge-web"], postinst=LUCI_POSTINST),
     "python3-cronsim": Package(
         "python3-cronsim", cronsim_version, PY_DEPENDS, APK_PY_DEPENDS,
         "Cron expression parser and evaluator (cronsim), DST-correct with zoneinfo.", _cronsim_stage,
         section="lang", license="BSD-3-Clause", url="https://github.com/cuu508/cronsim"),
 }
+
+
+def with_postinst(script: str, extra: str) -> str:
+    """A maintainer script ending in default_postinst, then `extra`, keeping its exit status."""
+    if not extra:
+        return script
+    head, _, last = script.rstrip("\n").rpartition("\n")
+    assert last.startswith("default_postinst"), last
+    return f"{head}\n{last} || exit $?\n{extra}"
 
 
 def installed_size(tree: str) -> int:
@@ -313,7 +387,7 @@ def build_ipk(out: str, name: str = NAME) -> str:
             control_members.append(("./conffiles", "".join(f"{c}\n" for c in pkg.conffiles).encode(), 0o644))
         control_members += [
             ("./control", control_text(installed_size(tree), pkg).encode(), 0o644),
-            ("./postinst", POSTINST.encode(), 0o755),
+            ("./postinst", with_postinst(POSTINST, pkg.postinst).encode(), 0o755),
             ("./prerm", PRERM.encode(), 0o755),
         ]
         control = targz(control_members)
@@ -381,6 +455,8 @@ def stage_apk(dest: str, name: str = NAME) -> tuple[str, dict[str, str]]:
     add_apk_metadata(tree, pkg)
     scripts: dict[str, str] = {}
     for kind, text in apk_scripts(pkg.name).items():
+        if kind != "pre-deinstall":
+            text = with_postinst(text, pkg.postinst)
         scripts[kind] = os.path.join(dest, kind)
         with open(scripts[kind], "w") as f:
             f.write(text)
@@ -427,9 +503,36 @@ def build_apk(out: str, apk: str | None = None, name: str = NAME) -> str:
     return path
 
 
+def ipk_installed_size(path: str) -> int:
+    """The Installed-Size of a built .ipk's control file."""
+    with tarfile.open(path, mode="r:gz") as outer:
+        control_tar = outer.extractfile("./control.tar.gz")
+        assert control_tar is not None
+        with tarfile.open(fileobj=io.BytesIO(control_tar.read()), mode="r:gz") as inner:
+            control = inner.extractfile("./control")
+            assert control is not None
+            fields = dict(line.split(": ", 1) for line in control.read().decode().splitlines() if ": " in line)
+    return int(fields["Installed-Size"])
+
+
+def record(path: str, fmt: str, built: dict[str, str]) -> None:
+    """What this run built, for the generated sizes of docs/install-openwrt.md."""
+    packages = {}
+    for name, file in built.items():
+        entry: dict[str, object] = {"file": os.path.basename(file), "bytes": os.path.getsize(file)}
+        if fmt == "ipk":
+            entry["installed_bytes"] = ipk_installed_size(file)
+        packages[name] = entry
+    data = {"measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "format": fmt, "python": PY,
+            "packages": packages}
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
 def copy_sources(package: str, dest: str) -> None:
-    """The Python sources a qledge package ships, under dest/ as under site-packages/."""
-    for src, rel in qledge_sources(package):
+    """The sources a qledge package ships (Python and static files), under dest/ as under site-packages/."""
+    for src, rel in qledge_files(package):
         target = os.path.join(dest, rel)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         shutil.copyfile(src, target)
@@ -440,22 +543,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--format", choices=("ipk", "apk"))
     parser.add_argument("--out", default=os.path.join(ROOT, "dist"), help="output directory (default dist/)")
     parser.add_argument("--package", action="append", choices=sorted(PACKAGES),
-                        help="build only this package (repeatable; default: all three)")
+                        help="build only this package (repeatable; default: all of them)")
     parser.add_argument("--apk", metavar="PATH", help="apk-tools 3 binary for --format apk (default: apk on PATH)")
     parser.add_argument("--sources", nargs=2, metavar=("PACKAGE", "DIR"),
-                        help="copy the Python sources of qledge or qledge-mcp into DIR (for the SDK's Makefile)")
+                        help="copy the sources of qledge, qledge-mcp or qledge-web into DIR (for the SDK's Makefile)")
+    parser.add_argument("--record", metavar="FILE",
+                        help="write what was built (files, bytes, installed bytes) as JSON to FILE")
     args = parser.parse_args(argv)
     try:
         if args.sources:
-            if args.sources[0] not in (NAME, "qledge-mcp"):
-                parser.error("--sources takes qledge or qledge-mcp")
+            if args.sources[0] not in (NAME, *ADD_ONS):
+                parser.error(f"--sources takes one of {', '.join((NAME, *ADD_ONS))}")
             copy_sources(args.sources[0], args.sources[1])
             return 0
         if args.format is None:
             parser.error("--format is required")
+        built = {}
         for name in args.package or list(PACKAGES):
             path = build_ipk(args.out, name) if args.format == "ipk" else build_apk(args.out, args.apk, name)
+            built[name] = path
             print(f"{os.path.basename(path)}: {os.path.getsize(path)} bytes (bytecode for Python {PY})")
+        if args.record:
+            record(args.record, args.format, built)
     except Unavailable as exc:
         print(f"build_openwrt: {exc}", file=sys.stderr)
         return 2

@@ -1,6 +1,6 @@
 """Generated parts of the documentation: the CLI reference from the argparse parser, the
 configuration table from the config Structs, the performance figures from
-bench/results/latest.json.
+bench/results/latest.json, the OpenWrt package sizes from bench/results/openwrt.json.
 
     python packaging/docs.py          # rewrite the generated parts in place
     python packaging/docs.py --check  # exit 1 naming each file that differs
@@ -590,12 +590,44 @@ def _performance_table(results: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
+# -- OpenWrt package sizes ----------------------------------------------------------------------
+
+OPENWRT_RECORD = "bench/results/openwrt.json"
+# The order the install guide speaks of them: the daemon, the panel, the optional rest.
+OPENWRT_ORDER = ("qledge", "qledge-web", "luci-app-qledge", "qledge-mcp", "python3-cronsim")
+
+
+def _bytes(n: int) -> str:
+    return f"{n / 1e6:.2f} MB" if n >= 1e6 else f"{n / 1000:.1f} KB"
+
+
+def openwrt_sizes() -> str:
+    """The sizes of the packages packaging/build_openwrt.py built last (its --record)."""
+    with open(os.path.join(ROOT, OPENWRT_RECORD)) as f:
+        record = json.load(f)
+    packages = record["packages"]
+    names = [n for n in OPENWRT_ORDER if n in packages] + sorted(set(packages) - set(OPENWRT_ORDER))
+    fmt = record["format"]
+    out = [f"qledge's own packages as `python packaging/build_openwrt.py --format {fmt}` builds them "
+           f"(bytecode for Python {record['python']}; `{OPENWRT_RECORD}`, {record['measured_at'][:10]}):", "",
+           "| package | file | installed |", "|---|---|---|"]
+    for name in names:
+        entry = packages[name]
+        installed = entry.get("installed_bytes")
+        out.append(f"| `{name}` | {_bytes(entry['bytes'])} ({entry['bytes']:,} bytes) | "
+                   + (f"{_bytes(installed)} ({installed:,} bytes)" if installed is not None else "not read") + " |")
+    other = {"ipk": "apk", "apk": "ipk"}[fmt]
+    out += ["", f"The `.{other}` packages hold the same files; their sizes were not measured."]
+    return "\n".join(out) + "\n"
+
+
 # -- the generated parts in their files -------------------------------------------------------
 
 PARTS: dict[str, tuple[str, Callable[[], str]]] = {
     "cli": ("docs/reference/cli.md", cli_reference),
     "configuration": ("docs/reference/configuration.md", configuration_table),
     "performance": ("docs/performance.md", performance_table),
+    "openwrt-sizes": ("docs/install-openwrt.md", openwrt_sizes),
 }
 
 

@@ -9,6 +9,7 @@ import io
 import json
 import os
 import re
+import shlex
 import shutil
 import stat
 import subprocess
@@ -288,10 +289,10 @@ def ipk(ipks):
     return ipks["qledge"]
 
 
-def test_the_builder_makes_qledge_qledge_mcp_and_python3_cronsim(ipks):
+def test_the_builder_makes_qledge_its_add_ons_luci_app_qledge_and_python3_cronsim(ipks):
     from importlib.metadata import version as dist_version
 
-    assert set(ipks) == {"qledge", "qledge-mcp", "python3-cronsim"}
+    assert set(ipks) == {"qledge", "qledge-mcp", "qledge-web", "luci-app-qledge", "python3-cronsim"}
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
     site = f"./usr/lib/python{py}/site-packages/"
     name, blob = ipks["python3-cronsim"]
@@ -306,6 +307,23 @@ def test_the_builder_makes_qledge_qledge_mcp_and_python3_cronsim(ipks):
     shipped = sorted(n for n in mcp if mcp[n].isfile())
     assert shipped and all(n.startswith(f"{site}edge/mcp/") for n in shipped)
     assert "Depends: qledge (= " in _read(_read(ipks["qledge-mcp"][1], "./control.tar.gz"), "./control").decode()
+
+
+def test_the_recorded_sizes_the_install_guide_shows_are_this_builds(ipks):
+    """docs/install-openwrt.md's sizes are generated from bench/results/openwrt.json
+    (build_openwrt.py --record): it names every package, and is refreshed when a package
+    has grown or shrunk by a tenth (bytecode differs between Python versions: same one only)."""
+    with open(os.path.join(ROOT, "bench", "results", "openwrt.json")) as f:
+        recorded = json.load(f)
+    assert set(recorded["packages"]) == set(build_openwrt.PACKAGES)
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if recorded["python"] != py or recorded["format"] != "ipk":
+        pytest.skip(f"recorded from Python {recorded['python']} {recorded['format']}s; this is {py}")
+    for name, (file, blob) in ipks.items():
+        entry = recorded["packages"][name]
+        assert abs(len(blob) - entry["bytes"]) <= entry["bytes"] / 10, (
+            f"{file} is {len(blob)} bytes, recorded {entry['bytes']}: run python packaging/build_openwrt.py"
+            " --format ipk --record bench/results/openwrt.json, then python packaging/docs.py")
 
 
 def test_both_builds_ship_the_same_files_notifications_included(ipk, tmp_path):
@@ -324,6 +342,115 @@ def test_both_builds_ship_the_same_files_notifications_included(ipk, tmp_path):
     with open(os.path.join(ROOT, "openwrt", "qledge", "Makefile")) as f:
         makefile = f.read()
     assert "build_openwrt.py --sources" in makefile and "$(QLEDGE_SOURCES) qledge-mcp" in makefile
+
+
+def _data_files(blob: bytes, under: str) -> list[str]:
+    data = _members(_read(blob, "./data.tar.gz"))
+    return sorted(n[len(under):] for n in data if n.startswith(under) and data[n].isfile())
+
+
+def test_qledge_web_ships_the_panel_and_its_static_files_in_both_builds(ipks, tmp_path):
+    result = _run_build("packaging/build_openwrt.py", "--sources", "qledge-web", str(tmp_path / "w"))
+    assert result.returncode == 0, result.stderr
+    sources = sorted(os.path.relpath(os.path.join(d, f), tmp_path / "w")
+                     for d, _, fs in os.walk(tmp_path / "w") for f in fs)
+    assert sources == sorted(set(build.profile_files("web")) - set(build.profile_files("edge-notify")))
+    assert "edge/web/command.py" in sources and "edge/web/static/index.html" in sources
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    shipped = _data_files(ipks["qledge-web"][1], f"./usr/lib/python{py}/site-packages/")
+    # bytecode for the Python files, the static files as they are
+    assert shipped == sorted(s + "c" if s.endswith(".py") else s for s in sources)
+    control = _read(_read(ipks["qledge-web"][1], "./control.tar.gz"), "./control").decode()
+    assert f"Depends: qledge (= {edge.__version__}-r{build_openwrt.RELEASE})\n" in control
+    with open(os.path.join(ROOT, "openwrt", "qledge", "Makefile")) as f:
+        makefile = f.read()
+    assert "$(QLEDGE_SOURCES) qledge-web" in makefile and "$(eval $(call BuildPackage,qledge-web))" in makefile
+    assert _makefile_depends(os.path.join(ROOT, "openwrt", "qledge", "Makefile"), "qledge-web") == {"qledge"}
+
+
+def _install(blobs: list[bytes]) -> str:
+    """The packages' data trees unpacked into one scratch root, as opkg would lay them down."""
+    root = short_tmpdir()
+    for blob in blobs:
+        with tarfile.open(fileobj=io.BytesIO(_read(blob, "./data.tar.gz")), mode="r:gz") as tar:
+            tar.extractall(root, filter="data")
+    return root
+
+
+def test_qledge_and_qledge_web_together_serve_the_panel(ipks, daemon):
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    alone, both = _install([ipks["qledge"][1]]), _install([ipks["qledge"][1], ipks["qledge-web"][1]])
+    try:
+        without = subprocess.run([*system_python(os.path.join(alone, f"usr/lib/python{py}/site-packages")),
+                                  "web", "--help"], capture_output=True, text=True, timeout=60)
+        assert without.returncode == 2 and "the web panel is not included in this build" in without.stderr
+        site = os.path.join(both, f"usr/lib/python{py}/site-packages")
+        helped = subprocess.run([*system_python(site), "web", "--help"], capture_output=True, text=True, timeout=60)
+        assert helped.returncode == 0, helped.stderr
+        assert helped.stdout.startswith("usage: qledge web ")
+        # The panel itself, from the unpacked packages alone (-I -S: not this checkout's edge).
+        python = os.path.join(both, "python-from-packages")
+        with open(python, "w") as f:
+            f.write('#!/bin/sh\n[ "$1 $2" = "-m edge" ] && shift 2\n'
+                    f'exec {" ".join(shlex.quote(a) for a in system_python(site))} "$@"\n')
+        os.chmod(python, 0o755)
+        from web_support import WebProcess
+
+        web = WebProcess(daemon, python=python)
+        try:
+            status, _, body = web.request("GET", "/static/strings.js")
+            with open(os.path.join(site, "edge", "web", "static", "strings.js"), "rb") as f:
+                assert status == 200 and body == f.read()
+            assert web.request("GET", "/")[0] == 200
+        finally:
+            web.stop()
+    finally:
+        shutil.rmtree(alone, ignore_errors=True)
+        shutil.rmtree(both, ignore_errors=True)
+
+
+LUCI = os.path.join(ROOT, "openwrt", "luci-app-qledge")
+
+
+def test_luci_app_qledge_is_laid_out_as_luci_mk_does_and_needs_the_panel(ipks):
+    name, blob = ipks["luci-app-qledge"]
+    assert name == f"luci-app-qledge_{edge.__version__}-r{build_openwrt.RELEASE}_all.ipk"
+    expected = {}
+    for top, under in (("htdocs", "www/"), ("root", "")):
+        for d, _, fs in os.walk(os.path.join(LUCI, top)):
+            for f in fs:
+                path = os.path.join(d, f)
+                expected["./" + under + os.path.relpath(path, os.path.join(LUCI, top))] = (
+                    0o755 if os.access(path, os.X_OK) else 0o644)
+    data = _members(_read(blob, "./data.tar.gz"))
+    assert {n: m.mode for n, m in data.items() if m.isfile()} == expected
+    assert "./www/luci-static/resources/view/qledge/panel.js" in expected
+    assert expected["./etc/init.d/qledge-web"] == 0o755
+    control_blob = _read(blob, "./control.tar.gz")
+    fields = dict(line.split(": ", 1) for line in _read(control_blob, "./control").decode().splitlines()
+                  if not line.startswith(" "))
+    assert fields["Depends"] == "luci-base, qledge-web" and fields["Architecture"] == "all"
+    assert _read(control_blob, "./conffiles") == b"/etc/config/qledge-web\n"
+    postinst = _read(control_blob, "./postinst").decode()
+    assert "default_postinst" in postinst and "rm -f /tmp/luci-indexcache" in postinst
+    # The SDK's build: luci.mk, the same dependencies.
+    with open(os.path.join(LUCI, "Makefile")) as f:
+        makefile = f.read()
+    assert "include $(TOPDIR)/feeds/luci/luci.mk" in makefile
+    assert re.search(r"^LUCI_DEPENDS:=(.*)$", makefile, re.M).group(1).split() == ["+luci-base", "+qledge-web"]
+    assert "LUCI_PKGARCH:=all" in makefile
+    tmp = short_tmpdir()
+    try:
+        tree, scripts = build_openwrt.stage_apk(tmp, "luci-app-qledge")
+        info, _ = _mkpkg_info(build_openwrt.mkpkg_argv("apk", tree, scripts, os.path.join(tmp, "o.apk"),
+                                                       "luci-app-qledge"))
+        assert info["depends"].split() == ["luci-base", "qledge-web"] and info["arch"] == "noarch"
+        with open(os.path.join(tree, "lib/apk/packages/luci-app-qledge.conffiles")) as f:
+            assert f.read() == "/etc/config/qledge-web\n"
+        with open(scripts["post-install"]) as f:
+            assert "rm -f /tmp/luci-indexcache" in f.read()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_ipk_layout_control_fields_and_modes(ipk):
@@ -764,19 +891,60 @@ def _feed_needs() -> set[str]:
     return needs - LOCAL_PACKAGES - {"$(APSW_DEPENDS)"}
 
 
-@pytest.mark.parametrize("manager, update, install, suffix", [
-    ("opkg", "opkg update", "opkg install", "_"), ("apk", "apk update", "apk add", "-")])
-def test_openwrt_install_steps_list_every_package(manager, update, install, suffix):
+# Every file the two builds write, as named on the device: (package, file), opkg's
+# NAME_VERSION_ARCH.ipk and apk's NAME-VERSION.apk. A command's `./pattern` must name one.
+BUILT_PACKAGES = {"python3-msgspec": ("0.20.0-r1", "mipsel_24kc"), "python3-apsw": ("3.53.3.1-r1", "mipsel_24kc"),
+                  "python3-cronsim": ("2.8-r1", "all"), "qledge": ("0.1.0-r1", "all"),
+                  "qledge-mcp": ("0.1.0-r1", "all"), "qledge-web": ("0.1.0-r1", "all"),
+                  "luci-app-qledge": ("0.1.0-r1", "all")}
+
+
+def _built_files(manager: str) -> dict[str, str]:
+    return {(f"{n}_{v}_{arch}.ipk" if manager == "opkg" else f"{n}-{v}.apk"): n
+            for n, (v, arch) in BUILT_PACKAGES.items()}
+
+
+def _named_packages(manager: str, words: list[str]) -> set[str]:
+    """The packages the `./pattern` words install, each pattern matching exactly one file."""
+    import fnmatch
+
+    files = _built_files(manager)
+    named = set()
+    for word in words:
+        matched = sorted(files[f] for f in files if fnmatch.fnmatchcase(f, word[2:]))
+        assert len(matched) == 1, f"{word} installs {matched or 'nothing'}"
+        named.add(matched[0])
+    return named
+
+
+def test_the_built_files_check_would_catch_a_pattern_that_takes_more():
+    assert set(BUILT_PACKAGES) == set(build_openwrt.PACKAGES) | {"python3-msgspec", "python3-apsw"}
+    with pytest.raises(AssertionError, match="qledge-mcp"):
+        _named_packages("apk", ["./qledge-*.apk"])
+    assert _named_packages("apk", ["./qledge-[0-9]*.apk"]) == {"qledge"}
+    assert _named_packages("opkg", ["./qledge_*_all.ipk"]) == {"qledge"}
+
+
+def _install_words(block: str, install: str) -> list[str]:
+    return [w for c in _commands(block) if c.startswith(install) for w in c[len(install):].split()
+            if not w.startswith("-")]
+
+
+@pytest.mark.parametrize("manager, update, install", [
+    ("opkg", "opkg update", "opkg install"), ("apk", "apk update", "apk add")])
+def test_openwrt_install_steps_list_every_package(manager, update, install):
     section = _readme_section("Install on OpenWrt")
     block = next(b for b in _blocks(section, "sh") if b.startswith(update))
     commands = _commands(block)
     assert commands[0] == update  # the lists first
-    words = [w for c in commands if c.startswith(install) for w in c[len(install):].split() if not w.startswith("-")]
+    words = _install_words(block, install)
     feed = {w for w in words if not w.startswith("./")}
-    local = {w[2:].split(suffix + "*")[0] for w in words if w.startswith("./")}
-    assert local == LOCAL_PACKAGES, local
+    assert _named_packages(manager, [w for w in words if w.startswith("./")]) == LOCAL_PACKAGES
     assert feed == _feed_needs(), feed ^ _feed_needs()
     assert commands[-1] == "qledge status"
+    # The web panel's packages, each by its own name too.
+    web = next(b for b in _blocks(section, "sh") if b.startswith(f"{install} ") and "qledge-web" in b)
+    assert _named_packages(manager, _install_words(web, install)) == {"qledge-web", "luci-app-qledge"}
 
 
 # -- CLI socket discovery --------------------------------------------------------------
@@ -862,6 +1030,11 @@ def test_openwrt_depends_cover_every_import_of_the_package():
                 assert name in sys.stdlib_module_names or name in THIRD_PARTY, f"{rel} imports {name}"
                 needed.add(THIRD_PARTY.get(name, "python3-light"))
     assert "python3-openssl" not in needed  # the daemon blocks ssl/_hashlib; shipping them costs MiBs
+    # qledge-web (it depends on qledge) needs nothing qledge does not bring; ssl only for its own TLS.
+    for _, rel in build_openwrt.qledge_sources("qledge-web"):
+        for name in _imports(os.path.join(ROOT, rel)) - {"edge", "__future__", "ssl"}:
+            assert name not in OPENWRT_SPLIT or OPENWRT_SPLIT[name] in needed, f"{rel} imports {name}"
+            assert name in sys.stdlib_module_names or name in THIRD_PARTY, f"{rel} imports {name}"
     makefile = _makefile_depends(os.path.join(ROOT, "openwrt", "qledge", "Makefile"), "qledge")
     assert needed <= makefile, needed - makefile
     ipk = {d.split(" (")[0] for d in build_openwrt.DEPENDS}
@@ -1070,11 +1243,14 @@ case "$1" in
     p=${1#package/}; p=${p%/compile}
     mkdir -p bin/packages/mipsel_24kc/qledge
     case "$p" in
-      python-*) n=python3-${p#python-} ;;
-      *) n=$p ;;
+      python-*) n=python3-${p#python-}_1.0-r1_mipsel_24kc ;;
+      *) n=${p}_1.0-r1_all ;;
     esac
-    touch "bin/packages/mipsel_24kc/qledge/${n}_1.0-r1_mipsel_24kc.ipk"
-    [ "$p" = qledge ] && touch bin/packages/mipsel_24kc/qledge/qledge-mcp_1.0-r1_all.ipk
+    touch "bin/packages/mipsel_24kc/qledge/$n.ipk"
+    if [ "$p" = qledge ]; then
+      touch bin/packages/mipsel_24kc/qledge/qledge-mcp_1.0-r1_all.ipk \\
+        bin/packages/mipsel_24kc/qledge/qledge-web_1.0-r1_all.ipk
+    fi
     ;;
 esac
 exit 0
@@ -1087,8 +1263,10 @@ echo "feeds $*" >> "$SDK_LOG"
 def _fake_sdk(tmp_path, setuptools="80.9.0", scm="8.3.1", sqlite="3510100"):
     sdk = tmp_path / "sdk"
     for rel in ("include", "scripts", "feeds/packages/lang/python/python-setuptools",
-                "feeds/packages/lang/python/python-setuptools-scm", "feeds/packages/libs/sqlite3", "bin"):
+                "feeds/packages/lang/python/python-setuptools-scm", "feeds/packages/libs/sqlite3", "feeds/luci",
+                "bin"):
         (sdk / rel).mkdir(parents=True, exist_ok=True)
+    (sdk / "feeds/luci/luci.mk").write_text("")
     (sdk / "rules.mk").write_text("")
     (sdk / "include/package.mk").write_text("")
     (sdk / "feeds.conf.default").write_text("src-git packages https://example.invalid/packages.git\n")
@@ -1117,23 +1295,26 @@ def test_sdk_build_does_the_whole_route_and_prints_the_install_command(tmp_path)
     done = _sdk_build(sdk, env, "--out", str(out))
     assert done.returncode == 0, done.stderr
     log = (tmp_path / "log").read_text().splitlines()
-    packages = ["python-msgspec", "python-apsw", "python-cronsim", "qledge"]
+    packages = ["python-msgspec", "python-apsw", "python-cronsim", "qledge", "luci-app-qledge"]
     assert log[:2] == ["feeds update -a", "feeds install -a -p qledge"]
     assert log[2] == "make defconfig"
-    assert log[3:7] == [f"make package/{p}/check APSW_SQLITE=bundled V=s" for p in packages]
-    assert [line.split(" -j")[0] for line in log[7:]] == [f"make package/{p}/compile APSW_SQLITE=bundled"
+    assert log[3:8] == [f"make package/{p}/check APSW_SQLITE=bundled V=s" for p in packages]
+    assert [line.split(" -j")[0] for line in log[8:]] == [f"make package/{p}/compile APSW_SQLITE=bundled"
                                                          for p in packages]
     assert f"src-link qledge {ROOT}/openwrt" in (sdk / "feeds.conf").read_text()
     assert "compiles in its pinned SQLite amalgamation" in done.stdout
     assert sorted(os.listdir(out)) == sorted([
         "python3-msgspec_1.0-r1_mipsel_24kc.ipk", "python3-apsw_1.0-r1_mipsel_24kc.ipk",
-        "python3-cronsim_1.0-r1_mipsel_24kc.ipk", "qledge_1.0-r1_mipsel_24kc.ipk", "qledge-mcp_1.0-r1_all.ipk"])
+        "python3-cronsim_1.0-r1_mipsel_24kc.ipk", "qledge_1.0-r1_all.ipk", "qledge-mcp_1.0-r1_all.ipk",
+        "qledge-web_1.0-r1_all.ipk", "luci-app-qledge_1.0-r1_all.ipk"])
     lines = done.stdout.splitlines()
     feed = next(line for line in lines if line.strip().startswith("opkg update && opkg install")).split()[5:]
     assert set(feed) == _feed_needs()
-    local = next(line for line in lines if line.strip().startswith("opkg install ./")).split()[2:]
+    local, web = [line.split()[2:] for line in lines if line.strip().startswith("opkg install ./")]
     assert local == ["./python3-msgspec_1.0-r1_mipsel_24kc.ipk", "./python3-apsw_1.0-r1_mipsel_24kc.ipk",
-                     "./python3-cronsim_1.0-r1_mipsel_24kc.ipk", "./qledge_1.0-r1_mipsel_24kc.ipk"]
+                     "./python3-cronsim_1.0-r1_mipsel_24kc.ipk", "./qledge_1.0-r1_all.ipk"]
+    assert web == ["./qledge-web_1.0-r1_all.ipk", "./luci-app-qledge_1.0-r1_all.ipk"]
+    assert "CONFIG_PACKAGE_qledge-web=m\nCONFIG_PACKAGE_luci-app-qledge=m\n" in (sdk / ".config").read_text()
     again = _sdk_build(sdk, env, "--out", str(out))  # a second run adds no second feed line
     assert again.returncode == 0 and (sdk / "feeds.conf").read_text().count("src-link qledge") == 1
 
@@ -1153,6 +1334,14 @@ def test_sdk_build_refuses_a_feed_too_old_for_msgspec_before_compiling(tmp_path,
     done = _sdk_build(sdk, env)
     assert done.returncode == 1
     assert f"python3-msgspec needs host {missing}" in done.stderr and "update the packages feed" in done.stderr
+    assert "compile" not in (tmp_path / "log").read_text()
+
+
+def test_sdk_build_refuses_an_sdk_without_the_luci_feed_before_compiling(tmp_path):
+    sdk, env = _fake_sdk(tmp_path)
+    (sdk / "feeds/luci/luci.mk").unlink()
+    done = _sdk_build(sdk, env)
+    assert done.returncode == 1 and "add the luci feed to feeds.conf" in done.stderr
     assert "compile" not in (tmp_path / "log").read_text()
 
 

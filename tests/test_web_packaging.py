@@ -100,3 +100,41 @@ def test_the_luci_menu_acl_and_view_agree():
     assert "write" not in acl["luci-app-qledge"]  # LuCI only shows status; the panel does the rest
     source = read(view)
     assert "'require view'" in source and "callServiceList('qledge')" in source
+
+
+# LuCI runs a view's file as the body of a function (its 'require' lines load view, rpc and
+# uci); this stands in for those and for E() and _(), enough to render the view in node.
+LUCI_STUB = r"""
+const fs = require('fs');
+const [source, config] = [fs.readFileSync(process.argv[2], 'utf8'), JSON.parse(process.argv[3])];
+const E = (tag, attrs, children) => ({tag, attrs: attrs || {}, children: [].concat(children || [])});
+const stubs = {
+  view: {extend: (o) => o},
+  rpc: {declare: () => () => Promise.resolve({})},
+  uci: {load: () => Promise.resolve(), get: (c, s, o) => (c === 'qledge-web' && s === 'main') ? config[o] : undefined},
+  E, _: (s) => s, window: {location: {hostname: 'router.lan'}},
+};
+const view = new Function(...Object.keys(stubs), source)(...Object.values(stubs));
+const up = {instances: {i: {running: true}}};
+const tree = view.render([{qledge: up}, {'qledge-web': up}]);
+const links = [];
+(function walk(n) { if (n && n.tag) { if (n.tag === 'a') links.push(n.attrs.href); n.children.forEach(walk); } })(tree);
+process.stdout.write(JSON.stringify(links));
+"""
+
+
+@pytest.mark.parametrize("config, links", [
+    ({"listen": "127.0.0.1"}, []),  # this router only: no link, a sentence saying how to open it
+    ({"listen": "0.0.0.0", "port": "5700"}, ["http://router.lan:5700/"]),
+    ({"listen": "0.0.0.0", "port": "5701", "tls_cert": "/etc/qledge/web.crt"}, ["https://router.lan:5701/"]),
+    ({"listen": "127.0.0.1", "origin": "https://router.lan"}, ["https://router.lan/"]),  # behind a reverse proxy
+    ({"listen": "0.0.0.0", "port": "5700", "origin": "https://qledge.example:8443/"}, ["https://qledge.example:8443/"]),
+])
+def test_the_luci_view_opens_the_panel_where_its_config_says(tmp_path, config, links):
+    view = os.path.join(LUCI, "htdocs", "luci-static", "resources", "view", "qledge", "panel.js")
+    stub = tmp_path / "render.js"
+    stub.write_text(LUCI_STUB)
+    result = subprocess.run([_tool("node"), str(stub), view, json.dumps(config)], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == links
