@@ -274,6 +274,7 @@ class Cutter:
         self.port = self.server.getsockname()[1]
         self.pairs: list[tuple[socket.socket, socket.socket]] = []
         self.accepted = 0
+        self.sent: list[bytes] = []  # what browsers sent through it, in order
         self.lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -287,13 +288,15 @@ class Cutter:
             with self.lock:
                 self.pairs.append((client, upstream))
                 self.accepted += 1
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+            for a, b, log in ((client, upstream, self.sent), (upstream, client, None)):
+                threading.Thread(target=self._pump, args=(a, b, log), daemon=True).start()
 
     @staticmethod
-    def _pump(a: socket.socket, b: socket.socket) -> None:
+    def _pump(a: socket.socket, b: socket.socket, log: list[bytes] | None) -> None:
         try:
             while data := a.recv(65536):
+                if log is not None:
+                    log.append(data)
                 b.sendall(data)
         except OSError:
             pass
@@ -330,7 +333,11 @@ def test_a_live_log_resumes_after_a_dropped_connection_without_a_reload(daemon, 
         until(lambda: "tick 2" in log.text, "the first lines")
         before = relay.accepted
         relay.cut()
+        sent = len(relay.sent)
         until(lambda: relay.accepted > before, "the browser reconnecting")
+        # The browser asked again for the live log, saying where it stopped.
+        until(lambda: any(b"/api/log?run=" in part and b"last-event-id: " in part.lower()
+                          for part in relay.sent[sent:]), "the resumed request")
         until(lambda: "tick 12" in log.text, "the last line after the drop")
         assert driver.execute_script("return window.__sameDocument === true"), "the page was reloaded"
         lines = log.text.splitlines()
