@@ -36,7 +36,7 @@ from test_web_browser import main_text, make_driver, sign_in, until, visit  # no
 
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[DaemonProcess]:
-    d = DaemonProcess().start()
+    d = DaemonProcess(config="[runner]\nconcurrency = 8\n").start()  # runs that wait, side by side
     yield d
     d.cleanup()
 
@@ -63,6 +63,14 @@ def browser() -> Iterator[Any]:
 def shell_task(daemon: DaemonProcess, task: str, command: str, **extra: Any) -> None:
     spec = {"command": {"kind": "shell", "command": command}}
     daemon.call("qledge.task.create", {"taskId": task, **extra, "spec": spec})
+
+
+def stop(daemon: DaemonProcess, runs: list[str]) -> None:
+    """Cancel runs and wait until they have ended: the next test finds the runner free."""
+    for run in runs:
+        daemon.call("qledge.run.cancel", {"runId": run})
+    for run in runs:
+        daemon.call("qledge.run.wait", {"runId": run, "timeoutMs": 30_000})
 
 
 def row(driver: Any, task: str) -> Any:
@@ -353,6 +361,25 @@ def test_a_live_log_resumes_after_a_dropped_connection_without_a_reload(daemon, 
         w.stop()
 
 
+def test_leaving_a_run_page_frees_its_live_log_for_the_next(browser, web, daemon, tokens):
+    """The per-session cap is four live logs: a person who looks at five running runs one
+    after another is never refused, because leaving a run's page gives its place back."""
+    daemon.call("qledge.task.create", {"taskId": "busy", "spec": {
+        "command": {"kind": "shell", "command": "echo started; sleep 120"}, "overlap": "allow"}})
+    runs = [daemon.call("qledge.run.start", {"taskId": "busy"})["id"] for _ in range(6)]
+    sign_in(browser, web, tokens["operator"])
+    try:
+        for run in runs:
+            browser.execute_script("location.hash = arguments[0]", f"#/runs/{run}")
+            try:
+                until(lambda run=run: run in browser.find_element(By.CSS_SELECTOR, "main h1").text
+                      and "started" in browser.find_element(By.ID, "run-log").text, f"the live log of {run}")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}: {browser.find_element(By.ID, 'log-state').text!r}") from None
+    finally:
+        stop(daemon, runs)
+
+
 class _At:
     """The panel as the browser reaches it through the relay."""
 
@@ -412,46 +439,51 @@ def test_plain_http_beyond_loopback_is_warned_about(daemon):
         local.stop()
 
 
-def _follow(w: WebProcess, cookie: str, run: str) -> tuple[int, bytes, http.client.HTTPConnection]:
-    """Open a live log; the answer's status, the start of its body, and the open connection."""
+def _follow(w: WebProcess, cookie: str, run: str) -> tuple[int, bytes, http.client.HTTPResponse]:
+    """Open a live log: the answer's status, the start of its body, and the answer, whose
+    connection stays open while it is held."""
     conn = http.client.HTTPConnection("127.0.0.1", w.port, timeout=30)
     conn.request("GET", f"/api/log?run={run}", headers={"Host": w.netloc, "Cookie": cookie,
                                                           "Accept": "text/event-stream"})
     answer = conn.getresponse()
     if answer.status == 200:
-        return 200, answer.fp.readline(), conn  # type: ignore[union-attr]
-    return answer.status, answer.read(), conn
+        return 200, answer.readline(), answer
+    return answer.status, answer.read(), answer
 
 
 def test_the_live_log_caps_refuse_the_next_follower_clearly(daemon, tokens):
     shell_task(daemon, "quiet", "sleep 120")
     run = daemon.call("qledge.run.start", {"taskId": "quiet"})["id"]
     w = WebProcess(daemon)
-    opened: list[http.client.HTTPConnection] = []
+    opened: list[http.client.HTTPResponse] = []
     try:
         first = w.login(tokens["operator"])
         for _ in range(4):
-            status, _, conn = _follow(w, first.cookie, run)
-            opened.append(conn)
+            status, _, answer = _follow(w, first.cookie, run)
+            opened.append(answer)
             assert status == 200
-        status, body, conn = _follow(w, first.cookie, run)
-        opened.append(conn)
+        status, body, answer = _follow(w, first.cookie, run)
+        opened.append(answer)
         assert status == 429, (status, body)
         assert json.loads(body)["error"] == {"code": "resource_exhausted",
                                              "message": "too many live logs are open; close one"}
         second = w.login(tokens["operator"])
         for _ in range(4):
-            status, _, conn = _follow(w, second.cookie, run)
-            opened.append(conn)
+            status, _, answer = _follow(w, second.cookie, run)
+            opened.append(answer)
             assert status == 200  # another session has its own four, within the eight in all
         third = w.login(tokens["operator"])
-        status, body, conn = _follow(w, third.cookie, run)
-        opened.append(conn)
+        status, body, answer = _follow(w, third.cookie, run)
+        opened.append(answer)
         assert status == 429 and json.loads(body)["error"]["code"] == "resource_exhausted", (status, body)
+        opened[0].close()  # a browser leaves a log: its place is given back at once
+        status, body, answer = _follow(w, third.cookie, run)
+        opened.append(answer)
+        assert status == 200, (status, body)
         assert w.request("GET", "/static/app.js")[0] == 200  # the panel keeps serving
     finally:
-        for conn in opened:
-            conn.close()
-        daemon.call("qledge.run.cancel", {"runId": run})
+        for answer in opened:
+            answer.close()
+        stop(daemon, [run])
         w.stop()
 
