@@ -23,13 +23,15 @@ CHROMIUM_FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-
 
 
 class WebProcess:
-    """`python -m edge web --listen 127.0.0.1:0 …` for a daemon; ready when it names its port."""
+    """`python -m edge web --listen 127.0.0.1:0 …` (or the --listen in `args`) for a daemon; ready when
+    it names its port."""
 
     def __init__(self, daemon: Any, args: list[str] | None = None, python: str | None = None,
                  env: dict[str, str] | None = None) -> None:
         self.daemon = daemon
         self.stderr_path = os.path.join(daemon.home, "web.stderr")
-        argv = [python or sys.executable, "-m", "edge", "web", "--listen", "127.0.0.1:0", *(args or [])]
+        listen = [] if "--listen" in (args or []) else ["--listen", "127.0.0.1:0"]
+        argv = [python or sys.executable, "-m", "edge", "web", *listen, *(args or [])]
         self._err = open(self.stderr_path, "wb")  # noqa: SIM115 (open while the panel runs)
         # nice: the machine's two cores are shared; the panel and the browser yield to others.
         self.proc = subprocess.Popen(["nice", "-n", "10", *argv], env={**daemon.env, **(env or {})},

@@ -16,6 +16,7 @@ Origin, Host, the tools it offers) only ever refuse more. Routes:
 from __future__ import annotations
 
 import json
+import select
 import threading
 import time
 import zlib
@@ -51,6 +52,9 @@ LOG_WAIT_MS = 15_000  # one long-poll of a live log on the daemon (qledge.run.lo
 LOG_CHUNK = 16 * 1024
 MAX_FOLLOWERS = 8  # live logs open at once, in all
 MAX_FOLLOWERS_PER_SESSION = 4
+# When the caps are full, how long a newcomer waits for a browser that has just left a run's
+# page to be seen gone (its closed connection is what gives its place back).
+REAP_WAIT_S = 1.0
 ASSETS = ("index.html", "app.css", "app.js", "api.js", "dom.js", "i18n.js", "strings.js", "format.js",
           "chart.js", "forms.js", "overview.js", "tasks.js", "schedules.js", "runs.js", "secrets.js",
           "notify.js", "ai.js", "audit.js", "icon.svg")
@@ -181,7 +185,8 @@ class Panel:
         self.memory = memory
         self.version = version
         self.followers = 0
-        self._lock = threading.Lock()  # the follower counts
+        self._following: dict[socket.socket, Session] = {}  # open live logs, by their browser's socket
+        self._lock = threading.Lock()  # the follower counts and the table above
         self.headers = security_headers(settings)
         self._cookie = "__Host-qledge" if settings.secure else "qledge_session"
 
@@ -312,12 +317,7 @@ class Panel:
         start = request.header("last-event-id") or request.param("offset") or "0"
         if not run or len(run) > 128 or not start.isdigit() or len(start) > 15:
             return self._answer(request, *_error("invalid_argument", "give ?run=ID (and a byte offset)"))
-        with self._lock:
-            full = self.followers >= self.settings.max_followers or session.followers >= MAX_FOLLOWERS_PER_SESSION
-            if not full:
-                self.followers += 1
-                session.followers += 1
-        if full:
+        if not self._admit(session, sock):
             return self._answer(request, *_error("resource_exhausted", "too many live logs are open; close one"))
         try:
             headers = [*self.headers, ("Content-Type", "text/event-stream; charset=utf-8"),
@@ -328,10 +328,44 @@ class Panel:
         except OSError:
             pass  # the browser went away; it resumes from its last event when it comes back
         finally:
+            self._release(sock)
+        return None
+
+    def following(self, sock: socket.socket) -> bool:
+        """Whether the live log on `sock` still holds its place (it is given back when its
+        browser is seen gone)."""
+        return sock in self._following
+
+    def _admit(self, session: Session, sock: socket.socket) -> bool:
+        """A place for one more live log within both caps. A browser that left a run's page
+        closed that log's connection, but its stream may be inside a daemon long-poll and
+        not yet know: when the caps are full, closed connections are looked for first (a
+        live log's browser sends nothing, so a readable socket is one that went away)."""
+        deadline = time.monotonic() + REAP_WAIT_S
+        while True:
             with self._lock:
+                if self.followers < self.settings.max_followers and session.followers < MAX_FOLLOWERS_PER_SESSION:
+                    self.followers += 1
+                    session.followers += 1
+                    self._following[sock] = session
+                    return True
+                watched = list(self._following)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            try:
+                gone, _, _ = select.select(watched, [], [], left)
+            except (OSError, ValueError):  # one was closed meanwhile: its stream has ended
+                gone = []
+            for other in gone:
+                self._release(other)
+
+    def _release(self, sock: socket.socket) -> None:
+        with self._lock:
+            session = self._following.pop(sock, None)
+            if session is not None:
                 self.followers -= 1
                 session.followers -= 1
-        return None
 
     # -- answers ----------------------------------------------------------------------
 
@@ -377,7 +411,7 @@ class LogStream:
 
     def run(self) -> None:
         client, token = self.panel.client, self.session.token
-        while self.panel.sessions.alive(self.session):
+        while self.panel.sessions.alive(self.session) and self.panel.following(self.sock):
             asked = time.monotonic()
             try:
                 chunk = client.call("qledge.run.log.read", {"runId": self.run_ref, "offset": self.offset,

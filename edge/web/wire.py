@@ -5,7 +5,8 @@ The protocol's shapes are edge.transports.tool_protocol's (`{id, tool, args, tok
 transport?}` → `{id, ok, result | error{code, message}}`, 4-byte big-endian length then a
 msgpack body). They are written here by hand rather than with msgspec: msgspec and the
 modules it loads cost the panel about 3.4 MiB, a quarter of its budget, for the handful of
-frames it sends. tests/test_web_wire.py checks this codec against msgspec's both ways.
+frames it sends. tests/test_web_parts.py checks this codec against msgspec's both ways
+(test_msgpack_agrees_with_msgspec_both_ways).
 
 A call without a token is never made: the daemon would take the panel's own uid for the
 caller (an owner, if that uid is one), which no browser may ever be.

@@ -73,7 +73,7 @@ export async function page(view) {
     section(t("ch.list"), table(t("ch.list"), [t("col.name"), t("ch.kind"), t("ch.health"), t("col.actions")], rows,
       t("ch.none"))),
     section(t("rules.title"), rulesView(rules.rules, channels)),
-    api.can("qledge.notify.channel.set") ? section(t("ch.add"), addForm()) : null,
+    api.can("qledge.notify.channel.set") ? section(t("ch.add"), addForm()) : "",
     section(t("ch.log"), table(t("ch.log"), [t("col.when"), t("ch.channel"), t("ch.event"), t("col.task"), t("ch.state")],
       deliveries.records.map((r) => [when(r.createdAtMs), r.channel, r.event, r.taskId || "–",
         r.lastError ? h("span", { class: "bad", text: `${r.state}: ${r.lastError}` }) : r.state]), t("ch.nolog"))));

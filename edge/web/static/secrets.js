@@ -59,5 +59,5 @@ export async function page(view) {
   view.append(h("h1", { text: t("nav.secrets") }), h("p", { class: "hint", text: t("secret.intro") }), out,
     section(t("secret.list"), table(t("secret.list"), [t("col.name"), t("secret.users"), t("col.updated"), t("col.actions")],
       rows, t("secret.none"))),
-    api.can("qledge.secret.set") ? section(t("secret.set"), form) : null);
+    api.can("qledge.secret.set") ? section(t("secret.set"), form) : "");
 }

@@ -86,7 +86,7 @@ async function list(view) {
   });
   view.append(h("div", { class: "head" }, h("h1", { text: t("nav.tasks") }),
     api.can("qledge.task.create") ? h("a", { class: "button primary", href: "#/tasks/new", text: t("task.add") }) : null),
-  tasks.length ? field(t("task.search"), search) : null, count, out, listing);
+  tasks.length ? field(t("task.search"), search) : "", count, out, listing);
 }
 
 async function remove(task) {
@@ -220,7 +220,8 @@ async function form(view, task) {
   field(t("task.notify"), f.notify), custom,
   h("div", { class: "row" }, h("button", { type: "submit", class: "primary" }, task ? t("save") : t("task.create")),
     h("a", { class: "button", href: "#/tasks", text: t("cancel") })));
-  view.append(h("h1", { text: task ? t("task.edit", { name: task.name }) : t("task.add") }), el);
+  view.append(h("h1", { text: task ? t("task.edit", { name: task.name }) : t("task.add") }),
+    task ? h("p", { class: "muted", id: "task-revision", text: t("task.revision", { n: task.revision }) }) : "", el);
 }
 
 // The spec the form describes, or null after marking what is wrong (each message next to its field).
