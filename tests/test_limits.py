@@ -360,6 +360,9 @@ async def test_out_of_descriptors_the_accept_loop_pauses_with_one_line(home, cap
             for fd in filler:
                 os.close(fd)
             filler.clear()
+            # The limit back as well: descriptors another thread of this process takes meanwhile
+            # (a worker's, a collector's) cannot make a second episode of the test's own.
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
             for c in clients:
                 c.sendall(b"ping")
             for c in clients:

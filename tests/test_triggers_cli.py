@@ -178,27 +178,44 @@ def test_clock_behind_the_store_holds_then_resumes(daemon_factory):
     d.cli("task", "add", "hello", "--", "echo", "hi")
     d.cli("trigger", "add", "hello", "--cron", "* * * * * *")
     d.stop()
-    # As if an earlier boot had seen a later time: far enough ahead that the restart and the
-    # checks below are done before the wall clock gets there, however slow this machine is.
-    lead_ms = 4000 + 4 * int((d.ready_s or 0) * 1000)
-    ahead = time.time_ns() // 1_000_000 + lead_ms
-    with d.db() as db:
-        db.execute("INSERT INTO meta (key, value) VALUES ('clock.newest_ms', ?)"
-                   " ON CONFLICT (key) DO UPDATE SET value = excluded.value", (ahead,))
-        db.execute("DELETE FROM runs")
-    d.start()
-    ready_at = time.time()
-    status = d.call("qledge.status", {})
+    for attempt in range(3):
+        # As if an earlier boot had seen a later time: far enough ahead that the restart and
+        # the checks below are done before the wall clock gets there. A machine so loaded that
+        # the wall clock got there first is tried again with a longer lead (it says nothing of
+        # the hold); a status without the hold while the clock is still behind is a failure.
+        lead_ms = (4000 + 4 * int((d.ready_s or 0) * 1000)) * 3**attempt
+        ahead = time.time_ns() // 1_000_000 + lead_ms
+        with d.db() as db:
+            db.execute("INSERT INTO meta (key, value) VALUES ('clock.newest_ms', ?)"
+                       " ON CONFLICT (key) DO UPDATE SET value = excluded.value", (ahead,))
+            db.execute("DELETE FROM runs")
+        d.start()
+        ready_at = time.time()
+        # The scheduler's first pass may come just after the socket answers: its word on the
+        # clock is waited for (the hold, or triggers armed once the clock has caught up).
+        status = _poll(lambda: _scheduled(d.call("qledge.status", {})), "the scheduler's first pass", ahead)
+        shown = d.cli("status").stdout
+        # The trigger is due every second: two seconds of fires (or as many as the lead
+        # leaves) are held while the clock is behind.
+        time.sleep(max(0.0, min(ready_at + 2, ahead / 1000 - 1) - time.time()))
+        held = d.call("qledge.run.list", {})["runs"]
+        if time.time_ns() // 1_000_000 < ahead:
+            break
+        d.stop()
+    else:
+        pytest.fail("the wall clock caught up before the checks three times: the hold was not seen")
     assert status["extra"]["clock"].startswith("waiting for sync (wall clock ")
-    assert re.search(r"^clock: +waiting for sync", d.cli("status").stdout, re.M)
-    # The trigger is due every second: two seconds of fires (or as many as the lead leaves)
-    # are held while the clock is behind.
-    time.sleep(max(0.0, min(ready_at + 2, ahead / 1000 - 1) - time.time()))
-    assert d.call("qledge.run.list", {})["runs"] == []  # held
-    assert time.time_ns() // 1_000_000 < ahead, "asked after the clock caught up: the hold was not seen"
+    assert re.search(r"^clock: +waiting for sync", shown, re.M)
+    assert held == []
     _poll(lambda: "clock" not in d.call("qledge.status", {})["extra"], "the clock to catch up", ahead)
     runs = _poll(lambda: d.call("qledge.run.list", {})["runs"], "a fire after the clock caught up", ahead)
     assert min(r["createdAtMs"] for r in runs) >= ahead  # nothing admitted before the clock caught up
+
+
+def _scheduled(status: dict) -> dict | None:
+    """The status once the scheduler has had its first pass: it holds, or has armed triggers."""
+    extra = status["extra"]
+    return status if "clock" in extra or not extra.get("scheduler", "0 ").startswith("0 ") else None
 
 
 def _poll(read, what: str, after_ms: int, within_s: float = 60.0):
