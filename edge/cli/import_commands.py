@@ -499,8 +499,11 @@ def qinglong_source(path: str) -> Iterator[QlSource]:
     """A data directory, its db/database.sqlite, or a data.tgz backup (unpacked to a
     private temporary directory: db, config and scripts only, no links, nothing outside)."""
     if os.path.isdir(path):
-        for data in (path, os.path.join(path, "data")):
+        for data in (path.rstrip(os.sep) or os.sep, os.path.join(path, "data")):
             db = os.path.join(data, "db", "database.sqlite")
+            for part in (data, os.path.dirname(db), db):  # a link here could point anywhere: not followed
+                if os.path.islink(part):
+                    raise UsageError(f"{part} is a symbolic link: not followed; give the directory it points to")
             if os.path.isfile(db):
                 yield QlSource(data_dir=os.path.abspath(data), db_path=db, label=path)
                 return
@@ -812,7 +815,8 @@ class Copied(msgspec.Struct):
     skipped: list[str] = []  # in the source: links, FIFOs, devices, files with several hard links
     replaced: list[str] = []  # in the destination: links or special files where a copy belongs
     untrusted: list[str] = []  # in the destination: files another user could change, replaced by the source's
-    foreign: list[str] = []  # in the destination, not from the source: what another user could change
+    foreign: list[str] = []  # in the destination, not from the source: what another user could change, removed
+    private: list[str] = []  # readable only by their owner in the source: so in the copy (the importer's)
 
 
 def _named(paths: list[str]) -> str:
@@ -881,12 +885,41 @@ class _Tree:
             self._foreign(dst, set(names), rel)
 
     def _foreign(self, dst: int, ours: set[str], rel: str) -> None:
-        """Entries here that are not from the source and another user could change: named,
-        never removed (they may be a task's), since a script of the copy may load them."""
+        """Entries here that are not from the source and another user could change: removed
+        (by descriptor, never followed), since a script of the copy may load them (a
+        `node_modules/` or `requests.py` beside it); the importer's own directories are
+        searched the same way."""
         for name in sorted(set(os.listdir(dst)) - ours):
             st = _entry(dst, name)
-            if st is not None and not self._trusted(st):
+            if st is None:
+                continue
+            if not self._trusted(st):
                 self.done.foreign.append(rel + name)
+                if not self.dry_run:
+                    self._remove(dst, name)
+            elif stat.S_ISDIR(st.st_mode) and (sub := _open(dst, name)) is not None:
+                try:
+                    self._foreign(sub, set(), rel + name + "/")
+                finally:
+                    os.close(sub)
+
+    def _remove(self, parent: int, name: str) -> None:
+        """`name` in `parent` and all below it, by descriptor: a directory is made the
+        importer's and closed to others first, so nothing is added to it meanwhile."""
+        st = _entry(parent, name)
+        if st is None:
+            return
+        if stat.S_ISDIR(st.st_mode) and (fd := _open(parent, name)) is not None:
+            try:
+                os.fchown(fd, *self._me)
+                os.fchmod(fd, 0o700)
+                for sub in os.listdir(fd):
+                    self._remove(fd, sub)
+            finally:
+                os.close(fd)
+            os.rmdir(name, dir_fd=parent)
+        else:
+            os.unlink(name, dir_fd=parent)
 
     def _trusted(self, st: os.stat_result) -> bool:
         return st.st_uid == self._me[0] and not st.st_mode & 0o022 and not stat.S_ISLNK(st.st_mode)
@@ -920,11 +953,17 @@ class _Tree:
 
     def _file(self, src: int, dst: int | None, name: str, path: str, st: os.stat_result) -> None:
         mode = 0o755 if st.st_mode & 0o111 else 0o644
+        if not st.st_mode & stat.S_IROTH:  # the source's owner alone reads it: so does the copy's
+            mode &= 0o700
+            self.done.private.append(path)
         there = _entry(dst, name) if dst is not None else None
-        if there is not None and stat.S_ISDIR(there.st_mode):
-            self.done.kept.append(path + "/")
-            return
-        if dst is not None and there is not None:
+        if dst is not None and there is not None and stat.S_ISDIR(there.st_mode):
+            # A directory is never an edit: the source's file takes its place.
+            self.done.replaced.append(path + "/")
+            if not self.dry_run:
+                self._remove(dst, name)
+            there = None
+        elif dst is not None and there is not None:
             regular = stat.S_ISREG(there.st_mode) and there.st_nlink == 1
             theirs = _one_file(dst, name) if regular and self._trusted(there) else None
             if theirs is not None:
@@ -979,26 +1018,41 @@ class _Tree:
             os.close(ours)
 
 
+def _changeable(st: os.stat_result) -> bool:
+    """Whether a directory above the scripts lets another user replace what is in it."""
+    return st.st_uid not in (0, os.geteuid()) or bool(st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX)
+
+
 def _scripts_root(dest: str, top: str, tree: _Tree) -> int | None:
-    """The destination, reached without a link from the nearest directory above `top` (which
-    no other user may change), made where missing; None (dry only) when it is not there."""
-    anchor = os.path.dirname(top)
-    while not os.path.isdir(anchor):
-        anchor = os.path.dirname(anchor)
-    fd = os.open(os.path.realpath(anchor), _DIR_FLAGS)
+    """The destination, reached from / without a link: every directory above `top` exists
+    as a directory no other user may change (a sticky one only when root's or the
+    importer's), `top` and what lies below it are the importer's and writable by no one else
+    or made here; None (dry only) when it is not there yet."""
+    parts = [p for p in dest.split(os.sep) if p]
+    top_at = len([p for p in top.split(os.sep) if p])
+    fd = os.open(os.sep, _DIR_FLAGS)
+    path = os.sep
     try:
-        st = os.fstat(fd)
-        if st.st_uid not in (0, os.geteuid()) or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
-            raise UsageError(f"{anchor} can be changed by other users (uid {st.st_uid}, mode"
-                             f" {stat.S_IMODE(st.st_mode):04o}): not a place for scripts; choose another --scripts-dir")
-        top_at = len(os.path.relpath(top, anchor).split(os.sep))
-        path = anchor
-        for n, name in enumerate(os.path.relpath(dest, anchor).split(os.sep), start=1):
-            path = os.path.join(path, name)
-            if n <= top_at and _open(fd, name) is None and _entry(fd, name) is not None:
-                raise UsageError(f"{path} is a symbolic link or not a directory: remove it, or choose another"
+        for n, name in enumerate(parts, start=1):
+            st = os.fstat(fd)
+            if _changeable(st):
+                raise UsageError(f"{path} can be changed by other users (uid {st.st_uid}, mode"
+                                 f" {stat.S_IMODE(st.st_mode):04o}): not a place for scripts; choose another"
                                  " --scripts-dir")
-            sub = tree.directory(fd, name, path)
+            path = os.path.join(path, name)
+            sub = _open(fd, name)
+            if sub is None and _entry(fd, name) is not None:
+                raise UsageError(f"{path} is a symbolic link or not a directory: give the path without links,"
+                                 " or choose another --scripts-dir")
+            if sub is not None and n >= top_at:
+                there = os.fstat(sub)
+                if there.st_uid != os.geteuid() or there.st_mode & 0o022:
+                    os.close(sub)
+                    raise UsageError(f"{path} is not a new directory nor the importer's own (uid {there.st_uid},"
+                                     f" mode {stat.S_IMODE(there.st_mode):04o}): what is in it is another user's"
+                                     " to choose; give a new directory or one of your own as --scripts-dir")
+            if sub is None:
+                sub = tree.directory(fd, name, path)
             os.close(fd)
             if sub is None:
                 return None
@@ -1009,14 +1063,31 @@ def _scripts_root(dest: str, top: str, tree: _Tree) -> int | None:
         raise
 
 
+def _source_root(source_dir: str) -> int:
+    """The source's scripts directory, neither it nor the directory holding it reached
+    through a link (a link there is refused: it could point at any of root's files)."""
+    try:
+        parent = os.open(os.path.dirname(source_dir) or ".", _DIR_FLAGS)
+        try:
+            src = _open(parent, os.path.basename(source_dir))
+            if src is None:
+                raise UsageError(f"{source_dir} is a symbolic link or not a directory: not followed; give the"
+                                 " directory itself")
+            return src
+        finally:
+            os.close(parent)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UsageError(f"{os.path.dirname(source_dir)} is a symbolic link: not followed; give the directory"
+                             " it points to") from None
+        raise UsageError(f"cannot read the scripts in {source_dir}: {exc.strerror or exc}") from None
+
+
 def _copy_scripts(source_dir: str, dest: str, top: str, dry_run: bool, undo: Undo | None = None) -> str:
     """Copy the files not there yet (one of the importer's that differs is kept: it may have
     been edited); the copy is the importer's, read-only to tasks (_Tree). What it creates can
     be taken back through `undo` (what it replaced cannot)."""
-    try:
-        src = os.open(os.path.realpath(source_dir), _DIR_FLAGS)
-    except OSError as exc:
-        raise UsageError(f"cannot read the scripts in {source_dir}: {exc.strerror or exc}") from None
+    src = _source_root(source_dir)
     try:
         plan = _Tree(dry_run=True)
         root = _scripts_root(dest, top, plan)
@@ -1081,8 +1152,11 @@ def _copy_line(done: Copied, dest: str, dry_run: bool) -> str:
         line += (f"; {'would replace' if dry_run else 'replaced'} with the source's copy, because another user"
                  f" could change them: {_named(done.untrusted)}")
     if done.foreign:
-        line += (f"; not from the source, and another user could change them (remove them: a script of the copy"
-                 f" may load them): {_named(done.foreign)}")
+        line += (f"; {'would remove' if dry_run else 'removed'}, not from the source and another user could change"
+                 f" them (a script of the copy may load them): {_named(done.foreign)}")
+    if done.private:
+        line += (f"; readable only by the importer, as only their owner could read them in the source (a task"
+                 f" running as another user cannot read them): {_named(done.private)}")
     if done.skipped:
         line += f"; not copied (links, FIFOs, devices, files with several hard links): {_named(done.skipped)}"
     if done.replaced:
