@@ -379,14 +379,15 @@ def test_a_link_planted_in_the_scripts_copy_is_never_followed(daemon, workdir, s
     # as that user then plants: a directory link into a root-owned directory, a dangling file
     # link into another.
     beside = os.path.dirname(scripts)
-    subprocess.run(["chown", "-R", "nobody", beside], check=True)
     profile_d = os.path.join(workdir, "profile.d")
     rootonly = os.path.join(workdir, "rootonly")
     for victim in (profile_d, rootonly):
         os.mkdir(victim, 0o755)
-    _as_nobody("rm", "-rf", os.path.join(scripts, "lib"), os.path.join(scripts, "jd_bean_change.js"))
-    _as_nobody("ln", "-s", profile_d, os.path.join(scripts, "lib"))
-    _as_nobody("ln", "-s", os.path.join(rootonly, "evil.sh"), os.path.join(scripts, "jd_bean_change.js"))
+    shutil.rmtree(os.path.join(scripts, "lib"))
+    os.unlink(os.path.join(scripts, "jd_bean_change.js"))
+    for link, to in (("lib", profile_d), ("jd_bean_change.js", os.path.join(rootonly, "evil.sh"))):
+        os.symlink(to, os.path.join(scripts, link))
+        os.lchown(os.path.join(scripts, link), 65534, 65534)
     with open(os.path.join(data, "scripts", "lib", "new.js"), "w") as f:
         f.write("module.exports = 1;\n")
 
@@ -418,11 +419,12 @@ def test_a_file_another_user_could_change_is_replaced_and_only_the_importers_edi
     named. Only the importer's own edits are kept, and named."""
     data = ql.make_data_dir(workdir)
     ok(daemon.cli("import", "qinglong", data, "--user", "nobody"))
-    beside = os.path.dirname(scripts)
-    subprocess.run(["chown", "-R", "nobody", beside], check=True)  # the earlier layout: the task user's
+    # The earlier layout: what is in the copy is the task user's.
+    subprocess.run(["chown", "-R", "nobody", *glob.glob(os.path.join(scripts, "*"))], check=True)
     notify = os.path.join(scripts, "lib", "sendNotify.js")
     _as_nobody("sh", "-c", f"echo 'require(\"child_process\").exec(\"id > /tmp/owned\")' > {notify}")
-    _as_nobody("mkdir", os.path.join(scripts, "node_modules"))  # what a script's require() would find first
+    os.makedirs(os.path.join(scripts, "node_modules", "requests"))  # what a script's require() would find first
+    subprocess.run(["chown", "-R", "nobody", os.path.join(scripts, "node_modules")], check=True)
     mine, shared = os.path.join(scripts, "jd_bean_change.js"), os.path.join(scripts, "backup.sh")
     with open(mine, "w") as f:
         f.write("console.log('edited by root');\n")
@@ -433,8 +435,9 @@ def test_a_file_another_user_could_change_is_replaced_and_only_the_importers_edi
     assert ("replaced with the source's copy, because another user could change them: backup.sh,"
             " boot_notify.sh, lib/sendNotify.js, ql_checkin.py") in done, done
     assert "changed here by the importer, kept as they are: jd_bean_change.js" in done, done
-    assert "not from the source, and another user could change them (remove them: a script of the copy may" \
-           " load them): node_modules" in done, done
+    assert "removed, not from the source and another user could change them (a script of the copy may load" \
+           " them): node_modules" in done, done
+    assert not os.path.lexists(os.path.join(scripts, "node_modules"))
     for rel, text in ql.SCRIPTS.items():
         st = os.lstat(os.path.join(scripts, rel))
         assert st.st_uid == 0 and not st.st_mode & 0o022, rel
@@ -647,3 +650,109 @@ def test_crontab_dry_run_notes_days_that_either_match(daemon, workdir):
     assert dry.count(note) == 1, dry  # only the line that restricts both
     planned = as_json(daemon.cli("import", "crontab", path, "--dry-run", "--json"))["tasks"]
     assert [len(t.get("notes", [])) for t in planned] == [1, 0, 0]
+
+
+@needs_root
+def test_a_source_scripts_or_data_directory_that_is_a_link_is_refused(daemon, workdir):
+    data = ql.make_data_dir(workdir)
+    rootonly = os.path.join(workdir, "rootonly")
+    os.mkdir(rootonly, 0o700)
+    with open(os.path.join(rootonly, "shadow"), "w") as f:
+        f.write("root:$6$hash:19000:0:99999:7:::\n")
+    os.chmod(os.path.join(rootonly, "shadow"), 0o600)
+    os.rename(os.path.join(data, "scripts"), os.path.join(data, "scripts.real"))
+    os.symlink(rootonly, os.path.join(data, "scripts"))
+    dest = os.path.join(daemon.scratch, "copy")
+    for dry in ([], ["--dry-run"]):
+        refused = daemon.cli("import", "qinglong", data, "--user", "nobody", "--scripts-dir", dest, *dry)
+        assert refused.returncode == 2 and refused.stderr == (
+            f"qledge: invalid_argument: {data}/scripts is a symbolic link or not a directory: not followed; give"
+            " the directory itself\n"), refused
+    assert not os.path.lexists(os.path.join(dest, "shadow")) and task_ids(daemon) == []
+    # The data directory itself a link (PATH/data): refused too, naming it.
+    outer = os.path.join(workdir, "outer")
+    os.mkdir(outer)
+    os.symlink(data, os.path.join(outer, "data"))
+    refused = daemon.cli("import", "qinglong", outer, "--scripts-dir", dest)
+    assert refused.returncode == 2 and refused.stderr == (
+        f"qledge: invalid_argument: {outer}/data is a symbolic link: not followed; give the directory it points"
+        " to\n"), refused
+    assert task_ids(daemon) == []
+
+
+@needs_root
+def test_a_link_or_another_users_directory_above_the_scripts_dir_is_refused(daemon, workdir):
+    data = ql.make_data_dir(workdir)
+    victim = os.path.join(daemon.scratch, "victim")
+    home = os.path.join(daemon.scratch, "nobhome")
+    os.mkdir(victim, 0o755)
+    os.mkdir(home, 0o755)
+    os.chown(home, 65534, 65534)
+    _as_nobody("ln", "-s", victim, os.path.join(home, "link"))
+    refused = daemon.cli("import", "qinglong", data, "--scripts-dir", os.path.join(home, "link", "ql"))
+    assert refused.returncode == 2 and refused.stderr == (
+        f"qledge: invalid_argument: {home} can be changed by other users (uid 65534, mode 0755): not a place for"
+        " scripts; choose another --scripts-dir\n"), refused
+    # A link anywhere in the path, even root's in root's directory: the tasks would name the link.
+    os.symlink(victim, os.path.join(daemon.scratch, "rootlink"))
+    refused = daemon.cli("import", "qinglong", data, "--scripts-dir", os.path.join(daemon.scratch, "rootlink", "ql"))
+    assert refused.returncode == 2 and refused.stderr == (
+        f"qledge: invalid_argument: {daemon.scratch}/rootlink is a symbolic link or not a directory: give the path"
+        " without links, or choose another --scripts-dir\n"), refused
+    assert os.listdir(victim) == [] and task_ids(daemon) == []
+
+
+@needs_root
+def test_a_scripts_dir_another_user_made_beforehand_is_refused(daemon, workdir):
+    data = ql.make_data_dir(workdir)
+    planted = os.path.join(daemon.scratch, "qlnew")
+    os.mkdir(planted)
+    os.chmod(planted, 0o777)
+    os.chown(planted, 65534, 65534)
+    _as_nobody("sh", "-c", f"echo 'import os' > {planted}/requests.py; mkdir {planted}/node_modules")
+    refused = daemon.cli("import", "qinglong", data, "--scripts-dir", planted)
+    assert refused.returncode == 2 and refused.stderr == (
+        f"qledge: invalid_argument: {planted} is not a new directory nor the importer's own (uid 65534, mode 0777):"
+        " what is in it is another user's to choose; give a new directory or one of your own as --scripts-dir\n")
+    assert os.stat(planted).st_uid == 65534 and task_ids(daemon) == []
+    # The importer's own directory that its group may write: refused the same way.
+    os.chown(planted, 0, 0)
+    os.chmod(planted, 0o775)
+    refused = daemon.cli("import", "qinglong", data, "--scripts-dir", planted)
+    assert refused.returncode == 2 and "is not a new directory nor the importer's own (uid 0, mode 0775)" \
+        in refused.stderr
+
+
+@needs_root
+def test_a_directory_where_a_script_belongs_is_replaced_by_the_script(daemon, workdir):
+    data = ql.make_data_dir(workdir)
+    dest = os.path.join(daemon.scratch, "copy")
+    ok(daemon.cli("import", "qinglong", data, "--user", "nobody", "--scripts-dir", dest))
+    notify = os.path.join(dest, "lib", "sendNotify.js")
+    os.unlink(notify)
+    os.mkdir(notify)
+    with open(os.path.join(notify, "index.js"), "w") as f:
+        f.write("require('child_process').exec('id > /tmp/owned');\n")
+    subprocess.run(["chown", "-R", "nobody", notify], check=True)
+    done = ok(daemon.cli("import", "qinglong", data, "--user", "nobody", "--scripts-dir", dest))
+    assert "kept as they are" not in done, done
+    assert "replaced (a link or special file in the copy's place): lib/sendNotify.js/" in done, done
+    st = os.lstat(notify)
+    assert __import__("stat").S_ISREG(st.st_mode) and st.st_uid == 0 and not st.st_mode & 0o022
+    assert read(notify) == ql.SCRIPTS["lib/sendNotify.js"]
+
+
+@needs_root
+def test_a_file_only_its_owner_reads_in_the_source_is_not_widened_in_the_copy(daemon, workdir):
+    data = ql.make_data_dir(workdir)
+    private = os.path.join(data, "scripts", "cookies.txt")
+    with open(private, "w") as f:
+        f.write("pt_key=secret\n")
+    os.chmod(private, 0o600)
+    dest = os.path.join(daemon.scratch, "copy")
+    done = ok(daemon.cli("import", "qinglong", data, "--user", "nobody", "--scripts-dir", dest))
+    assert "readable only by the importer, as only their owner could read them in the source (a task running as" \
+        " another user cannot read them): cookies.txt" in done, done
+    st = os.stat(os.path.join(dest, "cookies.txt"))
+    assert (st.st_uid, st.st_mode & 0o777) == (0, 0o600)
+    assert os.stat(os.path.join(dest, "ql_checkin.py")).st_mode & 0o004  # the others stay readable
