@@ -756,3 +756,16 @@ def test_a_file_only_its_owner_reads_in_the_source_is_not_widened_in_the_copy(da
     st = os.stat(os.path.join(dest, "cookies.txt"))
     assert (st.st_uid, st.st_mode & 0o777) == (0, 0o600)
     assert os.stat(os.path.join(dest, "ql_checkin.py")).st_mode & 0o004  # the others stay readable
+
+
+def test_a_task_named_after_a_credential_gets_a_neutral_id(daemon, workdir):
+    token = "ghp_R8sTuVwXyZ0123456789abcdefABCDEF01"
+    path = os.path.join(workdir, "root")
+    with open(path, "w") as f:
+        f.write(f"0 3 * * * /usr/bin/{token} --sync\n0 4 * * * /usr/bin/{token}\n0 5 * * * /usr/bin/fine\n")
+    done = ok(daemon.cli("import", "crontab", path))
+    assert "line 1: created task task: " in done
+    assert "named after a word that looks like a credential: given a neutral id" in done
+    assert sorted(task_ids(daemon)) == ["fine", "task", "task-2"]
+    for task in as_json(daemon.cli("task", "list", "--json")):
+        assert token not in task["id"]

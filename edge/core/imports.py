@@ -30,6 +30,7 @@ from edge.core.tasks import (
     SecretRef,
     ShellCommand,
     TaskSpec,
+    redact_label,
 )
 
 class Problem(msgspec.Struct, rename="camel"):
@@ -143,12 +144,21 @@ def free_name(base: str, taken: set[str], next_n: dict[str, int] | None = None) 
     return candidate
 
 
+NEUTRAL_ID = "task"  # an imported task's id when its name would be masked: task, task-2, …
+
+
 def assign_ids(entries: list[Entry], taken: Iterable[str]) -> None:
     """Give each entry a task id free among `taken` and the entries before it (in order)."""
     used = set(taken)
     counters: dict[str, int] = {}
     for entry in entries:
-        chosen = free_name(entry.task.task_id, used, counters)
+        base = entry.task.task_id
+        if redact_label(base) != base:
+            # Ids are shown unredacted (to viewers, AI tools, notifications): one derived from
+            # a name that looks like a credential is a neutral one instead.
+            base = NEUTRAL_ID
+            entry.notes = [*entry.notes, "named after a word that looks like a credential: given a neutral id"]
+        chosen = free_name(base, used, counters)
         used.add(chosen)
         entry.task.task_id = chosen
 
