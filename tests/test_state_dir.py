@@ -117,10 +117,11 @@ def _newer_in_wal_mode(path: str, leftover_wal: bool) -> None:
     assert os.path.exists(path + "-wal") == leftover_wal
 
 
-def _foreign_wal_no_shm(path: str) -> None:
+def _foreign_wal_no_shm(path: str, application_id: int = 0x47504B47) -> None:
     """Another program's WAL database with a change left in its `-wal` and no `-shm`."""
     conn = apsw.Connection(path)
-    conn.pragma("application_id", 0x47504B47)
+    if application_id:
+        conn.pragma("application_id", application_id)
     conn.pragma("journal_mode", "wal")
     conn.execute("CREATE TABLE leases (mac TEXT PRIMARY KEY, ip TEXT)")
     conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
@@ -182,7 +183,7 @@ def _foreign(path: str, application_id: int = 0) -> None:
 
 @pytest.mark.parametrize("case", ["newer", "newer-wal", "newer-walmode", "newer-walmode-leftover",
                                   "newer-hot-journal", "foreign", "foreign-app", "foreign-app-wal",
-                                  "wrong-owner", "bad-config"])
+                                  "foreign-wal", "wrong-owner", "bad-config"])
 def test_a_refused_database_keeps_every_byte_and_its_mtime(home, tmp_path, case):
     if case in ("wrong-owner", "bad-config") and not IS_ROOT:
         pytest.skip("giving a file to another uid, and task users, need root")
@@ -199,10 +200,11 @@ def test_a_refused_database_keeps_every_byte_and_its_mtime(home, tmp_path, case)
         _fresh(home)
         _big_pages(db, version=99, wal_pending=case == "newer-wal")
         expected = f"database schema version 99 is newer than this qledge ({len(MIGRATIONS)})"
-    elif case == "foreign-app-wal":
+    elif case.endswith("-wal") and case.startswith("foreign"):
         os.chmod(home, 0o700)
-        _foreign_wal_no_shm(db)
-        expected = "qledge.db belongs to another program (application id 0x47504b47)"
+        _foreign_wal_no_shm(db, 0x47504B47 if case == "foreign-app-wal" else 0)
+        expected = ("qledge.db belongs to another program (application id 0x47504b47)" if case == "foreign-app-wal"
+                    else "qledge.db is not a qledge database (schema version 0, tables leases)")
     elif case.startswith("foreign"):
         os.chmod(home, 0o700)
         _foreign(db, 0x47504B47 if case == "foreign-app" else 0)

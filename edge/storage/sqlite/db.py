@@ -372,6 +372,27 @@ def check_header(path: str) -> None:
     if app not in (0, APPLICATION_ID):
         raise NotOurs(f"{os.path.basename(path)} belongs to another program (application id {app:#x}), not qledge:"
                       " move it away (or point home at another directory)")
+    if app == 0:  # not marked: another program's, or an older qledge's (told by its tables)
+        _check_unmarked(path)
+
+
+def _check_unmarked(path: str) -> None:
+    """check_owned on the file alone, opened `immutable`: SQLite then takes no lock, reads
+    no `-wal` and rolls back no `-journal`, so nothing beside the file is made or changed
+    (what a normal open of a file in WAL mode, or with a hot journal, would do)."""
+    uri = "file:" + path.replace("%", "%25").replace("?", "%3f").replace("#", "%23") + "?mode=ro&immutable=1"
+    try:
+        conn = apsw.Connection(uri, flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI | apsw.SQLITE_OPEN_NOFOLLOW)
+    except apsw.Error:
+        return  # the real open names what is wrong
+    try:
+        check_owned(conn)
+    except (SchemaTooNew, NotOurs):
+        raise
+    except apsw.Error:
+        return
+    finally:
+        conn.close()
 
 
 class _Pending:
