@@ -87,11 +87,13 @@ def test_a_newer_schema_exits_at_once_naming_both_versions(started):
 
 
 def _fingerprint(home: str) -> dict[str, tuple[bytes, int, int]]:
-    """Bytes, mtime and size of the database and what lies beside it."""
+    """Bytes, mtime and size of the database and of every file beside it (`-wal`, `-shm`,
+    `-journal`), and the names of every `qledge.db*` file (a new one shows)."""
     import hashlib
 
-    found = {}
-    for name in ("qledge.db", "qledge.db-wal", "qledge.db-journal"):
+    names = sorted(name for name in os.listdir(home) if name.startswith("qledge.db"))
+    found: dict[str, tuple[bytes, int, int]] = {"": (repr(names).encode(), 0, 0)}
+    for name in ("qledge.db", "qledge.db-wal", "qledge.db-shm", "qledge.db-journal"):
         path = os.path.join(home, name)
         if os.path.exists(path):
             with open(path, "rb") as f:
@@ -99,6 +101,58 @@ def _fingerprint(home: str) -> dict[str, tuple[bytes, int, int]]:
             info = os.stat(path)
             found[name] = (hashlib.sha256(data).digest(), info.st_mtime_ns, info.st_size)
     return found
+
+
+def _newer_in_wal_mode(path: str, leftover_wal: bool) -> None:
+    """A qledge database in WAL mode with schema version 999, closed cleanly (no `-wal`), or
+    with a last change left in its `-wal` and `-shm` (what a crash leaves)."""
+    conn = apsw.Connection(path)
+    assert conn.pragma("journal_mode", "wal") == "wal"
+    conn.pragma("user_version", 999)
+    if leftover_wal:
+        conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
+        conn.config(apsw.SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1)
+        conn.execute("INSERT INTO meta (key, value) VALUES ('left-in-the-wal', 1)")
+    conn.close()
+    assert os.path.exists(path + "-wal") == leftover_wal
+
+
+def _foreign_wal_no_shm(path: str, application_id: int = 0x47504B47) -> None:
+    """Another program's WAL database with a change left in its `-wal` and no `-shm`."""
+    conn = apsw.Connection(path)
+    if application_id:
+        conn.pragma("application_id", application_id)
+    conn.pragma("journal_mode", "wal")
+    conn.execute("CREATE TABLE leases (mac TEXT PRIMARY KEY, ip TEXT)")
+    conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
+    conn.config(apsw.SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1)
+    conn.execute("INSERT INTO leases VALUES ('aa', '10.0.0.2')")
+    conn.close()
+    os.unlink(path + "-shm")
+    assert os.path.getsize(path + "-wal") > 0
+
+
+_HOT_JOURNAL = """
+import os, sys, apsw
+conn = apsw.Connection(sys.argv[1])
+conn.pragma("cache_size", 2)  # spill changed pages into the file mid-transaction
+conn.execute("BEGIN IMMEDIATE")
+conn.execute("CREATE TABLE filler (x BLOB)")
+for _ in range(300):
+    conn.execute("INSERT INTO filler VALUES (randomblob(500))")
+os._exit(0)  # dies mid-transaction: the journal is hot
+"""
+
+
+def _newer_with_hot_journal(path: str) -> None:
+    """Schema version 999 in rollback-journal mode, with a transaction that died midway: a
+    hot `-journal` that opening it would roll back into the file."""
+    conn = apsw.Connection(path)
+    conn.pragma("journal_mode", "delete")
+    conn.pragma("user_version", 999)
+    conn.close()
+    subprocess.run([sys.executable, "-c", _HOT_JOURNAL, path], check=True, timeout=60)
+    assert os.path.getsize(path + "-journal") > 0
 
 
 def _big_pages(path: str, version: int | None = None, wal_pending: bool = False) -> None:
@@ -127,16 +181,30 @@ def _foreign(path: str, application_id: int = 0) -> None:
     conn.close()
 
 
-@pytest.mark.parametrize("case", ["newer", "newer-wal", "foreign", "foreign-app", "wrong-owner", "bad-config"])
+@pytest.mark.parametrize("case", ["newer", "newer-wal", "newer-walmode", "newer-walmode-leftover",
+                                  "newer-hot-journal", "foreign", "foreign-app", "foreign-app-wal",
+                                  "foreign-wal", "wrong-owner", "bad-config"])
 def test_a_refused_database_keeps_every_byte_and_its_mtime(home, tmp_path, case):
     if case in ("wrong-owner", "bad-config") and not IS_ROOT:
         pytest.skip("giving a file to another uid, and task users, need root")
     db = os.path.join(home, "qledge.db")
     extra: list[str] = []
-    if case.startswith("newer"):
+    if case.startswith("newer-walmode") or case == "newer-hot-journal":
+        _fresh(home)
+        if case == "newer-hot-journal":
+            _newer_with_hot_journal(db)
+        else:
+            _newer_in_wal_mode(db, leftover_wal=case.endswith("leftover"))
+        expected = f"database schema version 999 is newer than this qledge ({len(MIGRATIONS)})"
+    elif case.startswith("newer"):
         _fresh(home)
         _big_pages(db, version=99, wal_pending=case == "newer-wal")
         expected = f"database schema version 99 is newer than this qledge ({len(MIGRATIONS)})"
+    elif case.endswith("-wal") and case.startswith("foreign"):
+        os.chmod(home, 0o700)
+        _foreign_wal_no_shm(db, 0x47504B47 if case == "foreign-app-wal" else 0)
+        expected = ("qledge.db belongs to another program (application id 0x47504b47)" if case == "foreign-app-wal"
+                    else "qledge.db is not a qledge database (schema version 0, tables leases)")
     elif case.startswith("foreign"):
         os.chmod(home, 0o700)
         _foreign(db, 0x47504B47 if case == "foreign-app" else 0)

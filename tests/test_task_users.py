@@ -399,6 +399,24 @@ def test_no_other_task_reads_the_environment_of_a_task_that_uses_a_secret(daemon
 
 
 @needs_root
+def test_a_file_a_secret_task_writes_is_its_own_alone(daemon, scratch):
+    # A secret written to a shared place (/tmp) must not be readable by another task's user:
+    # a run under a uid of its own starts with umask 0077; other runs keep the daemon's.
+    daemon.cli("secret", "set", "S", input="umask-secret-Qw3")
+    mine, theirs = os.path.join(scratch, "secret-out"), os.path.join(scratch, "plain-out")
+    daemon.cli("task", "add", "writes", "--secret-env", "K=S", "--shell", "--", f'echo "$K" > {mine}; umask')
+    daemon.cli("task", "add", "plain", "--shell", "--", f"echo hi > {theirs}; umask")
+    usual = os.umask(0o022)
+    os.umask(usual)  # the daemon was started with the test's umask
+    run, log = _run(daemon, "writes")
+    assert run["status"] == "succeeded" and log.split() == ["0077"], log
+    assert os.stat(mine).st_mode & 0o777 == 0o600
+    run, log = _run(daemon, "plain")
+    assert run["status"] == "succeeded" and log.split() == [f"{usual:04o}"], log
+    assert os.stat(theirs).st_mode & 0o777 == 0o666 & ~usual
+
+
+@needs_root
 def test_the_own_uid_is_stable_recorded_never_shared_and_goes_with_the_task(daemon):
     daemon.cli("secret", "set", "S", input="a-secret-value-123")
     probe = 'id -u; id -g; echo "$HOME"; echo "$QLEDGE_DATA_DIR"; stat -c %a:%u "$HOME"; touch "$HOME/x"'

@@ -446,19 +446,27 @@ class _Ids(TypedDict, total=False):
     user: int
     group: int
     extra_groups: list[int]
+    umask: int
 
 
 def _identity(run_as: RunAs | None) -> _Ids:
     """What the child must switch to; nothing when it would run with the daemon's own
     credentials (a root daemon's task of root), so CPython can vfork instead of fork. The
-    primary group counts as a member either way, as it does for the kernel's checks."""
+    primary group counts as a member either way, as it does for the kernel's checks.
+
+    A run under a uid of its own (a task that uses a secret) starts with umask 0077: what
+    it writes to a shared place (/tmp) is its own alone, not readable by another task's
+    user. Other runs keep the daemon's umask."""
     if run_as is None or not run_as.switch:
         return {}
     uid, gid = run_as.uid, run_as.gid
     if (os.getresuid() == (uid, uid, uid) and os.getresgid() == (gid, gid, gid)
             and {*os.getgroups(), gid} == {*run_as.groups, gid}):
         return {}
-    return {"user": uid, "group": gid, "extra_groups": list(run_as.groups)}
+    ids: _Ids = {"user": uid, "group": gid, "extra_groups": list(run_as.groups)}
+    if run_as.home is not None:
+        ids["umask"] = 0o077
+    return ids
 
 
 # Whether os.pidfd_open works here (Linux 5.3 and later; OpenWrt kernels before that, and

@@ -17,7 +17,7 @@ import apsw
 import apsw.aio
 
 from edge.core.errors import ToolError, unavailable
-from edge.storage.sqlite.schema import NotOurs, SchemaTooNew, check_owned, migrate
+from edge.storage.sqlite.schema import APPLICATION_ID, MIGRATIONS, NotOurs, SchemaTooNew, check_owned, migrate
 from edge.storage.tx import Params, Row
 
 log = logging.getLogger("qledge.store")
@@ -340,6 +340,61 @@ def _why_not(path: str, exc: Exception) -> str:
     return f"cannot open {path}: {exc}"
 
 
+_MAGIC = b"SQLite format 3\x00"
+
+
+def check_header(path: str) -> None:
+    """Refuse, from the file's own 100-byte header and before SQLite opens it, a database
+    this qledge must not touch: a newer schema (`user_version`, offset 60) or another
+    program's (`application_id`, offset 68). SQLite's opening is itself a write when a
+    `-wal` or a hot `-journal` lies beside the file (the WAL index is made, the journal is
+    rolled back), so a refusal must come first. A header that is stale (a newer page 1 in a
+    WAL) and still ours is taken as ours. Missing, short or not SQLite: left to SQLite."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return  # missing (made afresh), a link or unreadable: the open names it
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return
+        header = os.pread(fd, 100, 0)
+    finally:
+        os.close(fd)
+    if len(header) < 100 or not header.startswith(_MAGIC):
+        return
+    version = int.from_bytes(header[60:64], "big", signed=True)
+    if version > len(MIGRATIONS):
+        raise SchemaTooNew(
+            f"database schema version {version} is newer than this qledge ({len(MIGRATIONS)}):"
+            " upgrade qledge or restore a backup"
+        )
+    app = int.from_bytes(header[68:72], "big")
+    if app not in (0, APPLICATION_ID):
+        raise NotOurs(f"{os.path.basename(path)} belongs to another program (application id {app:#x}), not qledge:"
+                      " move it away (or point home at another directory)")
+    if app == 0:  # not marked: another program's, or an older qledge's (told by its tables)
+        _check_unmarked(path)
+
+
+def _check_unmarked(path: str) -> None:
+    """check_owned on the file alone, opened `immutable`: SQLite then takes no lock, reads
+    no `-wal` and rolls back no `-journal`, so nothing beside the file is made or changed
+    (what a normal open of a file in WAL mode, or with a hot journal, would do)."""
+    uri = "file:" + path.replace("%", "%25").replace("?", "%3f").replace("#", "%23") + "?mode=ro&immutable=1"
+    try:
+        conn = apsw.Connection(uri, flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI | apsw.SQLITE_OPEN_NOFOLLOW)
+    except apsw.Error:
+        return  # the real open names what is wrong
+    try:
+        check_owned(conn)
+    except (SchemaTooNew, NotOurs):
+        raise
+    except apsw.Error:
+        return
+    finally:
+        conn.close()
+
+
 class _Pending:
     """Work queued by `Database.before_next` or `Database.ride`; `done` once it ran (well or
     not), with its result or the error it met (a ride's is its caller's to handle)."""
@@ -422,6 +477,10 @@ class Database:
         # apsw documents passing the controller class; its stub declares the protocol for instances.
         apsw.async_controller.set(apsw.aio.AsyncIO)  # type: ignore[arg-type]
         flags = apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE | apsw.SQLITE_OPEN_NOFOLLOW
+        try:
+            check_header(path)
+        except (SchemaTooNew, NotOurs) as exc:
+            raise OpenError(str(exc)) from None
         old = os.umask(0o077)  # the database holds credentials digests and secrets
         try:
             conn = await apsw.Connection.as_async(path, flags)
