@@ -647,3 +647,30 @@ def test_crontab_dry_run_notes_days_that_either_match(daemon, workdir):
     assert dry.count(note) == 1, dry  # only the line that restricts both
     planned = as_json(daemon.cli("import", "crontab", path, "--dry-run", "--json"))["tasks"]
     assert [len(t.get("notes", [])) for t in planned] == [1, 0, 0]
+
+
+@pytest.mark.skipif(not IS_ROOT or shutil.which("chattr") is None, reason="chattr +i needs root")
+def test_a_qinglong_import_failing_at_the_scripts_takes_back_the_secrets_it_stored(daemon, workdir, scripts):
+    """The scripts cannot be copied (a directory of the destination is immutable: only a
+    write finds that out) after the secrets were stored: the secrets and the scripts copied
+    so far are taken back, no task is written, and the one line says what was undone."""
+    data = ql.make_data_dir(workdir)
+    lib = os.path.join(scripts, "lib")
+    os.makedirs(lib, 0o755)
+    subprocess.run(["chattr", "+i", lib], check=True)
+    try:
+        failed = daemon.cli("import", "qinglong", data, "--user", "nobody")
+        assert failed.returncode == 2 and failed.stderr.count("\n") == 1, failed.stderr
+        line = failed.stderr
+        assert f"cannot copy the scripts to {scripts}: Operation not permitted (importing the scripts);" \
+               " the import stopped there, undone: secret " in line, line
+        assert "JD_COOKIE" in line and "the scripts copied to" in line, line
+        assert secret_names(daemon) == [] and task_ids(daemon) == []
+        assert os.listdir(os.path.dirname(scripts)) == ["qinglong"] and os.listdir(scripts) == ["lib"]
+        assert daemon.db().execute("SELECT count(*) FROM imports").fetchone()[0] == 0
+        # Nothing left behind stands in the way of the next import.
+        subprocess.run(["chattr", "-i", lib], check=True)
+        ok(daemon.cli("import", "qinglong", data, "--user", "nobody"))
+        assert "JD_COOKIE" in secret_names(daemon) and task_ids(daemon)
+    finally:
+        subprocess.run(["chattr", "-i", lib], check=False)
