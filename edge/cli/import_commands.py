@@ -797,7 +797,8 @@ def interruptible(verb: Callable[[Client, argparse.Namespace], int]) -> Callable
         if threading.current_thread() is not threading.main_thread():
             return verb(c, a)
         _signals = _Signals()
-        before = {n: signal.signal(n, _signals.handler) for n in STOPS}
+        # One ignored already (nohup's SIGHUP) stays ignored.
+        before = {n: signal.signal(n, _signals.handler) for n in STOPS if signal.getsignal(n) != signal.SIG_IGN}
         try:
             return verb(c, a)
         except Interrupted as exc:
