@@ -446,3 +446,54 @@ def test_a_part_failing_after_the_first_write_undoes_what_the_import_wrote(daemo
         subprocess.run(["chattr", "-i", lib], check=False)
         shutil.rmtree(made, ignore_errors=True)
         shutil.rmtree(scripts, ignore_errors=True)
+
+
+def test_a_stop_signal_during_an_import_takes_back_what_it_wrote(daemon_factory, tmp_path):
+    """SIGTERM while the secrets are being written: the import stops at the next point where
+    its writes are on record, takes them all back, exits 143 with one line. Many secrets,
+    so the signal lands mid-import; when a fast machine finished first, more of them."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    source = daemon_factory().start()
+    _populate(source)
+    full = str(tmp_path / "full.json")
+    _ok(source.cli("export", "--with-secrets", full))
+    source.stop()
+    with open(full) as f:
+        doc = json.load(f)
+    count = 1500
+    for _ in range(4):
+        doc["secrets"] = [{"name": "api", "value": "s3cr3t-value-1"}] + [
+            {"name": f"bulk_{n:05d}", "value": f"value-{n}"} for n in range(count)]
+        with open(full, "w") as f:
+            json.dump(doc, f)
+        target = daemon_factory().start()
+        db = target.db()
+        proc = subprocess.Popen([sys.executable, "-m", "edge", "import", full], env=target.env, text=True,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            deadline = time.monotonic() + 60
+            while proc.poll() is None and db.execute("SELECT count(*) FROM secrets").fetchone()[0] == 0:
+                assert time.monotonic() < deadline, "no secret was written in a minute"
+                time.sleep(0.005)
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        if proc.returncode == 0:  # it finished before the signal: more secrets, a fresh daemon
+            count *= 2
+            target.stop()
+            continue
+        assert proc.returncode == 128 + signal.SIGTERM, err
+        assert err.count("\n") == 1 and err.startswith("qledge: cancelled: stopped by SIGTERM (importing the"
+                                                       " secrets); undone: secret "), err
+        assert db.execute("SELECT count(*) FROM secrets").fetchone()[0] == 0
+        assert db.execute("SELECT count(*) FROM imports").fetchone()[0] == 0
+        assert _heads(target) == ({}, {})
+        return
+    pytest.fail(f"every import of up to {count // 2} secrets finished before a signal could reach it")

@@ -769,3 +769,71 @@ def test_a_task_named_after_a_credential_gets_a_neutral_id(daemon, workdir):
     assert sorted(task_ids(daemon)) == ["fine", "task", "task-2"]
     for task in as_json(daemon.cli("task", "list", "--json")):
         assert token not in task["id"]
+
+
+@pytest.mark.skipif(not IS_ROOT or shutil.which("chattr") is None, reason="chattr +i needs root")
+def test_a_qinglong_import_failing_at_the_scripts_takes_back_the_secrets_it_stored(daemon, workdir, scripts):
+    """The scripts cannot be copied (a directory of the destination is immutable: only a
+    write finds that out) after the secrets were stored: the secrets and the scripts copied
+    so far are taken back, no task is written, and the one line says what was undone."""
+    data = ql.make_data_dir(workdir)
+    lib = os.path.join(scripts, "lib")
+    os.makedirs(lib, 0o755)
+    subprocess.run(["chattr", "+i", lib], check=True)
+    try:
+        failed = daemon.cli("import", "qinglong", data, "--user", "nobody")
+        assert failed.returncode == 2 and failed.stderr.count("\n") == 1, failed.stderr
+        line = failed.stderr
+        assert f"cannot copy the scripts to {scripts}: Operation not permitted (importing the scripts);" \
+               " the import stopped there, undone: secret " in line, line
+        assert "JD_COOKIE" in line and "the scripts copied to" in line, line
+        assert secret_names(daemon) == [] and task_ids(daemon) == []
+        assert os.listdir(os.path.dirname(scripts)) == ["qinglong"] and os.listdir(scripts) == ["lib"]
+        assert daemon.db().execute("SELECT count(*) FROM imports").fetchone()[0] == 0
+        # Nothing left behind stands in the way of the next import.
+        subprocess.run(["chattr", "-i", lib], check=True)
+        ok(daemon.cli("import", "qinglong", data, "--user", "nobody"))
+        assert "JD_COOKIE" in secret_names(daemon) and task_ids(daemon)
+    finally:
+        subprocess.run(["chattr", "-i", lib], check=False)
+
+
+def test_a_stop_signal_during_a_crontab_import_deletes_the_tasks_of_the_batches_before(daemon, workdir):
+    """SIGTERM once the first batch of tasks is written: the import deletes every task it
+    created, exits 143 with one line. When a fast machine finished first, more lines."""
+    import signal
+    import sys
+    import time
+
+    lines = 2000
+    for _ in range(4):
+        path = os.path.join(workdir, f"crontab{lines}")
+        with open(path, "w") as f:
+            f.writelines(f"*/5 * * * * /bin/echo entry {n}\n" for n in range(lines))
+        db = daemon.db()
+        proc = subprocess.Popen([sys.executable, "-m", "edge", "import", "crontab", path], env=daemon.env, text=True,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            deadline = time.monotonic() + 60
+            while proc.poll() is None and db.execute("SELECT count(*) FROM tasks").fetchone()[0] == 0:
+                assert time.monotonic() < deadline, "no task was written in a minute"
+                time.sleep(0.005)
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        if proc.returncode == 0:  # it finished before the signal: more lines, the tasks deleted first
+            for task in task_ids(daemon):
+                daemon.call("qledge.task.delete", {"taskId": task, "withTriggers": True})
+            lines *= 2
+            continue
+        assert proc.returncode == 128 + signal.SIGTERM, err
+        assert err.count("\n") == 1 and err.startswith("qledge: cancelled: stopped by SIGTERM (importing the"
+                                                       " tasks); undone: task "), err
+        assert task_ids(daemon) == []
+        assert db.execute("SELECT count(*) FROM triggers").fetchone()[0] == 0
+        assert db.execute("SELECT count(*) FROM imports").fetchone()[0] == 0
+        return
+    pytest.fail(f"every import of up to {lines // 2} lines finished before a signal could reach it")

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import stat
 import sys
 import tempfile
@@ -146,13 +147,20 @@ def _batches(entries: list[Entry]) -> list[list[Entry]]:
     return out
 
 
-def _import_calls(c: Client, entries: list[Entry], check: bool) -> list[ImportedTask]:
+def _import_calls(c: Client, entries: list[Entry], check: bool, undo: Undo | None = None) -> list[ImportedTask]:
+    """A call per batch (each a transaction); the tasks created go to `undo`."""
     results: list[ImportedTask] = []
     for batch in _batches(entries):
         got = c.typed("qledge.import.tasks", task_tools.ImportTasksArgs(items=[e.task for e in batch], check=check),
                       task_tools.ImportTasksResult)
         if len(got.results) != len(batch):
             raise CallFailed("internal", "the daemon answered an import batch with another number of results")
+        if undo is not None:
+            for result in got.results:
+                if result.status == "created":
+                    undo.add(f"task {result.task_id}", functools.partial(
+                        c.call, "qledge.task.delete", {"taskId": result.task_id, "withTriggers": True}))
+            undo.check()
         results += got.results
     return results
 
@@ -221,10 +229,11 @@ def _stopped(stops: list[tuple[Entry, ImportedTask]], who: str) -> CallFailed:
 
 
 def _apply_tasks(c: Client, report: Report, entries: list[Entry], records: dict[str, ImportRecord],
-                 dry_run: bool) -> list[Entry]:
-    """Create the checked entries not imported before (a transaction per batch); the entries in qledge now."""
+                 dry_run: bool, undo: Undo | None = None) -> list[Entry]:
+    """Create the checked entries not imported before (a transaction per batch; what each
+    creates goes to `undo`); the entries in qledge now."""
     fresh = [e for e in entries if e.task.key not in records]
-    made = {} if dry_run else dict(zip((id(e) for e in fresh), _import_calls(c, fresh, check=False), strict=True))
+    made = {} if dry_run else dict(zip((id(e) for e in fresh), _import_calls(c, fresh, False, undo), strict=True))
     kept: list[Entry] = []
     for entry in entries:
         triggers = [t.expression for t in entry.task.triggers]
@@ -378,10 +387,19 @@ def import_crontab(c: Client, a: argparse.Namespace) -> int:
     who = f"the entries run as {user.name}, " + ("as --user says" if a.user else "the crontab's user")
     records = _records(c)
     entries = _check_tasks(c, report, plan.entries, records, who)
-    entries = _apply_tasks(c, report, entries, records, a.dry_run)
+    undo = Undo()
+    if not a.dry_run:
+        try:  # the tasks, a transaction per batch: on a failure or a stop, the batches before are taken back
+            undo.start()
+            entries = _apply_tasks(c, report, entries, records, a.dry_run, undo)
+            undo.check()
+        except (*FAILURES, Interrupted) as exc:
+            raise undo.stopped(exc, "tasks") from None
+    else:
+        entries = _apply_tasks(c, report, entries, records, a.dry_run)
     for line, first in plan.duplicates:
         report.notices.append(f"line {line}: the same entry as line {first}: imported once")
-    if a.disable_source:
+    if a.disable_source:  # after the tasks: when it fails, they stay, and the message says so
         lines = [int(e.where.split()[1]) for e in entries] + [line for line, _ in plan.duplicates]
         report.notices.append(_disable_source(path, text, lines, a.dry_run))
     return _done(a, report)
@@ -687,8 +705,9 @@ def _plan_secrets(data: QlData, source: QlSource, with_notifications: bool) -> t
 
 
 def _store_secrets(c: Client, report: Report, wanted: dict[str, str], records: dict[str, ImportRecord],
-                   dry_run: bool) -> dict[str, str]:
-    """Store the envs as secrets; returns env name → secret name for those in qledge now."""
+                   dry_run: bool, undo: Undo | None = None) -> dict[str, str]:
+    """Store the envs as secrets (the ones created go to `undo`); returns env name → secret
+    name for those in qledge now."""
     usable: dict[str, str] = {}
     for env, value in sorted(wanted.items()):
         if not _ENV_NAME.match(env):
@@ -713,6 +732,9 @@ def _store_secrets(c: Client, report: Report, wanted: dict[str, str], records: d
                     raise CallFailed(exc.code, exc.message + " (qinglong's environment becomes secrets: import as an"
                                      " owner)") from None
                 raise
+            if status == "created" and undo is not None:
+                undo.add(f"secret {name}", functools.partial(c.call, "qledge.secret.delete", {"name": name}))
+                undo.check()
         report.secrets.append(PlannedSecret(name=name, env=env, status=status))
         if status != "taken":
             usable[env] = name
@@ -736,6 +758,62 @@ class NotifyImports(Protocol):
 
 
 FAILURES = (CallFailed, UsageError, BadReply, Unreachable, OSError)  # what a part of an import can end with
+STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # what an import takes back its writes for
+
+
+class Interrupted(BaseException):
+    """A stop signal during an import (a BaseException: no `except Exception` swallows it)."""
+
+    def __init__(self, signum: int, message: str = "") -> None:
+        super().__init__(signum, message)
+        self.signum = signum
+        self.message = message
+
+
+class _Signals:
+    """The stop signals while an import runs. Before its first write one stops it at once;
+    after, at the next point where every write so far is on record in its Undo (a call in
+    flight completes first, so the undo knows what it wrote)."""
+
+    def __init__(self) -> None:
+        self.writing = False
+        self.pending: int | None = None
+
+    def handler(self, signum: int, frame: object) -> None:
+        if self.pending is None:
+            self.pending = signum
+        if not self.writing:
+            raise Interrupted(signum)
+
+
+_signals: _Signals | None = None  # the running import's, while one runs in this process
+
+
+def interruptible(verb: Callable[[Client, argparse.Namespace], int]) -> Callable[[Client, argparse.Namespace], int]:
+    """Run an import with SIGTERM, SIGINT and SIGHUP turned into Interrupted (its undo runs),
+    then exit as for the signal (128 + its number) with one line."""
+    @functools.wraps(verb)
+    def run(c: Client, a: argparse.Namespace) -> int:
+        global _signals
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return verb(c, a)
+        _signals = _Signals()
+        # One ignored already (nohup's SIGHUP) stays ignored.
+        before = {n: signal.signal(n, _signals.handler) for n in STOPS if signal.getsignal(n) != signal.SIG_IGN}
+        try:
+            return verb(c, a)
+        except Interrupted as exc:
+            name = signal.Signals(exc.signum).name
+            shared.report("cancelled", exc.message or f"stopped by {name} before anything was written", a.json)
+            return 128 + exc.signum
+        finally:
+            for n, handler in before.items():
+                signal.signal(n, handler)
+            _signals = None
+
+    return run
 
 
 class Undo:
@@ -746,8 +824,29 @@ class Undo:
         self._steps: list[tuple[str, Callable[[], object]]] = []
         self.stays: list[str] = []
 
+    def start(self) -> None:
+        """The first write comes next: from here a stop signal waits for the next check()."""
+        if _signals is not None:
+            _signals.writing = True
+        self.check()
+
     def add(self, what: str, step: Callable[[], object]) -> None:
         self._steps.append((what, step))
+
+    def check(self) -> None:
+        """Where every write so far is on record: a stop signal received meanwhile stops here."""
+        if _signals is not None and _signals.pending is not None:
+            raise Interrupted(_signals.pending)
+
+    def stopped(self, exc: BaseException, stage: str) -> BaseException:
+        """What the import raises after a failure or a stop in `stage`: everything undone, one line."""
+        if isinstance(exc, Interrupted):
+            name = signal.Signals(exc.signum).name
+            return Interrupted(exc.signum, f"stopped by {name} (importing the {stage}); {self.run()}")
+        code = (exc.code if isinstance(exc, CallFailed) else "unavailable" if isinstance(exc, Unreachable)
+                else "invalid_argument" if isinstance(exc, UsageError) else "internal")
+        message = exc.message if isinstance(exc, CallFailed) else " ".join(str(exc).split())
+        return CallFailed(code, f"{message} (importing the {stage}); the import stopped there, {self.run()}")
 
     def run(self) -> str:
         """Every step, each failure kept apart: one clause saying what was undone and what was not."""
@@ -1212,21 +1311,11 @@ def import_qinglong(c: Client, a: argparse.Namespace) -> int:
         if copy and not a.dry_run:
             assert scripts_src is not None
             _copy_scripts(scripts_src, scripts_dir, top, dry_run=True)
-        usable = _store_secrets(c, report, wanted, records, a.dry_run)
-        entries: list[Entry] = []
-        for entry in _ql_entries(data, place, usable):
-            if isinstance(entry, Entry):
-                entries.append(entry)
-            else:
-                report.not_imported.append(entry)
-        if copy:
-            assert scripts_src is not None
-            report.notices.append(_copy_scripts(scripts_src, scripts_dir, top, a.dry_run))
-        elif scripts_src is None:
+        entries, usable = _write_qinglong(c, a, report, (wanted, records, who), place,
+                                  (scripts_src, top) if copy else None, data)
+        if not copy and scripts_src is None:
             report.notices.append("no scripts directory beside this database: the tasks expect their scripts in"
                                   f" {scripts_dir}")
-        entries = _check_tasks(c, report, entries, records, who)
-        _apply_tasks(c, report, entries, records, a.dry_run)
         if a.with_notifications and NOTIFY is not None:
             NOTIFY.ql_channels(c, report, data, wanted, usable, records, a.dry_run)
         elif a.with_notifications:
@@ -1235,6 +1324,41 @@ def import_qinglong(c: Client, a: argparse.Namespace) -> int:
         report.notices += _ql_notices(data, source, held, config_keys, other, a.with_notifications)
         report.notices += _interpreters(entries)
     return _done(a, report)
+
+
+def _write_qinglong(c: Client, a: argparse.Namespace, report: Report,
+                    plan: tuple[dict[str, str], dict[str, ImportRecord], str], place: QlPlace,
+                    copy: tuple[str | None, str] | None, data: QlData) -> tuple[list[Entry], dict[str, str]]:
+    """The secrets, the scripts, then the tasks (the order they depend on each other); on a
+    failure or a stop signal, what this import wrote is taken back (Undo) and one line says
+    where it stopped and what was undone. The entries imported, and env name → secret name."""
+    wanted, records, who = plan
+    undo = Undo()
+    stage = "secrets"
+    try:
+        if not a.dry_run:
+            undo.start()
+        usable = _store_secrets(c, report, wanted, records, a.dry_run, undo)
+        entries: list[Entry] = []
+        for entry in _ql_entries(data, place, usable):
+            if isinstance(entry, Entry):
+                entries.append(entry)
+            else:
+                report.not_imported.append(entry)
+        if copy is not None:
+            stage = "scripts"
+            assert copy[0] is not None
+            report.notices.append(_copy_scripts(copy[0], place.scripts_dir, copy[1], a.dry_run,
+                                                None if a.dry_run else undo))
+            undo.check()
+        stage = "tasks"
+        entries = _check_tasks(c, report, entries, records, who)
+        entries = _apply_tasks(c, report, entries, records, a.dry_run, None if a.dry_run else undo)
+    except (*FAILURES, Interrupted) as exc:
+        if a.dry_run:
+            raise
+        raise undo.stopped(exc, stage) from None
+    return entries, usable
 
 
 # -- argparse -------------------------------------------------------------------------
@@ -1575,22 +1699,23 @@ def _write_import(c: Client, doc: backup_tools.Document, move: Move, replace: bo
     undo = Undo()
     stage = "secrets"
     try:
+        undo.start()
         for _, args in calls:
             if isinstance(args, backup_tools.SecretImportArgs):
                 _import_secrets(c, report, args, secrets, undo)
+                undo.check()
         stage = "notification channels and rules"
         notes = import_notify(c, doc, replace, False, undo)
+        undo.check()
         stage = "scripts"
         notes = import_scripts(move, False, undo) + notes
         stage = "tasks and triggers"
         for tool_name, args in calls:
             if tool_name == "qledge.import":
+                undo.check()  # the parts before the last write nothing; the last writes them all
                 report.add(c.typed(tool_name, args, backup_tools.ImportReport))
-    except FAILURES as exc:
-        code = (exc.code if isinstance(exc, CallFailed) else "unavailable" if isinstance(exc, Unreachable)
-                else "invalid_argument" if isinstance(exc, UsageError) else "internal")
-        message = exc.message if isinstance(exc, CallFailed) else " ".join(str(exc).split())
-        raise CallFailed(code, f"{message} (importing the {stage}); the import stopped there, {undo.run()}") from None
+    except (*FAILURES, Interrupted) as exc:
+        raise undo.stopped(exc, stage) from None
     report.notes += notes
     return report
 
@@ -1631,12 +1756,12 @@ def _file_options(p: argparse.ArgumentParser) -> None:
 VERBS = {
     "export": Verb("export", export_state, options=_export_options),
     "import": (
-        Verb("file", import_state,
+        Verb("file", interruptible(import_state),
              "import an export made by `qledge export`: create what is missing, skip what is identical", _file_options),
-        Verb("crontab", import_crontab,
+        Verb("crontab", interruptible(import_crontab),
              "import a crontab: each entry becomes a shell task with a trigger (run it again: nothing new)",
              _crontab_options),
-        Verb("qinglong", import_qinglong,
+        Verb("qinglong", interruptible(import_qinglong),
              "import a qinglong install: its crons, environment (as secrets) and scripts", _qinglong_options),
     ),
 }
