@@ -44,7 +44,8 @@ _limits = msgspec.json.Decoder(EvidenceLimits)
 POSITION = "pg_snapshot_xmax(pg_current_snapshot())::text::bigint"
 SQL_INSERT = (
     "INSERT INTO agent_evidence (run_id, project_id, task_id, task_revision, state, instruction, provider, model,"
-    f" cost_usd, position_before, created_at_ms) VALUES (%s, %s, %s, %s, 'running', %s, %s, %s, %s, {POSITION}, %s)"
+    " cost_usd, position_before, created_at_ms, limits)"
+    f" VALUES (%s, %s, %s, %s, 'running', %s, %s, %s, %s, {POSITION}, %s, %s::jsonb)"
     " ON CONFLICT (run_id) DO NOTHING"
 )
 # The cut: the newest record beyond the ones kept (an index walk of MAX_RECORDS + 1 keys).
