@@ -1,5 +1,5 @@
 // The AI operator: ask a question (its answer is the run's log), and the evidence record of
-// each AI run: rounds, tools used, tokens, cost, and which budget ran out, if one did.
+// each AI run: rounds, tools used, tokens, cost (each against the limit the run had), which budget ran out, if one did, and what was left.
 import { h } from "./dom.js";
 import * as api from "./api.js";
 import { t } from "./i18n.js";
