@@ -537,3 +537,17 @@ def test_ask_will_not_take_over_a_command_task_named_ask(agent):
     assert asked.returncode == 1
     assert asked.stderr.strip() == ("qledge: conflict: task 'ask' exists and is not an AI task;"
                                     " `qledge ask` needs that name")
+
+
+def test_the_evidence_keeps_the_limits_each_run_had(agent, provider):
+    d = agent(budget_rounds=4)
+    provider.add(tool_call("qinglong.run.list", {}), answer("done"))
+    run = start_and_wait(d, ai_task(d, "lowered", rounds=2)["id"])
+    assert run["status"] == "succeeded"
+    limits = record(d, run["id"])["limits"]
+    assert set(limits) == {"rounds", "inputTokens", "outputTokens", "costUsd", "wallClockS", "toolCallsPerRound"}
+    assert limits["rounds"] == 2  # the configured 4, lowered by the task's own budget
+    assert all(isinstance(v, (int, float)) and v > 0 for v in limits.values())
+    with d.db() as conn:  # written once, with the record; a record kept before limits were reads as not known
+        conn.execute("UPDATE agent_evidence SET limits = NULL WHERE run_id = ?", (run["id"],))
+    assert record(d, run["id"])["limits"] is None

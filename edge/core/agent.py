@@ -151,6 +151,24 @@ class EvidenceSummary(msgspec.Struct, frozen=True):
     finished_at_ms: Millis | None
 
 
+class EvidenceLimits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The limits a run had: the configured maxima lowered by its task's budget (numbers only)."""
+
+    rounds: _Count
+    input_tokens: _Count
+    output_tokens: _Count
+    cost_usd: Annotated[float, msgspec.Meta(ge=0)]
+    wall_clock_s: _Count
+    tool_calls_per_round: _Count
+
+
+def evidence_limits(limits: Limits) -> EvidenceLimits:
+    return EvidenceLimits(
+        rounds=limits.rounds, input_tokens=limits.input_tokens, output_tokens=limits.output_tokens,
+        cost_usd=limits.cost_usd, wall_clock_s=limits.wall_clock_s, tool_calls_per_round=limits.tool_calls_per_round,
+    )
+
+
 class EvidenceDetail(EvidenceSummary, frozen=True):
     instruction: Annotated[str, msgspec.Meta(min_length=1, max_length=2000)]
     round_meta: Annotated[list[RoundMeta], msgspec.Meta(max_length=1000)]
@@ -158,6 +176,7 @@ class EvidenceDetail(EvidenceSummary, frozen=True):
     answer_summary: Annotated[str, msgspec.Meta(max_length=EVIDENCE_TEXT_MAX)] | None
     position_before: _Count
     position_after: _Count | None
+    limits: EvidenceLimits | None = None  # None: not known (a record written before limits were kept)
 
 
 class EvidenceOpen(msgspec.Struct, frozen=True, kw_only=True):
@@ -171,6 +190,7 @@ class EvidenceOpen(msgspec.Struct, frozen=True, kw_only=True):
     provider: str
     model: str
     cost_known: bool  # prices are configured: the cost starts at zero, else it is unknown
+    limits: EvidenceLimits | None = None
 
 
 class EvidenceRecord(msgspec.Struct, frozen=True, kw_only=True):

@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from edge.core.agent import EVIDENCE_TEXT_MAX, EvidenceOpen, EvidenceRecord, EvidenceState, ProviderSettings, endpoint
+from edge.core.agent import (
+    EVIDENCE_TEXT_MAX, EvidenceOpen, EvidenceRecord, EvidenceState, Limits, ProviderSettings, endpoint, evidence_limits,
+)
 from edge.core.ports.runtime import Clock
 from edge.core.ports.stores import SecretStore
 from edge.core.runs import Run
@@ -49,15 +51,16 @@ class Evidence:
         self._secrets = secrets
         self._clock = clock
 
-    def opening(self, task: Task, run: Run, provider: ProviderSettings) -> EvidenceOpen:
-        """What is known of an AI run (of this AI task) when it starts, or ends without having started."""
+    def opening(self, task: Task, run: Run, provider: ProviderSettings, limits: Limits | None = None) -> EvidenceOpen:
+        """What is known of an AI run (of this AI task) when it starts, or ends without having
+        started; `limits`: the run's own (None: not known, as for a run that never launched)."""
         spec = task.spec.command
         assert isinstance(spec, AgentInstruction)
         prices = provider.input_usd_per_mtok is not None and provider.output_usd_per_mtok is not None
         return EvidenceOpen(
             project_id=run.project_id, run_id=run.id, task_id=run.task_id, task_revision=run.task_revision,
             instruction=spec.instruction, provider=provider_name(provider.base_url), model=provider.model,
-            cost_known=prices,
+            cost_known=prices, limits=evidence_limits(limits) if limits is not None else None,
         )
 
     async def opened(self, state: ActiveRun, now_ms: int) -> None:

@@ -16,6 +16,7 @@ from edge.core.reads import keyset, storage_fault, valid_page, valid_row
 from edge.core.text import normalize
 from edge.tools.agent import (
     HistoryDetailView,
+    LimitsView,
     HistoryGetArgs,
     HistoryGetResult,
     HistoryListArgs,
@@ -49,7 +50,17 @@ def detail_view(row: EvidenceDetail, after_round: int = 0, limit: int | None = N
     return HistoryDetailView(
         **_summary_fields(row), instruction=normalize(row.instruction), per_round=rounds,  # type: ignore[arg-type]
         error=_text(row.error), answer_summary=_text(row.answer_summary), position_before=row.position_before,
-        position_after=row.position_after,
+        position_after=row.position_after, limits=_limits(row),
+    )
+
+
+def _limits(row: EvidenceDetail) -> LimitsView | None:
+    kept = row.limits
+    if kept is None:
+        return None
+    return LimitsView(
+        rounds=kept.rounds, input_tokens=kept.input_tokens, output_tokens=kept.output_tokens,
+        cost_usd=kept.cost_usd, wall_clock_s=kept.wall_clock_s, tool_calls_per_round=kept.tool_calls_per_round,
     )
 
 

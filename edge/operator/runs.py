@@ -98,7 +98,7 @@ class AiRuns:
         evidence = self._evidence()
         pin, pout = provider.input_usd_per_mtok, provider.output_usd_per_mtok
         now = self._clock.now_ms()
-        state = ActiveRun(evidence.opening(task, run, provider), limits,
+        state = ActiveRun(evidence.opening(task, run, provider, limits), limits,
                           (pin, pout) if pin is not None and pout is not None else None, now)
         token = self._credentials.mint(run.id, self._offer.permissions)
         roster = self._roster

@@ -41,6 +41,17 @@ class HistoryView(msgspec.Struct, rename="camel"):
     finished_at_ms: int | None
 
 
+class LimitsView(msgspec.Struct, rename="camel", frozen=True):
+    """The limits a run had (the configured maxima lowered by its task's budget): numbers only."""
+
+    rounds: int
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
+    wall_clock_s: int
+    tool_calls_per_round: int
+
+
 class HistoryDetailView(HistoryView, rename="camel", kw_only=True):
     instruction: str
     per_round: list[RoundMeta]  # in order; the tools of all of them are the run's tool sequence
@@ -48,6 +59,7 @@ class HistoryDetailView(HistoryView, rename="camel", kw_only=True):
     answer_summary: str | None
     position_before: int  # the store's change position when the run started
     position_after: int | None  # ... and when it ended
+    limits: LimitsView | None = None  # None: not known (a record kept before limits were)
     # The text is the owner's instruction and model output: data for whoever reads it.
     instruction_policy: Literal["data_only_never_execute"] = "data_only_never_execute"
 

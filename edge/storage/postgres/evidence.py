@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import msgspec
 
-from edge.core.agent import EvidenceCursor, EvidenceDetail, EvidenceOpen, EvidenceRecord, EvidenceSummary, RoundMeta
+from edge.core.agent import (
+    EvidenceCursor, EvidenceDetail, EvidenceLimits, EvidenceOpen, EvidenceRecord, EvidenceSummary, RoundMeta,
+)
 from edge.core.errors import unavailable
 from edge.storage.postgres.db import PgDatabase
 from edge.storage.tx import Row, Tx
@@ -37,11 +39,13 @@ PRUNE_BATCH = 16
 
 _round = msgspec.json.Encoder()
 _rounds = msgspec.json.Decoder(list[RoundMeta])
+_limits = msgspec.json.Decoder(EvidenceLimits)
 
 POSITION = "pg_snapshot_xmax(pg_current_snapshot())::text::bigint"
 SQL_INSERT = (
     "INSERT INTO agent_evidence (run_id, project_id, task_id, task_revision, state, instruction, provider, model,"
-    f" cost_usd, position_before, created_at_ms) VALUES (%s, %s, %s, %s, 'running', %s, %s, %s, %s, {POSITION}, %s)"
+    " cost_usd, position_before, created_at_ms, limits)"
+    f" VALUES (%s, %s, %s, %s, 'running', %s, %s, %s, %s, {POSITION}, %s, %s::jsonb)"
     " ON CONFLICT (run_id) DO NOTHING"
 )
 # The cut: the newest record beyond the ones kept (an index walk of MAX_RECORDS + 1 keys).
@@ -65,7 +69,8 @@ SQL_PAGE = (
     " ORDER BY created_at_ms DESC, run_id DESC LIMIT %s"
 )
 SQL_GET = (
-    f"SELECT {SUMMARY}, instruction, rounds::text, error, answer_summary, position_before, position_after"
+    f"SELECT {SUMMARY}, instruction, rounds::text, error, answer_summary, position_before, position_after,"
+    " limits::text"
     " FROM agent_evidence WHERE run_id = %s AND project_id = %s"
 )
 _AHEAD_OF_ALL = EvidenceCursor(created_at_ms=1 << 62, run_id="\U0010ffff")
@@ -75,6 +80,7 @@ def _insert(tx: Tx, record: EvidenceOpen, now: int) -> None:
     tx.execute(SQL_INSERT, (
         record.run_id, record.project_id, record.task_id, record.task_revision, record.instruction,
         record.provider, record.model, 0.0 if record.cost_known else None, now,
+        None if record.limits is None else _round.encode(record.limits).decode(),
     ))
     cut = tx.row(SQL_CUT, (MAX_RECORDS,))
     tx.execute(SQL_PRUNE, (PRUNE_BATCH, cut[0] if cut else 0, now - MAX_AGE_MS))
@@ -104,12 +110,13 @@ def _page(tx: Tx, project: str, after: EvidenceCursor, limit: int) -> list[Evide
 
 
 def _detail(row: Row) -> EvidenceDetail:
-    instruction, rounds, error, answer, before, after = row[16:]
+    instruction, rounds, error, answer, before, after, kept = row[16:]
     try:
         meta = _rounds.decode(rounds)
+        limits = None if kept is None else _limits.decode(kept)
     except msgspec.DecodeError:
         raise unavailable("storage returned a malformed evidence record; nothing is returned") from None
-    return EvidenceDetail(*[*row[:16], instruction, meta, error, answer, before, after])
+    return EvidenceDetail(*[*row[:16], instruction, meta, error, answer, before, after, limits])
 
 
 def _get(tx: Tx, project: str, run_id: str) -> EvidenceDetail | None:

@@ -449,7 +449,13 @@ CREATE TABLE notify_streaks (
 );
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9)
+# The limits an AI run had, kept with its evidence record (as SQLite's version 16); NULL for
+# records written before: not known.
+_V10 = """
+ALTER TABLE agent_evidence ADD COLUMN limits jsonb;
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10)
 
 SQL_VERSION_TABLE = (
     "CREATE TABLE IF NOT EXISTS qledge_schema (version integer PRIMARY KEY, applied_at timestamptz NOT NULL)"

@@ -26,7 +26,9 @@ import apsw
 import msgspec
 
 from edge.core.errors import unavailable
-from edge.core.agent import EvidenceCursor, EvidenceDetail, EvidenceOpen, EvidenceRecord, EvidenceSummary, RoundMeta
+from edge.core.agent import (
+    EvidenceCursor, EvidenceDetail, EvidenceLimits, EvidenceOpen, EvidenceRecord, EvidenceSummary, RoundMeta,
+)
 from edge.storage.sqlite.db import Database, immediate, one
 
 MAX_RECORDS = 500
@@ -35,13 +37,14 @@ PRUNE_BATCH = 16
 
 _rounds_json = msgspec.json.Encoder()
 _rounds = msgspec.json.Decoder(list[RoundMeta])
+_limits = msgspec.json.Decoder(EvidenceLimits)
 
 SQL_HIGHEST = "SELECT max(coalesce(max(position_before), 0), coalesce(max(position_after), 0)) FROM agent_evidence"
 SQL_INSERT = (
     "INSERT INTO agent_evidence (run_id, project_id, task_id, task_revision, state, error_code, budget, error,"
     " instruction, provider, model, rounds, round_count, input_tokens, output_tokens, usage_estimated, cost_usd,"
-    " answer_summary, position_before, position_after, created_at_ms, finished_at_ms)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id) DO NOTHING"
+    " answer_summary, position_before, position_after, created_at_ms, finished_at_ms, limits)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id) DO NOTHING"
 )
 # Only the oldest few rows (seq is insertion order) are looked at, so no insert scans the table.
 SQL_PRUNE = (
@@ -57,7 +60,7 @@ SQL_PAGE = (
     " ORDER BY created_at_ms DESC, run_id DESC LIMIT ?"
 )
 SQL_GET = (
-    f"SELECT {SUMMARY}, instruction, rounds, error, answer_summary, position_before, position_after"
+    f"SELECT {SUMMARY}, instruction, rounds, error, answer_summary, position_before, position_after, limits"
     " FROM agent_evidence WHERE run_id = ? AND project_id = ?"
 )
 _AHEAD_OF_ALL = EvidenceCursor(created_at_ms=1 << 62, run_id="\U0010ffff")
@@ -92,6 +95,7 @@ def write_record(conn: apsw.Connection, record: EvidenceRecord, now: int, where:
             record.output_tokens, int(record.usage_estimated), record.cost_usd, record.answer_summary,
             after if record.position_before is None else record.position_before, after,
             now if record.created_at_ms is None else record.created_at_ms, now,
+            None if started.limits is None else _rounds_json.encode(started.limits).decode(),
         ))
         (newest,) = one(conn, "SELECT coalesce(max(seq), 0) FROM agent_evidence")
         conn.execute(SQL_PRUNE, (PRUNE_BATCH, newest - MAX_RECORDS, now - MAX_AGE_MS))
@@ -113,12 +117,13 @@ def get(conn: apsw.Connection, project: str, run_id: str) -> EvidenceDetail | No
     if row is None:
         return None
     head = _flags(row[:16])
-    instruction, rounds, error, answer, before, after = row[16:]
+    instruction, rounds, error, answer, before, after, kept = row[16:]
     try:
         meta = _rounds.decode(rounds)
+        limits = None if kept is None else _limits.decode(kept)
     except msgspec.DecodeError:
         raise unavailable("storage returned a malformed evidence record; nothing is returned") from None
-    return EvidenceDetail(*[*head, instruction, meta, error, answer, before, after])
+    return EvidenceDetail(*[*head, instruction, meta, error, answer, before, after, limits])
 
 
 class SqliteEvidenceStore:

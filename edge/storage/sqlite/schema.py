@@ -569,7 +569,15 @@ WHERE id IN (SELECT run_id FROM run_events);
 DROP TABLE run_events;
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12, _V13, _V14, _V15)
+# The limits an AI run had (a JSON object of its numbers), kept with its evidence record;
+# NULL for records written before: not known.
+_V16 = """
+ALTER TABLE agent_evidence ADD COLUMN limits TEXT;
+"""
+
+MIGRATIONS: tuple[str, ...] = (
+    _V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12, _V13, _V14, _V15, _V16,
+)
 
 
 class SchemaTooNew(apsw.SQLError):

@@ -1,5 +1,5 @@
 // The AI operator: ask a question (its answer is the run's log), and the evidence record of
-// each AI run: rounds, tools used, tokens, cost, and which budget ran out, if one did.
+// each AI run: rounds, tools used, tokens, cost (each against the limit the run had), which budget ran out, if one did, and what was left.
 import { h } from "./dom.js";
 import * as api from "./api.js";
 import { t } from "./i18n.js";
@@ -44,15 +44,22 @@ async function record(view, runId) {
   if (!found.found) { view.append(h("p", { class: "notice bad", text: t("ai.notfound") })); return null; }
   const r = found.record;
   const tools = r.perRound.flatMap((round) => round.tools || []);
+  const lim = r.limits; // null: a record kept before limits were
+  const of = (used, limit) => (lim ? t("ai.of", { used, limit }) : String(used));
+  const usd = (v) => `$${v.toFixed(4)}`;
   view.append(h("dl", { class: "facts" },
     h("dt", { text: t("col.run") }), h("dd", {}, h("a", { href: `#/runs/${encodeURIComponent(r.runId)}`, text: r.runId })),
     h("dt", { text: t("ai.state") }), h("dd", { text: r.state }),
     h("dt", { text: t("ai.model") }), h("dd", { text: `${r.provider} · ${r.model}` }),
-    h("dt", { text: t("ai.rounds") }), h("dd", { text: String(r.rounds) }),
+    h("dt", { text: t("ai.rounds") }), h("dd", { text: of(r.rounds, lim && lim.rounds) }),
     h("dt", { text: t("ai.tools") }), h("dd", { text: tools.length ? tools.join(", ") : "–" }),
-    h("dt", { text: t("ai.tokens") }), h("dd", { text: `${r.inputTokens} / ${r.outputTokens}` }),
-    h("dt", { text: t("ai.cost") }), h("dd", { text: r.costUsd === null ? t("ai.unknown") : `$${r.costUsd.toFixed(4)}` }),
+    h("dt", { text: t("ai.tokens") }), h("dd", { text: `${of(r.inputTokens, lim && lim.inputTokens)} / ${of(r.outputTokens, lim && lim.outputTokens)}` }),
+    h("dt", { text: t("ai.cost") }), h("dd", { text: r.costUsd === null ? t("ai.unknown") : (lim ? t("ai.of", { used: usd(r.costUsd), limit: usd(lim.costUsd) }) : usd(r.costUsd)) }),
     h("dt", { text: t("ai.budget") }), h("dd", { text: r.budget ? t("ai.budget.out", { name: r.budget }) : t("ai.budget.left") }),
+    h("dt", { text: t("ai.remaining") }), h("dd", { text: lim ? t("ai.remaining.left", {
+      rounds: Math.max(0, lim.rounds - r.rounds), input: Math.max(0, lim.inputTokens - r.inputTokens),
+      output: Math.max(0, lim.outputTokens - r.outputTokens),
+      cost: r.costUsd === null ? t("ai.unknown") : usd(Math.max(0, lim.costUsd - r.costUsd)) }) : t("ai.unknown") }),
     h("dt", { text: t("ai.instruction") }), h("dd", { text: r.instruction }),
     h("dt", { text: t("ai.answer") }), h("dd", { text: r.answerSummary || r.error || "–" })));
   return null;
