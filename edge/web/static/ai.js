@@ -3,7 +3,7 @@
 import { h } from "./dom.js";
 import * as api from "./api.js";
 import { t } from "./i18n.js";
-import { when } from "./format.js";
+import { when, usd } from "./format.js";
 import { table, field, setError, clearErrors, showRefusal, formError, section } from "./forms.js";
 
 export async function page(view, params) {
@@ -15,7 +15,7 @@ export async function page(view, params) {
     view.append(section(t("ai.history"), table(t("ai.history"), [t("col.run"), t("ai.state"), t("ai.rounds"),
       t("ai.tokens"), t("ai.cost"), t("ai.budget"), t("col.created")], page.records.map((r) => [
       h("a", { href: `#/ai/${encodeURIComponent(r.runId)}`, text: r.runId.slice(0, 13) }), r.state, r.rounds,
-      `${r.inputTokens} / ${r.outputTokens}`, r.costUsd === null ? t("ai.unknown") : `$${r.costUsd.toFixed(4)}`,
+      `${r.inputTokens} / ${r.outputTokens}`, r.costUsd === null ? t("ai.unknown") : usd(r.costUsd),
       r.budget || "–", when(r.createdAtMs)]), t("ai.none"))));
   }
   return null;
@@ -46,7 +46,6 @@ async function record(view, runId) {
   const tools = r.perRound.flatMap((round) => round.tools || []);
   const lim = r.limits; // null: a record kept before limits were
   const of = (used, limit) => (lim ? t("ai.of", { used, limit }) : String(used));
-  const usd = (v) => `$${v.toFixed(4)}`;
   view.append(h("dl", { class: "facts" },
     h("dt", { text: t("col.run") }), h("dd", {}, h("a", { href: `#/runs/${encodeURIComponent(r.runId)}`, text: r.runId })),
     h("dt", { text: t("ai.state") }), h("dd", { text: r.state }),

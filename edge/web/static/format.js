@@ -40,6 +40,9 @@ export function duration(start, end) {
   return `${Math.floor(m / 60)}h${pad(m % 60)}m`;
 }
 
+// A cost in US dollars, to the hundredth of a cent (what an AI run's evidence records).
+export function usd(v) { return `$${v.toFixed(4)}`; }
+
 export function bytes(n) {
   if (n === null || n === undefined) return "–";
   for (const [unit, size] of [["GiB", 2 ** 30], ["MiB", 2 ** 20], ["KiB", 2 ** 10]]) {
