@@ -837,3 +837,24 @@ def test_a_stop_signal_during_a_crontab_import_deletes_the_tasks_of_the_batches_
         assert db.execute("SELECT count(*) FROM imports").fetchone()[0] == 0
         return
     pytest.fail(f"every import of up to {lines // 2} lines finished before a signal could reach it")
+
+
+@needs_root
+def test_a_source_without_scripts_still_makes_the_scripts_dir_its_tasks_name(daemon, workdir):
+    # The tasks name their scripts in --scripts-dir: left unmade, any local user could make it
+    # (here in a sticky, world-writable directory, as /tmp is) and put code there for root to run.
+    data = ql.make_data_dir(workdir)
+    shutil.rmtree(os.path.join(data, "scripts"))
+    shared = os.path.join(daemon.scratch, "shared")
+    os.mkdir(shared)
+    os.chmod(shared, 0o1777)
+    dest = os.path.join(shared, "ql")
+    planned = ok(daemon.cli("import", "qinglong", data, "--scripts-dir", dest, "--dry-run"))
+    assert f"the tasks expect their scripts in {dest}, which would be made empty" in planned
+    assert not os.path.lexists(dest)
+    done = ok(daemon.cli("import", "qinglong", data, "--scripts-dir", dest))
+    assert f"the tasks expect their scripts in {dest}, made empty (the importer's): copy them there" in done
+    st = os.lstat(dest)
+    assert os.path.isdir(dest) and not os.path.islink(dest) and st.st_uid == 0 and not st.st_mode & 0o022
+    assert any(dest in t["spec"]["command"].get("command", "") for t in
+               (daemon.call("qledge.task.get", {"taskId": i}) for i in task_ids(daemon)))

@@ -1226,6 +1226,21 @@ def _copy_scripts(source_dir: str, dest: str, top: str, dry_run: bool, undo: Und
     return _copy_line(tree.done, dest, dry_run)
 
 
+def _close(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)
+
+
+def _make_place(dest: str, top: str, undo: Undo) -> None:
+    """The scripts directory of an import that brings no scripts, made now (the importer's,
+    writable by no one else): the tasks name it, and a directory they name but nobody made
+    is one any local user could make first and fill with code they would run."""
+    tree = _Tree(dry_run=False)
+    tree.root = dest
+    undo.add(f"the scripts directory {dest}", lambda: _remove_made(tree.made))
+    _close(_scripts_root(dest, top, tree))
+
+
 def _remove_made(made: list[str]) -> None:
     """What a copy created, newest first: its files, then its directories (each left when
     something not of the copy is in it)."""
@@ -1311,11 +1326,14 @@ def import_qinglong(c: Client, a: argparse.Namespace) -> int:
         if copy and not a.dry_run:
             assert scripts_src is not None
             _copy_scripts(scripts_src, scripts_dir, top, dry_run=True)
+        elif not copy and not a.scripts_in_place:
+            _close(_scripts_root(scripts_dir, top, _Tree(dry_run=True)))  # where they will go, checked
         entries, usable = _write_qinglong(c, a, report, (wanted, records, who), place,
-                                  (scripts_src, top) if copy else None, data)
-        if not copy and scripts_src is None:
+                                  None if a.scripts_in_place else (scripts_src if copy else None, top), data)
+        if not copy and not a.scripts_in_place:
             report.notices.append("no scripts directory beside this database: the tasks expect their scripts in"
-                                  f" {scripts_dir}")
+                                  f" {scripts_dir}, " + ("which would be made empty" if a.dry_run else
+                                                         "made empty (the importer's): copy them there"))
         if a.with_notifications and NOTIFY is not None:
             NOTIFY.ql_channels(c, report, data, wanted, usable, records, a.dry_run)
         elif a.with_notifications:
@@ -1347,9 +1365,11 @@ def _write_qinglong(c: Client, a: argparse.Namespace, report: Report,
                 report.not_imported.append(entry)
         if copy is not None:
             stage = "scripts"
-            assert copy[0] is not None
-            report.notices.append(_copy_scripts(copy[0], place.scripts_dir, copy[1], a.dry_run,
-                                                None if a.dry_run else undo))
+            if copy[0] is not None:
+                report.notices.append(_copy_scripts(copy[0], place.scripts_dir, copy[1], a.dry_run,
+                                                    None if a.dry_run else undo))
+            elif not a.dry_run:
+                _make_place(place.scripts_dir, copy[1], undo)
             undo.check()
         stage = "tasks"
         entries = _check_tasks(c, report, entries, records, who)
