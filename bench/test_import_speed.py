@@ -1,4 +1,4 @@
-"""Importers in linear time, on demand (`pytest bench/test_import_speed.py`): `qledge import
+"""Importers in linear time (a budget check: `.ci/run` runs it after the suite): `qledge import
 crontab` of 1,000, 10,000 and 100,000 lines against a real daemon, a crontab with one 10 MB
 line, and a qinglong install with a 1 MB command.
 
