@@ -307,6 +307,29 @@ class RawConnection:
         self.sock.close()
 
 
+def interrupt_once_written(argv: list[str], env: dict[str, str], written: Callable[[], bool],
+                           sig: int = signal.SIGTERM) -> subprocess.CompletedProcess | None:
+    """Start `argv`, send it `sig` as soon as `written()` holds (the command has written its
+    first batch), and return what it exited with and printed; None when it finished before
+    the signal could reach it (a fast machine: the caller gives it more work and tries again)."""
+    proc = subprocess.Popen(argv, env=env, text=True, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and not written():
+            assert time.monotonic() < deadline, f"{argv[3:]} wrote nothing in a minute"
+            time.sleep(0.005)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if proc.returncode == 0:
+        return None
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
 class ManualTimer:
     def __init__(self, due: float, callback: Callable[[], None]) -> None:
         self.due, self.callback, self.cancelled = due, callback, False

@@ -8,6 +8,7 @@ import shutil
 import stat
 
 import pytest
+from support import interrupt_once_written
 
 from edge.cli.main import _import_file_alias
 
@@ -453,9 +454,7 @@ def test_a_stop_signal_during_an_import_takes_back_what_it_wrote(daemon_factory,
     its writes are on record, takes them all back, exits 143 with one line. Many secrets,
     so the signal lands mid-import; when a fast machine finished first, more of them."""
     import signal
-    import subprocess
     import sys
-    import time
 
     source = daemon_factory().start()
     _populate(source)
@@ -472,24 +471,14 @@ def test_a_stop_signal_during_an_import_takes_back_what_it_wrote(daemon_factory,
             json.dump(doc, f)
         target = daemon_factory().start()
         db = target.db()
-        proc = subprocess.Popen([sys.executable, "-m", "edge", "import", full], env=target.env, text=True,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        try:
-            deadline = time.monotonic() + 60
-            while proc.poll() is None and db.execute("SELECT count(*) FROM secrets").fetchone()[0] == 0:
-                assert time.monotonic() < deadline, "no secret was written in a minute"
-                time.sleep(0.005)
-            proc.send_signal(signal.SIGTERM)
-            _, err = proc.communicate(timeout=120)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        if proc.returncode == 0:  # it finished before the signal: more secrets, a fresh daemon
+        done = interrupt_once_written([sys.executable, "-m", "edge", "import", full], target.env,
+                                      lambda db=db: db.execute("SELECT count(*) FROM secrets").fetchone()[0] > 0)
+        if done is None:  # it finished before the signal: more secrets, a fresh daemon
             count *= 2
             target.stop()
             continue
-        assert proc.returncode == 128 + signal.SIGTERM, err
+        err = done.stderr
+        assert done.returncode == 128 + signal.SIGTERM, err
         assert err.count("\n") == 1 and err.startswith("qledge: cancelled: stopped by SIGTERM (importing the"
                                                        " secrets); undone: secret "), err
         assert db.execute("SELECT count(*) FROM secrets").fetchone()[0] == 0

@@ -13,7 +13,7 @@ import subprocess
 import pytest
 
 import qinglong_fixture as ql
-from support import IS_ROOT, short_tmpdir
+from support import IS_ROOT, interrupt_once_written, short_tmpdir
 
 
 def read(path: str) -> str:
@@ -803,7 +803,6 @@ def test_a_stop_signal_during_a_crontab_import_deletes_the_tasks_of_the_batches_
     created, exits 143 with one line. When a fast machine finished first, more lines."""
     import signal
     import sys
-    import time
 
     lines = 2000
     for _ in range(4):
@@ -811,25 +810,15 @@ def test_a_stop_signal_during_a_crontab_import_deletes_the_tasks_of_the_batches_
         with open(path, "w") as f:
             f.writelines(f"*/5 * * * * /bin/echo entry {n}\n" for n in range(lines))
         db = daemon.db()
-        proc = subprocess.Popen([sys.executable, "-m", "edge", "import", "crontab", path], env=daemon.env, text=True,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        try:
-            deadline = time.monotonic() + 60
-            while proc.poll() is None and db.execute("SELECT count(*) FROM tasks").fetchone()[0] == 0:
-                assert time.monotonic() < deadline, "no task was written in a minute"
-                time.sleep(0.005)
-            proc.send_signal(signal.SIGTERM)
-            _, err = proc.communicate(timeout=120)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        if proc.returncode == 0:  # it finished before the signal: more lines, the tasks deleted first
+        done = interrupt_once_written([sys.executable, "-m", "edge", "import", "crontab", path], daemon.env,
+                                      lambda db=db: db.execute("SELECT count(*) FROM tasks").fetchone()[0] > 0)
+        if done is None:  # it finished before the signal: more lines, the tasks deleted first
             for task in task_ids(daemon):
                 daemon.call("qledge.task.delete", {"taskId": task, "withTriggers": True})
             lines *= 2
             continue
-        assert proc.returncode == 128 + signal.SIGTERM, err
+        err = done.stderr
+        assert done.returncode == 128 + signal.SIGTERM, err
         assert err.count("\n") == 1 and err.startswith("qledge: cancelled: stopped by SIGTERM (importing the"
                                                        " tasks); undone: task "), err
         assert task_ids(daemon) == []
