@@ -45,20 +45,26 @@ class ToolServer(UnixListener):
         in_flight: set[asyncio.Task[None]] = set()
         slots = asyncio.Semaphore(MAX_IN_FLIGHT)
         try:
-            try:
-                await self._read_requests(conn, uid, in_flight, slots)
-            except Refused as refused:  # a limit ends the connection: say which, once
-                with contextlib.suppress(ConnectionError):
-                    await conn.send(frames.error_frame(None, refused.code, refused.message))
-            except (ConnectionError, asyncio.IncompleteReadError):
-                pass
-            # End of input: answer what was asked before it (each call has its deadline).
-            if in_flight:
+            await self._read_until_end(conn, uid, in_flight, slots)
+            # End of input (or a reader task reads on): answer what was asked before it
+            # (each call has its deadline); a reader task may start calls, or another reader.
+            while in_flight:
                 await asyncio.wait(set(in_flight))
         except asyncio.CancelledError:
             for call in list(in_flight):
                 call.cancel()
             raise
+
+    async def _read_until_end(
+        self, conn: Connection, uid: int | None, in_flight: set[asyncio.Task[None]], slots: asyncio.Semaphore,
+    ) -> None:
+        try:
+            await self._read_requests(conn, uid, in_flight, slots)
+        except Refused as refused:  # a limit ends the connection: say which, once
+            with contextlib.suppress(ConnectionError):
+                await conn.send(frames.error_frame(None, refused.code, refused.message))
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
 
     async def _read_requests(
         self, conn: Connection, uid: int | None, in_flight: set[asyncio.Task[None]], slots: asyncio.Semaphore,
@@ -75,9 +81,38 @@ class ToolServer(UnixListener):
                 continue
             await slots.acquire()
             conn.call_started()
+            if conn.in_flight == 1 and not conn.input_waiting:
+                # The one call in flight, nothing more asked: answered here, without a task
+                # of its own (and the loop turn that starts one). Input arriving meanwhile
+                # gets a reader task that reads on from there, so calls asked after this
+                # one still run beside it; this one then stops reading.
+                if await self._answer_here(request, uid, conn, in_flight, slots):
+                    return
+                continue
             call = asyncio.create_task(self._answer(request, uid, conn, slots))
             in_flight.add(call)
             call.add_done_callback(in_flight.discard)
+
+    async def _answer_here(
+        self, request: frames.Request, uid: int | None, conn: Connection, in_flight: set[asyncio.Task[None]],
+        slots: asyncio.Semaphore,
+    ) -> bool:
+        """Answer `request` in this task; whether a reader task took over reading meanwhile."""
+        readers: list[asyncio.Task[None]] = []
+
+        def read_on() -> None:
+            reader = asyncio.get_running_loop().create_task(self._read_until_end(conn, uid, in_flight, slots))
+            readers.append(reader)
+            in_flight.add(reader)  # waited for, and cancelled with the calls, by _serve_connection
+            reader.add_done_callback(in_flight.discard)
+
+        if not conn.on_input(read_on):
+            read_on()  # this reader cannot tell when input arrives: keep one reading
+        try:
+            await self._answer(request, uid, conn, slots)
+        finally:
+            conn.on_input(None)
+        return bool(readers)
 
     async def _read_frame(self, conn: Connection) -> bytes | None:
         header = await conn.read_exactly(frames.HEADER_BYTES)

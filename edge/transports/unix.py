@@ -29,6 +29,7 @@ import os
 import socket
 import stat
 import struct
+from collections.abc import Callable
 from typing import cast
 
 import msgspec
@@ -113,6 +114,24 @@ class Refused(Exception):
         self.message = message
 
 
+class _Input(asyncio.StreamReader):
+    """A stream reader that can tell, once, that input arrived while nobody was reading
+    (`Connection.on_input`)."""
+
+    notify: Callable[[], None] | None = None
+
+    @property
+    def waiting(self) -> bool:
+        """Bytes have arrived that no read has taken yet."""
+        return bool(self._buffer)  # type: ignore[attr-defined]  # StreamReader's own buffer
+
+    def feed_data(self, data: bytes) -> None:
+        super().feed_data(data)
+        if self.notify is not None:
+            notify, self.notify = self.notify, None
+            notify()
+
+
 class Connection:
     """One accepted connection: its streams, its state under the limits, budgeted reads and
     drained writes. Reads raise `Refused` when a limit ends the connection.
@@ -165,6 +184,19 @@ class Connection:
     def authenticated(self) -> None:
         self.trusted = True
         self._rearm()
+
+    @property
+    def input_waiting(self) -> bool:
+        """Bytes have arrived that no request has taken yet (a pipelined request)."""
+        return bool(self._buffer) or (isinstance(self.reader, _Input) and self.reader.waiting)
+
+    def on_input(self, notify: Callable[[], None] | None) -> bool:
+        """Call `notify` once, when input arrives while nothing reads it (None: no more).
+        False when this connection's reader cannot tell."""
+        if not isinstance(self.reader, _Input):
+            return False
+        self.reader.notify = notify
+        return True
 
     def _deadline(self) -> float | None:
         if self._buffer:
@@ -406,7 +438,7 @@ class UnixListener(abc.ABC):
 
     async def _connect(self, client: socket.socket, attached: bool = False) -> None:
         loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader(limit=STREAM_LIMIT)
+        reader = _Input(limit=STREAM_LIMIT)
         protocol = asyncio.StreamReaderProtocol(reader)
         try:
             transport, _ = await loop.connect_accepted_socket(lambda: protocol, client)
