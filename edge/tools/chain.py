@@ -66,15 +66,20 @@ class Authenticator:
         self._read_tools = list(read_tools)
         self._roles = {role: role_permissions(role, self._read_tools) for role in ("owner", "operator", "viewer")}
         self._runs = run_credentials
+        # An owner is who its uid is, by configuration: one Principal per owner uid.
+        self._owners = {uid: Principal(subject=f"uid:{uid}", role="owner", permissions=Grant(self._roles["owner"]))
+                        for uid in self._owner_uids}
 
     async def authenticate(self, caller: Caller) -> Principal:
         # A refusal names the peer, or a credential that exists: never an id the caller
         # made up, so a flood of invented ids cannot spread over many audit rows.
+        if caller.token is None and caller.peer_uid is not None:
+            owner = self._owners.get(caller.peer_uid)
+            if owner is not None:
+                return owner
         peer = f"uid:{caller.peer_uid}" if caller.peer_uid is not None else "anonymous"
         if caller.token is not None:
             return await self._from_token(caller.token, peer)
-        if caller.peer_uid is not None and caller.peer_uid in self._owner_uids:
-            return Principal(subject=peer, role="owner", permissions=Grant(self._roles["owner"]))
         raise AuthFailure("credential_missing", peer)
 
     async def _from_token(self, token: str, peer: str) -> Principal:
@@ -166,7 +171,7 @@ class Chain:
     ) -> Any:
         """The credential checked again (revoked since authentication: refused), then the tool."""
         name = entry.tool.name
-        if not await self._auth.still_valid(principal):
+        if principal.credential_id is not None and not await self._auth.still_valid(principal):
             await self._audit(principal.subject, name, "unauthenticated", ["credential_revoked", reason], caller)
             raise ToolError("unauthenticated", "credential was revoked")
         try:
@@ -282,8 +287,10 @@ class _Deadlines:
     with its task and deadline; the timer, armed for the soonest deadline entered, cancels
     the calls past theirs when it fires and is armed again for the soonest left. A stream
     of calls of the same deadline thus costs a set entry per call and a timer every few
-    seconds (asyncio.timeout schedules and cancels a timer per call). The cancelled call
-    sees CancelledError with `expired` set, as asyncio.timeout's would see TimeoutError."""
+    seconds (asyncio.timeout schedules and cancels a timer per call). The timer is left to
+    fire when the last call leaves (it then finds nothing, and is not armed again): calls
+    one after another would otherwise arm and cancel one each. The cancelled call sees
+    CancelledError with `expired` set, as asyncio.timeout's would see TimeoutError."""
 
     def __init__(self) -> None:
         self._calls: set[_Call] = set()
@@ -303,9 +310,6 @@ class _Deadlines:
         self._calls.discard(call)
         if call.expired:
             call.task.uncancel()
-        if not self._calls and self._timer is not None:  # an idle daemon keeps no timer for calls
-            self._timer.cancel()
-            self._timer = None
 
     def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
         if self._timer is not None:

@@ -206,6 +206,12 @@ class Connection:
         idle = self._limits.session_idle_timeout_s if self.trusted else self._limits.idle_timeout_s
         return self.last_active + idle if idle > 0 else None
 
+    def _unbounded(self) -> bool:
+        """Waiting for the next request has no deadline, whatever finishes meanwhile: an
+        attached connection, or one that may stay silent once (or before) it authenticated."""
+        limits = self._limits
+        return self.attached or (limits.session_idle_timeout_s <= 0 and (self.trusted or limits.idle_timeout_s <= 0))
+
     def _rearm(self) -> None:
         if self._timeout is not None and not self._timeout.expired():
             self._timeout.reschedule(self._deadline())
@@ -253,13 +259,16 @@ class Connection:
     async def _fill(self, size: int) -> bool:
         """Read more into the buffer under the deadline that applies; False at end of input."""
         deadline = self._deadline()
-        try:
-            async with asyncio.timeout_at(deadline) as self._timeout:
-                chunk = await self.reader.read(size)
-        except TimeoutError:
-            raise self._expired() from None
-        finally:
-            self._timeout = None
+        if deadline is None and not self._buffer and self._unbounded():
+            chunk = await self.reader.read(size)  # no deadline can come up meanwhile: no timer to keep
+        else:
+            try:
+                async with asyncio.timeout_at(deadline) as self._timeout:
+                    chunk = await self.reader.read(size)
+            except TimeoutError:
+                raise self._expired() from None
+            finally:
+                self._timeout = None
         if not chunk:
             return False
         if not self._buffer:
