@@ -160,7 +160,10 @@ def _decode(body: bytes) -> tuple[frames.Request, bytes] | tuple[None, bytes]:
     """The request, or (None, the error frame that answers it). Nothing here raises: a
     hostile frame (deep nesting included) is answered, never logged."""
     try:
-        return frames.request_decoder.decode(body), b""
+        request = frames.request_decoder.decode(body)
+        if frames.tool_name_ok(request.tool):
+            return request, b""
+        return None, frames.error_frame(request.id, "invalid_argument", f"invalid request: {frames.TOOL_REFUSED}")
     except msgspec.ValidationError as exc:
         message = f"invalid request: {exc}"
     except msgspec.DecodeError:
