@@ -43,7 +43,7 @@ class ToolServer(UnixListener):
     async def _serve_connection(self, conn: Connection) -> None:
         uid = peer_uid(conn.writer.get_extra_info("socket")) if conn.believe_uid else None
         in_flight: set[asyncio.Task[None]] = set()
-        slots = asyncio.Semaphore(MAX_IN_FLIGHT)
+        slots = _Slots(MAX_IN_FLIGHT)
         try:
             await self._read_until_end(conn, uid, in_flight, slots)
             # End of input (or a reader task reads on): answer what was asked before it
@@ -56,7 +56,7 @@ class ToolServer(UnixListener):
             raise
 
     async def _read_until_end(
-        self, conn: Connection, uid: int | None, in_flight: set[asyncio.Task[None]], slots: asyncio.Semaphore,
+        self, conn: Connection, uid: int | None, in_flight: set[asyncio.Task[None]], slots: _Slots,
     ) -> None:
         try:
             await self._read_requests(conn, uid, in_flight, slots)
@@ -67,7 +67,7 @@ class ToolServer(UnixListener):
             pass
 
     async def _read_requests(
-        self, conn: Connection, uid: int | None, in_flight: set[asyncio.Task[None]], slots: asyncio.Semaphore,
+        self, conn: Connection, uid: int | None, in_flight: set[asyncio.Task[None]], slots: _Slots,
     ) -> None:
         while True:
             body = await self._read_frame(conn)
@@ -79,7 +79,9 @@ class ToolServer(UnixListener):
                 if problem is _GARBAGE:
                     break  # garbage: we no longer trust this peer's framing
                 continue
-            await slots.acquire()
+            if not slots.free:
+                await slots.freed()
+            slots.free -= 1
             conn.call_started()
             if conn.in_flight == 1 and not conn.input_waiting:
                 # The one call in flight, nothing more asked: answered here, without a task
@@ -95,7 +97,7 @@ class ToolServer(UnixListener):
 
     async def _answer_here(
         self, request: frames.Request, uid: int | None, conn: Connection, in_flight: set[asyncio.Task[None]],
-        slots: asyncio.Semaphore,
+        slots: _Slots,
     ) -> bool:
         """Answer `request` in this task; whether a reader task took over reading meanwhile."""
         readers: list[asyncio.Task[None]] = []
@@ -123,10 +125,11 @@ class ToolServer(UnixListener):
             await conn.send(frames.error_frame(
                 None, "resource_exhausted", f"frame of {size} bytes exceeds the {self._max_frame}-byte limit"))
             return None  # the stream cannot be resynchronised: close
-        return await conn.read_exactly(size)
+        body = conn.take(size)
+        return body if body is not None else await conn.read_exactly(size)
 
     async def _answer(
-        self, request: frames.Request, uid: int | None, conn: Connection, slots: asyncio.Semaphore
+        self, request: frames.Request, uid: int | None, conn: Connection, slots: _Slots
     ) -> None:
         authenticated = False
         try:
@@ -136,7 +139,7 @@ class ToolServer(UnixListener):
             pass  # the peer is gone; the call itself has finished
         finally:
             conn.call_finished(authenticated)
-            slots.release()
+            slots.give()
 
     async def _reply(self, request: frames.Request, uid: int | None) -> tuple[bytes, bool]:
         """The answer frame, and whether the caller authenticated."""
@@ -151,6 +154,28 @@ class ToolServer(UnixListener):
         except Exception:
             log.exception("unexpected failure answering %s", request.tool)
             return frames.error_frame(request.id, "internal", "internal error; see the daemon log"), False
+
+
+class _Slots:
+    """The calls a connection may have in flight (`MAX_IN_FLIGHT`): beyond them its one
+    reader waits (and so does not read), until a call finishes."""
+
+    __slots__ = ("free", "_waiter")
+
+    def __init__(self, n: int) -> None:
+        self.free = n
+        self._waiter: asyncio.Future[None] | None = None
+
+    async def freed(self) -> None:
+        while not self.free:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+
+    def give(self) -> None:
+        self.free += 1
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
 
 _GARBAGE = frames.error_frame(None, "invalid_argument", _NOT_A_REQUEST)

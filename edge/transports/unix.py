@@ -232,6 +232,15 @@ class Connection:
         self._consume(n)
         return data
 
+    def take(self, n: int) -> bytes | None:
+        """The next `n` bytes when they have all arrived already (a frame's body, which
+        came with its header); None otherwise (then `read_exactly`)."""
+        if len(self._buffer) < n:
+            return None
+        data = bytes(self._buffer[:n])
+        self._consume(n)
+        return data
+
     async def read_line(self, max_bytes: int) -> bytes | None:
         """The next line with its newline (the last one may lack it); None at a clean end.
         Raises Refused beyond `max_bytes`, or when the shared budget cannot hold it."""
@@ -291,6 +300,8 @@ class Connection:
     def _settle(self, target: int) -> bool:
         """Hold `target` bytes of the shared budget (at least 0): giving back always
         works; taking more fails when the budget cannot spare it."""
+        if target <= 0 and not self._charged:
+            return True  # the usual case: a frame within what a connection holds for free
         target = max(0, target)
         if target > self._charged:
             if not self._shared.take(target - self._charged):
