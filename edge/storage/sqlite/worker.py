@@ -6,6 +6,10 @@ also builds every cursor's description in its three forms on each statement that
 row (so that it can be read from the loop without a hop): about as many instructions as the
 statement itself for a read of a task. A plain connection driven from this thread does not.
 
+Outcomes come back through an eventfd the loop watches: one write and one read per batch of
+outcomes, where `call_soon_threadsafe` costs a handle per outcome and a self-pipe the loop
+drains until it fails (an exception raised and caught on every hop).
+
 A call cancelled before the worker takes it never runs; once taken, it runs to its end
 (its transaction commits or rolls back whole) and its outcome is dropped.
 """
@@ -13,6 +17,8 @@ A call cancelled before the worker takes it never runs; once taken, it runs to i
 from __future__ import annotations
 
 import asyncio
+import collections
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -38,11 +44,19 @@ def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
 
 
 class Worker:
-    """One thread running what `run` sends it, in order. `stop` ends it after what was sent."""
+    """One thread running what `run` sends it, in order. `stop` ends it after what was sent
+    (outcomes that come back after `stop` are dropped)."""
 
     def __init__(self, name: str = "sqlite worker") -> None:
         self._loop = asyncio.get_running_loop()
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._outcomes: collections.deque[tuple[asyncio.Future[Any], bool, Any]] = collections.deque()
+        # The eventfd is the thread's to close (after its last write); the loop stops watching
+        # it at `stop`. Where there is none, outcomes come back by call_soon_threadsafe.
+        self._wake: int | None = None
+        if hasattr(os, "eventfd"):
+            self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            self._loop.add_reader(self._wake, self._deliver)
         self._thread = threading.Thread(target=self._work, name=name)
         self._thread.start()
 
@@ -56,18 +70,39 @@ class Worker:
             raise
 
     def stop(self) -> None:
+        if self._wake is not None:
+            self._loop.remove_reader(self._wake)
         self._queue.put(None)
 
+    def _deliver(self) -> None:
+        """In the loop: the outcomes that came back."""
+        assert self._wake is not None
+        try:
+            os.eventfd_read(self._wake)
+        except BlockingIOError:
+            pass  # delivered already, with an earlier wake
+        outcomes = self._outcomes
+        while outcomes:
+            _settle(*outcomes.popleft())
+
     def _work(self) -> None:
-        take, call_soon = self._queue.get, self._loop.call_soon_threadsafe
-        while (job := take()) is not None:
-            if job.cancelled:
-                continue
-            try:
-                outcome = (True, job.fn(*job.args))
-            except BaseException as exc:  # the caller's to handle, whatever it is
-                outcome = (False, exc)
-            try:
-                call_soon(_settle, job.future, *outcome)
-            except RuntimeError:  # the loop is closed: nobody is waiting any more
-                pass
+        take, wake = self._queue.get, self._wake
+        try:
+            while (job := take()) is not None:
+                if job.cancelled:
+                    continue
+                try:
+                    outcome = (job.future, True, job.fn(*job.args))
+                except BaseException as exc:  # the caller's to handle, whatever it is
+                    outcome = (job.future, False, exc)
+                if wake is not None:
+                    self._outcomes.append(outcome)
+                    os.eventfd_write(wake, 1)
+                    continue
+                try:
+                    self._loop.call_soon_threadsafe(_settle, *outcome)
+                except RuntimeError:  # the loop is closed: nobody is waiting any more
+                    pass
+        finally:
+            if wake is not None:
+                os.close(wake)
