@@ -170,7 +170,13 @@ class SqliteTx:
         return self.conn.execute(sql, params).fetchone()
 
     def one(self, sql: str, params: Params = ()) -> Row:
-        return one(self.conn, sql, params)
+        # Read to its end: a statement that is its own transaction (a `one_statement` rule
+        # riding a hop) commits there, and a failure to commit is raised here, not lost
+        # when the cursor is dropped.
+        found = self.conn.execute(sql, params).fetchall()
+        if not found:
+            raise apsw.CorruptError(f"expected a row from: {sql.split(chr(10))[0][:80]}")
+        return found[0]
 
     def execute(self, sql: str, params: Params = ()) -> int:
         self.conn.execute(sql, params)
@@ -414,6 +420,10 @@ def _first(conn: apsw.Connection, pending: list[_Pending], fn: Callable[..., T],
             continue
         item.done = True
         try:
+            if not conn.in_transaction and getattr(item.fn, "one_statement", False):
+                # Its own transaction (autocommit): it commits, or fails, within its last step.
+                item.result = item.fn(tx, *item.args)
+                continue
             # `immediate`, spelled out: this runs ahead of every audited read.
             conn.execute("BEGIN IMMEDIATE")
             try:
