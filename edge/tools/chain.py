@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("qledge.tools")
 
 _NOT_AUDITED = "the security audit could not be written; nothing was done"
+_CHECKED_MAX = 4096  # remembered permission checks (Chain._missing); beyond it they start afresh
 
 
 class AuthFailure(Exception):
@@ -70,13 +71,18 @@ class Authenticator:
         self._owners = {uid: Principal(subject=f"uid:{uid}", role="owner", permissions=Grant(self._roles["owner"]))
                         for uid in self._owner_uids}
 
+    def owner(self, caller: Caller) -> Principal | None:
+        """An owner by its uid (no token): who it is needs no lookup. None: `authenticate`."""
+        if caller.token is None and caller.peer_uid is not None:
+            return self._owners.get(caller.peer_uid)
+        return None
+
     async def authenticate(self, caller: Caller) -> Principal:
         # A refusal names the peer, or a credential that exists: never an id the caller
         # made up, so a flood of invented ids cannot spread over many audit rows.
-        if caller.token is None and caller.peer_uid is not None:
-            owner = self._owners.get(caller.peer_uid)
-            if owner is not None:
-                return owner
+        owner = self.owner(caller)
+        if owner is not None:
+            return owner
         peer = f"uid:{caller.peer_uid}" if caller.peer_uid is not None else "anonymous"
         if caller.token is not None:
             return await self._from_token(caller.token, peer)
@@ -128,6 +134,7 @@ class Chain:
         self._auth = auth
         self._services = services
         self._deadlines = _Deadlines()
+        self._checked: dict[tuple[Grant, Entry], str | None] = {}
 
     async def call(self, name: str, raw_args: bytes, fmt: str, caller: Caller) -> Any:
         """Run one call through the chain; returns the result Struct or raises ToolError.
@@ -137,7 +144,7 @@ class Chain:
         """
         name, _, version = name.partition("@")
         reason = tool_reason(name)
-        principal = await self.authenticate(caller, name, reason)
+        principal = self._auth.owner(caller) or await self.authenticate(caller, name, reason)
         entry = self.registry.get(name)
         if entry is None:
             await self._audit(principal.subject, name, "denied", ["tool_unknown", reason], caller)
@@ -145,7 +152,7 @@ class Chain:
         if version and version != entry.tool.version:
             await self._audit(principal.subject, name, "denied", ["tool_version_mismatch", reason], caller)
             raise invalid(f"{name} is at version {entry.tool.version}, not {version}")
-        missing = missing_permission(principal.permissions, entry.tool.name, entry.tool.permissions)
+        missing = self._missing(principal.permissions, entry)
         if missing is not None:
             why = "tool_policy_denied" if missing.startswith("tool.call:") else "domain_permission_denied"
             await self._audit(principal.subject, name, "denied", [why, reason], caller)
@@ -154,7 +161,11 @@ class Chain:
         if entry.tool.effect == "read":
             # A read's row rides ahead of its first storage work (one worker hop for both on
             # SQLite); nothing it read, not even an error, leaves before the row is durable.
-            ticket = await self._ahead(self._record(principal.subject, name, "allowed", allowed, caller))
+            try:
+                ticket = await self._services.audit.ahead(self._record(principal.subject, name, "allowed", allowed,
+                                                                       caller))
+            except ToolError as exc:
+                raise ToolError("unavailable", _NOT_AUDITED) from exc
             try:
                 result = await self._checked_run(entry, raw_args, fmt, principal, caller, reason)
             except ToolError:
@@ -180,6 +191,21 @@ class Chain:
             if exc.code == "permission_denied":  # refused by what the call would do (ToolContext.may_run)
                 await self._audit(principal.subject, name, "denied", ["domain_permission_denied", reason], caller)
             raise
+
+    def _missing(self, grant: Grant, entry: Entry) -> str | None:
+        """missing_permission, remembered per grant (its content) and tool: a connection's
+        calls, and every owner's, ask the same again and again. A changed role or credential
+        list is another grant, so nothing remembered outlives what it was worked out from."""
+        key = (grant, entry)
+        try:
+            return self._checked[key]
+        except KeyError:
+            pass
+        missing = missing_permission(grant, entry.tool.name, entry.tool.permissions)
+        if len(self._checked) >= _CHECKED_MAX:
+            self._checked.clear()
+        self._checked[key] = missing
+        return missing
 
     async def authenticate(self, caller: Caller, target: str, reason: str) -> Principal:
         """The chain's first step alone (a transport's session check uses it too); failures are audited.
@@ -228,12 +254,6 @@ class Chain:
     ) -> None:
         try:
             await self._services.audit.append(self._record(subject, tool, outcome, reasons, caller, change))
-        except ToolError as exc:
-            raise ToolError("unavailable", _NOT_AUDITED) from exc
-
-    async def _ahead(self, record: AuditRecord) -> AuditTicket:
-        try:
-            return await self._services.audit.ahead(record)
         except ToolError as exc:
             raise ToolError("unavailable", _NOT_AUDITED) from exc
 

@@ -29,8 +29,8 @@ import os
 import socket
 import stat
 import struct
-from collections.abc import Callable
-from typing import cast
+from collections.abc import Callable, Iterable
+from typing import SupportsIndex, cast
 
 import msgspec
 
@@ -125,7 +125,7 @@ class _Input(asyncio.StreamReader):
         """Bytes have arrived that no read has taken yet."""
         return bool(self._buffer)  # type: ignore[attr-defined]  # StreamReader's own buffer
 
-    def feed_data(self, data: bytes) -> None:
+    def feed_data(self, data: Iterable[SupportsIndex]) -> None:
         super().feed_data(data)
         if self.notify is not None:
             notify, self.notify = self.notify, None

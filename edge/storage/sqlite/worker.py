@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import os
 import queue
 import threading
@@ -64,7 +65,7 @@ class Worker:
         job = _Job(self._loop.create_future(), fn, args)
         self._queue.put(job)
         try:
-            return await job.future  # type: ignore[no-any-return]
+            return await job.future
         except BaseException:
             job.cancelled = True  # not taken yet: it never runs
             raise
@@ -77,7 +78,7 @@ class Worker:
     def _deliver(self) -> None:
         """In the loop: the outcomes that came back."""
         assert self._wake is not None
-        try:
+        try:  # noqa: SIM105 - on every hop: no context manager to build
             os.eventfd_read(self._wake)
         except BlockingIOError:
             pass  # delivered already, with an earlier wake
@@ -99,10 +100,8 @@ class Worker:
                     self._outcomes.append(outcome)
                     os.eventfd_write(wake, 1)
                     continue
-                try:
+                with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
                     self._loop.call_soon_threadsafe(_settle, *outcome)
-                except RuntimeError:  # the loop is closed: nobody is waiting any more
-                    pass
         finally:
             if wake is not None:
                 os.close(wake)
