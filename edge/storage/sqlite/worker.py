@@ -7,8 +7,9 @@ row (so that it can be read from the loop without a hop): about as many instruct
 statement itself for a read of a task. A plain connection driven from this thread does not.
 
 Outcomes come back through an eventfd the loop watches: one write and one read per batch of
-outcomes, where `call_soon_threadsafe` costs a handle per outcome and a self-pipe the loop
-drains until it fails (an exception raised and caught on every hop).
+outcomes (the thread writes only when the loop has not been woken since it last took them),
+where `call_soon_threadsafe` costs a handle per outcome and a self-pipe the loop drains until
+it fails (an exception raised and caught on every hop).
 
 A call cancelled before the worker takes it never runs; once taken, it runs to its end
 (its transaction commits or rolls back whole) and its outcome is dropped.
@@ -55,6 +56,7 @@ class Worker:
         # The eventfd is the thread's to close (after its last write); the loop stops watching
         # it at `stop`. Where there is none, outcomes come back by call_soon_threadsafe.
         self._wake: int | None = None
+        self._woken = False  # the eventfd was written since the loop last took the outcomes
         if hasattr(os, "eventfd"):
             self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
             self._loop.add_reader(self._wake, self._deliver)
@@ -82,6 +84,10 @@ class Worker:
             os.eventfd_read(self._wake)
         except BlockingIOError:
             pass  # delivered already, with an earlier wake
+        # After the read, before taking them: an outcome added from now on wakes the loop
+        # again (cleared before the read, a wake written in between would be read here and
+        # the next outcome would find the flag set, with no wake on its way).
+        self._woken = False
         outcomes = self._outcomes
         while outcomes:
             _settle(*outcomes.popleft())
@@ -97,8 +103,10 @@ class Worker:
                 except BaseException as exc:  # the caller's to handle, whatever it is
                     outcome = (job.future, False, exc)
                 if wake is not None:
-                    self._outcomes.append(outcome)
-                    os.eventfd_write(wake, 1)
+                    self._outcomes.append(outcome)  # before looking: the loop clears first, then takes
+                    if not self._woken:
+                        self._woken = True
+                        os.eventfd_write(wake, 1)
                     continue
                 with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
                     self._loop.call_soon_threadsafe(_settle, *outcome)
