@@ -307,10 +307,8 @@ class _Deadlines:
     with its task and deadline; the timer, armed for the soonest deadline entered, cancels
     the calls past theirs when it fires and is armed again for the soonest left. A stream
     of calls of the same deadline thus costs a set entry per call and a timer every few
-    seconds (asyncio.timeout schedules and cancels a timer per call). The timer is left to
-    fire when the last call leaves (it then finds nothing, and is not armed again): calls
-    one after another would otherwise arm and cancel one each. The cancelled call sees
-    CancelledError with `expired` set, as asyncio.timeout's would see TimeoutError."""
+    seconds (asyncio.timeout schedules and cancels a timer per call). The cancelled call
+    sees CancelledError with `expired` set, as asyncio.timeout's would see TimeoutError."""
 
     def __init__(self) -> None:
         self._calls: set[_Call] = set()
@@ -330,6 +328,11 @@ class _Deadlines:
         self._calls.discard(call)
         if call.expired:
             call.task.uncancel()
+        # An idle daemon keeps no timer for calls (its wake-ups are budgeted): calls one
+        # after another arm and cancel one each.
+        if not self._calls and self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
         if self._timer is not None:
