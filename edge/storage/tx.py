@@ -5,7 +5,7 @@ Each use case of the storage ports is written once, as a transaction script: a p
 function `rule(tx, sql, ...)` that reads and writes through `Tx` and takes its statements
 from the SQL its backend contributes (a frozen Struct of strings per port, in
 edge/storage/sqlite and edge/storage/postgres). The scripts are synchronous: SQLite runs
-them in apsw's worker thread, PostgreSQL in a worker thread of its pool with psycopg's
+them in the connection's worker thread, PostgreSQL in a worker thread of its pool with psycopg's
 blocking connection (ARCHITECTURE.md, "one rule, two backends"). The backends differ only
 in their SQL and in the primitives below: `lock` (PostgreSQL's advisory lock; on SQLite
 `BEGIN IMMEDIATE` holds the one write lock already), `hint` (PostgreSQL's NOTIFY to the
