@@ -288,6 +288,7 @@ class PgRunStore(SqlRunStore):
         started: RunUpdate | None,
     ) -> tuple[Run, list[str], int] | Fenced:
         node, claims = self._taker, self._claims
+        ending = run_id if node is not None and node.holds(run_id) else None
         reserved = node.reserve(run_id) if node is not None and claim is not None and status in TERMINAL else 0
         if not reserved or node is None or claims is None:
             return await super()._record(run_id, expected_version, status, now_ms, actor, update, detail, claim,
@@ -300,7 +301,7 @@ class PgRunStore(SqlRunStore):
                 self._policy, claim, data, started, self._project, self._lease_s, reserved, retry_s=self._retry_s)
             finished = None if isinstance(result, Fenced) else run_id
         finally:  # nothing claimed when it failed (an unknown outcome: its lease expires, never run twice)
-            node.adopt(claims.took(claimed), reserved, finished, claimed=finished is not None)
+            node.adopt(claims.took(claimed), reserved, finished, claimed=finished is not None, ending=ending)
         return result
 
 
@@ -428,6 +429,7 @@ class Node:
         self._claiming = False
         self._host = socket.gethostname()
         self._reserved = 0  # free slots an admission or completion in progress may claim into
+        self._ending: set[str] = set()  # held runs whose completion, in progress, claims into their slot
         self._settled: set[str] = set()  # ended runs whose completion claimed what there was for their slot
         self._drained_at = -FOREVER_S  # monotonic time a claim last found fewer runs than it could take
 
@@ -548,21 +550,30 @@ class Node:
             await self._claim_some()
 
     def _free(self) -> int:
-        return self._settings.slots - len(self._held) - self._reserved
+        """Slots to claim into. A slot whose run's completion is being written counts as
+        free: a run claimed into it waits in the runner's queue only for that commit (at
+        most one a slot waits so, when that completion claims too), and the admission that
+        claims it needs no claim of its own after."""
+        return self._settings.slots - len(self._held) - self._reserved + len(self._ending)
 
     def reserve(self, finishing: str | None = None) -> int:
         """A free slot for a transaction to claim into (1), or none (0); `adopt` ends it.
         `finishing`: a run this node holds whose completion is that transaction: its slot
-        is the one."""
+        is the one (held until then, not counted twice)."""
         if not self._claiming:
             return 0
-        if (finishing is None or finishing not in self._held) and self._free() <= 0:
+        if finishing is not None and finishing in self._held:
+            if finishing in self._ending:
+                return 0
+            self._ending.add(finishing)
+            return 1
+        if self._free() <= 0:
             return 0
         self._reserved += 1
         return 1
 
     def adopt(self, runs: list[Run], reserved: int, finished: str | None = None, wake: bool = True,
-              claimed: bool = True) -> None:
+              claimed: bool = True, ending: str | None = None) -> None:
         """The runs a transaction (an admission, a completion) claimed, and the end of its
         reservation (`claimed`: its claim committed). `finished`: the run whose completion
         committed with the claim: no longer held, and its end needs no claim of its own:
@@ -570,8 +581,12 @@ class Node:
         later wakes the loop: its admission here, or its hint). Runs queued while every
         slot was busy are taken by completions, one a slot; another node's, by the poll
         when its hint was lost.
-        `wake`: whether a reservation that claimed nothing has the claim loop look again."""
-        self._reserved -= reserved
+        `wake`: whether a reservation that claimed nothing has the claim loop look again.
+        `ending`: the run whose slot the reservation was (`reserve(finishing)`)."""
+        if ending is None:
+            self._reserved -= reserved
+        else:
+            self._ending.discard(ending)
         if claimed and len(runs) < reserved:
             self._drained_at = time.monotonic()
         if finished is not None:
