@@ -8,22 +8,27 @@ answered.)
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import os
 import stat
 from typing import TYPE_CHECKING
 
 import msgspec
 
-from edge.core.auth import AuditBounds, AuditRecord
+from edge.core.auth import AuditBounds, AuditRecord, audit_class
 from edge.core.errors import ToolError, unavailable
-from edge.storage.postgres.db import PgDatabase
+from edge.core.handoff import Background
+from edge.storage.postgres.db import Carry, PgDatabase
 from edge.storage.postgres.sql import SECURITY
 from edge.storage.security import SqlAuditLog, append_audit
 from edge.storage.tx import Tx
 
 if TYPE_CHECKING:
     from edge.core.ports.runtime import Timers
+
+log = logging.getLogger("qledge.cluster")
 
 
 class Spooled(AuditRecord, kw_only=True):
@@ -34,6 +39,12 @@ class Spooled(AuditRecord, kw_only=True):
 
 
 SPOOL_MAX_ROWS = 10_000
+# Tools whose handler does nothing before its first read of PostgreSQL: the row of an
+# allowed call rides at the head of that read's transaction (PgDatabase.carry) instead of
+# a transaction of its own, and so is committed before anything the call does (and with
+# nothing of it, when it does not commit). A call refused before any read (its arguments)
+# did nothing: its row is written at once after, in its own transaction.
+CARRIED_TOOLS = frozenset({"qledge.run.start"})
 _spooled = msgspec.json.Decoder(Spooled)
 _spool_encoder = msgspec.json.Encoder()
 
@@ -77,6 +88,28 @@ class PgAuditLog(SqlAuditLog):
         self._pg = db
         self._spool = spool
         self._spooled = 0
+        self._late = Background(log)  # rows of carried calls that no read took
+
+    async def append(self, record: AuditRecord) -> None:
+        if record.tool in CARRIED_TOOLS and not self._spooled and audit_class(record) == "call":
+            check, ahead = self._check(), self._every - 1
+            carry = self._pg.carry(append_audit, SECURITY, record, 1, None, self._bounds, self._node, check, ahead,
+                                   fallback=lambda: self._fall_back(record))
+            # Runs once the call yields: by then its first read has taken the row, or it never will.
+            asyncio.get_running_loop().call_soon(self._unless_taken, carry)
+            return
+        await super().append(record)
+
+    async def _fall_back(self, record: AuditRecord) -> None:
+        await self._write(record, 1, None)
+
+    def _unless_taken(self, carry: Carry) -> None:
+        if carry.take():
+            self._late.spawn(self._late_write(carry), "audit")
+
+    async def _late_write(self, carry: Carry) -> None:
+        await carry.fallback()
+        carry.state = "written"
 
     async def _write(self, record: AuditRecord, count: int, last_at_ms: int | None) -> int | None:
         """The row's id; None when it went to the spool."""
@@ -88,6 +121,10 @@ class PgAuditLog(SqlAuditLog):
                     raise
         self._to_spool(Spooled(**msgspec.structs.asdict(record), count=count, last_at_ms=last_at_ms))
         return None
+
+    async def close(self) -> None:
+        await self._late.wait()
+        await super().close()
 
     def _to_spool(self, record: Spooled) -> None:
         if self._spool is None or self._spooled >= SPOOL_MAX_ROWS:
