@@ -386,10 +386,10 @@ async def test_counts_of_a_row_in_postgresql_are_spooled_at_stop_when_it_is_gone
 
 
 async def test_a_run_start_audit_row_rides_in_the_calls_first_transaction(pg_dsn, home):
-    """The allowed row of a `qledge.run.start` call commits in the call's first storage
+    """An allowed call's row sent ahead (`AuditLog.ahead`) commits in the call's first storage
     transaction (the same PostgreSQL transaction id), not one of its own; when that
-    transaction rolls back, or the call makes none, the row is still written, and while
-    PostgreSQL is unreachable it goes to the spool."""
+    transaction rolls back, or the call makes none, the row is written by then or by
+    `committed()`, once, and while PostgreSQL is unreachable it goes to the spool."""
     from edge.core.auth import AuditRecord
     from edge.core.errors import ToolError, conflict
     from edge.storage.postgres.db import PgDatabase
@@ -414,29 +414,35 @@ async def test_a_run_start_audit_row_rides_in_the_calls_first_transaction(pg_dsn
     db = PgDatabase(pg_dsn)
     await migrate(db)
     audit = PgAuditLog(db, "n1")
-    await audit.append(allowed("ride"))
+    ticket = await audit.ahead(allowed("ride"))
     assert row_xid("ride") == []  # not yet: it waits for the call's first transaction
     read_in = await db.read(xid)
     assert row_xid("ride") == [(read_in,)]
+    await ticket.committed()
+    assert row_xid("ride") == [(read_in,)]  # once
 
-    await audit.append(allowed("other", tool="qledge.task.delete"))  # not a carried tool: written at once
+    await audit.append(allowed("other", tool="qledge.task.delete"))  # append: written at once
     assert len(row_xid("other")) == 1
 
-    await audit.append(allowed("rolled-back"))
+    ticket = await audit.ahead(allowed("rolled-back"))
     with pytest.raises(ToolError):
         await db.write(refuse)
     assert len(row_xid("rolled-back")) == 1
+    await ticket.committed()
+    assert len(row_xid("rolled-back")) == 1
 
-    await audit.append(allowed("no-read"))  # refused before any read (its arguments): written after
+    ticket = await audit.ahead(allowed("no-read"))  # refused before any read (its arguments)
     await asyncio.sleep(0)
-    await audit.close()
+    assert row_xid("no-read") == []
+    await ticket.committed()  # before the refusal is answered
     assert len(row_xid("no-read")) == 1
+    await audit.close()
     await db.close()
 
     spool = os.path.join(home, "audit-spool.jsonl")
     nowhere = PgDatabase(f"host={home} port=1 dbname=none user=none", connect_timeout_s=1)
     down = PgAuditLog(nowhere, "n1", spool=spool)
-    await down.append(allowed("spooled"))
+    await down.ahead(allowed("spooled"))
     with pytest.raises(ToolError):
         await nowhere.read(xid)
     with open(spool) as f:

@@ -158,8 +158,14 @@ class Chain:
             await self._committed(ticket)
             return result
         change = not CHANGE_PERMISSIONS.isdisjoint(entry.tool.permissions)
-        await self._audit(principal.subject, name, "allowed", allowed, caller, change)
-        return await self._checked_run(entry, raw_args, fmt, principal, caller, reason)
+        ticket = await self._before_change(self._record(principal.subject, name, "allowed", allowed, caller, change))
+        try:
+            result = await self._checked_run(entry, raw_args, fmt, principal, caller, reason)
+        except ToolError:
+            await self._committed(ticket)
+            raise
+        await self._committed(ticket)
+        return result
 
     async def _checked_run(
         self, entry: Entry, raw_args: bytes, fmt: str, principal: Principal, caller: Caller, reason: str,
@@ -229,6 +235,12 @@ class Chain:
     async def _ahead(self, record: AuditRecord) -> AuditTicket:
         try:
             return await self._services.audit.ahead(record)
+        except ToolError as exc:
+            raise ToolError("unavailable", _NOT_AUDITED) from exc
+
+    async def _before_change(self, record: AuditRecord) -> AuditTicket:
+        try:
+            return await self._services.audit.before_change(record)
         except ToolError as exc:
             raise ToolError("unavailable", _NOT_AUDITED) from exc
 

@@ -8,9 +8,7 @@ answered.)
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import logging
 import os
 import stat
 from typing import TYPE_CHECKING
@@ -19,7 +17,6 @@ import msgspec
 
 from edge.core.auth import AuditBounds, AuditRecord, audit_class
 from edge.core.errors import ToolError, unavailable
-from edge.core.handoff import Background
 from edge.storage.postgres.db import Carry, PgDatabase
 from edge.storage.postgres.sql import SECURITY
 from edge.storage.security import SqlAuditLog, append_audit
@@ -27,9 +24,7 @@ from edge.storage.tx import Tx
 
 if TYPE_CHECKING:
     from edge.core.ports.runtime import Timers
-
-log = logging.getLogger("qledge.cluster")
-
+    from edge.core.ports.stores import AuditTicket
 
 class Spooled(AuditRecord, kw_only=True):
     """A row waiting in the spool: a call, or an aggregate of refused calls."""
@@ -39,12 +34,31 @@ class Spooled(AuditRecord, kw_only=True):
 
 
 SPOOL_MAX_ROWS = 10_000
-# Tools whose handler does nothing before its first read of PostgreSQL: the row of an
-# allowed call rides at the head of that read's transaction (PgDatabase.carry) instead of
-# a transaction of its own, and so is committed before anything the call does (and with
-# nothing of it, when it does not commit). A call refused before any read (its arguments)
-# did nothing: its row is written at once after, in its own transaction.
+
+
+# Tools whose handler does nothing before its first storage work (run.start reads the task,
+# or admits): a change's row may ride in that transaction (`before_change`).
 CARRIED_TOOLS = frozenset({"qledge.run.start"})
+
+
+class _Carried:
+    """The ticket of a row carried by the call's first transaction (AuditTicket)."""
+
+    __slots__ = ("_carry",)
+
+    def __init__(self, carry: Carry) -> None:
+        self._carry = carry
+
+    async def committed(self) -> object:
+        carry = self._carry
+        # Not taken: the call made no transaction. Taken and not written: the transaction
+        # that took it did not commit and its fallback failed (or it is a task of the
+        # call's still under way): written again, a row twice rather than none.
+        if carry.take() or carry.state != "written":
+            await carry.fallback()
+        return None
+
+
 _spooled = msgspec.json.Decoder(Spooled)
 _spool_encoder = msgspec.json.Encoder()
 
@@ -88,27 +102,31 @@ class PgAuditLog(SqlAuditLog):
         self._pg = db
         self._spool = spool
         self._spooled = 0
-        self._late = Background(log)  # rows of carried calls that no read took
 
-    async def append(self, record: AuditRecord) -> None:
-        if record.tool in CARRIED_TOOLS and not self._spooled and audit_class(record) == "call":
-            check, ahead = self._check(), self._every - 1
-            carry = self._pg.carry(append_audit, SECURITY, record, 1, None, self._bounds, self._node, check, ahead,
-                                   fallback=lambda: self._fall_back(record))
-            # Runs once the call yields: by then its first read has taken the row, or it never will.
-            asyncio.get_running_loop().call_soon(self._unless_taken, carry)
-            return
-        await super().append(record)
+    async def ahead(self, record: AuditRecord) -> AuditTicket:
+        """An allowed read's row rides at the head of the call's first transaction."""
+        return self._carried(record) or await super().ahead(record)
 
-    async def _fall_back(self, record: AuditRecord) -> None:
+    async def before_change(self, record: AuditRecord) -> AuditTicket:
+        """Carried for the tools whose first storage work precedes all else they do
+        (CARRIED_TOOLS); written now for the rest."""
+        ticket = self._carried(record) if record.tool in CARRIED_TOOLS else None
+        return ticket or await super().before_change(record)
+
+    def _carried(self, record: AuditRecord) -> AuditTicket | None:
+        """The row armed to ride at the head of the call's first transaction
+        (PgDatabase.carry), committed with it and so before anything the call did; the
+        caller's `committed()` writes it on its own (to the spool while PostgreSQL is
+        unreachable) when no transaction of the call committed it. None while the spool
+        holds rows (then it is written now, so that rows keep their order)."""
+        if audit_class(record) != "call" or self._spooled:
+            return None
+        carry = self._pg.carry(append_audit, SECURITY, record, 1, None, self._bounds, self._node, self._check(),
+                               self._every - 1, fallback=lambda: self._fall_back(carry, record))
+        return _Carried(carry)
+
+    async def _fall_back(self, carry: Carry, record: AuditRecord) -> None:
         await self._write(record, 1, None)
-
-    def _unless_taken(self, carry: Carry) -> None:
-        if carry.take():
-            self._late.spawn(self._late_write(carry), "audit")
-
-    async def _late_write(self, carry: Carry) -> None:
-        await carry.fallback()
         carry.state = "written"
 
     async def _write(self, record: AuditRecord, count: int, last_at_ms: int | None) -> int | None:
@@ -121,10 +139,6 @@ class PgAuditLog(SqlAuditLog):
                     raise
         self._to_spool(Spooled(**msgspec.structs.asdict(record), count=count, last_at_ms=last_at_ms))
         return None
-
-    async def close(self) -> None:
-        await self._late.wait()
-        await super().close()
 
     def _to_spool(self, record: Spooled) -> None:
         if self._spool is None or self._spooled >= SPOOL_MAX_ROWS:
