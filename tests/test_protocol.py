@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from support import RawConnection
@@ -85,6 +87,35 @@ def test_many_requests_in_flight_on_one_connection(daemon):
     assert sorted(ids[:5]) == [0, 1, 2, 3, 4]
     assert ids[-1] == "wait"
     daemon.call("qledge.run.cancel", {"runId": run["id"]})
+
+
+def _until_audited(daemon, request_id: str) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        with daemon.db() as db:
+            if db.execute("SELECT 1 FROM security_audit WHERE request_id = ?", (request_id,)).fetchone():
+                return
+        assert time.monotonic() < deadline, f"call {request_id} was never audited"
+        time.sleep(0.02)
+
+
+def test_calls_asked_while_one_is_in_flight_alone_run_beside_it(daemon):
+    """A call alone on its connection is answered in the connection's own task; what is
+    asked while it runs is still read and answered at once, round after round."""
+    daemon.cli("task", "add", "slow", "--", "sleep", "60")
+    raw = RawConnection(daemon.socket)
+    for round_ in range(2):
+        run = daemon.call("qledge.run.start", {"taskId": "slow"})
+        wait = f"wait{round_}"
+        raw.send({"id": wait, "tool": "qledge.run.wait", "args": {"runId": run["id"], "timeoutMs": 30000}})
+        _until_audited(daemon, wait)  # in flight, and nothing else was asked
+        for i in range(3):
+            raw.send({"id": i, "tool": "qledge.status"})
+            assert raw.recv()["id"] == i  # answered while the wait goes on
+        daemon.call("qledge.run.cancel", {"runId": run["id"]})
+        assert raw.recv()["id"] == wait
+    raw.send({"id": "last", "tool": "qledge.status"})
+    assert raw.recv()["id"] == "last"
 
 
 def test_results_are_msgpack_maps_with_camel_case_fields(daemon):

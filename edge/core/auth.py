@@ -4,6 +4,7 @@ Permission checks fail closed."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from functools import lru_cache
 from typing import Any, Literal, Protocol
 
 import msgspec
@@ -401,6 +402,7 @@ class RefusalTallies:
             await self.flush(everything=True)
 
 
+@lru_cache(maxsize=512)  # the tools called are few; made up names only pass through
 def tool_reason(tool_name: str) -> str:
     """`qinglong.task.list` → `tool_qinglong_task_list`."""
     return "tool_" + "".join(c if c.isalnum() else "_" for c in tool_name)

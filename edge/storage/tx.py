@@ -27,6 +27,17 @@ Params = Sequence[object] | Mapping[str, object]  # by position, or by name (`:n
 
 NO_ROW = 1 << 62  # ahead of every id and millisecond time a keyset reads back from
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def one_statement(rule: F) -> F:
+    """Mark a rule that runs one statement, to its end (every row it returns read): that
+    statement is atomic and durable by itself, so where it rides (`Db.ride`) a database may
+    run it as its own transaction instead of wrapping it in one (on SQLite two statements
+    fewer). Anywhere else it runs as any rule does."""
+    rule.one_statement = True  # type: ignore[attr-defined]
+    return rule
+
 
 class Tx(Protocol):
     """One transaction of a rule (a read of a reader: its statements)."""

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("qledge.tools")
 
 _NOT_AUDITED = "the security audit could not be written; nothing was done"
+_CHECKED_MAX = 4096  # remembered permission checks (Chain._missing); beyond it they start afresh
 
 
 class AuthFailure(Exception):
@@ -66,15 +67,25 @@ class Authenticator:
         self._read_tools = list(read_tools)
         self._roles = {role: role_permissions(role, self._read_tools) for role in ("owner", "operator", "viewer")}
         self._runs = run_credentials
+        # An owner is who its uid is, by configuration: one Principal per owner uid.
+        self._owners = {uid: Principal(subject=f"uid:{uid}", role="owner", permissions=Grant(self._roles["owner"]))
+                        for uid in self._owner_uids}
+
+    def owner(self, caller: Caller) -> Principal | None:
+        """An owner by its uid (no token): who it is needs no lookup. None: `authenticate`."""
+        if caller.token is None and caller.peer_uid is not None:
+            return self._owners.get(caller.peer_uid)
+        return None
 
     async def authenticate(self, caller: Caller) -> Principal:
         # A refusal names the peer, or a credential that exists: never an id the caller
         # made up, so a flood of invented ids cannot spread over many audit rows.
+        owner = self.owner(caller)
+        if owner is not None:
+            return owner
         peer = f"uid:{caller.peer_uid}" if caller.peer_uid is not None else "anonymous"
         if caller.token is not None:
             return await self._from_token(caller.token, peer)
-        if caller.peer_uid is not None and caller.peer_uid in self._owner_uids:
-            return Principal(subject=peer, role="owner", permissions=Grant(self._roles["owner"]))
         raise AuthFailure("credential_missing", peer)
 
     async def _from_token(self, token: str, peer: str) -> Principal:
@@ -123,6 +134,7 @@ class Chain:
         self._auth = auth
         self._services = services
         self._deadlines = _Deadlines()
+        self._checked: dict[tuple[Grant, Entry], str | None] = {}
 
     async def call(self, name: str, raw_args: bytes, fmt: str, caller: Caller) -> Any:
         """Run one call through the chain; returns the result Struct or raises ToolError.
@@ -132,7 +144,7 @@ class Chain:
         """
         name, _, version = name.partition("@")
         reason = tool_reason(name)
-        principal = await self.authenticate(caller, name, reason)
+        principal = self._auth.owner(caller) or await self.authenticate(caller, name, reason)
         entry = self.registry.get(name)
         if entry is None:
             await self._audit(principal.subject, name, "denied", ["tool_unknown", reason], caller)
@@ -140,25 +152,26 @@ class Chain:
         if version and version != entry.tool.version:
             await self._audit(principal.subject, name, "denied", ["tool_version_mismatch", reason], caller)
             raise invalid(f"{name} is at version {entry.tool.version}, not {version}")
-        missing = missing_permission(principal.permissions, entry.tool.name, entry.tool.permissions)
+        missing = self._missing(principal.permissions, entry)
         if missing is not None:
             why = "tool_policy_denied" if missing.startswith("tool.call:") else "domain_permission_denied"
             await self._audit(principal.subject, name, "denied", [why, reason], caller)
             raise ToolError("permission_denied", f"{name} requires permission {_grantable(principal, entry, missing)}")
         allowed = ["tool_invocation_allowed", reason]
+        # A read's row rides ahead of its first storage work (one worker hop for both on
+        # SQLite); a change's is durable before its first change (AuditLog.before_change).
+        # Either way nothing the call did or read, not even an error, leaves before the row
+        # is durable.
+        audit = self._services.audit
         if entry.tool.effect == "read":
-            # A read's row rides ahead of its first storage work (one worker hop for both on
-            # SQLite); nothing it read, not even an error, leaves before the row is durable.
-            ticket = await self._ahead(self._record(principal.subject, name, "allowed", allowed, caller))
-            try:
-                result = await self._checked_run(entry, raw_args, fmt, principal, caller, reason)
-            except ToolError:
-                await self._committed(ticket)
-                raise
-            await self._committed(ticket)
-            return result
-        change = not CHANGE_PERMISSIONS.isdisjoint(entry.tool.permissions)
-        ticket = await self._before_change(self._record(principal.subject, name, "allowed", allowed, caller, change))
+            sent = audit.ahead(self._record(principal.subject, name, "allowed", allowed, caller))
+        else:
+            change = not CHANGE_PERMISSIONS.isdisjoint(entry.tool.permissions)
+            sent = audit.before_change(self._record(principal.subject, name, "allowed", allowed, caller, change))
+        try:
+            ticket = await sent
+        except ToolError as exc:
+            raise ToolError("unavailable", _NOT_AUDITED) from exc
         try:
             result = await self._checked_run(entry, raw_args, fmt, principal, caller, reason)
         except ToolError:
@@ -172,7 +185,7 @@ class Chain:
     ) -> Any:
         """The credential checked again (revoked since authentication: refused), then the tool."""
         name = entry.tool.name
-        if not await self._auth.still_valid(principal):
+        if principal.credential_id is not None and not await self._auth.still_valid(principal):
             await self._audit(principal.subject, name, "unauthenticated", ["credential_revoked", reason], caller)
             raise ToolError("unauthenticated", "credential was revoked")
         try:
@@ -181,6 +194,21 @@ class Chain:
             if exc.code == "permission_denied":  # refused by what the call would do (ToolContext.may_run)
                 await self._audit(principal.subject, name, "denied", ["domain_permission_denied", reason], caller)
             raise
+
+    def _missing(self, grant: Grant, entry: Entry) -> str | None:
+        """missing_permission, remembered per grant (its content) and tool: a connection's
+        calls, and every owner's, ask the same again and again. A changed role or credential
+        list is another grant, so nothing remembered outlives what it was worked out from."""
+        key = (grant, entry)
+        try:
+            return self._checked[key]
+        except KeyError:
+            pass
+        missing = missing_permission(grant, entry.tool.name, entry.tool.permissions)
+        if len(self._checked) >= _CHECKED_MAX:
+            self._checked.clear()
+        self._checked[key] = missing
+        return missing
 
     async def authenticate(self, caller: Caller, target: str, reason: str) -> Principal:
         """The chain's first step alone (a transport's session check uses it too); failures are audited.
@@ -229,18 +257,6 @@ class Chain:
     ) -> None:
         try:
             await self._services.audit.append(self._record(subject, tool, outcome, reasons, caller, change))
-        except ToolError as exc:
-            raise ToolError("unavailable", _NOT_AUDITED) from exc
-
-    async def _ahead(self, record: AuditRecord) -> AuditTicket:
-        try:
-            return await self._services.audit.ahead(record)
-        except ToolError as exc:
-            raise ToolError("unavailable", _NOT_AUDITED) from exc
-
-    async def _before_change(self, record: AuditRecord) -> AuditTicket:
-        try:
-            return await self._services.audit.before_change(record)
         except ToolError as exc:
             raise ToolError("unavailable", _NOT_AUDITED) from exc
 
@@ -294,8 +310,10 @@ class _Deadlines:
     with its task and deadline; the timer, armed for the soonest deadline entered, cancels
     the calls past theirs when it fires and is armed again for the soonest left. A stream
     of calls of the same deadline thus costs a set entry per call and a timer every few
-    seconds (asyncio.timeout schedules and cancels a timer per call). The cancelled call
-    sees CancelledError with `expired` set, as asyncio.timeout's would see TimeoutError."""
+    seconds (asyncio.timeout schedules and cancels a timer per call). The timer is left to
+    fire when the last call leaves (it then finds nothing, and is not armed again): calls
+    one after another would otherwise arm and cancel one each. The cancelled call sees
+    CancelledError with `expired` set, as asyncio.timeout's would see TimeoutError."""
 
     def __init__(self) -> None:
         self._calls: set[_Call] = set()
@@ -315,9 +333,6 @@ class _Deadlines:
         self._calls.discard(call)
         if call.expired:
             call.task.uncancel()
-        if not self._calls and self._timer is not None:  # an idle daemon keeps no timer for calls
-            self._timer.cancel()
-            self._timer = None
 
     def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
         if self._timer is not None:

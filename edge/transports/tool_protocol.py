@@ -8,6 +8,7 @@ Shared by the daemon and the CLI client; one encoder and decoder each, built onc
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 import msgspec
@@ -19,9 +20,17 @@ RequestId = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)] | Annotated[str, ms
 _EMPTY_MAP = msgspec.Raw(b"\x80")
 
 
+_TOOL_PATTERN = r"^[^\x00-\x1f\x7f]+$"
+_TOOL_RE = re.compile(_TOOL_PATTERN)
+# What the decoder said of a tool name with a control character in it, when it checked.
+TOOL_REFUSED = f"Expected `str` matching regex {_TOOL_PATTERN!r} - at `$.tool`"
+
+
 class Request(msgspec.Struct, forbid_unknown_fields=True):
     id: RequestId
-    tool: Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
+    # No control characters (`tool_name_ok`): checked after decoding, where a name that is
+    # printable ASCII needs no regular expression (the decoder's check ran one per request).
+    tool: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
     args: msgspec.Raw = _EMPTY_MAP
     token: Annotated[str, msgspec.Meta(max_length=256)] | None = None
     transport: Literal["web"] | None = None
@@ -49,6 +58,11 @@ encoder = msgspec.msgpack.Encoder()
 request_decoder = msgspec.msgpack.Decoder(Request)
 response_decoder = msgspec.msgpack.Decoder(Response)
 _id_decoder = msgspec.msgpack.Decoder(_IdOnly)
+
+
+def tool_name_ok(tool: str) -> bool:
+    """No control character in it (`_TOOL_PATTERN`)."""
+    return (tool.isascii() and tool.isprintable()) or _TOOL_RE.match(tool) is not None
 
 
 def frame(body: bytes) -> bytes:

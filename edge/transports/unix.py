@@ -29,7 +29,8 @@ import os
 import socket
 import stat
 import struct
-from typing import cast
+from collections.abc import Callable, Iterable
+from typing import SupportsIndex, cast
 
 import msgspec
 
@@ -113,6 +114,24 @@ class Refused(Exception):
         self.message = message
 
 
+class _Input(asyncio.StreamReader):
+    """A stream reader that can tell, once, that input arrived while nobody was reading
+    (`Connection.on_input`)."""
+
+    notify: Callable[[], None] | None = None
+
+    @property
+    def waiting(self) -> bool:
+        """Bytes have arrived that no read has taken yet."""
+        return bool(self._buffer)  # type: ignore[attr-defined]  # StreamReader's own buffer
+
+    def feed_data(self, data: Iterable[SupportsIndex]) -> None:
+        super().feed_data(data)
+        if self.notify is not None:
+            notify, self.notify = self.notify, None
+            notify()
+
+
 class Connection:
     """One accepted connection: its streams, its state under the limits, budgeted reads and
     drained writes. Reads raise `Refused` when a limit ends the connection.
@@ -166,6 +185,19 @@ class Connection:
         self.trusted = True
         self._rearm()
 
+    @property
+    def input_waiting(self) -> bool:
+        """Bytes have arrived that no request has taken yet (a pipelined request)."""
+        return bool(self._buffer) or (isinstance(self.reader, _Input) and self.reader.waiting)
+
+    def on_input(self, notify: Callable[[], None] | None) -> bool:
+        """Call `notify` once, when input arrives while nothing reads it (None: no more).
+        False when this connection's reader cannot tell."""
+        if not isinstance(self.reader, _Input):
+            return False
+        self.reader.notify = notify
+        return True
+
     def _deadline(self) -> float | None:
         if self._buffer:
             return self._started + self._limits.frame_timeout_s
@@ -173,6 +205,12 @@ class Connection:
             return None
         idle = self._limits.session_idle_timeout_s if self.trusted else self._limits.idle_timeout_s
         return self.last_active + idle if idle > 0 else None
+
+    def _unbounded(self) -> bool:
+        """Waiting for the next request has no deadline, whatever finishes meanwhile: an
+        attached connection, or one that may stay silent once (or before) it authenticated."""
+        limits = self._limits
+        return self.attached or (limits.session_idle_timeout_s <= 0 and (self.trusted or limits.idle_timeout_s <= 0))
 
     def _rearm(self) -> None:
         if self._timeout is not None and not self._timeout.expired():
@@ -190,6 +228,15 @@ class Connection:
                 if not self._buffer:
                     return None
                 raise asyncio.IncompleteReadError(bytes(self._buffer), n)
+        data = bytes(self._buffer[:n])
+        self._consume(n)
+        return data
+
+    def take(self, n: int) -> bytes | None:
+        """The next `n` bytes when they have all arrived already (a frame's body, which
+        came with its header); None otherwise (then `read_exactly`)."""
+        if len(self._buffer) < n:
+            return None
         data = bytes(self._buffer[:n])
         self._consume(n)
         return data
@@ -221,13 +268,16 @@ class Connection:
     async def _fill(self, size: int) -> bool:
         """Read more into the buffer under the deadline that applies; False at end of input."""
         deadline = self._deadline()
-        try:
-            async with asyncio.timeout_at(deadline) as self._timeout:
-                chunk = await self.reader.read(size)
-        except TimeoutError:
-            raise self._expired() from None
-        finally:
-            self._timeout = None
+        if deadline is None and not self._buffer and self._unbounded():
+            chunk = await self.reader.read(size)  # no deadline can come up meanwhile: no timer to keep
+        else:
+            try:
+                async with asyncio.timeout_at(deadline) as self._timeout:
+                    chunk = await self.reader.read(size)
+            except TimeoutError:
+                raise self._expired() from None
+            finally:
+                self._timeout = None
         if not chunk:
             return False
         if not self._buffer:
@@ -250,6 +300,8 @@ class Connection:
     def _settle(self, target: int) -> bool:
         """Hold `target` bytes of the shared budget (at least 0): giving back always
         works; taking more fails when the budget cannot spare it."""
+        if target <= 0 and not self._charged:
+            return True  # the usual case: a frame within what a connection holds for free
         target = max(0, target)
         if target > self._charged:
             if not self._shared.take(target - self._charged):
@@ -406,7 +458,7 @@ class UnixListener(abc.ABC):
 
     async def _connect(self, client: socket.socket, attached: bool = False) -> None:
         loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader(limit=STREAM_LIMIT)
+        reader = _Input(limit=STREAM_LIMIT)
         protocol = asyncio.StreamReaderProtocol(reader)
         try:
             transport, _ = await loop.connect_accepted_socket(lambda: protocol, client)

@@ -14,10 +14,10 @@ from contextlib import contextmanager, suppress
 from typing import Any, Generic, TypeVar
 
 import apsw
-import apsw.aio
 
 from edge.core.errors import ToolError, unavailable
 from edge.storage.sqlite.schema import APPLICATION_ID, MIGRATIONS, NotOurs, SchemaTooNew, check_owned, migrate
+from edge.storage.sqlite.worker import Worker
 from edge.storage.tx import Params, Row
 
 log = logging.getLogger("qledge.store")
@@ -170,7 +170,13 @@ class SqliteTx:
         return self.conn.execute(sql, params).fetchone()
 
     def one(self, sql: str, params: Params = ()) -> Row:
-        return one(self.conn, sql, params)
+        # Read to its end: a statement that is its own transaction (a `one_statement` rule
+        # riding a hop) commits there, and a failure to commit is raised here, not lost
+        # when the cursor is dropped.
+        found = self.conn.execute(sql, params).fetchall()
+        if not found:
+            raise apsw.CorruptError(f"expected a row from: {sql.split(chr(10))[0][:80]}")
+        return found[0]
 
     def execute(self, sql: str, params: Params = ()) -> int:
         self.conn.execute(sql, params)
@@ -408,13 +414,24 @@ class _Pending:
 
 
 def _first(conn: apsw.Connection, pending: list[_Pending], fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    tx = SqliteTx(conn)  # what the rules ask to follow their commit is not kept: they ask none
     for item in pending:
         if item.done:  # taken by a hop whose caller was cancelled, and put back
             continue
         item.done = True
         try:
-            with immediate(conn):
-                item.result = item.fn(SqliteTx(conn), *item.args)
+            if not conn.in_transaction and getattr(item.fn, "one_statement", False):
+                # Its own transaction (autocommit): it commits, or fails, within its last step.
+                item.result = item.fn(tx, *item.args)
+                continue
+            # `immediate`, spelled out: this runs ahead of every audited read.
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                item.result = item.fn(tx, *item.args)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
         except apsw.Error as exc:  # its own fault must not fail the call it rides on
             if item.keep:
                 item.error = exc
@@ -444,8 +461,9 @@ class _Ride(Generic[T]):
 class Database:
     """Owns the connection; `run` executes a function with it in the worker thread."""
 
-    def __init__(self, conn: apsw.AsyncConnection, path: str, ballast: Ballast | None = None) -> None:
+    def __init__(self, conn: apsw.Connection, worker: Worker, path: str, ballast: Ballast | None = None) -> None:
         self._conn = conn
+        self._worker = worker
         self.path = path
         self.ballast = ballast
         self._pending: list[_Pending] = []
@@ -474,38 +492,41 @@ class Database:
         OpenError with one line; nothing is left running when it does."""
         if synchronous.upper() not in SYNCHRONOUS:
             raise ValueError(f"synchronous must be one of {', '.join(SYNCHRONOUS)}")
-        # apsw documents passing the controller class; its stub declares the protocol for instances.
-        apsw.async_controller.set(apsw.aio.AsyncIO)  # type: ignore[arg-type]
-        flags = apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE | apsw.SQLITE_OPEN_NOFOLLOW
         try:
             check_header(path)
         except (SchemaTooNew, NotOurs) as exc:
             raise OpenError(str(exc)) from None
+        flags = apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE | apsw.SQLITE_OPEN_NOFOLLOW
+        worker = Worker()
         old = os.umask(0o077)  # the database holds credentials digests and secrets
         try:
-            conn = await apsw.Connection.as_async(path, flags)
+            conn = await worker.run(apsw.Connection, path, flags)
         except apsw.Error as exc:
+            worker.stop()
             raise OpenError(_why_not(path, exc)) from None
+        except BaseException:
+            worker.stop()
+            raise
         finally:
             os.umask(old)
         try:
             # Until the checks pass, closing must not checkpoint a WAL left beside the file
             # into it: a database that is refused keeps every byte it had.
-            await conn.async_run(_checkpoint_on_close, conn, False)
+            await worker.run(_checkpoint_on_close, conn, False)
             old = os.umask(0o077)  # the WAL and its index are created on first use
             try:
-                await conn.async_run(configure, conn, synchronous.upper(), cache_kib, exclusive)
+                await worker.run(configure, conn, synchronous.upper(), cache_kib, exclusive)
             finally:
                 os.umask(old)
-            await conn.async_run(migrate, conn)
-            await conn.async_run(_checkpoint_on_close, conn, True)
+            await worker.run(migrate, conn)
+            await worker.run(_checkpoint_on_close, conn, True)
         except BaseException as exc:
             # The worker thread would keep the interpreter alive: close before raising.
-            await conn.aclose()
+            await _close(worker, conn)
             if isinstance(exc, (apsw.Error, OSError)):
                 raise OpenError(_why_not(path, exc)) from None
             raise
-        return cls(conn, path, ballast)
+        return cls(conn, worker, path, ballast)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn(conn, *args)` in the worker; storage faults become `unavailable`.
@@ -515,9 +536,9 @@ class Database:
         pending, self._pending = self._pending, []
         try:
             if pending:
-                result = await self._conn.async_run(_first, self._conn, pending, fn, args)
+                result = await self._worker.run(_first, self._conn, pending, fn, args)
             else:
-                result = await self._conn.async_run(fn, self._conn, *args)
+                result = await self._worker.run(fn, self._conn, *args)
         except ToolError:
             raise
         except apsw.FullError as exc:
@@ -550,8 +571,8 @@ class Database:
         if self.ballast is not None:
             self.ballast.release()
         try:
-            await self._conn.async_run(_reuse_wal, self._conn)
-            return await self._conn.async_run(fn, self._conn, *args)
+            await self._worker.run(_reuse_wal, self._conn)
+            return await self._worker.run(fn, self._conn, *args)
         except ToolError:
             raise
         except apsw.Error as again:
@@ -563,8 +584,16 @@ class Database:
             with suppress(ToolError):
                 await self.run(_nothing)
         with suppress(apsw.Error):  # closing matters more than the planner's statistics
-            await self._conn.async_run(_optimize, self._conn)
-        await self._conn.aclose()
+            await self._worker.run(_optimize, self._conn)
+        await _close(self._worker, self._conn)
+
+
+async def _close(worker: Worker, conn: apsw.Connection) -> None:
+    """Close the connection in its thread, then end the thread (even when cancelled meanwhile)."""
+    try:
+        await worker.run(conn.close)
+    finally:
+        worker.stop()
 
 
 def _checkpoint_on_close(conn: apsw.Connection, on: bool) -> None:

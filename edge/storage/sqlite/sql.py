@@ -119,8 +119,9 @@ SECURITY = SecuritySql(
                  " ON CONFLICT DO NOTHING",
     import_drop="DELETE FROM imports WHERE project_id = ? AND key = ?",
     audit_insert="INSERT INTO security_audit (at_ms, project_id, principal, tool, outcome, reasons, transport,"
-                 " request_id, class, count, last_at_ms) VALUES (:at_ms, :project_id, :principal, :tool, :outcome,"
-                 " :reasons, :transport, :request_id, :class, :count, :last_at_ms) RETURNING id",
+                 " request_id, class, count, last_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+    audit_insert_order=("at_ms", "project_id", "principal", "tool", "outcome", "reasons", "transport", "request_id",
+                        "class", "count", "last_at_ms"),
     audit_oldest_call="SELECT id FROM security_audit WHERE class = 'call' ORDER BY id LIMIT 1",
     audit_prune_calls="DELETE FROM security_audit WHERE id IN (SELECT id FROM (SELECT id, at_ms FROM security_audit"
                       " WHERE class = 'call' ORDER BY id LIMIT ?) WHERE id <= ? OR at_ms < ?)",
