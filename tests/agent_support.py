@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -70,6 +71,15 @@ def fake(param: str, **flags: Any) -> FakeProvider:
 def no_refusals(provider: FakeProvider) -> None:
     """Every request was one the family accepts: a refusal fails the test, naming the family."""
     assert not provider.refused, f"the {provider.family.name} fake refused: " + "; ".join(provider.refused)
+
+
+def served(request: pytest.FixtureRequest) -> Iterator[FakeProvider]:
+    """A `provider` fixture's body: a fake of the test's family (its parameter, `openai` when it
+    has none), closed after the test, which fails if the fake refused any request."""
+    provider = fake(getattr(request, "param", "openai"))
+    yield provider
+    provider.close()
+    no_refusals(provider)
 
 
 def ai_task(d: DaemonProcess, task_id: str, instruction: str = "Why did backup fail?", **budget: Any) -> dict:

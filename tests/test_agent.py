@@ -20,10 +20,9 @@ from agent_support import (
     SPECIALIST_TOOLS,
     agent_config,
     ai_task,
-    fake,
     log,
     marker,
-    no_refusals,
+    served,
     record,
     start_and_wait,
     tokens_key,
@@ -44,10 +43,7 @@ BACKUP = 'echo "copying /etc"; echo "rsync: write failed: No space left on devic
 
 @pytest.fixture(params=FAMILIES)
 def provider(request):
-    p = fake(request.param)
-    yield p
-    p.close()
-    no_refusals(p)
+    yield from served(request)
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import signal
 
 import pytest
 
-from agent_support import EVERY_FAMILY, agent_config, ai_task, fake, no_refusals, record, until, wait
+from agent_support import EVERY_FAMILY, agent_config, ai_task, served, record, until, wait
 from cluster_support import node_config, rows, task
 from edge.runner.process import alive
 from fake_provider import FakeProvider, Step, answer, tool_call
@@ -23,10 +23,7 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture
 def provider(request):
-    p = fake(getattr(request, "param", "openai"))
-    yield p
-    p.close()
-    no_refusals(p)
+    yield from served(request)
 
 
 def _nodes(daemon_factory, dsn: str, provider: FakeProvider, count: int, **kw):

@@ -38,7 +38,7 @@ from edge.operator.credentials import RunCredentialRegistry
 from edge.tools.context import Caller
 from edge.tools.definition import Registry
 from edge.transports.tool_socket import ToolServer
-from agent_support import EVERY_FAMILY, fake, no_refusals, wire
+from agent_support import EVERY_FAMILY, served, wire
 from fake_provider import FakeProvider, Step, answer
 
 pytestmark = pytest.mark.e2e  # real children, real time
@@ -172,10 +172,7 @@ def code_with(socket: str, token: str, tool: str, args: dict | None = None) -> s
 
 @pytest.fixture
 def provider(request):
-    p = fake(getattr(request, "param", "openai"))
-    yield p
-    p.close()
-    no_refusals(p)
+    yield from served(request)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

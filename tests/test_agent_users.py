@@ -20,9 +20,8 @@ from agent_support import (
     EVERY_FAMILY,
     agent_config,
     ai_task,
-    fake,
     log,
-    no_refusals,
+    served,
     record,
     start_and_wait,
     until,
@@ -37,10 +36,7 @@ root_only = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs 
 
 @pytest.fixture
 def provider(request):
-    p = fake(getattr(request, "param", "openai"))
-    yield p
-    p.close()
-    no_refusals(p)
+    yield from served(request)
 
 
 def _status(pid: int) -> dict[str, str]:

@@ -3,6 +3,7 @@ local, the logs of any run from any node, and what the default daemon never load
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import time
@@ -382,3 +383,80 @@ async def test_counts_of_a_row_in_postgresql_are_spooled_at_stop_when_it_is_gone
         (line,) = f.read().splitlines()
     row = msgspec.json.decode(line)
     assert (row["count"], row["atMs"], row["lastAtMs"], row["outcome"]) == (29, minute + 1, minute + 29, "denied")
+
+
+async def test_a_run_start_audit_row_rides_in_the_calls_first_transaction(pg_dsn, home):
+    """An allowed call's row sent ahead (`AuditLog.ahead`) commits in the call's first storage
+    transaction (the same PostgreSQL transaction id), not one of its own; when that
+    transaction rolls back, or the call makes none, the row is written by then or by
+    `committed()`, once, and while PostgreSQL is unreachable it goes to the spool."""
+    from edge.core.auth import AuditRecord
+    from edge.core.errors import ToolError, conflict
+    from edge.storage.postgres.db import PgDatabase
+    from edge.storage.postgres.schema import migrate
+    from edge.storage.postgres.security import PgAuditLog
+
+    def allowed(request: str, tool: str = "qledge.run.start") -> AuditRecord:
+        return AuditRecord(at_ms=1_800_000_000_000, project_id="default", principal="uid:7", tool=tool,
+                           outcome="allowed", reasons=["tool_invocation_allowed"], transport="socket",
+                           request_id=request)
+
+    def xid(tx) -> int:
+        return int(tx.one("SELECT pg_current_xact_id()::text::bigint")[0])
+
+    def refuse(tx) -> None:
+        tx.execute("SELECT 1")
+        raise conflict("no")
+
+    def row_xid(request: str) -> list[tuple]:
+        return rows(pg_dsn, "SELECT xmin::text::bigint FROM security_audit WHERE request_id = %s", (request,))
+
+    db = PgDatabase(pg_dsn)
+    await migrate(db)
+    audit = PgAuditLog(db, "n1")
+    ticket = await audit.ahead(allowed("ride"))
+    assert row_xid("ride") == []  # not yet: it waits for the call's first transaction
+    read_in = await db.read(xid)
+    assert row_xid("ride") == [(read_in,)]
+    await ticket.committed()
+    assert row_xid("ride") == [(read_in,)]  # once
+
+    await audit.append(allowed("other", tool="qledge.task.delete"))  # append: written at once
+    assert len(row_xid("other")) == 1
+
+    ticket = await audit.ahead(allowed("rolled-back"))
+    with pytest.raises(ToolError):
+        await db.write(refuse)
+    assert len(row_xid("rolled-back")) == 1
+    await ticket.committed()
+    assert len(row_xid("rolled-back")) == 1
+
+    ticket = await audit.ahead(allowed("no-read"))  # refused before any read (its arguments)
+    await asyncio.sleep(0)
+    assert row_xid("no-read") == []
+    await ticket.committed()  # before the refusal is answered
+    assert len(row_xid("no-read")) == 1
+    await audit.close()
+    await db.close()
+
+    spool = os.path.join(home, "audit-spool.jsonl")
+    nowhere = PgDatabase(f"host={home} port=1 dbname=none user=none", connect_timeout_s=1)
+    down = PgAuditLog(nowhere, "n1", spool=spool)
+    await down.ahead(allowed("spooled"))
+    with pytest.raises(ToolError):
+        await nowhere.read(xid)
+    with open(spool) as f:
+        assert '"spooled"' in f.read()
+    await down.close()
+    await nowhere.close()
+
+
+def test_a_run_start_refused_on_its_arguments_is_audited_on_a_node(daemon_factory, pg_dsn):
+    from edge.cli.client import CallFailed
+
+    (node,) = start_nodes(daemon_factory, pg_dsn, 1)
+    with pytest.raises(CallFailed, match="invalid arguments"):
+        node.call("qledge.run.start", {"taskId": 7})
+    node.call("qledge.status")
+    wait_for(lambda: rows(pg_dsn, "SELECT count(*) FROM security_audit WHERE tool = 'qledge.run.start'"
+                                  " AND outcome = 'allowed'")[0][0] == 1, timeout=10)

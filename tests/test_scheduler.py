@@ -667,7 +667,7 @@ TABLES = ("runs", "triggers", "trigger_revisions", "trigger_events", "tasks", "t
 @pytest.mark.parametrize("sql,params,index", [
     (CATALOG.trigger_get, ("default", "t"), "PRIMARY KEY"),
     (CATALOG.trigger_list, ("default", "", 10), "PRIMARY KEY"),
-    (ADMISSION.admission.armed, {"project": "default"}, "triggers_armed_idx"),
+    (ADMISSION.admission.armed, {"project": "default"}, "PRIMARY KEY"),
     (CATALOG.following, ("default", "t", 1), "triggers_task_idx"),
     (ADMISSION.admission.pinned_task, ("default", "t", 1), "PRIMARY KEY"),
     (ADMISSION.admission.active_for_task, ("default", "t"), "runs_active_idx"),

@@ -16,9 +16,8 @@ from agent_support import (
     DEEPSEEK_CHAT,
     agent_config,
     ai_task,
-    fake,
     log,
-    no_refusals,
+    served,
     record,
     start_and_wait,
     tokens_key,
@@ -54,10 +53,7 @@ SA = "schedule-advisor"
 
 @pytest.fixture(params=FAMILIES)
 def provider(request):
-    p = fake(request.param)
-    yield p
-    p.close()
-    no_refusals(p)
+    yield from served(request)
 
 
 @pytest.fixture

@@ -103,7 +103,9 @@ class Dialect(msgspec.Struct, frozen=True):
 
 
 def armed(tx: Tx, d: Dialect, project: str, node: str | None) -> list[tuple[int, str]]:
-    return [(int(nxt), tid) for nxt, tid in tx.rows(d.admission.armed, {"project": project, "node": node})]
+    """The armed triggers by cursor (the scheduler's heap): sorted here, as a dialect may
+    read them in another order (SQLite has no index on the cursor)."""
+    return sorted((int(nxt), tid) for nxt, tid in tx.rows(d.admission.armed, {"project": project, "node": node}))
 
 
 def armed_retries(tx: Tx, d: Dialect, project: str) -> list[tuple[int, str]]:

@@ -320,6 +320,10 @@ class SqlAuditLog:
         await self.append(record)
         return _WRITTEN
 
+    async def before_change(self, record: AuditRecord) -> AuditTicket:
+        await self.append(record)
+        return _WRITTEN
+
     def _check(self) -> bool:
         """Whether this allowed call's write trims (every `_every`-th, the first included)."""
         due = self._calls % self._every == 0

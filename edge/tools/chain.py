@@ -158,24 +158,27 @@ class Chain:
             await self._audit(principal.subject, name, "denied", [why, reason], caller)
             raise ToolError("permission_denied", f"{name} requires permission {_grantable(principal, entry, missing)}")
         allowed = ["tool_invocation_allowed", reason]
+        # A read's row rides ahead of its first storage work (one worker hop for both on
+        # SQLite); a change's is durable before its first change (AuditLog.before_change).
+        # Either way nothing the call did or read, not even an error, leaves before the row
+        # is durable.
+        audit = self._services.audit
         if entry.tool.effect == "read":
-            # A read's row rides ahead of its first storage work (one worker hop for both on
-            # SQLite); nothing it read, not even an error, leaves before the row is durable.
-            try:
-                ticket = await self._services.audit.ahead(self._record(principal.subject, name, "allowed", allowed,
-                                                                       caller))
-            except ToolError as exc:
-                raise ToolError("unavailable", _NOT_AUDITED) from exc
-            try:
-                result = await self._checked_run(entry, raw_args, fmt, principal, caller, reason)
-            except ToolError:
-                await self._committed(ticket)
-                raise
+            sent = audit.ahead(self._record(principal.subject, name, "allowed", allowed, caller))
+        else:
+            change = not CHANGE_PERMISSIONS.isdisjoint(entry.tool.permissions)
+            sent = audit.before_change(self._record(principal.subject, name, "allowed", allowed, caller, change))
+        try:
+            ticket = await sent
+        except ToolError as exc:
+            raise ToolError("unavailable", _NOT_AUDITED) from exc
+        try:
+            result = await self._checked_run(entry, raw_args, fmt, principal, caller, reason)
+        except ToolError:
             await self._committed(ticket)
-            return result
-        change = not CHANGE_PERMISSIONS.isdisjoint(entry.tool.permissions)
-        await self._audit(principal.subject, name, "allowed", allowed, caller, change)
-        return await self._checked_run(entry, raw_args, fmt, principal, caller, reason)
+            raise
+        await self._committed(ticket)
+        return result
 
     async def _checked_run(
         self, entry: Entry, raw_args: bytes, fmt: str, principal: Principal, caller: Caller, reason: str,

@@ -391,6 +391,15 @@ class AuditLog(Protocol):
         unavailable when that raises. Raises unavailable when written at once and that fails."""
         ...
 
+    async def before_change(self, record: AuditRecord) -> AuditTicket:
+        """Record an allowed call that may change something: the row is durable before the
+        first change the call makes. Where the store can, it rides in the call's first
+        transaction, committed with it (on PostgreSQL, for `qledge.run.start`, whose first
+        storage work comes before anything else it does); elsewhere it is written before
+        this returns, as `append` does. The caller must await `committed()` before it
+        answers, whatever the answer, and answer unavailable when that raises."""
+        ...
+
     async def flush(self) -> None:
         """Write the counts of refused calls not written yet (on a cluster node whose
         PostgreSQL is unreachable, counts for a row in the spool wait for the end of its

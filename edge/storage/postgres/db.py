@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import psycopg
@@ -89,6 +90,30 @@ class PgTx:
         self.after.append(fn)
 
 
+class Carry:
+    """A rule that rides at the head of the next transaction its context (the call that
+    armed it, and the tasks it starts) asks the pool for, so that it costs no transaction
+    of its own: an audited call's row, committed with the call's first storage work or not
+    at all. When that transaction does not commit, or no transaction takes it in time,
+    `fallback` writes it (in a transaction of its own, or wherever its owner puts it)."""
+
+    __slots__ = ("fn", "args", "fallback", "state")
+
+    def __init__(self, fn: Callable[..., object], args: tuple[Any, ...],
+                 fallback: Callable[[], Awaitable[object]]) -> None:
+        self.fn, self.args, self.fallback = fn, args, fallback
+        self.state = "armed"  # then taken (by a transaction, or by its fallback), then written or dropped
+
+    def take(self) -> bool:
+        if self.state != "armed":
+            return False
+        self.state = "taken"
+        return True
+
+
+_carried: contextvars.ContextVar[Carry | None] = contextvars.ContextVar("qledge_pg_carry", default=None)
+
+
 def _connection_lost(exc: BaseException) -> bool:
     return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
 
@@ -101,11 +126,11 @@ class _Job:
     """One transaction for a worker. `state`: waiting, taken (a worker runs it) or dropped
     (its caller went away before any worker took it: it never runs)."""
 
-    __slots__ = ("fn", "args", "write", "loop", "future", "state")
+    __slots__ = ("fn", "args", "write", "loop", "future", "state", "carry")
 
     def __init__(self, fn: Callable[..., object], args: tuple[Any, ...], write: bool,
-                 loop: asyncio.AbstractEventLoop) -> None:
-        self.fn, self.args, self.write, self.loop = fn, args, write, loop
+                 loop: asyncio.AbstractEventLoop, carry: Carry | None = None) -> None:
+        self.fn, self.args, self.write, self.loop, self.carry = fn, args, write, loop, carry
         self.future: asyncio.Future[tuple[object, list[Callable[[], None]]]] = loop.create_future()
         self.state = "waiting"
 
@@ -141,6 +166,7 @@ class PgDatabase:
         self.down_reason = ""
         self._pending: list[tuple[Callable[..., object], tuple[Any, ...]]] = []
         self._ahead = asyncio.Lock()  # held while the pending work runs: later calls wait behind it
+        self._fallbacks: set[asyncio.Future[object]] = set()  # carries written after their call was cancelled
 
     def before_next(self, fn: Callable[..., object], *args: Any) -> None:
         """Run `fn(tx, *args)` in a transaction of its own before any `read` or `write` called
@@ -151,6 +177,14 @@ class PgDatabase:
     def ride(self, fn: Callable[..., T], *args: Any) -> None:
         """None: a pool has no one next hop to ride on (the caller writes it itself)."""
         return None
+
+    def carry(self, fn: Callable[..., object], *args: Any, fallback: Callable[[], Awaitable[object]]) -> Carry:
+        """Arm `fn(tx, *args)` to run at the head of the next `read` or `write` asked for in
+        the current context (Carry): that transaction then writes. A carry armed before
+        and not taken yet is replaced (its owner's `fallback` still writes it)."""
+        armed = Carry(fn, args, fallback)
+        _carried.set(armed)
+        return armed
 
     async def connect(self) -> psycopg.AsyncConnection[Row]:
         """An asyncio connection of its own, with the session settings (the hint listener's)."""
@@ -170,18 +204,37 @@ class PgDatabase:
         return await self._call(fn, args, True, retry_s)
 
     async def _call(self, fn: Callable[..., T], args: tuple[Any, ...], write: bool, retry_s: float) -> T:
-        if self._pending or self._ahead.locked():
-            await self._run_pending()
-        deadline = time.monotonic() + retry_s
-        attempt = 0
-        while True:
-            try:
-                return await self._once(fn, args, write)
-            except _Retry as again:
-                if time.monotonic() >= deadline or self._closed:
-                    raise unavailable() from again.__cause__
-                await asyncio.sleep(RETRY_PAUSE_S[min(attempt, len(RETRY_PAUSE_S) - 1)])
-                attempt += 1
+        carry = _carried.get()
+        if carry is not None:  # taken before any await: nothing else of this context runs first
+            _carried.set(None)
+            if not carry.take():
+                carry = None
+        try:
+            if self._pending or self._ahead.locked():
+                await self._run_pending()
+            deadline = time.monotonic() + retry_s
+            attempt = 0
+            while True:
+                try:
+                    result = await self._once(fn, args, write or carry is not None, carry)
+                except _Retry as again:
+                    if time.monotonic() >= deadline or self._closed:
+                        raise unavailable() from again.__cause__
+                    await asyncio.sleep(RETRY_PAUSE_S[min(attempt, len(RETRY_PAUSE_S) - 1)])
+                    attempt += 1
+                    continue
+                if carry is not None:
+                    carry.state = "written"
+                return result
+        except asyncio.CancelledError:
+            if carry is not None and carry.state == "dropped":  # no worker took it: it never runs
+                self._fallbacks.add(task := asyncio.ensure_future(carry.fallback()))
+                task.add_done_callback(self._fallbacks.discard)
+            raise
+        except BaseException:
+            if carry is not None and carry.state != "written":
+                await carry.fallback()  # its failure (unavailable) is the call's answer
+            raise
 
     async def _run_pending(self) -> None:
         async with self._ahead:
@@ -193,10 +246,10 @@ class PgDatabase:
                     log.error("postgresql: %s did not run: %s", getattr(fn, "__qualname__", fn),
                               type(exc.__cause__ or exc).__name__)
 
-    async def _once(self, fn: Callable[..., T], args: tuple[Any, ...], write: bool) -> T:
+    async def _once(self, fn: Callable[..., T], args: tuple[Any, ...], write: bool, carry: Carry | None = None) -> T:
         if self._closed:
             raise _Retry()
-        job = _Job(fn, args, write, asyncio.get_running_loop())
+        job = _Job(fn, args, write, asyncio.get_running_loop(), carry)
         with self._state:
             self._waiting += 1
             if self._waiting > self._idle and len(self._workers) < self._size:
@@ -211,6 +264,8 @@ class PgDatabase:
             with self._state:
                 if job.state == "waiting":
                     job.state = "dropped"
+                    if carry is not None:
+                        carry.state = "dropped"
             raise
         except _Retry as exc:
             self._failed(exc.__cause__ or exc, getattr(fn, "__qualname__", "a transaction"))
@@ -258,6 +313,8 @@ class PgDatabase:
                 conn = self._connect()
             tx = PgTx(conn)
             with conn.transaction():
+                if job.carry is not None:
+                    job.carry.fn(tx, *job.carry.args)
                 value = job.fn(tx, *job.args)
             result = (value, tx.after)
         except ToolError as exc:

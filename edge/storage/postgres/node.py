@@ -4,7 +4,10 @@ runner, the listener for wake-up hints, and the runner as tools and the schedule
 
 Hints (LISTEN/NOTIFY, sent in the writing transaction) only shorten waits: every loop also
 polls (`poll_s`, bounded), and re-polls after every reconnect, so a lost notification
-delays a run by at most one poll and never loses it.
+delays a run by at most one poll and never loses it. So a node that was the only one alive
+at its last heartbeat sends no `run` hint for the runs it admits (each NOTIFY costs the
+listening sessions a transaction to read it): it wakes its own claim loop, and a node that
+joined since claims when it starts and at its polls.
 """
 
 from __future__ import annotations
@@ -218,18 +221,33 @@ class _HeldHints:
         self._tx.after_commit(fn)
 
 
+def _replay(tx: Tx, held: _HeldHints, runs_left: bool) -> None:
+    """The hints a wrapped rule asked for; `run` only when it left runs for other nodes."""
+    for topic in held.topics:
+        if topic != "run" or runs_left:
+            tx.hint(topic)
+
+
+def _admit_only(tx: Tx, d: Dialect, task: Task, actor: ActorType, now: int, bound: Bound,
+                others: bool) -> ManualAdmission:
+    """A manual admission on a node without a free slot; other nodes are told of its run
+    only when some are alive (`others`)."""
+    held = _HeldHints(tx)
+    admitted = admit_manual(held, d, task, actor, now, bound)
+    _replay(tx, held, others)
+    return admitted
+
+
 def _admit_and_claim(tx: Tx, d: Dialect, task: Task, actor: ActorType, now: int, bound: Bound, node: str,
-                     lease_s: float, limit: int) -> tuple[ManualAdmission, list[Claimed]]:
+                     lease_s: float, limit: int, others: bool) -> tuple[ManualAdmission, list[Claimed]]:
     """A manual admission on a node with a free slot: the claim loop's claim (the oldest
     claimable runs, usually this one) in the same transaction. Other nodes are told of
-    new runs only when one is left for them."""
+    new runs only when one is left for them and some are alive (`others`)."""
     held = _HeldHints(tx)
     admitted = admit_manual(held, d, task, actor, now, bound)
     claimed = claim_runs(tx, task.project_id, node, limit, lease_s, now)
     mine = next((c.run for c in claimed if c.run.id == admitted.run.id), None)
-    for topic in held.topics:
-        if topic != "run" or mine is None:
-            tx.hint(topic)
+    _replay(tx, held, others and mine is None)
     if mine is not None:
         admitted = ManualAdmission(run=mine, replaces=admitted.replaces)
     return admitted, claimed
@@ -270,6 +288,7 @@ class PgRunStore(SqlRunStore):
         started: RunUpdate | None,
     ) -> tuple[Run, list[str], int] | Fenced:
         node, claims = self._taker, self._claims
+        ending = run_id if node is not None and node.holds(run_id) else None
         reserved = node.reserve(run_id) if node is not None and claim is not None and status in TERMINAL else 0
         if not reserved or node is None or claims is None:
             return await super()._record(run_id, expected_version, status, now_ms, actor, update, detail, claim,
@@ -282,24 +301,33 @@ class PgRunStore(SqlRunStore):
                 self._policy, claim, data, started, self._project, self._lease_s, reserved, retry_s=self._retry_s)
             finished = None if isinstance(result, Fenced) else run_id
         finally:  # nothing claimed when it failed (an unknown outcome: its lease expires, never run twice)
-            node.adopt(claims.took(claimed), reserved, finished)
+            node.adopt(claims.took(claimed), reserved, finished, claimed=finished is not None, ending=ending)
         return result
 
 
+def _fires_only(tx: Tx, d: Dialect, project: str, trigger_id: str, now: int, grace_ms: int, bound: Bound,
+                rng: Callable[[], float], lease: NodeLease, others: bool) -> Admission:
+    """A trigger's admission on a node without a free slot; other nodes are told of its
+    runs only when some are alive (`others`)."""
+    held = _HeldHints(tx)
+    admission = admit_fires(held, d, project, trigger_id, now, grace_ms, bound, rng, lease)
+    _replay(tx, held, others)
+    return admission
+
+
 def _fires_and_claim(tx: Tx, d: Dialect, project: str, trigger_id: str, now: int, grace_ms: int, bound: Bound,
-                     rng: Callable[[], float], lease: NodeLease, limit: int) -> tuple[Admission, list[Claimed]]:
+                     rng: Callable[[], float], lease: NodeLease, limit: int,
+                     others: bool) -> tuple[Admission, list[Claimed]]:
     """A trigger's admission on a node with a free slot: when it admitted runs (and
     replaces none: those start once the runs they replace are cancelled), the claim loop's
     claim in the same transaction. Other nodes are told of new runs only when one is left
-    for them."""
+    for them and some are alive (`others`)."""
     held = _HeldHints(tx)
     admission = admit_fires(held, d, project, trigger_id, now, grace_ms, bound, rng, lease)
     claimed = (claim_runs(tx, project, lease.node_id, limit, lease.lease_s, now)
                if admission.runs and not admission.cancel else [])
     mine = {c.run.id for c in claimed}
-    for topic in held.topics:
-        if topic != "run" or any(run.id not in mine for run in admission.runs):
-            tx.hint(topic)
+    _replay(tx, held, others and any(run.id not in mine for run in admission.runs))
     return admission, claimed
 
 
@@ -327,17 +355,22 @@ class PgAdmission(SqlAdmission):
     ) -> Admission:
         node, claims = self._taker, self._claims
         reserved = node.reserve() if node is not None and project == self._project else 0
-        if not reserved or node is None or claims is None:
+        if node is None or claims is None:
             return await super().admit_fires(project, trigger_id, now_ms, grace_ms, rng)
+        lease = NodeLease(self._node_id, self._lease_s)
+        if not reserved:
+            return self._followed(await self._pg.write(
+                _fires_only, self._d, project, trigger_id, now_ms, grace_ms, self._bound, rng, lease, node.others))
         claimed: list[Claimed] = []
         failed = True
         try:
             admission, claimed = await self._pg.write(
-                _fires_and_claim, self._d, project, trigger_id, now_ms, grace_ms, self._bound, rng,
-                NodeLease(self._node_id, self._lease_s), reserved)
+                _fires_and_claim, self._d, project, trigger_id, now_ms, grace_ms, self._bound, rng, lease, reserved,
+                node.others)
             failed = False
         finally:  # nothing claimed when it failed (an unknown outcome: its lease expires, never run twice)
-            node.adopt(claims.took(claimed), reserved, wake=failed)
+            node.adopt(claims.took(claimed), reserved, wake=failed,
+                       claimed=not failed and bool(admission.runs) and not admission.cancel)
         return self._followed(admission)
 
     async def admit_manual(self, task: Task, actor: ActorType, now_ms: int) -> ManualAdmission:
@@ -345,14 +378,18 @@ class PgAdmission(SqlAdmission):
         # A run that replaces others starts once they are cancelled (ManualStart), not in its admission.
         folds = node is not None and task.project_id == self._project and task.spec.overlap != "replace"
         reserved = node.reserve() if folds and node is not None else 0
-        if not reserved or node is None or claims is None:
+        if node is None or claims is None:
             return await super().admit_manual(task, actor, now_ms)
+        if not reserved:
+            return await self._pg.write(_admit_only, self._d, task, actor, now_ms, self._bound, node.others)
         claimed: list[Claimed] = []
+        failed = True
         try:
             admitted, claimed = await self._pg.write(_admit_and_claim, self._d, task, actor, now_ms, self._bound,
-                                                     self._node_id, self._lease_s, reserved)
+                                                     self._node_id, self._lease_s, reserved, node.others)
+            failed = False
         finally:  # nothing claimed when it failed (an unknown outcome: its lease expires, never run twice)
-            node.adopt(claims.took(claimed), reserved)
+            node.adopt(claims.took(claimed), reserved, claimed=not failed)
         return admitted
 
     async def arm_boot(self, project: str, boot_id: str, at_ms: int) -> int:
@@ -392,10 +429,18 @@ class Node:
         self._claiming = False
         self._host = socket.gethostname()
         self._reserved = 0  # free slots an admission or completion in progress may claim into
-        self._settled: set[str] = set()  # ended runs whose completion found nothing more to claim
+        self._ending: set[str] = set()  # held runs whose completion, in progress, claims into their slot
+        self._settled: set[str] = set()  # ended runs whose completion claimed what there was for their slot
+        self._drained_at = -FOREVER_S  # monotonic time a claim last found fewer runs than it could take
 
     def holds(self, run_id: str) -> bool:
         return run_id in self._held
+
+    @property
+    def others(self) -> bool:
+        """Whether other nodes may be alive (as far as the last heartbeat saw): then the
+        runs this node admits and leaves are hinted to them."""
+        return self._alive != 1
 
     def wake(self) -> None:
         self._wake.set()
@@ -489,38 +534,64 @@ class Node:
     # -- claims ---------------------------------------------------------------------
 
     async def _claim_loop(self) -> None:
+        """Claims when woken, and polls: every `poll_s` since a claim (of this loop, an
+        admission or a completion) last found fewer claimable runs than it could take; a
+        claim that did is as good as a poll."""
+        looked = time.monotonic()
         while True:
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._settings.poll_s):
+                async with asyncio.timeout(max(0.0, max(looked, self._drained_at) + self._settings.poll_s
+                                               - time.monotonic())):
                     await self._wake.wait()
+            if not self._wake.is_set() and self._drained_at + self._settings.poll_s > time.monotonic():
+                continue  # a claim found the queue drained while this waited: no poll due yet
             self._wake.clear()
+            looked = time.monotonic()
             await self._claim_some()
 
     def _free(self) -> int:
-        return self._settings.slots - len(self._held) - self._reserved
+        """Slots to claim into. A slot whose run's completion is being written counts as
+        free: a run claimed into it waits in the runner's queue only for that commit (at
+        most one a slot waits so, when that completion claims too), and the admission that
+        claims it needs no claim of its own after."""
+        return self._settings.slots - len(self._held) - self._reserved + len(self._ending)
 
     def reserve(self, finishing: str | None = None) -> int:
         """A free slot for a transaction to claim into (1), or none (0); `adopt` ends it.
         `finishing`: a run this node holds whose completion is that transaction: its slot
-        is the one."""
+        is the one (held until then, not counted twice)."""
         if not self._claiming:
             return 0
-        if (finishing is None or finishing not in self._held) and self._free() <= 0:
+        if finishing is not None and finishing in self._held:
+            if finishing in self._ending:
+                return 0
+            self._ending.add(finishing)
+            return 1
+        if self._free() <= 0:
             return 0
         self._reserved += 1
         return 1
 
-    def adopt(self, runs: list[Run], reserved: int, finished: str | None = None, wake: bool = True) -> None:
+    def adopt(self, runs: list[Run], reserved: int, finished: str | None = None, wake: bool = True,
+              claimed: bool = True, ending: str | None = None) -> None:
         """The runs a transaction (an admission, a completion) claimed, and the end of its
-        reservation. `finished`: the run whose completion committed with the claim: no
-        longer held, and when fewer runs were claimable than reserved (the queue was empty
-        then; a run queued later sends its hint), its end needs no claim of its own.
-        `wake`: whether a reservation that claimed nothing has the claim loop look again."""
-        self._reserved -= reserved
+        reservation (`claimed`: its claim committed). `finished`: the run whose completion
+        committed with the claim: no longer held, and its end needs no claim of its own:
+        its slot took the oldest claimable run, or the queue was empty then (a run queued
+        later wakes the loop: its admission here, or its hint). Runs queued while every
+        slot was busy are taken by completions, one a slot; another node's, by the poll
+        when its hint was lost.
+        `wake`: whether a reservation that claimed nothing has the claim loop look again.
+        `ending`: the run whose slot the reservation was (`reserve(finishing)`)."""
+        if ending is None:
+            self._reserved -= reserved
+        else:
+            self._ending.discard(ending)
+        if claimed and len(runs) < reserved:
+            self._drained_at = time.monotonic()
         if finished is not None:
             self._held.discard(finished)
-            if len(runs) < reserved:
-                self._settled.add(finished)
+            self._settled.add(finished)
         for run in runs:
             self._take(run)
         if not runs and finished is None and wake:
@@ -540,6 +611,7 @@ class Node:
             for run in runs:
                 self._take(run)
             if len(runs) < free:
+                self._drained_at = time.monotonic()
                 return
 
     async def _follow(self, run: Run) -> None:

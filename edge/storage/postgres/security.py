@@ -15,16 +15,16 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from edge.core.auth import AuditBounds, AuditRecord
+from edge.core.auth import AuditBounds, AuditRecord, audit_class
 from edge.core.errors import ToolError, unavailable
-from edge.storage.postgres.db import PgDatabase
+from edge.storage.postgres.db import Carry, PgDatabase
 from edge.storage.postgres.sql import SECURITY
 from edge.storage.security import SqlAuditLog, append_audit
 from edge.storage.tx import Tx
 
 if TYPE_CHECKING:
     from edge.core.ports.runtime import Timers
-
+    from edge.core.ports.stores import AuditTicket
 
 class Spooled(AuditRecord, kw_only=True):
     """A row waiting in the spool: a call, or an aggregate of refused calls."""
@@ -34,6 +34,31 @@ class Spooled(AuditRecord, kw_only=True):
 
 
 SPOOL_MAX_ROWS = 10_000
+
+
+# Tools whose handler does nothing before its first storage work (run.start reads the task,
+# or admits): a change's row may ride in that transaction (`before_change`).
+CARRIED_TOOLS = frozenset({"qledge.run.start"})
+
+
+class _Carried:
+    """The ticket of a row carried by the call's first transaction (AuditTicket)."""
+
+    __slots__ = ("_carry",)
+
+    def __init__(self, carry: Carry) -> None:
+        self._carry = carry
+
+    async def committed(self) -> object:
+        carry = self._carry
+        # Not taken: the call made no transaction. Taken and not written: the transaction
+        # that took it did not commit and its fallback failed (or it is a task of the
+        # call's still under way): written again, a row twice rather than none.
+        if carry.take() or carry.state != "written":
+            await carry.fallback()
+        return None
+
+
 _spooled = msgspec.json.Decoder(Spooled)
 _spool_encoder = msgspec.json.Encoder()
 
@@ -77,6 +102,32 @@ class PgAuditLog(SqlAuditLog):
         self._pg = db
         self._spool = spool
         self._spooled = 0
+
+    async def ahead(self, record: AuditRecord) -> AuditTicket:
+        """An allowed read's row rides at the head of the call's first transaction."""
+        return self._carried(record) or await super().ahead(record)
+
+    async def before_change(self, record: AuditRecord) -> AuditTicket:
+        """Carried for the tools whose first storage work precedes all else they do
+        (CARRIED_TOOLS); written now for the rest."""
+        ticket = self._carried(record) if record.tool in CARRIED_TOOLS else None
+        return ticket or await super().before_change(record)
+
+    def _carried(self, record: AuditRecord) -> AuditTicket | None:
+        """The row armed to ride at the head of the call's first transaction
+        (PgDatabase.carry), committed with it and so before anything the call did; the
+        caller's `committed()` writes it on its own (to the spool while PostgreSQL is
+        unreachable) when no transaction of the call committed it. None while the spool
+        holds rows (then it is written now, so that rows keep their order)."""
+        if audit_class(record) != "call" or self._spooled:
+            return None
+        carry = self._pg.carry(append_audit, SECURITY, record, 1, None, self._bounds, self._node, self._check(),
+                               self._every - 1, fallback=lambda: self._fall_back(carry, record))
+        return _Carried(carry)
+
+    async def _fall_back(self, carry: Carry, record: AuditRecord) -> None:
+        await self._write(record, 1, None)
+        carry.state = "written"
 
     async def _write(self, record: AuditRecord, count: int, last_at_ms: int | None) -> int | None:
         """The row's id; None when it went to the spool."""

@@ -41,7 +41,7 @@ def rows(conn: apsw.Connection, sql: str, params: Params = ()) -> list[Row]:
 
 # Flash wear: every page a transaction changes is written whole to the WAL (and again at
 # the checkpoint), and a finished run changes about twenty small B-tree pages. At 512
-# bytes a page that is about 13 KiB per run; at SQLite's default 4096, about 60 KiB.
+# bytes a page that is about 11 KiB per run; at SQLite's default 4096, about 60 KiB.
 PAGE_SIZE = 512
 # Checkpoint once the WAL holds about 4 MiB (the bound it had with 1000 pages of 4 KiB):
 # pages changed again meanwhile are copied into the database once, not once per change.

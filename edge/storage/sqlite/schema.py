@@ -575,8 +575,16 @@ _V16 = """
 ALTER TABLE agent_evidence ADD COLUMN limits TEXT;
 """
 
+# The armed triggers are read only when the scheduler loads its heap (at start and after a
+# change to the triggers), never per fire; an index on the cursor was rewritten by every fire
+# (its entry moves with the cursor): one flash page a scheduled run for a read that walks the
+# project's triggers by their key instead.
+_V17 = """
+DROP INDEX triggers_armed_idx;
+"""
+
 MIGRATIONS: tuple[str, ...] = (
-    _V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12, _V13, _V14, _V15, _V16,
+    _V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12, _V13, _V14, _V15, _V16, _V17,
 )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from edge.storage.admission import AdmissionSql, Dialect
 from edge.storage.catalog import CatalogSql
 from edge.storage.reads import ReadsSql
-from edge.storage.runs import COLUMNS, FIELDS, FINISHED, RunsSql
+from edge.storage.runs import COLUMNS, FIELDS, FINISHED, TRIM, RunsSql
 from edge.storage.security import SecuritySql
 
 # -- tasks and triggers (edge.storage.catalog) ----------------------------------------------
@@ -199,7 +199,7 @@ SELECT EXISTS (SELECT 1 FROM notifications WHERE state = 'pending' AND project_i
              " WHERE id = ? RETURNING event_seq",
     drop_log_copy=None,
     log_total="SELECT value FROM meta WHERE key = ?",
-    trim=16,
+    trim=TRIM,
     scan="SELECT id, created_at_ms, status, origin FROM runs WHERE project_id = ?{terms}"
          " AND (created_at_ms, id) < (?, ?){since} ORDER BY created_at_ms DESC, id DESC LIMIT ?",
     scan_active="SELECT id, created_at_ms, status, origin FROM runs INDEXED BY runs_active_idx"
@@ -221,8 +221,9 @@ SELECT EXISTS (SELECT 1 FROM notifications WHERE state = 'pending' AND project_i
 ADMISSION = Dialect(
     admission=AdmissionSql(
         named=":{}",
-        armed="SELECT next_fire_at_ms, id FROM triggers WHERE project_id = :project AND next_fire_at_ms IS NOT NULL"
-              " ORDER BY next_fire_at_ms",
+        # The project's triggers along their key (no index on the cursor: every fire would
+        # rewrite it), sorted by `armed`.
+        armed="SELECT next_fire_at_ms, id FROM triggers WHERE project_id = :project AND next_fire_at_ms IS NOT NULL",
         armed_retries="SELECT retry_due_at_ms, id FROM runs WHERE project_id = ? AND retry_due_at_ms IS NOT NULL"
                       " ORDER BY retry_due_at_ms",
         pinned_task="""
