@@ -20,6 +20,7 @@ import msgspec
 
 from edge.core.errors import ToolError, invalid
 from edge.core.tasks import DATA_DIR, ArgvCommand, RunAs, ShellCommand, Task, TaskSpec
+from edge.runner import creds
 
 if TYPE_CHECKING:
     from edge.core.ports.runtime import Clock
@@ -512,7 +513,8 @@ async def spawn(
     global _spawner
     if _spawner is None:  # one thread, started with the first run
         _spawner = concurrent.futures.ThreadPoolExecutor(1, "qledge-spawn")
-    started = _spawner.submit(_start, args, cwd, env, ids, pass_fds)
+    spawner = _spawner
+    started = spawner.submit(_start, args, cwd, env, ids, pass_fds)
     ready = loop.create_future()
     started.add_done_callback(lambda _: _wake(loop, ready))
     try:
@@ -523,7 +525,13 @@ async def spawn(
         if not started.cancel() and started.exception() is None:
             _discard(*started.result())
         raise
-    popen, pidfd = started.result()  # OSError: could not start (the command, cwd, user)
+    try:
+        popen, pidfd = started.result()  # OSError: could not start (the command, cwd, user)
+    except creds.RestoreFailed:
+        spawner.shutdown(wait=False)  # its thread keeps the run's ids: it starts nothing more
+        if _spawner is spawner:
+            _spawner = None
+        raise
     return await _attach(loop, popen, pidfd)
 
 
@@ -546,16 +554,35 @@ def _wake(loop: asyncio.AbstractEventLoop, ready: asyncio.Future[None]) -> None:
 
 def _start(args: list[str], cwd: str, env: dict[str, str], ids: _Ids,
            pass_fds: tuple[int, ...]) -> tuple[subprocess.Popen[bytes], int]:
-    """In the spawner thread: fork (vfork when no switch is needed) and exec, and a pidfd."""
-    popen = subprocess.Popen(
-        args, bufsize=0, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd,
-        env=env, start_new_session=True, pass_fds=pass_fds, close_fds=True, **ids,
-    )
+    """In the spawner thread: vfork and exec, and a pidfd. A run that switches users is
+    started with the thread switched to its user (edge.runner.creds), so it is vforked
+    too; where the thread cannot switch, the child does, after a fork."""
+    if "user" in ids and creds.available():
+        popen: subprocess.Popen[bytes] | None = None
+        try:
+            with creds.switched(ids["user"], ids["group"], ids["extra_groups"]) as inside:
+                # Inside, the child inherits the thread's ids: only the umask is left to set.
+                popen = _popen(args, cwd, env, _Ids(umask=ids["umask"]) if inside and "umask" in ids
+                               else _Ids() if inside else ids, pass_fds)
+        except creds.RestoreFailed:
+            if popen is not None:
+                _discard(popen, None)
+            raise
+    else:
+        popen = _popen(args, cwd, env, ids, pass_fds)
     try:
         return popen, os.pidfd_open(popen.pid)
     except OSError:
         _discard(popen, None)
         raise
+
+
+def _popen(args: list[str], cwd: str, env: dict[str, str], ids: _Ids,
+           pass_fds: tuple[int, ...]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        args, bufsize=0, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd,
+        env=env, start_new_session=True, pass_fds=pass_fds, close_fds=True, **ids,
+    )
 
 
 def _discard(popen: subprocess.Popen[bytes], pidfd: int | None) -> None:
