@@ -452,7 +452,7 @@ class _Ids(TypedDict, total=False):
 
 def _identity(run_as: RunAs | None) -> _Ids:
     """What the child must switch to; nothing when it would run with the daemon's own
-    credentials (a root daemon's task of root), so CPython can vfork instead of fork. The
+    credentials (a root daemon's task of root): nothing is switched then. The
     primary group counts as a member either way, as it does for the kernel's checks.
 
     A run under a uid of its own (a task that uses a secret) starts with umask 0077: what
@@ -492,14 +492,15 @@ async def spawn(
 ) -> Child:
     """Start `args` in its own session, as `run_as` (None: the daemon's own user).
 
-    The child is forked (vforked when it needs no switch) and exec'd in a worker thread,
+    The child is vforked (forked where the thread cannot switch for it) and exec'd in a worker thread,
     the loop going on meanwhile (CPython releases the GIL while it waits for the exec), and
     its exit is seen through a pidfd on the loop: no thread per child. Where pidfds are
     missing, asyncio starts it (on the loop, its watcher waits in a thread per child).
     Either way it has returned once the child has exec'd (or failed to: OSError), and a
     caller cancelled meanwhile leaves no process behind."""
-    # The child switches (setgroups, setregid, setreuid) itself, after fork and before
-    # exec: no shell or helper runs in between with the daemon's rights. Descriptors in
+    # The switch (groups, then group and user ids) happens before the exec, in the spawner
+    # thread for the moment of the start (edge.runner.creds) or else in the child after a
+    # fork: no shell or helper runs in between with the daemon's rights. Descriptors in
     # `pass_fds` (an AI run's job and tool connection) are inherited; no other is.
     ids = _identity(run_as)
     if not pidfd_available():
