@@ -191,3 +191,63 @@ async def test_a_switched_child_has_exactly_the_users_ids(path):
     root = RunAs(user="root", uid=0, gid=0, groups=(0,), switch=True, privileged="runs as root")
     child = await process.spawn(["id", "-u"], "/", PATH, root)
     assert await _output(child) == b"0\n"
+
+
+def _status(text: str, field: str) -> list[str]:
+    return next(line.split()[1:] for line in text.splitlines() if line.startswith(field + ":"))
+
+
+def _spawner_ids() -> tuple[tuple[int, ...], tuple[int, ...], list[int]]:
+    assert process._spawner is not None
+    return process._spawner.submit(lambda: (os.getresuid(), os.getresgid(), sorted(os.getgroups()))).result()
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="switching users needs root")
+async def test_a_vforked_switch_leaves_the_child_nothing_of_root_and_the_daemon_all_of_it():
+    """The spawner thread takes the run's ids itself (the child is vforked): the child has
+    the user's ids as real, effective, saved and file-system ids, no capabilities, and the
+    daemon (every thread, the spawner too) keeps its own ids, groups and dumpable flag."""
+    import ctypes
+
+    from edge.runner import creds
+
+    nobody = pwd.getpwnam("nobody")
+    own = (os.getresuid(), os.getresgid(), sorted(os.getgroups()))
+    dumpable = ctypes.CDLL(None).prctl(3, 0, 0, 0, 0)
+    run_as = RunAs(user="nobody", uid=nobody.pw_uid, gid=nobody.pw_gid, groups=(4242,), switch=True, privileged=None)
+    for _ in range(2):  # the first probes the switch, the second finds it ready
+        child = await process.spawn(["cat", "/proc/self/status"], "/", PATH, run_as)
+        status = (await _output(child)).decode()
+        assert _status(status, "Uid") == [str(nobody.pw_uid)] * 4
+        assert _status(status, "Gid") == [str(nobody.pw_gid)] * 4
+        assert set(_status(status, "Groups")) == {"4242"}
+        for caps in ("CapInh", "CapPrm", "CapEff", "CapAmb"):
+            assert _status(status, caps) == ["0000000000000000"], caps
+        assert (os.getresuid(), os.getresgid(), sorted(os.getgroups())) == own
+        assert _spawner_ids() == own
+        assert ctypes.CDLL(None).prctl(3, 0, 0, 0, 0) == dumpable
+    assert creds.available()  # this machine has the switch: the runs above were vforked
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="switching users needs root")
+async def test_a_switch_the_thread_cannot_make_falls_back_to_the_childs_own(monkeypatch):
+    """Where the thread's switch fails (here, its read-back), the child switches itself
+    after a fork, and the daemon's ids are the thread's again."""
+    from edge.runner import creds
+
+    assert creds.available()
+    calls = creds._calls
+    assert calls is not None
+    bad = creds._Calls.__new__(creds._Calls)
+    bad.__dict__.update(calls.__dict__)
+    # The switch "succeeds" but leaves the thread root: its read-back says so.
+    bad.setresuid = lambda r, e, s: None if r != 0 else calls.setresuid(r, e, s)  # type: ignore[method-assign]
+    monkeypatch.setattr(creds, "_calls", bad)
+    nobody = pwd.getpwnam("nobody")
+    run_as = RunAs(user="nobody", uid=nobody.pw_uid, gid=nobody.pw_gid, groups=(), switch=True, privileged=None)
+    own = (os.getresuid(), os.getresgid(), sorted(os.getgroups()))
+    child = await process.spawn(["sh", "-c", "id -u; id -G"], "/", PATH, run_as)
+    uid, groups = (await _output(child)).decode().split("\n")[:2]
+    assert int(uid) == nobody.pw_uid and groups.split() == [str(nobody.pw_gid)]
+    assert creds._calls is None  # no further attempt
+    assert _spawner_ids() == own
