@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from edge.core.errors import ToolError
 from edge.core.notices import Notices, start_refused
-from edge.core.ports.runtime import RunInputs
 
 if TYPE_CHECKING:
     from edge.core.ports.runtime import Clock, RunExecutor
@@ -128,9 +127,7 @@ class ManualStart:
                 with contextlib.suppress(ToolError):  # it may have finished meanwhile
                     await self._executor.cancel(task.project_id, run_id, "replaced")
         finally:
-            # The revision just admitted (the run names it): the runner need not read it again.
-            self._executor.submit(admitted.run, RunInputs(task) if admitted.run.task_revision == task.revision
-                                  else None)
+            self._executor.submit(admitted.run)
         return admitted.run
 
 

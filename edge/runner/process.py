@@ -20,7 +20,6 @@ import msgspec
 
 from edge.core.errors import ToolError, invalid
 from edge.core.tasks import DATA_DIR, ArgvCommand, RunAs, ShellCommand, Task, TaskSpec
-from edge.runner import creds
 
 if TYPE_CHECKING:
     from edge.core.ports.runtime import Clock
@@ -452,7 +451,7 @@ class _Ids(TypedDict, total=False):
 
 def _identity(run_as: RunAs | None) -> _Ids:
     """What the child must switch to; nothing when it would run with the daemon's own
-    credentials (a root daemon's task of root): nothing is switched then. The
+    credentials (a root daemon's task of root), so CPython can vfork instead of fork. The
     primary group counts as a member either way, as it does for the kernel's checks.
 
     A run under a uid of its own (a task that uses a secret) starts with umask 0077: what
@@ -492,15 +491,14 @@ async def spawn(
 ) -> Child:
     """Start `args` in its own session, as `run_as` (None: the daemon's own user).
 
-    The child is vforked (forked where the thread cannot switch for it) and exec'd in a worker thread,
+    The child is forked (vforked when it needs no switch) and exec'd in a worker thread,
     the loop going on meanwhile (CPython releases the GIL while it waits for the exec), and
     its exit is seen through a pidfd on the loop: no thread per child. Where pidfds are
     missing, asyncio starts it (on the loop, its watcher waits in a thread per child).
     Either way it has returned once the child has exec'd (or failed to: OSError), and a
     caller cancelled meanwhile leaves no process behind."""
-    # The switch (groups, then group and user ids) happens before the exec, in the spawner
-    # thread for the moment of the start (edge.runner.creds) or else in the child after a
-    # fork: no shell or helper runs in between with the daemon's rights. Descriptors in
+    # The child switches (setgroups, setregid, setreuid) itself, after fork and before
+    # exec: no shell or helper runs in between with the daemon's rights. Descriptors in
     # `pass_fds` (an AI run's job and tool connection) are inherited; no other is.
     ids = _identity(run_as)
     if not pidfd_available():
@@ -514,8 +512,7 @@ async def spawn(
     global _spawner
     if _spawner is None:  # one thread, started with the first run
         _spawner = concurrent.futures.ThreadPoolExecutor(1, "qledge-spawn")
-    spawner = _spawner
-    started = spawner.submit(_start, args, cwd, env, ids, pass_fds)
+    started = _spawner.submit(_start, args, cwd, env, ids, pass_fds)
     ready = loop.create_future()
     started.add_done_callback(lambda _: _wake(loop, ready))
     try:
@@ -526,13 +523,7 @@ async def spawn(
         if not started.cancel() and started.exception() is None:
             _discard(*started.result())
         raise
-    try:
-        popen, pidfd = started.result()  # OSError: could not start (the command, cwd, user)
-    except creds.RestoreFailed:
-        spawner.shutdown(wait=False)  # its thread keeps the run's ids: it starts nothing more
-        if _spawner is spawner:
-            _spawner = None
-        raise
+    popen, pidfd = started.result()  # OSError: could not start (the command, cwd, user)
     return await _attach(loop, popen, pidfd)
 
 
@@ -555,35 +546,16 @@ def _wake(loop: asyncio.AbstractEventLoop, ready: asyncio.Future[None]) -> None:
 
 def _start(args: list[str], cwd: str, env: dict[str, str], ids: _Ids,
            pass_fds: tuple[int, ...]) -> tuple[subprocess.Popen[bytes], int]:
-    """In the spawner thread: vfork and exec, and a pidfd. A run that switches users is
-    started with the thread switched to its user (edge.runner.creds), so it is vforked
-    too; where the thread cannot switch, the child does, after a fork."""
-    if "user" in ids and creds.available():
-        popen: subprocess.Popen[bytes] | None = None
-        try:
-            with creds.switched(ids["user"], ids["group"], ids["extra_groups"]) as inside:
-                # Inside, the child inherits the thread's ids: only the umask is left to set.
-                popen = _popen(args, cwd, env, _Ids(umask=ids["umask"]) if inside and "umask" in ids
-                               else _Ids() if inside else ids, pass_fds)
-        except creds.RestoreFailed:
-            if popen is not None:
-                _discard(popen, None)
-            raise
-    else:
-        popen = _popen(args, cwd, env, ids, pass_fds)
+    """In the spawner thread: fork (vfork when no switch is needed) and exec, and a pidfd."""
+    popen = subprocess.Popen(
+        args, bufsize=0, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd,
+        env=env, start_new_session=True, pass_fds=pass_fds, close_fds=True, **ids,
+    )
     try:
         return popen, os.pidfd_open(popen.pid)
     except OSError:
         _discard(popen, None)
         raise
-
-
-def _popen(args: list[str], cwd: str, env: dict[str, str], ids: _Ids,
-           pass_fds: tuple[int, ...]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        args, bufsize=0, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd,
-        env=env, start_new_session=True, pass_fds=pass_fds, close_fds=True, **ids,
-    )
 
 
 def _discard(popen: subprocess.Popen[bytes], pidfd: int | None) -> None:

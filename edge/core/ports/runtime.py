@@ -56,13 +56,12 @@ class Sleeper(Protocol):
 
 
 class RunInputs(msgspec.Struct, frozen=True):
-    """What a runner reads before it starts a run, read already by whoever handed the run
-    over: the task revision it runs (None: it is gone) and every secret value of its project
-    (its output must not show them; None: not read, the runner reads them). A cluster
-    node's claim reads both; a manual start has the revision it admitted."""
+    """What a runner reads before it starts a run, read already in the transaction that
+    handed the run over (a cluster node's claim): the task revision it runs (None: it is
+    gone) and every secret value of its project (its output must not show them)."""
 
     task: Task | None
-    secret_values: list[str] | None = None
+    secret_values: list[str]
 
 
 class RunExecutor(Protocol):
