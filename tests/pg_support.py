@@ -153,6 +153,9 @@ def pg_server():
     except RuntimeError as exc:
         pytest.skip(f"cannot start PostgreSQL: {exc}")
     yield server
+    # The session's last test: its fixtures (its daemons) are gone, its databases go
+    # before the server does (conftest's teardown hook runs after this).
+    drop_test_databases()
     server.cleanup()
 
 

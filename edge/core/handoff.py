@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from edge.core.ports.runtime import Clock, RunExecutor
     from edge.core.ports.stores import RunAdmission
     from edge.core.runs import ActorType, Run
-    from edge.core.tasks import Task
+    from edge.core.tasks import Task, TaskRef
 
 T = TypeVar("T")
 
@@ -113,14 +113,16 @@ class ManualStart:
         self._background = background
         self._log = log
 
-    async def start(self, task: Task, actor: ActorType) -> Run:
+    async def start(self, task: Task | TaskRef, actor: ActorType) -> Run:
         try:
             return await shielded(self._background, self._admit(task, actor), f"admit-{task.id}")
         except ToolError as refusal:
+            if refusal.code == "not_found":  # a name that is no task: the caller's mistake alone
+                raise
             self._notices.say(self._log, task.id, *start_refused(task.id, refusal), "start refused")
             raise
 
-    async def _admit(self, task: Task, actor: ActorType) -> Run:
+    async def _admit(self, task: Task | TaskRef, actor: ActorType) -> Run:
         admitted = await self._admission.admit_manual(task, actor, self._clock.now_ms())
         try:
             for run_id in admitted.replaces:

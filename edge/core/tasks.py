@@ -218,6 +218,14 @@ class Task(msgspec.Struct, rename="camel"):
         return kind(self.spec)
 
 
+class TaskRef(msgspec.Struct, frozen=True):
+    """A task named by id, for a manual start: the revision admitted is the one current
+    in the admission's own transaction (read there, not before it)."""
+
+    project_id: str
+    id: str
+
+
 def kind(spec: TaskSpec) -> str:
     """`argv`, `shell` or `agent`: the tag of the spec's command."""
     command = spec.command

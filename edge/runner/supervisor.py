@@ -22,7 +22,7 @@ from edge.core.notices import Notices, run_finished
 from edge.core.ports.runtime import Clock, RunInputs, TaskUsers, TimerHandle, Timers
 from edge.core.ports.stores import LogWriter, RunAdmission, RunLogFiles, RunStore, SecretStore, TaskStore
 from edge.core.runs import ActorType, Run, RunProcess, RunStatus, RunUpdate, exit_text, summary
-from edge.core.tasks import AgentInstruction, RunAs, SecretRef, Task
+from edge.core.tasks import AgentInstruction, RunAs, SecretRef, Task, TaskRef
 from edge.runner import process
 
 if TYPE_CHECKING:
@@ -125,7 +125,7 @@ class Runner:
 
     # -- what tools see -----------------------------------------------------------
 
-    async def start(self, task: Task, actor: ActorType) -> Run:
+    async def start(self, task: Task | TaskRef, actor: ActorType) -> Run:
         return await self._starts.start(task, actor)
 
     async def cancel(self, project: str, run_id: str, reason: str) -> Run:

@@ -32,7 +32,7 @@ from edge.core.errors import ToolError, conflict, not_found
 from edge.core.ids import uuid7
 from edge.core.runs import ActorType, Followers, Run
 from edge.core.schedule import ONCE, REBOOT, ScheduleError, plan
-from edge.core.tasks import Task
+from edge.core.tasks import Task, TaskRef
 from edge.core.triggers import Admission, EventType, ManualAdmission, SkippedFires, SkipReason, Trigger
 from edge.storage import catalog
 from edge.storage.catalog import CatalogSql
@@ -51,6 +51,7 @@ class AdmissionSql(msgspec.Struct, frozen=True, kw_only=True):
     armed: str  # named parameters `project` and `node`
     armed_retries: str
     pinned_task: str  # the task revision a run will execute: its enabled flag (the head's) and overlap policy
+    head_task: str  # the same of the task's current revision, and that revision
     active_for_task: str
     active_count: str  # the runner's slots and queue are shared by every project it runs
     live_slots: str | None  # the slots of the nodes alive, for a cluster's bound
@@ -375,24 +376,30 @@ def admit_retry(tx: Tx, d: Dialect, project: str, run_id: str, now: int, bound: 
     return Admission(runs=[created], cancel=replacing, cursor=None)
 
 
-def admit_manual(tx: Tx, d: Dialect, task: Task, actor: ActorType, now: int, bound: Bound) -> ManualAdmission:
-    """A manual start under the task's overlap policy and the shared queue bound."""
+def admit_manual(tx: Tx, d: Dialect, task: Task | TaskRef, actor: ActorType, now: int, bound: Bound) -> ManualAdmission:
+    """A manual start under the task's overlap policy and the shared queue bound: of the
+    revision `task` names, or of the task's current one (a TaskRef)."""
     tx.lock(GATE_LOCK)
-    row = tx.row(d.admission.pinned_task, (task.project_id, task.id, task.revision))
+    if isinstance(task, TaskRef):
+        row = tx.row(d.admission.head_task, (task.project_id, task.id))
+    else:
+        pinned = tx.row(d.admission.pinned_task, (task.project_id, task.id, task.revision))
+        row = None if pinned is None else (*pinned, task.revision)
     if row is None:
         raise not_found(f"task {task.id!r} not found")
-    if not row[0]:
+    enabled, overlap, revision = row
+    if not enabled:
         raise conflict(f"task {task.id!r} is disabled; enable it first")
     replacing: list[str] = []
-    reason, blocking = _gate(tx, d, task.project_id, task.id, row[1], bound, replacing)
+    reason, blocking = _gate(tx, d, task.project_id, task.id, overlap, bound, replacing)
     if reason == "overlap":
         raise conflict(f"task {task.id!r} already has an active run ({blocking}) and its overlap policy is forbid")
     if reason == "queue_full":
         limit = bound.limit(tx, d.admission)
         raise ToolError("resource_exhausted", f"the run queue is full ({limit} runs active or waiting)")
-    run = Run(id=uuid7(now), project_id=task.project_id, task_id=task.id, task_revision=task.revision,
+    run = Run(id=uuid7(now), project_id=task.project_id, task_id=task.id, task_revision=revision,
               origin="manual", status="queued", version=1, event_seq=1, created_at_ms=now, queued_at_ms=now)
-    if not insert_run(tx, d.runs, run, actor, row[1] == "forbid"):
+    if not insert_run(tx, d.runs, run, actor, overlap == "forbid"):
         raise conflict(f"task {task.id!r} already has an active run and its overlap policy is forbid")
     tx.hint("run")
     created = get_run(tx, d.runs, task.project_id, run.id)
@@ -452,7 +459,7 @@ class SqlAdmission:
             self._followers.notify()
         return admission
 
-    async def admit_manual(self, task: Task, actor: ActorType, now_ms: int) -> ManualAdmission:
+    async def admit_manual(self, task: Task | TaskRef, actor: ActorType, now_ms: int) -> ManualAdmission:
         return await self._db.write(admit_manual, self._d, task, actor, now_ms, self._bound)
 
     async def arm_boot(self, project: str, boot_id: str, at_ms: int) -> int:

@@ -13,7 +13,7 @@ from edge.core.tasks import ImportedTask
 from edge.core.ports.stores import TriggerStore
 from edge.core.reads import Counts
 from edge.core.runs import ActorType, Run, RunDefaults
-from edge.core.tasks import RunAs, Task, TaskSpec
+from edge.core.tasks import RunAs, Task, TaskRef, TaskSpec
 from edge.core.triggers import ImportPlan, PreparedImport
 
 
@@ -138,8 +138,9 @@ class TaskUsers(Protocol):
 class RunController(RunExecutor, Protocol):
     """The runner, as tools see it."""
 
-    async def start(self, task: Task, actor: ActorType) -> Run:
-        """Admit a manual run of `task` (RunAdmission.admit_manual) and hand it to the
+    async def start(self, task: Task | TaskRef, actor: ActorType) -> Run:
+        """Admit a manual run of `task` (RunAdmission.admit_manual: of its revision, or of
+        a TaskRef's current one, read in the admission's transaction) and hand it to the
         executor; the hand-off completes even when the caller is cancelled."""
         ...
 

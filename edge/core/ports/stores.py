@@ -20,7 +20,7 @@ from edge.core.auth import AuditEntry, AuditRecord, Credential, SecretInfo
 from edge.core.tasks import ImportedTask, ImportRecord, ImportTask, SecretImport
 from edge.core.reads import Counts, OutcomeRow, RunEventSummary, RunSummary, TaskDetail, TaskHead, TriggerHead
 from edge.core.runs import ActorType, Run, RunCursor, RunEvent, RunProcess, RunQuery, RunSearch, RunStatus, RunUpdate
-from edge.core.tasks import Task, TaskSpec
+from edge.core.tasks import Task, TaskRef, TaskSpec
 from edge.core.triggers import Admission, CronSpec, ImportPlan, ManualAdmission, PreparedImport, Trigger, TriggerEvent
 
 # -- tasks, runs, triggers ----------------------------------------------------------
@@ -278,8 +278,10 @@ class RunAdmission(Protocol):
         retry (retention removed the run, or it was admitted): `gone`."""
         ...
 
-    async def admit_manual(self, task: Task, actor: ActorType, now_ms: int) -> ManualAdmission:
-        """Admit a manual run of `task`'s revision. Raises not_found, conflict (the task is
+    async def admit_manual(self, task: Task | TaskRef, actor: ActorType, now_ms: int) -> ManualAdmission:
+        """Admit a manual run of `task`'s revision (a TaskRef: of the task's current
+        revision, read in the admission's own transaction, so that a tool that names a task
+        reads nothing before it). Raises not_found, conflict (the task is
         disabled, or `forbid` and a run is active) or resource_exhausted (the queue is full)."""
         ...
 

@@ -32,7 +32,7 @@ from edge.core.ports.runtime import Clock, RunController, RunInputs
 from edge.core.ports.stores import RunAdmission, RunLogFiles, RunStore
 from edge.core.runs import TERMINAL, ActorType, Followers, Run, RunStatus, RunUpdate
 from edge.core.schedule import REBOOT
-from edge.core.tasks import Task
+from edge.core.tasks import Task, TaskRef
 from edge import moment
 from edge.core.triggers import Admission, ManualAdmission
 from edge.storage.admission import Bound, Dialect, NodeLease, SqlAdmission, admit_fires, admit_manual
@@ -228,7 +228,7 @@ def _replay(tx: Tx, held: _HeldHints, runs_left: bool) -> None:
             tx.hint(topic)
 
 
-def _admit_only(tx: Tx, d: Dialect, task: Task, actor: ActorType, now: int, bound: Bound,
+def _admit_only(tx: Tx, d: Dialect, task: Task | TaskRef, actor: ActorType, now: int, bound: Bound,
                 others: bool) -> ManualAdmission:
     """A manual admission on a node without a free slot; other nodes are told of its run
     only when some are alive (`others`)."""
@@ -238,13 +238,18 @@ def _admit_only(tx: Tx, d: Dialect, task: Task, actor: ActorType, now: int, boun
     return admitted
 
 
-def _admit_and_claim(tx: Tx, d: Dialect, task: Task, actor: ActorType, now: int, bound: Bound, node: str,
-                     lease_s: float, limit: int, others: bool) -> tuple[ManualAdmission, list[Claimed]]:
+def _admit_and_claim(tx: Tx, d: Dialect, task: Task | TaskRef, actor: ActorType, now: int, bound: Bound, node: str,
+                     lease_s: float, limit: int, others: bool) -> tuple[ManualAdmission, list[Claimed] | None]:
     """A manual admission on a node with a free slot: the claim loop's claim (the oldest
-    claimable runs, usually this one) in the same transaction. Other nodes are told of
-    new runs only when one is left for them and some are alive (`others`)."""
+    claimable runs, usually this one) in the same transaction; none (None) when the run
+    replaces active ones, which it starts after, once they are cancelled (ManualStart).
+    Other nodes are told of new runs only when one is left for them and some are alive
+    (`others`)."""
     held = _HeldHints(tx)
     admitted = admit_manual(held, d, task, actor, now, bound)
+    if admitted.replaces:
+        _replay(tx, held, others)
+        return admitted, None
     claimed = claim_runs(tx, task.project_id, node, limit, lease_s, now)
     mine = next((c.run for c in claimed if c.run.id == admitted.run.id), None)
     _replay(tx, held, others and mine is None)
@@ -373,23 +378,20 @@ class PgAdmission(SqlAdmission):
                        claimed=not failed and bool(admission.runs) and not admission.cancel)
         return self._followed(admission)
 
-    async def admit_manual(self, task: Task, actor: ActorType, now_ms: int) -> ManualAdmission:
+    async def admit_manual(self, task: Task | TaskRef, actor: ActorType, now_ms: int) -> ManualAdmission:
         node, claims = self._taker, self._claims
-        # A run that replaces others starts once they are cancelled (ManualStart), not in its admission.
-        folds = node is not None and task.project_id == self._project and task.spec.overlap != "replace"
+        folds = node is not None and task.project_id == self._project
         reserved = node.reserve() if folds and node is not None else 0
         if node is None or claims is None:
             return await super().admit_manual(task, actor, now_ms)
         if not reserved:
             return await self._pg.write(_admit_only, self._d, task, actor, now_ms, self._bound, node.others)
-        claimed: list[Claimed] = []
-        failed = True
+        claimed: list[Claimed] | None = None
         try:
             admitted, claimed = await self._pg.write(_admit_and_claim, self._d, task, actor, now_ms, self._bound,
                                                      self._node_id, self._lease_s, reserved, node.others)
-            failed = False
         finally:  # nothing claimed when it failed (an unknown outcome: its lease expires, never run twice)
-            node.adopt(claims.took(claimed), reserved, claimed=not failed)
+            node.adopt(claims.took(claimed or []), reserved, claimed=claimed is not None)
         return admitted
 
     async def arm_boot(self, project: str, boot_id: str, at_ms: int) -> int:
@@ -683,7 +685,7 @@ class ClusterRunner:
         if not self._node.holds(run.id):  # claimed by its admission here, or not yet:
             self._node.wake()  # queued in PostgreSQL already: whichever node has a slot claims it
 
-    async def start(self, task: Task, actor: ActorType) -> Run:
+    async def start(self, task: Task | TaskRef, actor: ActorType) -> Run:
         return await self._starts.start(task, actor)
 
     async def cancel(self, project: str, run_id: str, reason: str) -> Run:

@@ -224,6 +224,12 @@ SELECT t.enabled, coalesce(r.spec::jsonb ->> 'overlap', 'forbid')
 FROM tasks AS t JOIN task_revisions AS r ON r.project_id = t.project_id AND r.task_id = t.id
 WHERE t.project_id = %s AND t.id = %s AND r.revision = %s
 """,
+        head_task="""
+SELECT t.enabled, coalesce(r.spec::jsonb ->> 'overlap', 'forbid'), t.revision
+FROM tasks AS t JOIN task_revisions AS r ON r.project_id = t.project_id AND r.task_id = t.id
+    AND r.revision = t.revision
+WHERE t.project_id = %s AND t.id = %s
+""",
         active_for_task="SELECT id FROM runs WHERE project_id = %s AND task_id = %s"
                         " AND status IN ('queued', 'running')",
         active_count="SELECT count(*) FROM runs WHERE status IN ('queued', 'running')",

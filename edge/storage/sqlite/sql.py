@@ -231,6 +231,12 @@ SELECT t.enabled, coalesce(json_extract(r.spec, '$.overlap'), 'forbid')
 FROM tasks AS t JOIN task_revisions AS r ON r.project_id = t.project_id AND r.task_id = t.id
 WHERE t.project_id = ? AND t.id = ? AND r.revision = ?
 """,
+        head_task="""
+SELECT t.enabled, coalesce(json_extract(r.spec, '$.overlap'), 'forbid'), t.revision
+FROM tasks AS t JOIN task_revisions AS r ON r.project_id = t.project_id AND r.task_id = t.id
+    AND r.revision = t.revision
+WHERE t.project_id = ? AND t.id = ?
+""",
         active_for_task="SELECT id FROM runs WHERE project_id = ? AND task_id = ? AND status IN ('queued', 'running')",
         active_count="SELECT count(*) FROM runs WHERE status IN ('queued', 'running')",
         live_slots=None,

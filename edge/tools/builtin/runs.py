@@ -8,7 +8,7 @@ from typing import Annotated
 
 import msgspec
 
-from edge.core.errors import ToolError, conflict, invalid, not_found
+from edge.core.errors import ToolError, invalid, not_found
 from edge.core.runs import (
     FAILED_STATUSES,
     MIN_PREFIX,
@@ -21,6 +21,7 @@ from edge.core.runs import (
     parse_reference,
     short_prefix,
 )
+from edge.core.tasks import TaskRef
 from edge.core.text import Id, Limit, Millis, Name, NonNegative
 from edge.tools.context import ToolContext
 from edge.tools.definition import tool
@@ -139,17 +140,14 @@ async def _run(ctx: ToolContext, reference: str) -> Run:
 
 
 async def start(ctx: ToolContext, args: StartArgs) -> Run:
-    task = await ctx.services.tasks.get(ctx.project, args.task_id)
-    if task is None:
-        raise not_found(f"task {args.task_id!r} not found")
-    if not task.enabled:
-        raise conflict(f"task {args.task_id!r} is disabled; enable it first")
     # Refused here rather than admitted only to fail: like a full queue, a full disk is a
     # resource the caller can see (scheduled fires are recorded `disk_space_low`).
     short = ctx.services.runner.disk_shortfall()
     if short is not None:
         raise ToolError("resource_exhausted", f"disk_space_low: {short}")
-    return await ctx.services.runner.start(task, "user")
+    # The task is read in the admission's transaction (missing, disabled: refused there),
+    # so the call's audit row, its admission and its claim on a node are one transaction.
+    return await ctx.services.runner.start(TaskRef(project_id=ctx.project, id=args.task_id), "user")
 
 
 async def get(ctx: ToolContext, args: RunId) -> Run:
