@@ -41,7 +41,7 @@ PEER_CLIENTS = 2
 # it), the completion (the start carried into it when the run ended first, the next claim in it), and about
 # 0.05 a run: claims of runs admitted while every slot was busy and no completion was under way, a share of
 # the heartbeats, the node's stop. (3.08-3.15 while the call read its task in a transaction of its own.)
-MAX_TX_PER_RUN = 2.3
+MAX_TX_PER_RUN = 2.5
 PEER_SCRIPT = os.path.join(os.path.dirname(__file__), "procrastinate_peer.py")
 REPORT: dict = {"python": platform.python_version(), "cpus": os.cpu_count()}
 
