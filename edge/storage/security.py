@@ -12,7 +12,6 @@ volume of one class can push out the rows of another.
 from __future__ import annotations
 
 import logging
-from operator import itemgetter
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -75,10 +74,12 @@ class SecuritySql(msgspec.Struct, frozen=True, kw_only=True):
     # oldest batch of calls), as if that many more were there already, so the bound holds
     # between checks too. 1: on every one (several nodes write one audit).
     audit_trim_every: int
-    # The names of audit_insert's parameters in order, where it takes them by position
-    # (`?`): binding a dozen values by name costs a driver that looks each name up in the
-    # mapping about as much as the insert itself. Empty: it takes them by name.
-    audit_insert_order: tuple[str, ...] = ()
+    # audit_insert takes its values by position (`?`), in the order of POSITIONAL_ORDER:
+    # binding a dozen values by name costs a driver that looks each name up in the mapping
+    # about as much as the insert itself. False: by name.
+    audit_by_position: bool = False
+    # audit_insert without RETURNING (by position too), for a call's row whose id nothing reads.
+    audit_insert_call: str = ""
 
 
 # -- credentials --------------------------------------------------------------------
@@ -237,20 +238,38 @@ def trim_audit(
 def _insert(
     tx: Tx, q: SecuritySql, record: AuditRecord, cls: AuditClass, count: int, last_at_ms: int | None, node: str | None,
 ) -> int:
+    if q.audit_by_position:
+        (row_id,) = tx.one(q.audit_insert, _positional(record, cls, count, last_at_ms))
+        return int(row_id)
     params = {
         "at_ms": record.at_ms, "project_id": record.project_id, "principal": record.principal, "tool": record.tool,
         "outcome": record.outcome, "reasons": _reasons.encode(record.reasons).decode(),
         "transport": record.transport, "request_id": record.request_id, "class": cls, "count": count,
         "last_at_ms": last_at_ms if cls == "refused" else None, "node_id": node}
-    order = q.audit_insert_order
-    (row_id,) = tx.one(q.audit_insert, itemgetter(*order)(params) if order else params)
+    (row_id,) = tx.one(q.audit_insert, params)
     return int(row_id)
 
 
+def _positional(record: AuditRecord, cls: AuditClass, count: int, last_at_ms: int | None) -> tuple[object, ...]:
+    """audit_insert's values by position (POSITIONAL_ORDER; a dialect by position has no node column)."""
+    return (record.at_ms, record.project_id, record.principal, record.tool, record.outcome,
+            _reasons.encode(record.reasons).decode(), record.transport, record.request_id, cls, count,
+            last_at_ms if cls == "refused" else None)
+
+
+# The columns of a dialect's audit_insert by position, in the order _positional gives them.
+POSITIONAL_ORDER = ("at_ms", "project_id", "principal", "tool", "outcome", "reasons", "transport", "request_id",
+                    "class", "count", "last_at_ms")
+
+
 @one_statement
-def insert_call(tx: Tx, q: SecuritySql, record: AuditRecord, node: str | None) -> int:
-    """An allowed call's row alone, between the checks that trim (`append_audit`). Its id."""
-    return _insert(tx, q, record, "call", 1, None, node)
+def insert_call(tx: Tx, q: SecuritySql, record: AuditRecord, node: str | None) -> None:
+    """An allowed call's row alone, between the checks that trim (`append_audit`); where
+    the dialect has a statement for it (audit_insert_call), without reading its id back."""
+    if q.audit_insert_call:
+        tx.execute(q.audit_insert_call, _positional(record, "call", 1, None))
+    else:
+        _insert(tx, q, record, "call", 1, None, node)
 
 
 def append_audit(
@@ -309,6 +328,7 @@ class SqlAuditLog:
         """An allowed call's row rides on the database's next hop where it can (SQLite's
         worker: the row's transaction, then the read, in one hop); written now elsewhere."""
         if audit_class(record) == "call":
+            ride: AuditTicket | None
             if self._calls % self._every == 0:  # this one trims
                 ride = self._db.ride(append_audit, self._q, record, 1, None, self._bounds, self._node, True,
                                      self._every - 1)

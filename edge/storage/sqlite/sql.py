@@ -13,7 +13,7 @@ from edge.storage.admission import AdmissionSql, Dialect
 from edge.storage.catalog import CatalogSql
 from edge.storage.reads import ReadsSql
 from edge.storage.runs import COLUMNS, FIELDS, FINISHED, TRIM, RunsSql
-from edge.storage.security import SecuritySql
+from edge.storage.security import POSITIONAL_ORDER, SecuritySql
 
 # -- tasks and triggers (edge.storage.catalog) ----------------------------------------------
 
@@ -97,6 +97,9 @@ CATALOG = CatalogSql(
 
 _CREDENTIAL = "id, project_id, name, role, permissions, created_at_ms, revoked_at_ms"
 
+_AUDIT_INSERT = (f"INSERT INTO security_audit ({', '.join(POSITIONAL_ORDER)})"
+                 f" VALUES ({', '.join('?' * len(POSITIONAL_ORDER))})")
+
 SECURITY = SecuritySql(
     credential_insert=f"INSERT INTO credentials ({_CREDENTIAL}, digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
                       " ON CONFLICT DO NOTHING",
@@ -118,10 +121,9 @@ SECURITY = SecuritySql(
     import_claim="INSERT INTO imports (project_id, key, kind, target, created_at_ms) VALUES (?, ?, ?, ?, ?)"
                  " ON CONFLICT DO NOTHING",
     import_drop="DELETE FROM imports WHERE project_id = ? AND key = ?",
-    audit_insert="INSERT INTO security_audit (at_ms, project_id, principal, tool, outcome, reasons, transport,"
-                 " request_id, class, count, last_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
-    audit_insert_order=("at_ms", "project_id", "principal", "tool", "outcome", "reasons", "transport", "request_id",
-                        "class", "count", "last_at_ms"),
+    audit_insert=_AUDIT_INSERT + " RETURNING id",
+    audit_by_position=True,
+    audit_insert_call=_AUDIT_INSERT,
     audit_oldest_call="SELECT id FROM security_audit WHERE class = 'call' ORDER BY id LIMIT 1",
     audit_prune_calls="DELETE FROM security_audit WHERE id IN (SELECT id FROM (SELECT id, at_ms FROM security_audit"
                       " WHERE class = 'call' ORDER BY id LIMIT ?) WHERE id <= ? OR at_ms < ?)",
