@@ -670,6 +670,7 @@ TABLES = ("runs", "triggers", "trigger_revisions", "trigger_events", "tasks", "t
     (ADMISSION.admission.armed, {"project": "default"}, "PRIMARY KEY"),
     (CATALOG.following, ("default", "t", 1), "triggers_task_idx"),
     (ADMISSION.admission.pinned_task, ("default", "t", 1), "PRIMARY KEY"),
+    (ADMISSION.admission.head_task, ("default", "t"), "PRIMARY KEY"),
     (ADMISSION.admission.active_for_task, ("default", "t"), "runs_active_idx"),
     (ADMISSION.admission.active_count, (), "runs_active_idx"),
     (ADMISSION.admission.by_key, ("cron:t:1:0",), "sqlite_autoindex_runs_2"),
