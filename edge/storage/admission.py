@@ -32,7 +32,7 @@ from edge.core.errors import ToolError, conflict, not_found
 from edge.core.ids import uuid7
 from edge.core.runs import ActorType, Followers, Run
 from edge.core.schedule import ONCE, REBOOT, ScheduleError, plan
-from edge.core.tasks import Task, TaskRef
+from edge.core.tasks import Task, TaskRef, stored_spec
 from edge.core.triggers import Admission, EventType, ManualAdmission, SkippedFires, SkipReason, Trigger
 from edge.storage import catalog
 from edge.storage.catalog import CatalogSql
@@ -51,7 +51,7 @@ class AdmissionSql(msgspec.Struct, frozen=True, kw_only=True):
     armed: str  # named parameters `project` and `node`
     armed_retries: str
     pinned_task: str  # the task revision a run will execute: its enabled flag (the head's) and overlap policy
-    head_task: str  # the same of the task's current revision, and that revision
+    head_task: str  # the task's enabled flag, its current revision, and that revision's schema and spec
     active_for_task: str
     active_count: str  # the runner's slots and queue are shared by every project it runs
     live_slots: str | None  # the slots of the nodes alive, for a cluster's bound
@@ -381,13 +381,18 @@ def admit_manual(tx: Tx, d: Dialect, task: Task | TaskRef, actor: ActorType, now
     revision `task` names, or of the task's current one (a TaskRef)."""
     tx.lock(GATE_LOCK)
     if isinstance(task, TaskRef):
-        row = tx.row(d.admission.head_task, (task.project_id, task.id))
+        head = tx.row(d.admission.head_task, (task.project_id, task.id))
+        if head is None:
+            raise not_found(f"task {task.id!r} not found")
+        enabled, revision, schema, spec = head
+        # A revision under a schema this qledge does not know fails closed here, as for every reader.
+        overlap = stored_spec(schema, spec).overlap
     else:
         pinned = tx.row(d.admission.pinned_task, (task.project_id, task.id, task.revision))
-        row = None if pinned is None else (*pinned, task.revision)
-    if row is None:
-        raise not_found(f"task {task.id!r} not found")
-    enabled, overlap, revision = row
+        if pinned is None:
+            raise not_found(f"task {task.id!r} not found")
+        enabled, overlap = pinned
+        revision = task.revision
     if not enabled:
         raise conflict(f"task {task.id!r} is disabled; enable it first")
     replacing: list[str] = []

@@ -234,7 +234,7 @@ FROM tasks AS t JOIN task_revisions AS r ON r.project_id = t.project_id AND r.ta
 WHERE t.project_id = ? AND t.id = ? AND r.revision = ?
 """,
         head_task="""
-SELECT t.enabled, coalesce(json_extract(r.spec, '$.overlap'), 'forbid'), t.revision
+SELECT t.enabled, t.revision, r.spec_schema, r.spec
 FROM tasks AS t JOIN task_revisions AS r ON r.project_id = t.project_id AND r.task_id = t.id
     AND r.revision = t.revision
 WHERE t.project_id = ? AND t.id = ?
