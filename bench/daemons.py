@@ -138,7 +138,10 @@ def machine() -> dict[str, Any]:
 
 
 def record(section: str, data: dict[str, Any]) -> None:
-    """Merge one section into bench/results/latest.json (budgets and speed write separately)."""
+    """Merge one section into bench/results/latest.json (budgets and speed write separately).
+
+    The section names the machine it was measured on: sections are re-measured one at a time,
+    not always on the machine the others were."""
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
     try:
         with open(RESULTS) as f:
@@ -146,7 +149,8 @@ def record(section: str, data: dict[str, Any]) -> None:
     except (OSError, ValueError):
         results = {}
     results["machine"] = machine()
-    results[section] = {"measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **data}
+    results[section] = {"measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                        "machine": results["machine"], **data}
     with open(RESULTS + ".tmp", "w") as f:
         json.dump(results, f, indent=2, sort_keys=True)
         f.write("\n")
