@@ -178,8 +178,9 @@ def test_no_page_shows_a_stray_null_for_a_control_the_role_lacks(browser, web, t
     sign_in(browser, web, tokens["operator"])
     for path in ("", "tasks", "schedules", "runs", "notify"):
         visit(browser, web, path)
-        words = main_text(browser).split()
-        assert "null" not in words and "undefined" not in words, (path, main_text(browser))
+        text = main_text(browser)  # read once: the failure shows the text that was judged
+        words = text.split()
+        assert "null" not in words and "undefined" not in words, f"page {path!r} showed: {text}"
 
 
 # -- runs ----------------------------------------------------------------------------------
