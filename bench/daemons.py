@@ -79,6 +79,18 @@ class BenchDaemon(DaemonProcess):
         self.env.update({"QLEDGE_HOME": self.home, **(env or {})})
 
 
+def unit_environment(unit: str = os.path.join(ROOT, "packaging", "systemd", "qledge.service")) -> dict[str, str]:
+    """The variables the systemd unit sets for the daemon, but for its paths (QLEDGE_*, which
+    name systemd's directories): the daemon measured as that unit starts it."""
+    env: dict[str, str] = {}
+    with open(unit) as f:
+        for line in f:
+            key, eq, value = line.strip().partition("=")
+            if eq and key == "Environment":
+                env.update(item.split("=", 1) for item in value.split())
+    return {k: v for k, v in env.items() if not k.startswith("QLEDGE_")}
+
+
 # -- /proc readings --------------------------------------------------------------------
 
 
