@@ -174,6 +174,19 @@ async def test_idle_wakes_at_most_once_a_minute(env):
         assert await env.tick(at(f"10:0{minute}:00")) == MAX_SLEEP_S
 
 
+async def test_reread_returns_once_a_tick_has_read_the_triggers(env):
+    """A SIGHUP's reload (Graph.reload) waits on this: when it returns, a trigger another
+    writer added is armed."""
+    assert await env.tick(at("09:59:30")) == MAX_SLEEP_S  # nothing armed
+    await env.trigger("0 10 * * *")  # behind the scheduler's back: no changed()
+    assert await env.tick(at("09:59:31")) == MAX_SLEEP_S
+    reread = asyncio.ensure_future(env.scheduler.reread())
+    await asyncio.sleep(0)
+    assert not reread.done()  # the reads happen in the scheduler's own pass
+    assert await env.tick(at("09:59:32")) == pytest.approx(28.001)
+    await asyncio.wait_for(reread, 1)
+
+
 async def test_clock_mark_is_saved_with_each_admission(env):
     await env.trigger("* * * * *")
     await env.tick(at("10:00:00"))

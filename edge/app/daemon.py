@@ -184,7 +184,7 @@ class Daemon:
         # Keys that need a restart keep their running values, so status stays truthful.
         self.config = config_file.merge_live(self.config, new, LIVE_KEYS)
         if self._graph is not None:
-            self._graph.reload(self.config)
+            await self._graph.reload(self.config)
         self.notifier.notify(f"READY=1\nSTATUS=serving on {self.socket_path}")
         log.info("reloaded")
 

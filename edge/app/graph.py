@@ -8,6 +8,7 @@ capabilities are imported here and only here, when their section enables them.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import os
@@ -72,6 +73,9 @@ log = logging.getLogger("qledge")
 LIVE_KEYS = frozenset({
     "log_level", "runner.queue_limit", "runner.kill_grace_s", "runner.log_cap_bytes", "runner.disk_reserve_bytes",
 })
+# How long a reload waits for the scheduler to read the triggers again before it says it is
+# done without them (PostgreSQL down: the scheduler keeps trying).
+REREAD_WAIT_S = 10
 
 
 StatusLines = Callable[[], dict[str, str]]  # a part's lines in `qledge status`
@@ -756,13 +760,19 @@ class Graph:
     def scheduler(self) -> Scheduler:
         return self.workers.scheduler
 
-    def reload(self, config: Config) -> None:
-        """Apply every live key of `config` (LIVE_KEYS), and re-read the triggers: another
-        writer may have changed the database."""
+    async def reload(self, config: Config) -> None:
+        """Apply every live key of `config` (LIVE_KEYS), and read the triggers again (another
+        writer may have changed the database): returns once they are read, or after
+        REREAD_WAIT_S with a warning when the store does not answer (the scheduler reads
+        them as soon as it does)."""
         logging.getLogger().setLevel(config.log_level.upper())
         self.stores.admission.set_capacity(capacity(config))
         settings = self.workers.settings
         settings.kill_grace_s = config.runner.kill_grace_s
         settings.log_cap_bytes = config.runner.log_cap_bytes
         settings.disk_reserve_bytes = config.runner.disk_reserve_bytes
-        self.workers.scheduler.changed()
+        try:
+            await asyncio.wait_for(self.workers.scheduler.reread(), REREAD_WAIT_S)
+        except TimeoutError:
+            log.warning("reload: the triggers are not read again yet (the store did not answer within %d s);"
+                        " the scheduler reads them when it does", REREAD_WAIT_S)

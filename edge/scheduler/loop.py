@@ -135,6 +135,7 @@ class Scheduler:
         self._saved_at = 0
         self._task: asyncio.Task[None] | None = None
         self._pending: dict[str, TimerHandle] = {}  # jittered runs not yet released
+        self._rereads: list[asyncio.Future[None]] = []  # reread() callers, told when the heap is read
         self._background = Background(log)  # admissions and the hand-offs that follow them
         # Called on every wake-up: other once-a-minute chores (the service watchdog)
         # ride on this timer instead of waking the process themselves.
@@ -177,6 +178,9 @@ class Scheduler:
             with contextlib.suppress(ToolError):
                 await self._runner.cancel(self._project, run_id, "shutdown")
         self._pending.clear()
+        for waiter in self._rereads:
+            waiter.cancel()
+        self._rereads.clear()
         for trigger_id in list(self._streaks):
             self._end_streak(trigger_id)
         with contextlib.suppress(ToolError):
@@ -190,6 +194,16 @@ class Scheduler:
         """Triggers changed (created, enabled, …): reload the heap and look again."""
         self._reload = True
         self._sleeper.wake()
+
+    async def reread(self) -> None:
+        """Read the triggers again now, and return once the heap holds what the store says
+        (a SIGHUP: another writer may have changed them). A large heap's rate limit on
+        reads does not delay it. Waits for as long as the store refuses the read: the
+        caller bounds the wait."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._rereads.append(waiter)
+        self.changed()
+        await waiter
 
     async def _loop(self) -> None:
         while True:
@@ -211,24 +225,30 @@ class Scheduler:
             self.on_wake()
         now = self._clock.now_ms()
         deferred = None
-        if self._reload and len(self._heap) >= BIG_HEAP and time.monotonic() < self._reload_after:
+        if (self._reload and not self._rereads and len(self._heap) >= BIG_HEAP
+                and time.monotonic() < self._reload_after):
             # A large heap is read again at most so often that reading it costs a tenth of
             # the time (an import of many triggers changes them once per batch).
             deferred = self._reload_after - time.monotonic()
         elif self._reload:
             self._reload = False  # before the reads: a change made while they run reloads again
+            waiting, self._rereads = self._rereads, []  # told once these reads are done
             started = time.monotonic()
             try:
                 retries = [(due, RETRY_KEY + rid) for due, rid in await self._store.armed_retries(self._project)]
                 heap = await self._store.armed(self._project)  # sorted by cursor: already a heap
             except ToolError:
                 self._reload = True  # a reload the store refused is tried again
+                self._rereads[:0] = waiting
                 raise
             self._heap = heap
             if retries:
                 self._heap += retries
                 heapq.heapify(self._heap)
             self._reload_after = time.monotonic() + 9 * (time.monotonic() - started)
+            for waiter in waiting:
+                if not waiter.done():  # a caller that gave up cancelled it
+                    waiter.set_result(None)
         if now < self._newest:
             if self._held_at is None:
                 log.warning("clock is behind the newest time seen (%s); scheduling holds", _local(self._newest))
