@@ -187,9 +187,9 @@ async def test_log_quota_drops_the_oldest_logs_and_keeps_the_rows(make, home):
     assert [r[2] for r in rows] == [T0 + i + 1 for i in range(3, 12)] + [None] * 3
     assert all(r[3] == 4 for r in rows[:9]) and all(r[3] == 3 for r in rows[9:])
     assert s.log_files() == {r[0] for r in rows[9:]}
-    dropped = conn.execute("SELECT e.value ->> 1, e.value ->> 2, e.value ->> 4 FROM runs, json_each(runs.events) AS e"
-                           " WHERE runs.id = ? AND e.value ->> 0 = 4", (rows[0][0],)).fetchone()
-    assert dropped == ("run.log_dropped", "system", "log quota")
+    dropped = conn.execute(RUNS.events, (rows[0][0], "default", 3, 10)).fetchall()
+    assert [(seq, kind, actor, detail) for _, seq, kind, actor, _, detail in dropped] == [
+        (4, "run.log_dropped", "system", "log quota")]
 
 
 async def test_running_total_survives_task_delete_and_matches_after_migration(make, home):

@@ -123,7 +123,7 @@ def test_every_two_seconds_without_duplicates_across_a_restart(daemon_factory):
     time.sleep(9)
     d.stop()
     db = d.db()
-    runs = db.execute("SELECT scheduled_for_ms, created_at_ms, started_at_ms, status, idempotency_key FROM runs"
+    runs = db.execute("SELECT scheduled_for_ms, created_at_ms, started_at_ms, status, id FROM runs"
                       " ORDER BY scheduled_for_ms").fetchall()
     skipped = db.execute("SELECT scheduled_for_ms, last_scheduled_for_ms FROM trigger_events").fetchall()
     fired = [r[0] for r in runs]

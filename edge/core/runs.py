@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from edge.core.errors import conflict
+from edge.core.ids import uuid7_named
 from edge.core.text import Millis, Name, ReadId
 
 RunStatus = Literal["queued", "running", "succeeded", "failed", "cancelled", "timed_out", "lost"]
@@ -41,6 +42,31 @@ _NEXT: dict[str, frozenset[str]] = {
 }
 
 ERROR_SUMMARY_MAX = 500
+
+# The runs of cron fires (not of `@once` or `@reboot`, whose keys are stored): what a fire
+# admitted twice would repeat.
+CRON_ORIGINS: frozenset[str] = frozenset({"scheduled", "fire_once"})
+
+
+def cron_key(trigger_id: str, trigger_revision: int, fire_ms: int) -> str:
+    """The idempotency key of a cron fire's run, as every reader shows it."""
+    return f"cron:{trigger_id}:{trigger_revision}:{fire_ms}"
+
+
+def fire_run_id(project: str, trigger_id: str, trigger_revision: int, fire_ms: int) -> str:
+    """The id of a cron fire's run: named by the fire (edge.core.ids.uuid7_named), so the
+    run's primary key itself makes a repeat impossible, in each project apart; the key is
+    then derived from the run's columns instead of stored (`derived_key`)."""
+    return uuid7_named(fire_ms, f"{project}\n{cron_key(trigger_id, trigger_revision, fire_ms)}")
+
+
+def derived_key(origin: str, trigger_id: str | None, trigger_revision: int | None,
+                scheduled_for_ms: int | None) -> str | None:
+    """The key of a run stored without one: a cron fire's, from its columns; else None."""
+    if origin in CRON_ORIGINS and trigger_id is not None and trigger_revision is not None \
+            and scheduled_for_ms is not None:
+        return cron_key(trigger_id, trigger_revision, scheduled_for_ms)
+    return None
 
 
 class Run(msgspec.Struct, rename="camel"):

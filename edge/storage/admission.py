@@ -5,8 +5,10 @@ keeps scheduling sane across a router's 1970 boot. Implements RunAdmission
 
 A fire becomes a run in one transaction that reads the trigger with the dialect's locking
 read (on PostgreSQL `FOR UPDATE`: a compare-and-set on its cursor, since a second node
-waits and then re-reads the moved cursor), inserts the run with its unique idempotency key
-`cron:<trigger>:<revision>:<scheduled_for_ms>` (never twice: `ON CONFLICT DO NOTHING`), and
+waits and then re-reads the moved cursor), inserts the run under the id the fire names
+(edge.core.runs.fire_run_id, of the project and the key
+`cron:<trigger>:<revision>:<scheduled_for_ms>`: never twice, `ON CONFLICT DO NOTHING` on the
+primary key; the key itself is derived from the run's columns when read, not stored), and
 moves the cursor. The overlap policy and the queue bound are checked under the gate's lock
 (`Tx.lock`: PostgreSQL's advisory lock holds it across nodes, SQLite's `BEGIN IMMEDIATE`
 already); on a cluster the partial unique index on a `forbid` task's active run backs the
@@ -30,7 +32,7 @@ import msgspec
 
 from edge.core.errors import ToolError, conflict, not_found
 from edge.core.ids import uuid7
-from edge.core.runs import ActorType, Followers, Run
+from edge.core.runs import ActorType, Followers, Run, cron_key, fire_run_id
 from edge.core.schedule import ONCE, REBOOT, ScheduleError, plan
 from edge.core.tasks import Task, TaskRef, stored_spec
 from edge.core.triggers import Admission, EventType, ManualAdmission, SkippedFires, SkipReason, Trigger
@@ -68,7 +70,9 @@ class AdmissionSql(msgspec.Struct, frozen=True, kw_only=True):
     boot_fire_drop: str | None
     # What age retention and run lists order by: the times of runs, their events and the audit.
     restamped: tuple[tuple[str, tuple[str, ...]], ...]
-    restamp_more: tuple[str, ...] = ()  # statements (named: after, upto, shift) for times the columns do not hold
+    # Statements (named: after, upto, shift) for times the columns do not hold; they run
+    # first, reading the columns' times as they were.
+    restamp_more: tuple[str, ...] = ()
 
 
 class NodeLease(msgspec.Struct, frozen=True):
@@ -123,6 +127,8 @@ def restamp(tx: Tx, d: Dialect, after: int, upto: int, shift: int) -> int:
     it may walk those tables."""
     moved = 0
     lo, hi, by = (d.admission.named.format(n) for n in ("after", "upto", "shift"))
+    for statement in d.admission.restamp_more:
+        tx.execute(statement, {"after": after, "upto": upto, "shift": shift})
     for table, columns in d.admission.restamped:
         # A NULL time stays NULL (it is not inside the range).
         sets = ", ".join(f"{c} = CASE WHEN {c} > {lo} AND {c} <= {hi} THEN {c} + {by} ELSE {c} END" for c in columns)
@@ -130,8 +136,6 @@ def restamp(tx: Tx, d: Dialect, after: int, upto: int, shift: int) -> int:
         count = tx.execute(f"UPDATE {table} SET {sets} WHERE {where}", {"after": after, "upto": upto, "shift": shift})
         if table == "runs":
             moved = count
-    for statement in d.admission.restamp_more:
-        tx.execute(statement, {"after": after, "upto": upto, "shift": shift})
     save_time(tx, d, upto + shift)
     return moved
 
@@ -159,12 +163,23 @@ def _gate(
 
 
 def _scheduled_run(trig: Trigger, fire: int, origin: str, now: int, jitter: int | None, key: str | None = None) -> Run:
+    """A fire's run: a cron fire's named by the fire (its key derived, not stored), an
+    event's (`key`: `@once`, `@reboot`) with its key."""
     return Run(
-        id=uuid7(now), project_id=trig.project_id, task_id=trig.task_id, task_revision=trig.task_revision,
+        id=uuid7(now) if key else fire_run_id(trig.project_id, trig.id, trig.revision, fire),
+        project_id=trig.project_id, task_id=trig.task_id, task_revision=trig.task_revision,
         origin=origin, status="queued", version=1, event_seq=1, created_at_ms=now,  # type: ignore[arg-type]
         trigger_id=trig.id, trigger_revision=trig.revision, queued_at_ms=now, scheduled_for_ms=fire,
-        idempotency_key=key or f"cron:{trig.id}:{trig.revision}:{fire}", jitter_ms=jitter,
+        idempotency_key=key, jitter_ms=jitter,
     )
+
+
+def _fired_before(tx: Tx, d: Dialect, trig: Trigger, fire: int) -> bool:
+    """Whether this fire has a run: by the id it is named by, or (a run admitted before fires
+    were named so, still kept in an upgraded database) by its stored key."""
+    if get_run(tx, d.runs, trig.project_id, fire_run_id(trig.project_id, trig.id, trig.revision, fire)) is not None:
+        return True
+    return tx.row(d.admission.by_key, (cron_key(trig.id, trig.revision, fire),)) is not None
 
 
 def _refused(tx: Tx, d: Dialect, trig: Trigger, due: int, now: int) -> Admission:
@@ -319,8 +334,8 @@ def admit_fires(
         if reason is not None:
             notified += _skip(tx, d, trig, reason, fire, fire, 1, now, last_admitted, skipped)
             continue
-        if tx.row(d.admission.by_key, (f"cron:{trig.id}:{trig.revision}:{fire}",)) is not None:
-            continue  # admitted before: the key makes a repeat impossible
+        if _fired_before(tx, d, trig, fire):
+            continue  # admitted before: the run's id (or key) makes a repeat impossible
         jitter = int(rng() * trig.spec.jitter_s * 1000) if trig.spec.jitter_s else None
         created = _admit(tx, d, _scheduled_run(trig, fire, origin, now, jitter), overlap == "forbid")
         if created is None:

@@ -48,6 +48,7 @@ from edge.core.runs import (
     RunStatus,
     RunUpdate,
     check_transition,
+    derived_key,
     event_type,
     retry_delay_ms,
 )
@@ -123,6 +124,9 @@ def to_run(row: Row) -> Run:
     values = dict(zip(FIELDS, row, strict=True))
     values["log_truncated"] = bool(values["log_truncated"])
     values["attempt"] = values["attempt"] or 1
+    if values["idempotency_key"] is None:  # a cron fire's run: its key is its columns'
+        values["idempotency_key"] = derived_key(values["origin"], values["trigger_id"], values["trigger_revision"],
+                                                values["scheduled_for_ms"])
     return Run(**values)
 
 

@@ -583,8 +583,85 @@ _V17 = """
 DROP INDEX triggers_armed_idx;
 """
 
+# A quiet scheduled run's row small enough that two share a 512-byte page (a page taken,
+# its parent and the free list and file header with it, every other run instead of every
+# run), and no unique index entry for a key the row's columns already say:
+# - a cron fire's run is named by its fire (edge.core.runs.fire_run_id: the primary key
+#   makes a repeat impossible) and its key `cron:…` is derived when read, so `idempotency_key`
+#   holds only the keys that are not (`@once`, `@reboot`, retries, and the cron keys of runs
+#   admitted before), in a partial unique index; the column's UNIQUE goes with a rebuild
+#   of the table (SQLite cannot drop a constraint; rowids kept), its other indexes and its
+#   triggers as they were, in the order they were made (the planner's ties follow it);
+# - an event is [sequence, type without its `run.` prefix, actor_type, ms after the run's
+#   created_at_ms, detail], its detail left out when there is none (the reads add them
+#   back): 40 bytes a quiet run's row no longer holds.
+_EVENT_V18 = "json_array(e.value ->> 0, iif(e.value ->> 1 GLOB 'run.*', substr(e.value ->> 1, 5), e.value ->> 1)," \
+    " e.value ->> 2, (e.value ->> 3) - runs_before.created_at_ms{detail})"
+_V18 = f"""
+ALTER TABLE runs RENAME TO runs_before;
+CREATE TABLE runs (
+    id TEXT PRIMARY KEY,
+    project_id TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    task_revision INTEGER NOT NULL,
+    trigger_id TEXT,
+    trigger_revision INTEGER,
+    origin TEXT NOT NULL,
+    status TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    event_seq INTEGER NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    queued_at_ms INTEGER,
+    started_at_ms INTEGER,
+    finished_at_ms INTEGER,
+    scheduled_for_ms INTEGER,
+    exit_code INTEGER,
+    error_code TEXT,
+    error_summary TEXT,
+    log_bytes INTEGER NOT NULL DEFAULT 0,
+    log_truncated INTEGER NOT NULL DEFAULT 0,
+    idempotency_key TEXT,
+    jitter_ms INTEGER,
+    pid INTEGER,
+    pid_start_ticks INTEGER,
+    log_dropped_at_ms INTEGER,
+    retry_of TEXT,
+    attempt INTEGER,
+    retry_due_at_ms INTEGER,
+    events TEXT NOT NULL DEFAULT '[]'
+) STRICT;
+INSERT INTO runs (rowid, COLS, events)
+    SELECT rowid, COLS, (
+        SELECT json_group_array(json(CASE WHEN e.value ->> 4 IS NULL THEN {_EVENT_V18.format(detail="")}
+                                          ELSE {_EVENT_V18.format(detail=", e.value ->> 4")} END))
+        FROM json_each(runs_before.events) AS e)
+    FROM runs_before;
+DROP TABLE runs_before;
+CREATE UNIQUE INDEX runs_key_idx ON runs (idempotency_key) WHERE idempotency_key IS NOT NULL;
+CREATE INDEX runs_active_idx ON runs (project_id, task_id) WHERE status IN ('queued', 'running');
+CREATE INDEX runs_log_idx ON runs (project_id, created_at_ms, id) WHERE log_bytes > 0 AND log_dropped_at_ms IS NULL;
+CREATE TRIGGER runs_log_total_insert AFTER INSERT ON runs WHEN {_NEW} != 0 BEGIN
+    {_ADD.format(row="new", delta=_NEW)}
+END;
+CREATE TRIGGER runs_log_total_update AFTER UPDATE OF log_bytes, log_dropped_at_ms ON runs
+WHEN {_NEW} != {_OLD} BEGIN
+    {_ADD.format(row="new", delta=f"{_NEW} - {_OLD}")}
+END;
+CREATE TRIGGER runs_log_total_delete AFTER DELETE ON runs WHEN {_OLD} != 0 BEGIN
+    {_ADD.format(row="old", delta=f"-{_OLD}")}
+END;
+CREATE INDEX runs_task_created_idx ON runs (project_id, task_id, created_at_ms, id);
+CREATE INDEX runs_project_created_idx ON runs (project_id, created_at_ms, id);
+CREATE INDEX runs_unsuccessful_idx ON runs (project_id, created_at_ms, id)
+    WHERE status IN ('failed', 'timed_out', 'lost', 'cancelled');
+CREATE INDEX runs_task_unsuccessful_idx ON runs (project_id, task_id, created_at_ms, id)
+    WHERE status IN ('failed', 'timed_out', 'lost', 'cancelled');
+CREATE INDEX runs_unscheduled_idx ON runs (project_id, created_at_ms, id) WHERE origin != 'scheduled';
+CREATE INDEX runs_retry_due_idx ON runs (project_id, retry_due_at_ms) WHERE retry_due_at_ms IS NOT NULL;
+""".replace("COLS", "id, project_id, task_id, task_revision, trigger_id, trigger_revision, origin, status, version, event_seq, created_at_ms, queued_at_ms, started_at_ms, finished_at_ms, scheduled_for_ms, exit_code, error_code, error_summary, log_bytes, log_truncated, idempotency_key, jitter_ms, pid, pid_start_ticks, log_dropped_at_ms, retry_of, attempt, retry_due_at_ms")
+
 MIGRATIONS: tuple[str, ...] = (
-    _V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12, _V13, _V14, _V15, _V16, _V17,
+    _V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12, _V13, _V14, _V15, _V16, _V17, _V18,
 )
 
 

@@ -144,14 +144,25 @@ SECURITY = SecuritySql(
 
 # -- runs, their events and retention (edge.storage.runs) ---------------------------------
 
-# A run's events are a JSON array in its row (schema migration 15): [sequence, type,
-# actor_type, created_at_ms, detail] each, appended in sequence order; the parameters are
-# those of a row of PostgreSQL's run_events (run_id, sequence, type, actor_type, created_at_ms, detail).
-_RUN_EVENT = "UPDATE runs SET events = json_insert(events, '$[#]', json_array(?2, ?3, ?4, ?5, ?6)) WHERE id = ?1"
+# A run's events are a JSON array in its row (schema migrations 15 and 18): [sequence, type
+# without its `run.` prefix, actor_type, ms after the run's created_at_ms, detail (left out
+# when there is none)] each, appended in sequence order, so that a quiet run's row fits in
+# half a page. The parameters are those of a row of PostgreSQL's run_events (run_id,
+# sequence, type, actor_type, created_at_ms, detail); every run event type begins with
+# `run.` (edge.core.runs), one that did not would be stored and read whole.
+_STORED_TYPE = "iif({0} GLOB 'run.*', substr({0}, 5), {0})"
+_RUN_EVENT = (
+    "UPDATE runs SET events = json_insert(events, '$[#]', json(iif(?6 IS NULL,"
+    f" json_array(?2, {_STORED_TYPE.format('?3')}, ?4, ?5 - created_at_ms),"
+    f" json_array(?2, {_STORED_TYPE.format('?3')}, ?4, ?5 - created_at_ms, ?6)))) WHERE id = ?1"
+)
 # The events of one run, in sequence order, as rows of run_events would be: one row read by
 # its key, then json_each walks its array from the first element (no ORDER BY: a sort step
 # would only repeat the order the array has).
 _EVENTS = "runs AS r, json_each(r.events) AS e"
+# sequence, type, actor_type, created_at_ms, detail of an element `e` of a row `r`'s events
+_EVENT_COLUMNS = ("e.value ->> 0, iif(e.value ->> 1 GLOB '*.*', e.value ->> 1, 'run.' || (e.value ->> 1)),"
+                  " e.value ->> 2, r.created_at_ms + (e.value ->> 3), e.value ->> 4")
 
 RUNS = RunsSql(
     mark="?",
@@ -165,7 +176,7 @@ RUNS = RunsSql(
     # The run with its first event: one cell written once (growing it in the same
     # transaction would rebalance its page with its neighbours).
     insert=f"INSERT INTO runs ({COLUMNS}, events) VALUES ({', '.join(':' + f for f in FIELDS)},"
-           " json_array(json_array(:event_seq, :event_type, :actor, :created_at_ms, NULL))) ON CONFLICT DO NOTHING",
+           f" json_array(json_array(:event_seq, {_STORED_TYPE.format(':event_type')}, :actor, 0))) ON CONFLICT DO NOTHING",
     first_event_in_insert=True,
     event_insert=_RUN_EVENT,
     event_bump="UPDATE runs SET event_seq = event_seq + 1 WHERE id = ? RETURNING event_seq",
@@ -212,13 +223,18 @@ SELECT EXISTS (SELECT 1 FROM notifications WHERE state = 'pending' AND project_i
     prefix="SELECT id FROM runs WHERE id >= ? AND id < ? AND +project_id = ? ORDER BY id LIMIT ?",
     active=f"SELECT {COLUMNS} FROM runs WHERE status IN ('queued', 'running')",
     active_processes=f"SELECT {COLUMNS}, pid, pid_start_ticks FROM runs WHERE status IN ('queued', 'running')",
-    events="SELECT r.id, e.value ->> 0, e.value ->> 1, e.value ->> 2, e.value ->> 3, e.value ->> 4"
-           f" FROM {_EVENTS} WHERE r.id = ? AND r.project_id = ? AND e.value ->> 0 > ? LIMIT ?",
+    events=f"SELECT r.id, {_EVENT_COLUMNS} FROM {_EVENTS} WHERE r.id = ? AND r.project_id = ? AND e.value ->> 0 > ?"
+           " LIMIT ?",
     notify="edge.storage.sqlite.notify",
 )
 
 
 # -- admission (edge.storage.admission) --------------------------------------------------
+
+# +1 when an event's time is in the restamped range and its run's creation is not, -1 the other way round.
+_IN_RANGE = "({0} > :after AND {0} <= :upto)"
+_EVENT_MOVES = (f"{_IN_RANGE.format('runs.created_at_ms + (e.value ->> 3)')}"
+                f" - {_IN_RANGE.format('runs.created_at_ms')}")
 
 ADMISSION = Dialect(
     admission=AdmissionSql(
@@ -266,13 +282,14 @@ WHERE h.project_id = ? AND h.enabled = 1 AND json_extract(r.spec, '$.expression'
             ("notify_attempts", ("at_ms",)),
             ("failing_tasks", ("since_ms",)),
         ),
-        # The events' times, inside the runs' rows.
-        restamp_more=("""
+        # The events' times, inside the runs' rows, are offsets from created_at_ms: one moves
+        # when its time moves and its run's creation does not, or the other way round (read
+        # before created_at_ms moves).
+        restamp_more=(f"""
 UPDATE runs SET events = (
-    SELECT json_group_array(CASE WHEN e.value ->> 3 > :after AND e.value ->> 3 <= :upto
-                                 THEN json_replace(e.value, '$[3]', (e.value ->> 3) + :shift) ELSE json(e.value) END)
+    SELECT json_group_array(json_replace(e.value, '$[3]', (e.value ->> 3) + :shift * ({_EVENT_MOVES})))
     FROM json_each(runs.events) AS e)
-WHERE EXISTS (SELECT 1 FROM json_each(runs.events) AS e WHERE e.value ->> 3 > :after AND e.value ->> 3 <= :upto)
+WHERE EXISTS (SELECT 1 FROM json_each(runs.events) AS e WHERE {_EVENT_MOVES} != 0)
 """,),
     ),
     catalog=CATALOG,
@@ -307,7 +324,7 @@ WHERE g.project_id = ? AND g.id > ? ORDER BY g.id LIMIT ?
     run_page=_RUN + " WHERE project_id = ? AND (created_at_ms, id) < (?, ?) ORDER BY created_at_ms DESC, id DESC"
                     " LIMIT ?",
     run_events=f"""
-SELECT r.id, r.project_id, e.value ->> 0, e.value ->> 1, e.value ->> 2, e.value ->> 3
+SELECT r.id, r.project_id, {_EVENT_COLUMNS.rsplit(", ", 1)[0]}
 FROM {_EVENTS}
 WHERE r.id = ? AND r.project_id = ? AND e.value ->> 0 > ? LIMIT ?
 """,
