@@ -7,6 +7,8 @@ import json
 
 import apsw
 
+from edge.storage.sqlite.sql import RUNS
+
 CRON_SPEC = json.dumps({"expression": "*/5 * * * *", "timezone": "Asia/Shanghai", "misfire": "fire_once"})
 CRON_SCHEMA = "qinglong/cron@v1"
 
@@ -68,8 +70,6 @@ def add_run(conn: apsw.Connection, project: str, task_id: str, run_id: str, stat
     conn.execute(RUN_SQL, run_row(project, task_id, run_id, status, created, **kw))
     if events:
         for seq, kind in enumerate(("run.queued", "run.running", f"run.{status}"), start=1):
-            conn.execute(
-                "UPDATE runs SET events = json_insert(events, '$[#]',"
-                " json_array(?, ?, ?, ?, 'payload: password=hunter2')) WHERE id = ?",
-                (seq, kind, "user" if seq == 1 else "runner", created + seq, run_id),
-            )
+            # In the store's own format (its statement: the events live in the run's row).
+            conn.execute(RUNS.event_insert,
+                         (run_id, seq, kind, "user" if seq == 1 else "runner", created + seq, "payload: password=hunter2"))

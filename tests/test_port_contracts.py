@@ -277,6 +277,50 @@ async def test_revisions_written_before_task_users_run_as_they_did(backend, requ
         await close()
 
 
+async def test_runs_recorded_before_fires_named_their_runs_read_and_guard_as_they_did(home):
+    """SQLite's migration 18 (runs rebuilt: stored keys in a partial unique index, events
+    stored compactly): a cron run admitted before it keeps its key and reads its events as
+    they were, its fire is still never admitted again, and the log total stays right."""
+    import apsw
+    from rows import add_task, add_trigger
+
+    from edge.storage.sqlite.schema import MIGRATIONS as SQLITE
+
+    path = os.path.join(home, "old.db")
+    conn = apsw.Connection(path)
+    for number, sql in enumerate(SQLITE[:17], start=1):
+        conn.execute(sql)
+        conn.pragma("user_version", number)
+    add_task(conn, P, "t")
+    add_trigger(conn, P, "m", "t")  # every five minutes
+    conn.execute("UPDATE triggers SET next_fire_at_ms = ?", (T0,))  # a stale cursor: at the fire admitted below
+    conn.execute(
+        "INSERT INTO runs (id, project_id, task_id, task_revision, trigger_id, trigger_revision, origin, status,"
+        " version, event_seq, created_at_ms, queued_at_ms, started_at_ms, finished_at_ms, scheduled_for_ms,"
+        " exit_code, log_bytes, idempotency_key, events) VALUES ('legacy', 'default', 't', 1, 'm', 1, 'scheduled',"
+        " 'failed', 3, 3, ?1, ?1, ?1 + 4, ?1 + 9, ?2, 1, 7, ?3, json_array(json_array(1, 'run.queued', 'scheduler',"
+        " ?1, NULL), json_array(2, 'run.running', 'runner', ?1 + 4, NULL), json_array(3, 'run.failed', 'runner',"
+        " ?1 + 9, 'exit 1')))", (T0 + 2, T0, f"cron:m:1:{T0}"))
+    conn.close()
+    db = await Database.open(path)
+    try:
+        s = build_stores(db, Config(), home)
+        legacy = await s.runs.get(P, "legacy")
+        assert legacy is not None and legacy.idempotency_key == f"cron:m:1:{T0}"
+        assert [(e.sequence, e.type, e.actor_type, e.created_at_ms, e.detail)
+                for e in await s.runs.events(P, "legacy", 0, 5)] == [
+            (1, "run.queued", "scheduler", T0 + 2, None), (2, "run.running", "runner", T0 + 6, None),
+            (3, "run.failed", "runner", T0 + 11, "exit 1")]
+        again = await s.admission.admit_fires(P, "m", T0 + 10, 30_000, _rng)
+        assert again.runs == [] and again.cursor == T0 + 300_000
+        later = await s.admission.admit_fires(P, "m", T0 + 300_010, 30_000, _rng)
+        assert [r.idempotency_key for r in later.runs] == [f"cron:m:1:{T0 + 300_000}"]
+        assert [r.id for r in await s.runs.page(P, "t", None, 5)] == [later.runs[0].id, "legacy"]
+        assert await db.read(lambda tx: tx.one("SELECT value FROM meta WHERE key = 'run_log_bytes:default'")) == (7,)
+    finally:
+        await db.close()
+
+
 OLD_AUDIT = [  # at_ms, tool, outcome
     (T0, "qledge.credential.create", "allowed"), (T0 + 1, "qledge.status", "allowed"),
     (T0 + 2, "qledge.status", "unauthenticated"), (T0 + 3, "qledge.import.secret", "allowed"),
@@ -680,6 +724,25 @@ async def test_admission_admits_a_due_fire_once(stores: Stores):
     assert (await s.admission.admit_fires(P, "gone", T0, 30_000, _rng)).gone
 
 
+async def test_a_fire_of_each_project_is_its_own_run(stores: Stores):
+    """Two projects, each with a trigger `m` of the same revision and schedule: the same fire
+    is a run in each (its run is named by the project and the fire), and once in each."""
+    s = stores
+    for project in (P, "other"):
+        await s.tasks.create(project, "t", "T", spec(overlap="allow"), T0, privileged=False)
+        await s.triggers.create(project, "m", "t", None, EVERY_MINUTE, T0)
+    due = {project: await s.admission.admit_fires(project, "m", T0 + 60_010, 30_000, _rng) for project in (P, "other")}
+    runs = {project: admitted.runs for project, admitted in due.items()}
+    assert [len(r) for r in runs.values()] == [1, 1], runs
+    mine, theirs = runs[P][0], runs["other"][0]
+    assert mine.id != theirs.id and mine.idempotency_key == theirs.idempotency_key == f"cron:m:1:{T0 + 60_000}"
+    assert (mine.project_id, theirs.project_id) == (P, "other")
+    for project in (P, "other"):
+        assert (await s.admission.admit_fires(project, "m", T0 + 60_020, 30_000, _rng)).runs == []
+        kept = await s.runs.page(project, "t", None, 10)
+        assert [r.idempotency_key for r in kept] == [f"cron:m:1:{T0 + 60_000}"]
+
+
 async def test_admission_misfires_overlap_disabled_and_queue_bound(stores: Stores):
     s = stores
     await s.tasks.create(P, "f", "F", spec(), T0, privileged=False)
@@ -737,6 +800,7 @@ async def test_restamp_moves_what_was_stamped_while_the_clock_was_behind(stores:
     await finished(s, run_of("t", "before", T0))  # T0 .. T0 + 15: earlier than the hold
     await finished(s, run_of("t", "held", T0 + 200))  # T0 + 200 .. T0 + 215
     await s.runs.create(run_of("t", "waiting", T0 + 400), "user")  # never started: its start stays unset
+    await finished(s, run_of("t", "across", T0 + 990))  # started at the clock's setting, ended after it
     for at in (T0 + 50, T0 + 300):
         await s.audit.append(AuditRecord(at_ms=at, project_id=P, principal="uid:0", tool="qledge.status",
                                          outcome="allowed", reasons=[], transport="socket"))
@@ -753,7 +817,13 @@ async def test_restamp_moves_what_was_stamped_while_the_clock_was_behind(stores:
     audited = (await s.audit_reader.page(P, None, None, 10)).entries
     assert [e.at_ms for e in audited] == [T0 + 300 + DAY, T0 + 50]
     assert await s.admission.newest_time(P) >= T0 + 1000 + DAY
-    assert [r.id for r in await s.runs.page(P, "t", None, 5)] == ["waiting", "held", "before"]
+    across = await s.runs.get(P, "across")
+    assert across is not None and (across.created_at_ms, across.started_at_ms, across.finished_at_ms) == (
+        T0 + 990 + DAY, T0 + 1000 + DAY, T0 + 1005)
+    assert [e.created_at_ms for e in await s.runs.events(P, "across", 0, 5)] == [
+        T0 + 990 + DAY, T0 + 1000 + DAY, T0 + 1005]
+    assert [e.created_at_ms for e in await s.runs.events(P, "before", 0, 5)] == [T0, T0 + 10, T0 + 15]
+    assert [r.id for r in await s.runs.page(P, "t", None, 5)] == ["across", "waiting", "held", "before"]
 
 
 async def test_admission_replace_names_the_runs_it_replaces(stores: Stores):

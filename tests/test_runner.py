@@ -291,8 +291,7 @@ def test_a_recycled_pid_is_never_killed(daemon_factory):
                 "INSERT INTO runs (id, project_id, task_id, task_revision, origin, status, version, event_seq,"
                 " created_at_ms, started_at_ms, pid, pid_start_ticks, events)"
                 " VALUES ('r-recycled', 'default', 't', 1, 'manual', 'running', 2, 2, ?1, ?1, ?2, ?3,"
-                " json_array(json_array(1, 'run.queued', 'user', ?1, NULL),"
-                " json_array(2, 'run.running', 'runner', ?1, NULL)))",
+                " json_array(json_array(1, 'queued', 'user', 0), json_array(2, 'running', 'runner', 0)))",
                 (now, bystander.pid, ticks - 1),
             )
         d.start()

@@ -209,11 +209,27 @@ async def test_restart_after_admission_does_not_fire_again(env, home):
     await db2.close()
 
 
+@pytest.mark.parametrize("other", [
+    ("p", "t", 1, 60_000),  # the same fire: the same id
+    ("q", "t", 1, 60_000),  # another project
+    ("p", "u", 1, 60_000),  # another trigger
+    ("p", "t", 2, 60_000),  # another revision
+    ("p", "t", 1, 120_000),  # another fire
+])
+def test_a_fire_names_its_run(other):
+    from edge.core.runs import fire_run_id
+
+    mine = fire_run_id("p", "t", 1, 60_000)
+    assert (fire_run_id(*other) == mine) == (other == ("p", "t", 1, 60_000))
+    # A UUIDv7 of the fire's time: it sorts with the ids of the runs made about then.
+    assert (mine[14], int(mine[:8] + mine[9:13], 16)) == ("7", 60_000)
+
+
 async def test_idempotency_key_stops_a_repeat_even_with_a_stale_cursor(env):
     trig = await env.trigger("* * * * *")
     await env.tick(at("10:00:01"))
     await env.finish((await env.all_runs())[0])
-    # The cursor is wound back by hand: the unique key still refuses a second run.
+    # The cursor is wound back by hand: the run's id, named by the fire, still refuses a second run.
     await env.db.run(lambda c: c.execute("UPDATE triggers SET next_fire_at_ms = ? WHERE id = ?",
                                          (at("10:00:00"), trig.id)))
     env.scheduler.changed()
