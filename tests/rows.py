@@ -71,5 +71,5 @@ def add_run(conn: apsw.Connection, project: str, task_id: str, run_id: str, stat
     if events:
         for seq, kind in enumerate(("run.queued", "run.running", f"run.{status}"), start=1):
             # In the store's own format (its statement: the events live in the run's row).
-            conn.execute(RUNS.event_insert,
-                         (run_id, seq, kind, "user" if seq == 1 else "runner", created + seq, "payload: password=hunter2"))
+            actor = "user" if seq == 1 else "runner"
+            conn.execute(RUNS.event_insert, (run_id, seq, kind, actor, created + seq, "payload: password=hunter2"))

@@ -597,6 +597,12 @@ DROP INDEX triggers_armed_idx;
 #   back): 40 bytes a quiet run's row no longer holds.
 _EVENT_V18 = "json_array(e.value ->> 0, iif(e.value ->> 1 GLOB 'run.*', substr(e.value ->> 1, 5), e.value ->> 1)," \
     " e.value ->> 2, (e.value ->> 3) - runs_before.created_at_ms{detail})"
+_RUN_COLUMNS_V18 = (
+    "id, project_id, task_id, task_revision, trigger_id, trigger_revision, origin, status, version, "
+    "event_seq, created_at_ms, queued_at_ms, started_at_ms, finished_at_ms, scheduled_for_ms, "
+    "exit_code, error_code, error_summary, log_bytes, log_truncated, idempotency_key, jitter_ms, "
+    "pid, pid_start_ticks, log_dropped_at_ms, retry_of, attempt, retry_due_at_ms"
+)
 _V18 = f"""
 ALTER TABLE runs RENAME TO runs_before;
 CREATE TABLE runs (
@@ -658,7 +664,7 @@ CREATE INDEX runs_task_unsuccessful_idx ON runs (project_id, task_id, created_at
     WHERE status IN ('failed', 'timed_out', 'lost', 'cancelled');
 CREATE INDEX runs_unscheduled_idx ON runs (project_id, created_at_ms, id) WHERE origin != 'scheduled';
 CREATE INDEX runs_retry_due_idx ON runs (project_id, retry_due_at_ms) WHERE retry_due_at_ms IS NOT NULL;
-""".replace("COLS", "id, project_id, task_id, task_revision, trigger_id, trigger_revision, origin, status, version, event_seq, created_at_ms, queued_at_ms, started_at_ms, finished_at_ms, scheduled_for_ms, exit_code, error_code, error_summary, log_bytes, log_truncated, idempotency_key, jitter_ms, pid, pid_start_ticks, log_dropped_at_ms, retry_of, attempt, retry_due_at_ms")
+""".replace("COLS", _RUN_COLUMNS_V18)
 
 MIGRATIONS: tuple[str, ...] = (
     _V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12, _V13, _V14, _V15, _V16, _V17, _V18,

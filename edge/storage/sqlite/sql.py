@@ -176,7 +176,8 @@ RUNS = RunsSql(
     # The run with its first event: one cell written once (growing it in the same
     # transaction would rebalance its page with its neighbours).
     insert=f"INSERT INTO runs ({COLUMNS}, events) VALUES ({', '.join(':' + f for f in FIELDS)},"
-           f" json_array(json_array(:event_seq, {_STORED_TYPE.format(':event_type')}, :actor, 0))) ON CONFLICT DO NOTHING",
+           f" json_array(json_array(:event_seq, {_STORED_TYPE.format(':event_type')}, :actor, 0)))"
+           " ON CONFLICT DO NOTHING",
     first_event_in_insert=True,
     event_insert=_RUN_EVENT,
     event_bump="UPDATE runs SET event_seq = event_seq + 1 WHERE id = ? RETURNING event_seq",
