@@ -273,5 +273,51 @@ def test_an_exclusive_lock_keeps_the_wal_index_in_memory_and_others_out(daemon_f
         other.execute("SELECT count(*) FROM runs").fetchone()
     other.close()
     d.stop()
+    # Started again on its WAL database: still no -shm (the lock is taken before the first read).
+    d.start()
+    run = d.call("qledge.run.start", {"taskId": "t"})
+    assert d.call("qledge.run.wait", {"runId": run["id"], "timeoutMs": 20_000})["run"]["status"] == "succeeded"
+    assert not os.path.exists(os.path.join(d.home, "qledge.db-shm"))
+    d.stop()
     with d.db() as db:  # once the daemon is gone, the file is anyone's again
-        assert db.execute("SELECT status FROM runs").fetchall() == [("succeeded",)]
+        assert db.execute("SELECT status FROM runs").fetchall() == [("succeeded",)] * 2
+
+
+
+APART = r"""
+import logging, os, signal, sys, threading
+import apsw
+from edge.storage.sqlite.apart import run_apart
+logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
+parent = os.getpid()
+def work():
+    logging.getLogger("qledge.store").info("made in %s", "a child" if os.getpid() != parent else "the parent")
+    raise apsw.CantOpenError("unable to open database file")
+print(run_apart(work, lambda exc: f"cannot open x: {exc}"))
+print(run_apart(lambda: None, str))
+print(run_apart(lambda: os.kill(os.getpid(), signal.SIGKILL), str))
+stop = threading.Event()
+other = threading.Thread(target=stop.wait)
+other.start()
+print(run_apart(lambda: None, str))
+stop.set()
+other.join()
+"""
+
+
+def test_the_database_is_made_apart_and_what_the_child_says_comes_back():
+    """edge.storage.sqlite.apart, in a fresh interpreter (one thread): the work runs in a child
+    (its pid is not the parent's), what it logs is logged by the parent (once), its failure
+    comes back as its one line, a child killed as how it ended; with another thread running
+    no child is made (False: the caller does the work)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", APART], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.splitlines() == [
+        "qledge.store INFO made in a child",
+        "cannot open x: unable to open database file",
+        "None",
+        "the process preparing the database ended by signal 9",
+        "False",
+    ], (out.stdout, out.stderr)

@@ -16,6 +16,7 @@ from typing import Any, Generic, TypeVar
 import apsw
 
 from edge.core.errors import ToolError, unavailable
+from edge.storage.sqlite.apart import needs_work, run_apart
 from edge.storage.sqlite.schema import APPLICATION_ID, MIGRATIONS, NotOurs, SchemaTooNew, check_owned, migrate
 from edge.storage.sqlite.worker import Worker
 from edge.storage.tx import Params, Row
@@ -64,10 +65,10 @@ def configure(conn: apsw.Connection, synchronous: str, cache_kib: int, exclusive
     flash after every transaction, and no other process can open the database.
     """
     conn.set_busy_timeout(5000)
+    if exclusive:  # before the first read: a WAL database read before it would map its -shm for good
+        conn.pragma("locking_mode", "exclusive")
     check_owned(conn)  # a database this qledge refuses is never written, not even its page size
     adopt_page_size(conn)
-    if exclusive:
-        conn.pragma("locking_mode", "exclusive")
     conn.pragma("journal_mode", "wal")
     conn.pragma("foreign_keys", "ON")
     conn.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
@@ -496,11 +497,16 @@ class Database:
             check_header(path)
         except (SchemaTooNew, NotOurs) as exc:
             raise OpenError(str(exc)) from None
-        flags = apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE | apsw.SQLITE_OPEN_NOFOLLOW
+        if needs_work(path, len(MIGRATIONS)):  # made or migrated in a child, when one can be made
+            failed = run_apart(lambda: _prepare(path, synchronous.upper(), cache_kib, exclusive),
+                               lambda exc: _why_not(path, exc) if isinstance(exc, (apsw.Error, OSError))
+                               else f"cannot prepare {path}: {exc!r}")
+            if failed:
+                raise OpenError(failed)
         worker = Worker()
         old = os.umask(0o077)  # the database holds credentials digests and secrets
         try:
-            conn = await worker.run(apsw.Connection, path, flags)
+            conn = await worker.run(apsw.Connection, path, _OPEN_FLAGS)
         except apsw.Error as exc:
             worker.stop()
             raise OpenError(_why_not(path, exc)) from None
@@ -586,6 +592,26 @@ class Database:
         with suppress(apsw.Error):  # closing matters more than the planner's statistics
             await self._worker.run(_optimize, self._conn)
         await _close(self._worker, self._conn)
+
+
+_OPEN_FLAGS = apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE | apsw.SQLITE_OPEN_NOFOLLOW
+
+
+def _prepare(path: str, synchronous: str, cache_kib: int, exclusive: bool) -> None:
+    """What `Database.open` does before it serves, in one thread (a child's): made (never
+    through a link, 0600), configured, migrated, checkpointed on close."""
+    old = os.umask(0o077)
+    try:
+        conn = apsw.Connection(path, _OPEN_FLAGS)
+        try:
+            _checkpoint_on_close(conn, False)  # a database that is refused keeps every byte it had
+            configure(conn, synchronous, cache_kib, exclusive)
+            migrate(conn)
+            _checkpoint_on_close(conn, True)
+        finally:
+            conn.close()
+    finally:
+        os.umask(old)
 
 
 async def _close(worker: Worker, conn: apsw.Connection) -> None:
