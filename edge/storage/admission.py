@@ -174,14 +174,6 @@ def _scheduled_run(trig: Trigger, fire: int, origin: str, now: int, jitter: int 
     )
 
 
-def _fired_before(tx: Tx, d: Dialect, trig: Trigger, fire: int) -> bool:
-    """Whether this fire has a run: by the id it is named by, or (a run admitted before fires
-    were named so, still kept in an upgraded database) by its stored key."""
-    if get_run(tx, d.runs, trig.project_id, fire_run_id(trig.project_id, trig.id, trig.revision, fire)) is not None:
-        return True
-    return tx.row(d.admission.by_key, (cron_key(trig.id, trig.revision, fire),)) is not None
-
-
 def _refused(tx: Tx, d: Dialect, trig: Trigger, due: int, now: int) -> Admission:
     """Zone data went missing: keep the cursor, say so once, retry later."""
     catalog.record_event(tx, d.catalog, trig.project_id, trig.id, "refused", "timezone_unavailable", due, due, 1, now,
@@ -334,12 +326,12 @@ def admit_fires(
         if reason is not None:
             notified += _skip(tx, d, trig, reason, fire, fire, 1, now, last_admitted, skipped)
             continue
-        if _fired_before(tx, d, trig, fire):
-            continue  # admitted before: the run's id (or key) makes a repeat impossible
+        if tx.row(d.admission.by_key, (cron_key(trig.id, trig.revision, fire),)) is not None:
+            continue  # admitted before fires named their runs (a run of an upgraded database), by its stored key
         jitter = int(rng() * trig.spec.jitter_s * 1000) if trig.spec.jitter_s else None
         created = _admit(tx, d, _scheduled_run(trig, fire, origin, now, jitter), overlap == "forbid")
         if created is None:
-            continue  # the key (or the one active forbid run) exists: never admitted twice
+            continue  # the run the fire names (or the one active forbid run) exists: never admitted twice
         admitted.append(created)
         last_admitted = fire
     tx.execute(d.admission.move_cursor, (todo.cursor, last_admitted, project, trig.id))

@@ -19,7 +19,6 @@ from contextlib import suppress
 
 import msgspec
 
-_MAGIC = b"SQLite format 3\x00"
 _MESSAGE_MAX = 4096
 _LOGGED_MAX = 64  # records the child passes on (what the work logs: a line or two)
 
@@ -61,25 +60,6 @@ def _keep_records() -> _Keep:
             logger.handlers = []
     logging.root.handlers = [keep]
     return keep
-
-
-def needs_work(path: str, newest: int) -> bool:
-    """Whether opening `path` would make or migrate it: no file (or an empty one), or a
-    SQLite header whose schema version (`user_version`, offset 60) is below `newest`.
-    Anything else (a link, not SQLite, unreadable) is left to the open, which names it."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False
-    try:
-        header = os.pread(fd, 100, 0)
-    finally:
-        os.close(fd)
-    if not header:
-        return True
-    return len(header) == 100 and header.startswith(_MAGIC) and int.from_bytes(header[60:64], "big") < newest
 
 
 def run_apart(work: Callable[[], None], describe: Callable[[BaseException], str]) -> str | None | bool:

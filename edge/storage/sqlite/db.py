@@ -16,7 +16,7 @@ from typing import Any, Generic, TypeVar
 import apsw
 
 from edge.core.errors import ToolError, unavailable
-from edge.storage.sqlite.apart import needs_work, run_apart
+from edge.storage.sqlite.apart import run_apart
 from edge.storage.sqlite.schema import APPLICATION_ID, MIGRATIONS, NotOurs, SchemaTooNew, check_owned, migrate
 from edge.storage.sqlite.worker import Worker
 from edge.storage.tx import Params, Row
@@ -350,25 +350,31 @@ def _why_not(path: str, exc: Exception) -> str:
 _MAGIC = b"SQLite format 3\x00"
 
 
-def check_header(path: str) -> None:
+def check_header(path: str) -> int | None:
     """Refuse, from the file's own 100-byte header and before SQLite opens it, a database
     this qledge must not touch: a newer schema (`user_version`, offset 60) or another
     program's (`application_id`, offset 68). SQLite's opening is itself a write when a
     `-wal` or a hot `-journal` lies beside the file (the WAL index is made, the journal is
     rolled back), so a refusal must come first. A header that is stale (a newer page 1 in a
-    WAL) and still ours is taken as ours. Missing, short or not SQLite: left to SQLite."""
+    WAL) and still ours is taken as ours. Returns the header's schema version (0: no file
+    yet, or an empty one); None when it is left to SQLite (a link, unreadable, short, not
+    SQLite), whose open names what is wrong."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return 0  # made afresh
     except OSError:
-        return  # missing (made afresh), a link or unreadable: the open names it
+        return None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return
+            return None
         header = os.pread(fd, 100, 0)
     finally:
         os.close(fd)
+    if not header:
+        return 0
     if len(header) < 100 or not header.startswith(_MAGIC):
-        return
+        return None
     version = int.from_bytes(header[60:64], "big", signed=True)
     if version > len(MIGRATIONS):
         raise SchemaTooNew(
@@ -381,6 +387,7 @@ def check_header(path: str) -> None:
                       " move it away (or point home at another directory)")
     if app == 0:  # not marked: another program's, or an older qledge's (told by its tables)
         _check_unmarked(path)
+    return version
 
 
 def _check_unmarked(path: str) -> None:
@@ -494,10 +501,10 @@ class Database:
         if synchronous.upper() not in SYNCHRONOUS:
             raise ValueError(f"synchronous must be one of {', '.join(SYNCHRONOUS)}")
         try:
-            check_header(path)
+            version = check_header(path)
         except (SchemaTooNew, NotOurs) as exc:
             raise OpenError(str(exc)) from None
-        if needs_work(path, len(MIGRATIONS)):  # made or migrated in a child, when one can be made
+        if version is not None and version < len(MIGRATIONS):  # made or migrated in a child, when one can be
             failed = run_apart(lambda: _prepare(path, synchronous.upper(), cache_kib, exclusive),
                                lambda exc: _why_not(path, exc) if isinstance(exc, (apsw.Error, OSError))
                                else f"cannot prepare {path}: {exc!r}")

@@ -160,9 +160,10 @@ _RUN_EVENT = (
 # its key, then json_each walks its array from the first element (no ORDER BY: a sort step
 # would only repeat the order the array has).
 _EVENTS = "runs AS r, json_each(r.events) AS e"
-# sequence, type, actor_type, created_at_ms, detail of an element `e` of a row `r`'s events
-_EVENT_COLUMNS = ("e.value ->> 0, iif(e.value ->> 1 GLOB '*.*', e.value ->> 1, 'run.' || (e.value ->> 1)),"
-                  " e.value ->> 2, r.created_at_ms + (e.value ->> 3), e.value ->> 4")
+# sequence, type, actor_type and created_at_ms of an element `e` of a row `r`'s events; then its detail
+_EVENT_HEAD = ("e.value ->> 0, iif(e.value ->> 1 GLOB '*.*', e.value ->> 1, 'run.' || (e.value ->> 1)),"
+               " e.value ->> 2, r.created_at_ms + (e.value ->> 3)")
+_EVENT_COLUMNS = _EVENT_HEAD + ", e.value ->> 4"
 
 RUNS = RunsSql(
     mark="?",
@@ -325,7 +326,7 @@ WHERE g.project_id = ? AND g.id > ? ORDER BY g.id LIMIT ?
     run_page=_RUN + " WHERE project_id = ? AND (created_at_ms, id) < (?, ?) ORDER BY created_at_ms DESC, id DESC"
                     " LIMIT ?",
     run_events=f"""
-SELECT r.id, r.project_id, {_EVENT_COLUMNS.rsplit(", ", 1)[0]}
+SELECT r.id, r.project_id, {_EVENT_HEAD}
 FROM {_EVENTS}
 WHERE r.id = ? AND r.project_id = ? AND e.value ->> 0 > ? LIMIT ?
 """,
