@@ -925,6 +925,26 @@ async def test_reboot_is_armed_once_per_boot_and_fires_once(stores: Stores):
 
 
 
+async def test_a_one_shot_or_boot_fire_of_each_project_is_its_own_run(stores: Stores):
+    """Two projects, each with an `@once` trigger `o` and an `@reboot` trigger `r` of the same
+    ids and revisions: each shot is a run in each project (their keys are unique within a
+    project, not across them), and once in each."""
+    s = stores
+    await s.admission.save_time(T0)
+    for project in (P, "other"):
+        await s.tasks.create(project, "t", "T", spec(overlap="allow"), T0, privileged=False)
+        await s.triggers.create(project, "o", "t", None, ONCE, T0)
+        await s.triggers.create(project, "r", "t", None, REBOOT, T0)
+        assert await s.admission.arm_boot(project, "boot-1", T0 + 5) == 1
+    for trig, key in (("o", "once:o:1"), ("r", "boot:r:boot-1")):
+        for project in (P, "other"):
+            [run] = (await s.admission.admit_fires(project, trig, T0 + 10, 30_000, _rng)).runs
+            assert (run.project_id, run.idempotency_key) == (project, key)
+    for project in (P, "other"):
+        assert sorted(r.idempotency_key or "" for r in await s.runs.page(project, "t", None, 10)) == [
+            "boot:r:boot-1", "once:o:1"]
+
+
 # -- retries (RunStore.transition, RunAdmission) ----------------------------------------
 
 

@@ -115,7 +115,7 @@ def test_admission_queries_use_their_indexes(filled):
     # (`armed` is not here: it returns every armed trigger, once per reload, and reading the
     # whole table is then the planner's right answer.)
     assert_index(filled, CATALOG.trigger_lock, ("default", "g-00042"), "triggers_pkey")
-    assert_index(filled, ADMISSION.admission.by_key, ("cron:g:1:500",), "runs_idempotency_key_key")
+    assert_index(filled, ADMISSION.admission.by_key, ("default", "cron:g:1:500"), "runs_project_key_key")
     assert_index(filled, ADMISSION.admission.active_for_task, ("default", "task-000"), "runs_active_idx")
     assert_index(filled, ADMISSION.admission.active_count, (), "runs_active_idx")
 

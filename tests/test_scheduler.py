@@ -702,7 +702,7 @@ TABLES = ("runs", "triggers", "trigger_revisions", "trigger_events", "tasks", "t
     (ADMISSION.admission.head_task, ("default", "t"), "PRIMARY KEY"),
     (ADMISSION.admission.active_for_task, ("default", "t"), "runs_active_idx"),
     (ADMISSION.admission.active_count, (), "runs_active_idx"),
-    (ADMISSION.admission.by_key, ("cron:t:1:0",), "runs_key_idx"),
+    (ADMISSION.admission.by_key, ("default", "cron:t:1:0"), "runs_key_idx"),
     (CATALOG.newest_run, ("default",), "runs_project_created_idx"),
     (CATALOG.events_trigger, ("default", "t", 1 << 62, 10), "trigger_events_trigger_idx"),
     (CATALOG.events_project, ("default", 1 << 62, 10), "trigger_events_project_idx"),

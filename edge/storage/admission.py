@@ -57,7 +57,7 @@ class AdmissionSql(msgspec.Struct, frozen=True, kw_only=True):
     active_for_task: str
     active_count: str  # the runner's slots and queue are shared by every project it runs
     live_slots: str | None  # the slots of the nodes alive, for a cluster's bound
-    by_key: str
+    by_key: str  # a run of the project by its stored key (unique within a project)
     move_cursor: str
     save_time: str
     retry_due: str  # the failed run's pending retry, locked for the transaction's write
@@ -224,7 +224,7 @@ def _admit_event(
     notified = 0
     if reason is not None:
         notified = _skip(tx, d, trig, reason, now, now, 1, now, last_admitted, skipped)
-    elif tx.row(d.admission.by_key, (key,)) is None:
+    elif tx.row(d.admission.by_key, (project, key)) is None:
         jitter = int(rng() * trig.spec.jitter_s * 1000) if trig.spec.jitter_s else None
         created = _admit(tx, d, _scheduled_run(trig, now, "scheduled", now, jitter, key), overlap == "forbid", node)
         if created is not None:
@@ -326,7 +326,7 @@ def admit_fires(
         if reason is not None:
             notified += _skip(tx, d, trig, reason, fire, fire, 1, now, last_admitted, skipped)
             continue
-        if tx.row(d.admission.by_key, (cron_key(trig.id, trig.revision, fire),)) is not None:
+        if tx.row(d.admission.by_key, (project, cron_key(trig.id, trig.revision, fire))) is not None:
             continue  # admitted before fires named their runs (a run of an upgraded database), by its stored key
         jitter = int(rng() * trig.spec.jitter_s * 1000) if trig.spec.jitter_s else None
         created = _admit(tx, d, _scheduled_run(trig, fire, origin, now, jitter), overlap == "forbid")
@@ -368,7 +368,7 @@ def admit_retry(tx: Tx, d: Dialect, project: str, run_id: str, now: int, bound: 
         append_event(tx, d.runs, failed.id, f"run.retry_{kind}", "scheduler", now, reason)
         notified = queue_skip(tx, d.runs, project, failed.task_id, failed.task_revision, reason, now)
         return Admission(cursor=None, notified=notified)
-    if tx.row(q.by_key, (key,)) is not None:
+    if tx.row(q.by_key, (project, key)) is not None:
         return Admission(cursor=None)  # admitted before
     retry = Run(
         id=uuid7(now), project_id=project, task_id=failed.task_id, task_revision=failed.task_revision,

@@ -455,7 +455,14 @@ _V10 = """
 ALTER TABLE agent_evidence ADD COLUMN limits jsonb;
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10)
+# A run's stored key is unique within its project, not across projects (as SQLite's
+# version 19): a one-shot or boot trigger of the same id in two projects fires in each.
+_V11 = """
+ALTER TABLE runs DROP CONSTRAINT runs_idempotency_key_key;
+ALTER TABLE runs ADD CONSTRAINT runs_project_key_key UNIQUE (project_id, idempotency_key);
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11)
 
 SQL_VERSION_TABLE = (
     "CREATE TABLE IF NOT EXISTS qledge_schema (version integer PRIMARY KEY, applied_at timestamptz NOT NULL)"

@@ -235,7 +235,7 @@ WHERE t.project_id = %s AND t.id = %s
         active_count="SELECT count(*) FROM runs WHERE status IN ('queued', 'running')",
         # Slots of the nodes alive (heartbeat within the lease), for the cluster-wide bound.
         live_slots="SELECT coalesce(sum(slots), 0) FROM nodes WHERE heartbeat_at > now() - make_interval(secs => %s)",
-        by_key="SELECT id FROM runs WHERE idempotency_key = %s",
+        by_key="SELECT id FROM runs WHERE project_id = %s AND idempotency_key = %s",
         move_cursor="UPDATE triggers SET next_fire_at_ms = %s, last_scheduled_at_ms = %s WHERE project_id = %s"
                     " AND id = %s",
         save_time="INSERT INTO meta (key, value) VALUES (%s, %s) ON CONFLICT (key) DO UPDATE SET"

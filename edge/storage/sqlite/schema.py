@@ -681,8 +681,15 @@ CREATE INDEX runs_unscheduled_idx ON runs (project_id, created_at_ms, id) WHERE 
 CREATE INDEX runs_retry_due_idx ON runs (project_id, retry_due_at_ms) WHERE retry_due_at_ms IS NOT NULL;
 """.replace("COLS", _RUN_COLUMNS_V18)
 
+# A run's stored key (`@once`, `@reboot`, a retry) is unique within its project, not across
+# projects: a one-shot or boot trigger of the same id in two projects fires in each.
+_V19 = """
+DROP INDEX runs_key_idx;
+CREATE UNIQUE INDEX runs_key_idx ON runs (project_id, idempotency_key) WHERE idempotency_key IS NOT NULL;
+"""
+
 MIGRATIONS: tuple[str, ...] = (
-    _V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12, _V13, _V14, _V15, _V16, _V17, _V18,
+    _V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12, _V13, _V14, _V15, _V16, _V17, _V18, _V19,
 )
 
 

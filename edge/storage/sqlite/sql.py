@@ -260,7 +260,7 @@ WHERE t.project_id = ? AND t.id = ?
         active_for_task="SELECT id FROM runs WHERE project_id = ? AND task_id = ? AND status IN ('queued', 'running')",
         active_count="SELECT count(*) FROM runs WHERE status IN ('queued', 'running')",
         live_slots=None,
-        by_key="SELECT id FROM runs WHERE idempotency_key = ?",
+        by_key="SELECT id FROM runs WHERE project_id = ? AND idempotency_key = ?",
         move_cursor="UPDATE triggers SET next_fire_at_ms = ?, last_scheduled_at_ms = ? WHERE project_id = ? AND id = ?",
         save_time="INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET"
                   " value = max(value, excluded.value)",
