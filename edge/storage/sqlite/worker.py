@@ -30,10 +30,10 @@ T = TypeVar("T")
 
 
 class _Job:
-    __slots__ = ("future", "fn", "args", "cancelled")
+    __slots__ = ("future", "fn", "args")
 
     def __init__(self, future: asyncio.Future[Any], fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-        self.future, self.fn, self.args, self.cancelled = future, fn, args, False
+        self.future, self.fn, self.args = future, fn, args
 
 
 def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
@@ -63,14 +63,13 @@ class Worker:
         self._thread = threading.Thread(target=self._work, name=name)
         self._thread.start()
 
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        job = _Job(self._loop.create_future(), fn, args)
-        self._queue.put(job)
-        try:
-            return await job.future
-        except BaseException:
-            job.cancelled = True  # not taken yet: it never runs
-            raise
+    def run(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """The future of `fn(*args)` run in the thread. Awaited as it is (no coroutine
+        around it, a frame fewer on every hop): a task cancelled while it waits cancels
+        the future, and a job whose future is cancelled before the thread takes it never runs."""
+        future: asyncio.Future[T] = self._loop.create_future()
+        self._queue.put(_Job(future, fn, args))
+        return future
 
     def stop(self) -> None:
         if self._wake is not None:
@@ -96,7 +95,7 @@ class Worker:
         take, wake = self._queue.get, self._wake
         try:
             while (job := take()) is not None:
-                if job.cancelled:
+                if job.future.cancelled():  # read under the GIL; set only by the loop
                     continue
                 try:
                     outcome = (job.future, True, job.fn(*job.args))
