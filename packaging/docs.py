@@ -1,6 +1,7 @@
 """Generated parts of the documentation: the CLI reference from the argparse parser, the
 configuration table from the config Structs, the performance figures from
-bench/results/latest.json, the OpenWrt package sizes from bench/results/openwrt.json.
+bench/results/latest.json (and the flash figures the OpenWrt configuration quotes), the
+OpenWrt package sizes from bench/results/openwrt.json.
 
     python packaging/docs.py          # rewrite the generated parts in place
     python packaging/docs.py --check  # exit 1 naming each file that differs
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -642,6 +644,38 @@ FILES: dict[str, Callable[[], str]] = {
     "openwrt/qledge/files/qledge.bash-completion": bash_completion,  # the package installs it
 }
 
+# The flash figures the OpenWrt configuration quotes beside `state_dir`, from the measured
+# ones (a sentence of a file that ships, so no markers around it): path, the sentence's
+# pattern, what it says now.
+_FLASH_SENTENCE = re.compile(
+    r"nothing costs about [0-9.]+ KB per run there \([0-9]+ MB a day; [0-9.]+ KB and [0-9]+ MB without\n"
+    r"(\t# )exclusive_lock\)")
+
+
+def _flash_sentence(match: re.Match[str]) -> str:
+    with open(os.path.join(ROOT, "bench", "results", "latest.json")) as f:
+        flash = json.load(f)["budgets"]["flash"]
+    return (f"nothing costs about {_kb(flash['per_scheduled_run_one_a_minute_written_back_exclusive_lock'])} per run"
+            f" there ({flash['per_day_at_one_run_a_minute_exclusive_lock_bytes'] / 1e6:.0f} MB a day;"
+            f" {_kb(flash['per_scheduled_run_one_a_minute_written_back'])} and"
+            f" {flash['per_day_at_one_run_a_minute_bytes'] / 1e6:.0f} MB without\n{match.group(1)}exclusive_lock)")
+
+
+SENTENCES: dict[str, tuple[re.Pattern[str], Callable[[re.Match[str]], str]]] = {
+    "openwrt/qledge/files/qledge.config": (_FLASH_SENTENCE, _flash_sentence),
+}
+
+
+def sentenced(path: str) -> str:
+    """The file at `path` with its generated sentence as the figures say it now."""
+    pattern, make = SENTENCES[path]
+    with open(os.path.join(ROOT, path)) as f:
+        text = f.read()
+    new, found = pattern.subn(make, text)
+    if found != 1:
+        raise SystemExit(f"{path}: the sentence {pattern.pattern!r} is not in it once")
+    return new
+
 
 def _markers(name: str) -> tuple[str, str]:
     return (f"<!-- generated: {name} (edit the source, then run {COMMAND}) -->\n",
@@ -676,6 +710,10 @@ def stale() -> list[str]:
                     found.append(path)
         except FileNotFoundError:
             found.append(path)
+    for path in SENTENCES:
+        with open(os.path.join(ROOT, path)) as f:
+            if f.read() != sentenced(path):
+                found.append(path)
     return found
 
 
@@ -695,6 +733,10 @@ def main(argv: list[str]) -> int:
     for path, make in FILES.items():
         with open(os.path.join(ROOT, path), "w") as f:
             f.write(make())
+    for path in SENTENCES:
+        text = sentenced(path)
+        with open(os.path.join(ROOT, path), "w") as f:
+            f.write(text)
     return 0
 
 

@@ -105,6 +105,16 @@ def test_the_generated_parts_are_what_the_code_generates():
         assert _read(path) == text, f"{path} is out of date: run {docs.COMMAND}"
 
 
+def test_the_generated_files_and_sentences_are_what_the_code_generates():
+    """The files made whole (the bash completion) and the flash figures the OpenWrt
+    configuration quotes, from the measured ones."""
+    docs = _docs()
+    for path, make in docs.FILES.items():
+        assert _read(path) == make(), f"{path} is out of date: run {docs.COMMAND}"
+    for path in docs.SENTENCES:
+        assert _read(path) == docs.sentenced(path), f"{path} is out of date: run {docs.COMMAND}"
+
+
 def test_the_cli_reference_has_every_command_of_the_parser():
     import argparse
 
