@@ -131,19 +131,30 @@ def test_an_invalid_utf8_tail_and_controls(d):
 
 
 @pytest.mark.parametrize(
-    "run_id, status, log_bytes, expected",
+    "run_id, status, log_bytes, started, expected",
     [
-        ("queued-run", "queued", 0, "pending"),
-        ("running-no-file", "running", 0, "missing"),
-        ("never-started", "cancelled", 0, "missing"),
-        ("retired-run", "succeeded", 512, "retired"),
+        ("queued-run", "queued", 0, False, "pending"),
+        ("never-started", "cancelled", 0, False, "missing"),
+        ("retired-run", "succeeded", 512, True, "retired"),
     ],
 )
-def test_statuses_without_a_log_file(d, run_id, status, log_bytes, expected):
+def test_statuses_without_a_log_file(d, run_id, status, log_bytes, started, expected):
     db = d.db()
-    add_run(db, "default", "job", run_id, status, 1000, log_bytes=log_bytes)
+    add_run(db, "default", "job", run_id, status, 1000, log_bytes=log_bytes, timed=started)
     db.close()
     assert _excerpt(d, run_id) == {"status": expected, "runId": run_id}
+
+
+@pytest.mark.parametrize("status", ["running", "succeeded"])
+def test_a_started_run_without_a_log_file_has_printed_nothing(d, status):
+    """A log file is made with a run's first output: a run that started and has none
+    (yet) has an empty log, not a missing one."""
+    db = d.db()
+    add_run(db, "default", "job", f"quiet-{status}", status, 1000, log_bytes=0)
+    db.close()
+    out = _excerpt(d, f"quiet-{status}")
+    assert (out["status"], out["content"], out["totalBytes"], out["range"], out["truncated"]) == (
+        "available", "", 0, {"start": 0, "end": 0}, False)
 
 
 def test_not_found_looks_the_same_for_another_projects_run(d):

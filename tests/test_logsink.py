@@ -105,7 +105,7 @@ def _sink_roundtrip(tmp_path, cap: int, data: bytes, chunk: int, secrets=()) -> 
         if not secrets and i + chunk <= cap:  # within the cap the file is the output so far, lines whole
             written = data[: i + chunk]
             done = max(written.rfind(b"\n") + 1, len(written) - logsink.LINE_MAX)
-            assert os.path.getsize(path) == done
+            assert (os.path.getsize(path) if done else os.path.lexists(path)) == done  # made with its first byte
     size = sink.close()
     with open(path, "rb") as f:
         body = f.read()
@@ -176,11 +176,13 @@ def test_full_disk_stops_writing_but_not_draining(tmp_path):
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full")
     sink = LogSink(str(tmp_path / "full.log"), 1 << 20)
+    sink.write(b"first\n")  # the file is made with the first output
+    assert sink._fd is not None
     os.dup2(os.open("/dev/full", os.O_WRONLY), sink._fd)  # every write now fails with ENOSPC
     for _ in range(10):
         sink.write(b"y" * 65536)  # must not raise: the child is still being read
     sink.close()
-    assert sink.failed is not None and sink.truncated and sink.total == 10 * 65536
+    assert sink.failed is not None and sink.truncated and sink.total == 6 + 10 * 65536
 
 
 def test_recover_assembles_what_a_dead_daemon_left(tmp_path):
@@ -271,6 +273,28 @@ def test_read_recover_and_remove_never_follow_what_is_planted(tmp_path):
     assert not os.path.lexists(logs_dir / "sym.log.tail")  # the link went, what it named stayed
     logs.remove(["sym", "hard"])
     assert precious.read_bytes() == b"p" * 32 and not os.path.lexists(logs_dir / "sym.log")
+
+
+def test_a_run_that_prints_nothing_has_no_log_file_and_one_planted_before_its_output_is_never_followed(tmp_path):
+    """The file is made with the first byte of output (O_EXCL, never through a link): a quiet
+    run creates no file; a link put in its place first is refused, not written through, and
+    the sink says why."""
+    logs = RunLogs(str(tmp_path))
+    quiet = logs.create("quiet", 1 << 20, [])
+    quiet.write(b"")
+    assert quiet.close() == 0 and quiet.failed is None and not quiet.truncated
+    assert os.listdir(tmp_path) == [] and logs.read("quiet", 0, 10) is None and logs.tail("quiet", 10) is None
+    held = logs.create("held", 1 << 20, [])
+    held.write(b"no newline yet")  # held back by redaction: still nothing on disk
+    assert not os.path.lexists(tmp_path / "held.log")
+    assert held.close() == 14 and (tmp_path / "held.log").read_bytes() == b"no newline yet"
+    precious = tmp_path / "pepper"
+    precious.write_bytes(b"p" * 32)
+    planted = logs.create("planted", 1 << 20, [])
+    os.symlink(precious, tmp_path / "planted.log")
+    planted.write(b"output\n")
+    assert isinstance(planted.failed, FileExistsError) and planted.truncated
+    assert planted.close() == 0 and precious.read_bytes() == b"p" * 32
 
 
 def test_a_sink_never_spools_through_a_planted_link(tmp_path):

@@ -163,7 +163,9 @@ class LogSink:
         self._tail = cap - self._head
         self._segment_max = max(4096, min(SEGMENT_MAX, self._tail // 4))
         self._redactor = Redactor(secrets)
-        self._fd = os.open(path, _FLAGS, 0o600)
+        # Made with the first byte of output: a run that prints nothing (most scheduled
+        # runs) has no file to create, allocate an inode for, and delete again with its run.
+        self._fd: int | None = None
         self._spool = spool_dir(path)
         self._segments: deque[list[int]] = deque()  # [stream offset, size], oldest first
         self._kept = 0  # bytes in the segments
@@ -194,9 +196,11 @@ class LogSink:
         view = memoryview(data)
         start = self.total
         self.total += len(view)
-        if self.failed is not None:
+        if self.failed is not None or not view:
             return
         try:
+            if self._fd is None:
+                self._fd = os.open(self.path, _FLAGS, 0o600)
             if start < self._cap:
                 n = min(len(view), self._cap - start)
                 _write_all(self._fd, view[:n])
@@ -237,6 +241,8 @@ class LogSink:
         self._store(self._redactor.flush())
         if self._seg_fd is not None:
             os.close(self._seg_fd)
+        if self._fd is None:  # nothing printed (or the file could not be made: `failed` says why)
+            return self.size
         try:
             if self.failed is None and self.total > self._cap:
                 segments = [(off, size) for off, size in self._segments]
@@ -400,8 +406,9 @@ def _segment_size(path: str) -> int:
 
 
 class RunLogs:
-    """The run-log directory, `<home>/logs`: `<run id>.log` (and `<run id>.log.tail/` while
-    a long run spools). Implements RunLogFiles (edge.core.ports.stores).
+    """The run-log directory, `<home>/logs`: `<run id>.log`, made with the run's first output
+    (and `<run id>.log.tail/` while a long run spools). Implements RunLogFiles
+    (edge.core.ports.stores): a run without a file reads as None, an empty log.
 
     Every log is opened by its name inside the directory (opened itself without following
     a link), never through a link, and used only when it is a regular file of ours.

@@ -478,8 +478,10 @@ class RunLogFiles(Protocol):
     FIFO, device or second name of another file in its place is never followed or read."""
 
     def create(self, run_id: str, cap: int, secrets: Iterable[bytes]) -> LogWriter:
-        """A new 0600 log; raises OSError when it cannot be created (or something is
-        already there)."""
+        """A new 0600 log, its file made with the first output (a run that prints nothing
+        has none): raises OSError when the log directory is unusable; a file that cannot
+        be made then (something is already there, the disk is full) is the writer's
+        `failed`, and nothing is written through what is in its place."""
         ...
 
     def recover(self, run_id: str, cap: int) -> tuple[int, bool]:
