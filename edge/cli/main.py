@@ -282,9 +282,10 @@ def _plain(argv: list[str], verbs: tuple[str, ...] = ("serve", "status")) -> Sim
 
 
 def _serve(args: argparse.Namespace | SimpleNamespace) -> int:
-    from edge.app.lean import choose_loop, defer_hangups, restrict_imports
+    from edge.app.lean import choose_loop, defer_hangups, import_msgspec, restrict_imports
 
     defer_hangups()  # first: a SIGHUP while starting must not end the daemon
+    import_msgspec()  # before the config, which is the first to import it
     from edge import EXIT_USAGE
     from edge.app import config as cfg
 
