@@ -12,7 +12,7 @@ import pytest
 from edge.storage.sqlite.sql import READS as reads
 from edge.storage.sqlite.schema import migrate
 from rows import RUN_SQL, add_run, add_task, add_trigger, run_row
-from support import assert_uses_index
+from support import TIE_SORT, assert_uses_index
 
 TASK_TABLES = ("tasks", "task_revisions", "t", "r")
 TRIGGER_TABLES = ("triggers", "trigger_revisions", "g", "r")
@@ -74,7 +74,7 @@ def test_run_get_is_a_point_read(conn):
 def test_run_list_uses_the_project_wide_runs_index(conn):
     plan = assert_uses_index(conn, reads.run_page, ("default", 12_000, "default-run-002000", 33),
                              "runs_project_created_idx", big_tables=RUN_TABLES)
-    assert len(plan) == 1, plan  # one index seek; no sort step
+    assert plan[1:] in ([], [TIE_SORT]), plan  # one index seek; at most the sort of one millisecond's runs
 
 
 def test_run_events_use_the_event_key_and_the_run_key(conn):
@@ -86,4 +86,4 @@ def test_run_events_use_the_event_key_and_the_run_key(conn):
 def test_task_outcome_window_uses_the_task_runs_index(conn):
     plan = assert_uses_index(conn, reads.window, ("default", "task-007", 65), "runs_task_created_idx",
                              big_tables=RUN_TABLES)
-    assert len(plan) == 1, plan
+    assert plan[1:] in ([], [TIE_SORT]), plan

@@ -497,6 +497,23 @@ async def test_runs_pages_are_keysets_newest_first(stores: Stores):
     assert {r.id for r in await s.runs.active()} >= set(ids) | {"x-other"}
 
 
+async def test_runs_of_one_millisecond_are_in_id_order_whatever_order_they_came_in(stores: Stores):
+    """The time indexes need not hold the id (SQLite's do not): ties are still id order."""
+    s = stores
+    await s.tasks.create(P, "a", "a", spec(overlap="allow"), T0, privileged=False)
+    came = ["m3", "m9", "m1", "m7", "m5"]  # stored in this order, all at T0 + 5
+    for rid in came:
+        await s.runs.create(run_of("a", rid, T0 + 5), "user")
+    await s.runs.create(run_of("a", "m0-later", T0 + 6), "user")
+    await s.runs.create(run_of("a", "m8-earlier", T0 + 4), "user")
+    newest_first = ["m0-later", "m9", "m7", "m5", "m3", "m1", "m8-earlier"]
+    for task in (None, "a"):
+        assert [r.id for r in await s.runs.page(P, task, None, 10)] == newest_first
+        assert [r.id for r in await s.runs.page(P, task, RunCursor(T0 + 5, "m7"), 3)] == ["m5", "m3", "m1"]
+        for limit in (1, 2, 64):
+            assert (await _search_all(s, RunQuery(task_id=task), limit))[0] == newest_first, (task, limit)
+
+
 async def _search_all(s: Stores, query: RunQuery, limit: int) -> tuple[list[str], int]:
     seen: list[str] = []
     after: RunCursor | None = None
