@@ -43,7 +43,8 @@ import msgspec.inspect as mi
 print(json.dumps({"idle": idle, "before_schema": before_schema, "after": loaded(), "schema": schema,
                   "components": sorted(components), "info": info, "same": mi is msgspec.inspect,
                   "toml": toml.__name__, "yaml": yaml.__name__, "x": stored.x,
-                  "typing_extensions": sys.modules.get("typing_extensions", "absent")}))
+                  "typing_extensions": "absent" if "typing_extensions" not in sys.modules else
+                  getattr(sys.modules["typing_extensions"], "__name__", None)}))
 """)
     assert out["idle"] == [] and out["before_schema"] == []  # JSON itself needs none of them
     assert out["x"] == 1
@@ -51,7 +52,21 @@ print(json.dumps({"idle": idle, "before_schema": before_schema, "after": loaded(
     assert out["info"] == "StructType" and out["same"] is True
     assert (out["toml"], out["yaml"]) == ("msgspec.toml", "msgspec.yaml")
     assert out["after"] == DEFERRED
-    assert out["typing_extensions"] is None  # kept out: typing has all msgspec needs
+    assert out["typing_extensions"] == "absent"  # kept out of msgspec: typing has all it needs
+
+
+def test_typing_extensions_is_kept_out_of_msgspec_only():
+    """psycopg (cluster mode) imports typing_extensions after msgspec: it must still find it."""
+    out = _fresh(PREFIX + """
+import importlib.util
+installed = importlib.util.find_spec("typing_extensions") is not None
+if installed:
+    import typing_extensions
+print(json.dumps({"installed": installed, "loaded": "typing_extensions" in sys.modules,
+                  "used_by_msgspec": sys.modules["msgspec._utils"]._get_type_hints.__module__}))
+""")
+    assert out["installed"], "the test environment has typing_extensions (the MCP SDK needs it)"
+    assert out["loaded"] and out["used_by_msgspec"] == "typing"
 
 
 def test_an_unknown_attribute_of_msgspec_is_still_an_attribute_error():

@@ -43,8 +43,11 @@ def import_msgspec() -> None:
     if "msgspec" in sys.modules:
         return
     # msgspec prefers typing_extensions when it happens to be installed (test environments
-    # pull it in); typing has all we use and costs nothing extra.
-    sys.modules.setdefault("typing_extensions", None)  # type: ignore[arg-type]
+    # pull it in); typing has all we use and costs nothing extra. Kept out for msgspec's
+    # import only: what needs it later (psycopg, for cluster mode) still gets it.
+    kept_out = "typing_extensions" not in sys.modules
+    if kept_out:
+        sys.modules["typing_extensions"] = None  # type: ignore[assignment]
     stand_ins = {f"msgspec.{name}": ModuleType(f"msgspec.{name}") for name in _LATER}
     stand_ins[_SCHEMA] = schema = ModuleType(_SCHEMA)
     schema.schema = _schema_call("schema")  # type: ignore[attr-defined]
@@ -56,6 +59,8 @@ def import_msgspec() -> None:
         for name, module in stand_ins.items():
             if sys.modules.get(name) is module:
                 del sys.modules[name]
+        if kept_out and sys.modules.get("typing_extensions", ...) is None:
+            del sys.modules["typing_extensions"]
     for name in _LATER:
         if msgspec.__dict__.get(name) is stand_ins.get(f"msgspec.{name}"):
             del msgspec.__dict__[name]
