@@ -59,7 +59,7 @@ class SecuritySql(msgspec.Struct, frozen=True, kw_only=True):
     import_exists: str
     import_claim: str  # ON CONFLICT DO NOTHING
     import_drop: str
-    audit_insert: str  # named parameters (the backends' columns differ), RETURNING id
+    audit_insert: str  # named parameters (the backends' columns differ), RETURNING id (but audit_insert_id)
     audit_oldest_call: str
     audit_prune_calls: str
     audit_count: str  # {cls}: a literal class, so that its partial index serves it
@@ -80,6 +80,9 @@ class SecuritySql(msgspec.Struct, frozen=True, kw_only=True):
     audit_by_position: bool = False
     # audit_insert without RETURNING (by position too), for a call's row whose id nothing reads.
     audit_insert_call: str = ""
+    # Where set, audit_insert returns nothing and this reads the new row's id after it (SQLite:
+    # RETURNING gathers its rows in a temporary B-tree made at every execution).
+    audit_insert_id: str = ""
 
 
 # -- credentials --------------------------------------------------------------------
@@ -239,7 +242,11 @@ def _insert(
     tx: Tx, q: SecuritySql, record: AuditRecord, cls: AuditClass, count: int, last_at_ms: int | None, node: str | None,
 ) -> int:
     if q.audit_by_position:
-        (row_id,) = tx.one(q.audit_insert, _positional(record, cls, count, last_at_ms))
+        if q.audit_insert_id:
+            tx.execute(q.audit_insert, _positional(record, cls, count, last_at_ms))
+            (row_id,) = tx.one(q.audit_insert_id)
+        else:
+            (row_id,) = tx.one(q.audit_insert, _positional(record, cls, count, last_at_ms))
         return int(row_id)
     params = {
         "at_ms": record.at_ms, "project_id": record.project_id, "principal": record.principal, "tool": record.tool,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from edge.storage.admission import AdmissionSql, Dialect
 from edge.storage.catalog import CatalogSql
 from edge.storage.reads import ReadsSql
-from edge.storage.runs import COLUMNS, FIELDS, FINISHED, RunsSql
+from edge.storage.runs import COLUMNS, FIELDS, FINISHED, UNSUCCESSFUL_IN, RunsSql
 from edge.storage.security import SecuritySql
 
 # -- tasks and triggers (edge.storage.catalog) ----------------------------------------------
@@ -188,6 +188,7 @@ SELECT EXISTS (SELECT 1 FROM notifications WHERE state = 'pending' AND project_i
     log_total="SELECT value FROM meta WHERE key = %s",
     trim=0,
     # The partial indexes of schema version 4 serve a search when it repeats their predicate.
+    unsuccessful=UNSUCCESSFUL_IN,
     scan="SELECT id, created_at_ms, status, origin FROM runs WHERE project_id = %s{terms}"
          " AND (created_at_ms, id) < (%s, %s){since} ORDER BY created_at_ms DESC, id DESC LIMIT %s",
     scan_active="SELECT id, created_at_ms, status, origin FROM runs WHERE project_id = %s{terms}"

@@ -692,7 +692,9 @@ CREATE UNIQUE INDEX runs_key_idx ON runs (project_id, idempotency_key) WHERE ide
 # quiet run's entries are half as big, so their 512-byte pages split half as often (about 1.6
 # fewer WAL frames a scheduled run, 0.9 KB). Runs of the same millisecond are still read in id
 # order: SQLite sorts that millisecond's runs alone ("USE TEMP B-TREE FOR LAST TERM OF ORDER
-# BY"). Recreated in their old order (the planner's ties follow it).
+# BY"). Recreated in their old order (the planner's ties follow it). The unsuccessful runs'
+# condition is spelled as equalities: SQLite evaluates an IN of four constants, at every update
+# of a run, through a temporary B-tree it builds each time (edge.storage.runs.UNSUCCESSFUL_OR).
 _V20 = """
 DROP INDEX runs_log_idx;
 DROP INDEX runs_task_created_idx;
@@ -704,9 +706,9 @@ CREATE INDEX runs_log_idx ON runs (project_id, created_at_ms) WHERE log_bytes > 
 CREATE INDEX runs_task_created_idx ON runs (project_id, task_id, created_at_ms);
 CREATE INDEX runs_project_created_idx ON runs (project_id, created_at_ms);
 CREATE INDEX runs_unsuccessful_idx ON runs (project_id, created_at_ms)
-    WHERE status IN ('failed', 'timed_out', 'lost', 'cancelled');
+    WHERE (status = 'failed' OR status = 'timed_out' OR status = 'lost' OR status = 'cancelled');
 CREATE INDEX runs_task_unsuccessful_idx ON runs (project_id, task_id, created_at_ms)
-    WHERE status IN ('failed', 'timed_out', 'lost', 'cancelled');
+    WHERE (status = 'failed' OR status = 'timed_out' OR status = 'lost' OR status = 'cancelled');
 CREATE INDEX runs_unscheduled_idx ON runs (project_id, created_at_ms) WHERE origin != 'scheduled';
 """
 

@@ -385,12 +385,12 @@ CREATE INDEX runs_retry_due_idx ON runs (project_id, retry_due_at_ms) WHERE retr
 CREATE INDEX runs_task_created_idx ON runs (project_id, task_id, created_at_ms);
 
 CREATE INDEX runs_task_unsuccessful_idx ON runs (project_id, task_id, created_at_ms)
-    WHERE status IN ('failed', 'timed_out', 'lost', 'cancelled');
+    WHERE (status = 'failed' OR status = 'timed_out' OR status = 'lost' OR status = 'cancelled');
 
 CREATE INDEX runs_unscheduled_idx ON runs (project_id, created_at_ms) WHERE origin != 'scheduled';
 
 CREATE INDEX runs_unsuccessful_idx ON runs (project_id, created_at_ms)
-    WHERE status IN ('failed', 'timed_out', 'lost', 'cancelled');
+    WHERE (status = 'failed' OR status = 'timed_out' OR status = 'lost' OR status = 'cancelled');
 
 CREATE INDEX security_audit_change_idx ON security_audit (id) WHERE class = 'change';
 

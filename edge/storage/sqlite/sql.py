@@ -12,7 +12,7 @@ from __future__ import annotations
 from edge.storage.admission import AdmissionSql, Dialect
 from edge.storage.catalog import CatalogSql
 from edge.storage.reads import ReadsSql
-from edge.storage.runs import COLUMNS, FIELDS, FINISHED, TRIM, RunsSql
+from edge.storage.runs import COLUMNS, FIELDS, FINISHED, TRIM, UNSUCCESSFUL_OR, RunsSql
 from edge.storage.security import POSITIONAL_ORDER, SecuritySql
 
 # -- tasks and triggers (edge.storage.catalog) ----------------------------------------------
@@ -121,12 +121,15 @@ SECURITY = SecuritySql(
     import_claim="INSERT INTO imports (project_id, key, kind, target, created_at_ms) VALUES (?, ?, ?, ?, ?)"
                  " ON CONFLICT DO NOTHING",
     import_drop="DELETE FROM imports WHERE project_id = ? AND key = ?",
-    audit_insert=_AUDIT_INSERT + " RETURNING id",
+    audit_insert=_AUDIT_INSERT,
+    audit_insert_id="SELECT last_insert_rowid()",
     audit_by_position=True,
     audit_insert_call=_AUDIT_INSERT,
     audit_oldest_call="SELECT id FROM security_audit WHERE class = 'call' ORDER BY id LIMIT 1",
-    audit_prune_calls="DELETE FROM security_audit WHERE id IN (SELECT id FROM (SELECT id, at_ms FROM security_audit"
-                      " WHERE class = 'call' ORDER BY id LIMIT ?) WHERE id <= ? OR at_ms < ?)",
+    # Of the oldest batch of calls, those under the cut or too old; the batch as an id range
+    # (its newest id), not `id IN (SELECT …)`, which fills a temporary B-tree first.
+    audit_prune_calls="DELETE FROM security_audit WHERE class = 'call' AND id <= (SELECT max(id) FROM (SELECT id"
+                      " FROM security_audit WHERE class = 'call' ORDER BY id LIMIT ?)) AND (id <= ? OR at_ms < ?)",
     audit_count="SELECT count(*) FROM security_audit WHERE class = '{cls}'",
     audit_prune="DELETE FROM security_audit WHERE id IN (SELECT id FROM (SELECT id, coalesce(last_at_ms, at_ms) AS t,"
                 " row_number() OVER (ORDER BY id) AS n FROM (SELECT id, at_ms, last_at_ms FROM security_audit"
@@ -201,20 +204,25 @@ SELECT EXISTS (SELECT 1 FROM notifications WHERE state = 'pending' AND project_i
                AND a.id = (SELECT max(b.id) FROM notify_attempts AS b WHERE b.project_id = a.project_id
                            AND b.channel = a.channel))
 """,
-    # Finished runs of a task beyond the newest kept (index order, newest first).
+    # Retention walks the time indexes in their own order: time, then the order the runs were
+    # stored (rowid; the indexes hold no id, and putting one millisecond's runs in id order
+    # would sort them in a temporary B-tree on every run's end). Which of two runs of the same
+    # millisecond goes first does not change how many are kept.
+    # Finished runs of a task beyond the newest kept (newest first).
     excess=f"SELECT id FROM runs WHERE project_id = ? AND task_id = ? AND {FINISHED}"
-           " ORDER BY created_at_ms DESC, id DESC LIMIT ? OFFSET ?",
+           " ORDER BY created_at_ms DESC, rowid DESC LIMIT ? OFFSET ?",
     expired=f"SELECT id FROM runs WHERE project_id = ? AND created_at_ms < ? AND {FINISHED}"
-            " ORDER BY created_at_ms, id LIMIT ?",
+            " ORDER BY created_at_ms, rowid LIMIT ?",
     # The partial index holds exactly the runs that still have a log (set when they finish).
     logged=f"SELECT id, log_bytes FROM runs WHERE project_id = ? AND log_bytes > 0 AND log_dropped_at_ms IS NULL"
-           f" AND {FINISHED} ORDER BY created_at_ms, id LIMIT ?",
+           f" AND {FINISHED} ORDER BY created_at_ms, rowid LIMIT ?",
     delete="DELETE FROM runs WHERE id = ?",
     drop_log="UPDATE runs SET log_dropped_at_ms = ?, version = version + 1, event_seq = event_seq + 1"
              " WHERE id = ? RETURNING event_seq",
     drop_log_copy=None,
     log_total="SELECT value FROM meta WHERE key = ?",
     trim=TRIM,
+    unsuccessful=UNSUCCESSFUL_OR,
     scan="SELECT id, created_at_ms, status, origin FROM runs WHERE project_id = ?{terms}"
          " AND (created_at_ms, id) < (?, ?){since} ORDER BY created_at_ms DESC, id DESC LIMIT ?",
     scan_active="SELECT id, created_at_ms, status, origin FROM runs INDEXED BY runs_active_idx"
