@@ -22,7 +22,6 @@ ALLOWED = {
     "CATALOG.task_runs_delete",  # deleting a task: once
     "CATALOG.events_prune",  # a trigger's new kind of event (a repeat is merged into the last)
     "SECURITY.credential_revoke", "SECURITY.secret_set",  # a credential's or secret's change
-    "RUNS.event_bump", "RUNS.drop_log",  # a run's extra event; a log dropped by the bound
     "RUNS.page_project", "RUNS.page_task",  # history pages: one millisecond's runs in id order
     "READS.run_page", "READS.window",  # the AI reads of the same
 }

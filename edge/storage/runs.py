@@ -113,7 +113,7 @@ class RunsSql(msgspec.Struct, frozen=True, kw_only=True):
     expired: str
     logged: str
     delete: str
-    drop_log: str  # RETURNING event_seq
+    drop_log: str  # RETURNING event_seq (but where seq_after is set)
     drop_log_copy: str | None
     log_total: str
     trim: int  # TRIM on flash, 0 where every write may keep the bound exactly
@@ -127,6 +127,9 @@ class RunsSql(msgspec.Struct, frozen=True, kw_only=True):
     events: str
     notify: str  # the module of the backend's notification statements (loaded with a channel)
     first_event_in_insert: bool = False  # `insert` writes the run's first event too (named: event_type, actor)
+    # Where set, event_bump and drop_log return nothing and this reads the run's event_seq
+    # after them (SQLite: RETURNING gathers its rows in a temporary B-tree made each time).
+    seq_after: str | None = None
 
 
 def to_run(row: Row) -> Run:
@@ -174,8 +177,18 @@ def create_run(tx: Tx, q: RunsSql, run: Run, actor: ActorType) -> Run:
 
 def append_event(tx: Tx, q: RunsSql, run_id: str, kind: str, actor: ActorType, now: int, detail: str | None) -> None:
     """An event on a run without a status change (a retry scheduled or refused)."""
-    (seq,) = tx.one(q.event_bump, (run_id,))
+    seq = _bumped(tx, q, q.event_bump, (run_id,), run_id)
     tx.execute(q.event_insert, (run_id, seq, kind, actor, now, detail))
+
+
+def _bumped(tx: Tx, q: RunsSql, sql: str, params: tuple[object, ...], run_id: str) -> int:
+    """Run an update that moves a run's event_seq on; the new event_seq."""
+    if q.seq_after is None:
+        (seq,) = tx.one(sql, params)
+    else:
+        tx.execute(sql, params)
+        (seq,) = tx.one(q.seq_after, (run_id,))
+    return int(seq)
 
 
 _retry_policy = msgspec.json.Decoder(RetryPolicy)
@@ -322,7 +335,7 @@ def _drop_oldest_logs(tx: Tx, q: RunsSql, project: str, excess: int, budget: int
     for rid, size in tx.rows(q.logged, (project, budget)):
         if freed >= excess:
             break
-        (seq,) = tx.one(q.drop_log, (now, rid))
+        seq = _bumped(tx, q, q.drop_log, (now, rid), rid)
         tx.execute(q.event_insert, (rid, seq, "run.log_dropped", "system", now, "log quota"))
         if q.drop_log_copy is not None:
             tx.execute(q.drop_log_copy, (rid,))

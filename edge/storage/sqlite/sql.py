@@ -184,7 +184,8 @@ RUNS = RunsSql(
            " ON CONFLICT DO NOTHING",
     first_event_in_insert=True,
     event_insert=_RUN_EVENT,
-    event_bump="UPDATE runs SET event_seq = event_seq + 1 WHERE id = ? RETURNING event_seq",
+    event_bump="UPDATE runs SET event_seq = event_seq + 1 WHERE id = ?",
+    seq_after="SELECT event_seq FROM runs WHERE id = ?",
     fence_bump="UPDATE runs SET event_seq = event_seq + 1 WHERE id = ?",
     on_terminal="",
     log_copy=None,  # the log stays in its file, beside the database
@@ -218,7 +219,7 @@ SELECT EXISTS (SELECT 1 FROM notifications WHERE state = 'pending' AND project_i
            f" AND {FINISHED} ORDER BY created_at_ms, rowid LIMIT ?",
     delete="DELETE FROM runs WHERE id = ?",
     drop_log="UPDATE runs SET log_dropped_at_ms = ?, version = version + 1, event_seq = event_seq + 1"
-             " WHERE id = ? RETURNING event_seq",
+             " WHERE id = ?",
     drop_log_copy=None,
     log_total="SELECT value FROM meta WHERE key = ?",
     trim=TRIM,
