@@ -22,9 +22,20 @@ ALLOWED = {
     "CATALOG.task_runs_delete",  # deleting a task: once
     "CATALOG.events_prune",  # a trigger's new kind of event (a repeat is merged into the last)
     "SECURITY.credential_revoke", "SECURITY.secret_set",  # a credential's or secret's change
-    "RUNS.page_project", "RUNS.page_task",  # history pages: one millisecond's runs in id order
+    "RUNS.page_project", "RUNS.page_task", "RUNS.scan",  # history pages: one millisecond's runs in id order
+    "SECURITY.audit_prune",  # the small classes' bound (changes of permissions, refusals), ranked
     "READS.run_page", "READS.window",  # the AI reads of the same
 }
+
+
+# What a statement built from a template is filled in with: the plainest of its forms.
+FILLED = {"terms": "", "since": "", "cls": "change"}
+
+
+def _statement(value: object) -> str | None:
+    if isinstance(value, str) and re.match(r"\s*(SELECT|INSERT|UPDATE|DELETE|WITH)\b", value):
+        return value.format_map(FILLED) if "{" in value else value
+    return None
 
 
 def _statements() -> list[tuple[str, str]]:
@@ -34,14 +45,11 @@ def _statements() -> list[tuple[str, str]]:
         struct = getattr(sql, dialect)
         for field in struct.__struct_fields__:
             value = getattr(struct, field)
-            if isinstance(value, str) and re.match(r"\s*(SELECT|INSERT|UPDATE|DELETE|WITH)\b", value) \
-                    and "{" not in value:
-                found.append((f"{dialect}.{field}", value))
+            if (text := _statement(value)) is not None:
+                found.append((f"{dialect}.{field}", text))
             elif isinstance(value, msgspec.Struct):
                 for inner in value.__struct_fields__:
-                    text = getattr(value, inner)
-                    if isinstance(text, str) and re.match(r"\s*(SELECT|INSERT|UPDATE|DELETE|WITH)\b", text) \
-                            and "{" not in text:
+                    if (text := _statement(getattr(value, inner))) is not None:
                         found.append((f"{dialect}.{field}.{inner}", text))
     seen: set[str] = set()
     return [(name, text) for name, text in found if not (text in seen or seen.add(text))]
@@ -72,3 +80,15 @@ def test_only_the_listed_statements_build_a_temporary_btree(conn):
         if "OpenEphemeral" in ops:
             building.add(name)
     assert building <= ALLOWED, sorted(building - ALLOWED)
+
+
+def test_a_finished_run_is_one_not_active():
+    """FINISHED says `NOT IN` the active statuses (two constants: no temporary B-tree): that
+    is the terminal ones only while every status is exactly one of the two."""
+    from typing import get_args
+
+    from edge.core.runs import ACTIVE, TERMINAL, RunStatus
+    from edge.storage.runs import FINISHED
+
+    assert set(get_args(RunStatus)) == ACTIVE | TERMINAL and not ACTIVE & TERMINAL
+    assert FINISHED == "status NOT IN ('queued', 'running')"
