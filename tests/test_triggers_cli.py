@@ -11,6 +11,7 @@ import subprocess
 import time
 
 import pytest
+from edge.tools.definition import WRITE_DEADLINE_S
 from support import until
 
 
@@ -156,7 +157,10 @@ def test_idle_daemon_with_a_hundred_triggers_does_not_wake(daemon):
     # A trigger is armed by the scheduler after its create answers: wait for the last one.
     until(lambda: daemon.call("qledge.status", {})["extra"]["scheduler"].startswith("100 triggers armed"),
           "the 100 triggers armed", timeout_s=10)
-    time.sleep(1)  # let the last calls settle
+    # The last calls settle, and so does the tools' deadline timer, which fires once at most a
+    # write's deadline after the last call (edge.tools.chain._Deadlines): a wake-up of the
+    # calls, not of the idle daemon.
+    time.sleep(WRITE_DEADLINE_S + 1)
     before = _switches(daemon.pid)
     time.sleep(5)
     assert _switches(daemon.pid) - before <= 2  # the loop sleeps a minute at a time
